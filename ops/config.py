@@ -1,0 +1,157 @@
+"""Typed config sections and the strict parser every section uses.
+
+The project's settings live in the user's DeepSpeed JSON, beside DeepSpeed's own keys. Each
+project section (``contrastive_loss`` here; ``model``, ``data``, ``train``, ``eval`` in
+``pipeline``) is a dataclass parsed once by :func:`parse_section`, which rejects unknown keys
+by name (with a close-match suggestion) and the file they came from. DeepSpeed itself ignores
+unknown top-level keys silently, so this is where typos are caught.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+from typing import Any, Mapping, Optional, TypeVar
+
+__all__ = ["ConfigError", "parse_section", "ContrastiveLossConfig"]
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config value or key is wrong; the message names the key and the file."""
+
+
+def _where(section: str, source: Optional[str]) -> str:
+    return f"'{section}'" + (f" in {source}" if source else "")
+
+
+def _check_type(value: Any, hint: Any, key: str, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin is typing.Union:
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _check_type(value, arg, key, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r} ({where})")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: '{key}' must be one of {list(args)}, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: '{key}' must be a list, got {type(value).__name__}")
+        inner = args[0] if args else Any
+        return [_check_type(v, inner, f"{key}[{i}]", where) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: '{key}' must be an object, got {type(value).__name__}")
+        return dict(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: '{key}' must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: '{key}' must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: '{key}' must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: '{key}' must be a string, got {value!r}")
+        return value
+    return value
+
+
+def parse_section(cls: type[T], data: Optional[Mapping[str, Any]], section: str,
+                  source: Optional[str] = None) -> T:
+    """Build dataclass ``cls`` from ``data`` (a JSON object), strictly.
+
+    Unknown keys raise :class:`ConfigError` naming the key, the section and ``source`` (the
+    file), with the closest valid key as a hint; values are type-checked against the field
+    annotations; the dataclass's own ``__post_init__`` checks ranges.
+    """
+    where = _where(section, source)
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: section must be a JSON object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        if key.startswith("_"):  # "_comment" style keys are allowed everywhere
+            continue
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"{where}: unknown key '{key}'{hint}; valid keys: {sorted(fields)}")
+        kwargs[key] = _check_type(value, hints[key], key, where)
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+@dataclasses.dataclass
+class ContrastiveLossConfig:
+    """The ``contrastive_loss`` section: which loss, which kernels, which distribution scheme."""
+
+    loss: typing.Literal["clip", "siglip"] = "clip"
+    """``clip``: two-direction InfoNCE (softmax over rows and columns). ``siglip``: pairwise
+    sigmoid loss with a learnable bias."""
+    impl: typing.Literal["auto", "naive", "chunked_torch", "triton"] = "auto"
+    """``naive`` builds the full B x B matrix (reference); ``chunked_torch`` tiles in plain torch
+    (any device); ``triton`` runs the fused kernels. ``auto``: triton on CUDA, chunked_torch else."""
+    triton_interpret: bool = False
+    """Without CUDA, run ``impl: triton`` through Triton's CPU interpreter (slow; tests only).
+    When false and there is no GPU, ``triton`` falls back to chunked_torch with a warning."""
+    label_smoothing: float = 0.0
+    """CLIP only: target = (1 - eps) * onehot + eps / B (torch's cross_entropy convention)."""
+    allow_tf32: bool = False
+    """fp32 features: use TF32 tensor cores (faster, ~1e-3 relative) instead of exact fp32."""
+    block_m: Optional[int] = None
+    """Row tile (None: the impl's default, autotuned for triton)."""
+    block_n: Optional[int] = None
+    """Column tile (None: the impl's default)."""
+    distributed: typing.Literal["none", "gather", "disco", "ring", "hierarchical_ring"] = "none"
+    """How the global batch is spread over the data-parallel group (ignored at world size 1)."""
+    local_world_size: Optional[int] = None
+    """hierarchical_ring: GPUs per node (None: LOCAL_WORLD_SIZE from the launcher)."""
+    grad_reduction: typing.Literal["mean", "sum"] = "mean"
+    """How the framework combines data-parallel gradients (DeepSpeed/DDP: mean). The feature
+    gradients are scaled so that the reduced gradients equal the full-batch ones."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"'label_smoothing' must be in [0, 1), got {self.label_smoothing}")
+        if self.label_smoothing and self.loss != "clip":
+            raise ConfigError("'label_smoothing' applies to loss 'clip' only")
+        for key in ("block_m", "block_n", "local_world_size"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"'{key}' must be >= 1, got {value}")
+
+    @classmethod
+    def from_dict(cls, data: Optional[Mapping[str, Any]], source: Optional[str] = None
+                  ) -> "ContrastiveLossConfig":
+        return parse_section(cls, data, "contrastive_loss", source)
+
+    @staticmethod
+    def env_local_world_size() -> Optional[int]:
+        value = os.environ.get("LOCAL_WORLD_SIZE")
+        return int(value) if value else None
