@@ -1,0 +1,109 @@
+"""The ``eval`` config section: what to evaluate, how often, and how ranks share the work.
+
+Design: one dataclass parsed strictly by ``ops.config.parse_section`` (unknown keys are errors
+naming the key and file). Zero-shot data is either labelled webdataset shards (``shards``, the
+json member holding an integer class index under ``label_key``) or an image folder with one
+sub-folder per class (``images``); retrieval takes paired shards (``retrieval_shards``). Class
+names and templates are a file path (one per line) or an inline list; templates default to
+:data:`eval.templates.DEFAULT_TEMPLATES`. Relative paths are taken as given (relative to the
+working directory), as DeepSpeed does for its own paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, List, Literal, Mapping, Optional, Union
+
+from ops.config import ConfigError, parse_section
+
+from .templates import check_templates, load_classnames, load_templates
+
+__all__ = ["EvalConfig"]
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    """The ``eval`` section (periodic evaluation during training, and offline defaults)."""
+
+    every: int = 0
+    """Evaluate every this many optimizer steps during training (0: never periodically)."""
+    at_end: bool = True
+    """Also evaluate once after the last training step."""
+    shards: Optional[str] = None
+    """Zero-shot data: brace URL of labelled webdataset shards (json member with ``label_key``)."""
+    images: Optional[str] = None
+    """Zero-shot data: an image folder with one sub-folder per class (sub-folder name = class
+    name; must match ``classnames``). Exclusive with ``shards``."""
+    label_key: str = "label"
+    """Key in each sample's json member holding the integer class index (0-based, in the order of
+    ``classnames``)."""
+    classnames: Optional[Union[str, List[str]]] = None
+    """Class names: a file (one per line) or a list. Required for zero-shot."""
+    templates: Optional[Union[str, List[str]]] = None
+    """Prompt templates with ``{}``: a file (one per line) or a list; null: the default set."""
+    retrieval_shards: Optional[str] = None
+    """Brace URL of held-out image-text shards (one caption per image) for R@1/5/10."""
+    batch_size: int = 256
+    """Images (or captions) per forward pass."""
+    max_samples: Optional[int] = None
+    """Evaluate at most this many samples of each data set (null: all)."""
+    retrieval_chunk: int = 1024
+    """Queries per similarity block in retrieval (memory: chunk x N scores)."""
+    distributed: Literal["sharded", "replicated"] = "sharded"
+    """With several ranks: ``sharded`` splits the samples over ranks and adds the counts up;
+    ``replicated`` has every rank evaluate everything (slower, no split). Every rank takes part
+    either way (a ZeRO-3 forward needs all ranks); rank 0 writes the report."""
+    out_dir: Optional[str] = None
+    """Where periodic reports (JSON, confusion PNG) go (null: ``<train.output_dir>/eval``)."""
+    confusion_png: bool = True
+    """Draw the confusion matrix as a PNG beside the JSON report."""
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise ConfigError(f"'every' must be >= 0, got {self.every}")
+        for key in ("batch_size", "retrieval_chunk"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"'{key}' must be >= 1, got {getattr(self, key)}")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ConfigError(f"'max_samples' must be >= 1 or null, got {self.max_samples}")
+        if self.shards and self.images:
+            raise ConfigError("'shards' and 'images' are exclusive: give one zero-shot data source")
+        if (self.shards or self.images) and not self.classnames:
+            raise ConfigError("zero-shot data is given ('shards' or 'images') but 'classnames' is not")
+        if isinstance(self.templates, list):
+            try:
+                check_templates(self.templates, source="'templates'")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        if isinstance(self.classnames, list) and not self.classnames:
+            raise ConfigError("'classnames' is an empty list")
+
+    @classmethod
+    def from_dict(cls, data: Optional[Mapping[str, Any]], source: Optional[str] = None) -> "EvalConfig":
+        return parse_section(cls, data, "eval", source)
+
+    @property
+    def has_zeroshot(self) -> bool:
+        return bool(self.shards or self.images)
+
+    @property
+    def has_retrieval(self) -> bool:
+        return bool(self.retrieval_shards)
+
+    @property
+    def enabled(self) -> bool:
+        return self.has_zeroshot or self.has_retrieval
+
+    def resolved_classnames(self) -> List[str]:
+        """The class names (read from the file when a path was given)."""
+        if self.classnames is None:
+            raise ConfigError("'eval.classnames' is not set")
+        if isinstance(self.classnames, list):
+            return list(self.classnames)
+        return load_classnames(self.classnames)
+
+    def resolved_templates(self) -> List[str]:
+        """The templates (the file's, the inline list, or the defaults)."""
+        if isinstance(self.templates, list):
+            return check_templates(self.templates, source="'eval.templates'")
+        return load_templates(self.templates)
