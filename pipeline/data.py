@@ -1,0 +1,602 @@
+"""Training and eval data: webdataset tar shards -> batches of normalised images and token ids.
+
+Design: a torch ``IterableDataset`` whose ``__iter__`` runs the whole per-worker pipeline as
+plain generators, with webdataset used only to read tars and group members into samples:
+
+    shard list (brace-expanded; per-epoch shuffle seeded by (seed, epoch); split by rank, then by
+    worker; or resampled with replacement) -> tar members -> samples -> structural check (has an
+    image member and a non-empty caption) -> shuffle buffer -> [resume skip] -> decode + transform
+    -> batch (tokenised in the worker) -> DataLoader (batch_size=None)
+
+Only images (PIL), UTF-8 captions and json are ever decoded; every other member (``.pyd``,
+``.pth``, ``.pickle``, ...) stays raw bytes and is dropped, so nothing in a shard is unpickled.
+Broken samples (unreadable image, missing/empty caption, tar errors) are skipped and counted:
+each batch carries ``num_skipped`` (skips in its worker since that worker's previous batch), and
+:class:`ShardLoader` sums them into ``loader.stats`` in the main process. Limit: skips after a
+worker's last full batch are not reported.
+
+Determinism and resume: every random choice is seeded from (seed, epoch, rank, logical worker)
+or, for the crop, from (seed, epoch, shard url, sample key), never from process state, and the
+DataLoader hands out batches round-robin over workers. So ``start_batch=k`` reproduces the
+uninterrupted stream from batch k on: logical worker r skips the raw samples of the batches it
+made among the first k (no image decode), and DataLoader worker d plays logical worker
+(d + k) mod W so that the round-robin lines up. Exact when the config (workers, buffer, batch,
+world size, seed) is the same and every worker still has data at the resume point (always with
+``resampled`` or an epoch capped by ``samples_per_epoch`` that each worker can fill); a corrupt
+image inside the skipped prefix shifts the resumed stream by one sample (skipping does not
+decode). Without ``samples_per_epoch``, ranks may get different numbers of batches per epoch
+(shards hold different sample counts): a DeepSpeed loop should use ``samples_per_epoch``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import math
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Union
+from urllib.parse import urlparse
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ops.config import ConfigError, parse_section
+
+from .shards import digits_samples, write_shards_to_paths
+from .tokenizer import tokenize
+
+__all__ = [
+    "CLIP_MEAN",
+    "CLIP_STD",
+    "DataConfig",
+    "ShardLoader",
+    "build_eval_loader",
+    "build_train_loader",
+    "check_shards_exist",
+    "expand_urls",
+    "measure_loader_throughput",
+    "prepare_shards",
+]
+
+logger = logging.getLogger(__name__)
+
+CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+_DIGITS_SPLIT_SEED = 0  # fixed, so generated train and val shards never overlap whatever data.seed is
+_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, TypeError, Image.DecompressionBombError)
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """The ``data`` section: where the shards are and how they are streamed."""
+
+    train_shards: Optional[Union[str, List[str]]] = None
+    """Training shards: a brace URL (``/data/cc3m/{000000..000331}.tar``) or a list of them.
+    Local paths are checked up front; remote (``http://``, ``pipe:``) URLs are not. Required."""
+    val_shards: Optional[Union[str, List[str]]] = None
+    """Held-out shards for eval (json member with ``label`` for zero-shot); optional."""
+    tokenizer: Optional[str] = None
+    """Local HF tokenizer folder; null: train a byte-level BPE on the training captions and store
+    it in the run directory."""
+    vocab_size: int = 4096
+    """Upper bound on the trained BPE's vocabulary (ignored with ``tokenizer``)."""
+    tokenizer_train_captions: int = 200_000
+    """At most this many training captions are read to train the BPE."""
+    shuffle_buffer: int = 1000
+    """Sample shuffle buffer per worker (0 or 1: no sample shuffling)."""
+    shard_shuffle: bool = True
+    """Shuffle the shard order every epoch (seeded by seed and epoch) before splitting by rank."""
+    resampled: bool = False
+    """Draw shards with replacement, endlessly (each rank and worker its own seeded stream);
+    needs ``samples_per_epoch``."""
+    samples_per_epoch: Optional[int] = None
+    """Nominal epoch size (all ranks together); each rank yields samples_per_epoch //
+    (micro_batch * world_size) batches. Null: one pass over the shards (not with resampled)."""
+    workers: int = 2
+    """DataLoader worker processes per rank (0: load in the training process)."""
+    prefetch_factor: int = 2
+    """Batches each worker prepares ahead (with workers > 0)."""
+    seed: int = 0
+    """Base seed of shard order, shuffle buffer, resampling and random crops."""
+    image_key: str = "jpg;png;webp;jpeg"
+    """Image member extensions, ``;``-separated, first present wins."""
+    caption_key: str = "txt"
+    """Caption member extension (UTF-8 text)."""
+    crop_scale: List[float] = dataclasses.field(default_factory=lambda: [0.9, 1.0])
+    """Training random-resized-crop area range (fraction of the image); [1, 1]: centre crop."""
+    image_mean: List[float] = dataclasses.field(default_factory=lambda: list(CLIP_MEAN))
+    """Per-channel normalisation mean (CLIP's by default)."""
+    image_std: List[float] = dataclasses.field(default_factory=lambda: list(CLIP_STD))
+    """Per-channel normalisation std (CLIP's by default)."""
+    generate_digits: bool = False
+    """If local train/val shards are missing, write the scikit-learn digits data set (train split
+    to ``train_shards``, held-out split with labels to ``val_shards``) at those exact paths."""
+    digits_image_size: int = 32
+    """Side of the generated digits images (8x8 originals, upscaled)."""
+
+    def __post_init__(self) -> None:
+        if not self.train_shards:
+            raise ConfigError("'train_shards' is required (a brace URL or a list of them)")
+        for key in ("vocab_size", "tokenizer_train_captions", "prefetch_factor", "digits_image_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"'{key}' must be >= 1, got {getattr(self, key)}")
+        if self.vocab_size < 259:
+            raise ConfigError(f"'vocab_size' must be >= 259 (256 bytes + 3 special tokens), got {self.vocab_size}")
+        for key in ("workers", "shuffle_buffer"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"'{key}' must be >= 0, got {getattr(self, key)}")
+        if self.samples_per_epoch is not None and self.samples_per_epoch < 1:
+            raise ConfigError(f"'samples_per_epoch' must be >= 1, got {self.samples_per_epoch}")
+        if self.resampled and self.samples_per_epoch is None:
+            raise ConfigError("'resampled': true needs 'samples_per_epoch' (a resampled stream never ends)")
+        if len(self.crop_scale) != 2 or not 0.0 < self.crop_scale[0] <= self.crop_scale[1] <= 1.0:
+            raise ConfigError(f"'crop_scale' must be [lo, hi] with 0 < lo <= hi <= 1, got {self.crop_scale}")
+        if len(self.image_mean) != 3 or len(self.image_std) != 3 or min(self.image_std) <= 0:
+            raise ConfigError("'image_mean' and 'image_std' must hold 3 numbers, std > 0")
+        if not self.image_keys():
+            raise ConfigError(f"'image_key' names no extension: {self.image_key!r}")
+        if not self.caption_key:
+            raise ConfigError("'caption_key' must not be empty")
+
+    def image_keys(self) -> List[str]:
+        return [k.strip().lower().lstrip(".") for k in self.image_key.split(";") if k.strip()]
+
+    @classmethod
+    def from_dict(cls, data: Optional[Dict[str, Any]], source: Optional[str] = None) -> "DataConfig":
+        return parse_section(cls, data, "data", source)
+
+
+# ----------------------------------------------------------------------------------- shard lists
+
+def expand_urls(urls: Union[str, Sequence[str]]) -> List[str]:
+    """Brace-expand one URL or a list of them (``a-{000..002}.tar`` -> 3 URLs), order kept."""
+    import braceexpand
+
+    if isinstance(urls, (str, os.PathLike)):
+        urls = [os.fspath(urls)]
+    out: List[str] = []
+    for url in urls:
+        out.extend(braceexpand.braceexpand(os.fspath(url)))
+    if not out:
+        raise ValueError(f"no shard URLs in {urls!r}")
+    return out
+
+
+def _local_path(url: str) -> Optional[str]:
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        return parsed.path
+    if parsed.scheme == "" or (len(parsed.scheme) == 1 and os.name == "nt"):
+        return url
+    return None
+
+
+def check_shards_exist(urls: Sequence[str], what: str = "shard") -> None:
+    """Raise ``FileNotFoundError`` naming the local shard files that do not exist.
+
+    Remote URLs (``http://``, ``s3://``, ``pipe:``) are not checked.
+    """
+    missing = [u for u in urls if (p := _local_path(u)) is not None and not os.path.isfile(p)]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
+        raise FileNotFoundError(f"{len(missing)} of {len(urls)} {what} file(s) not found: {shown}")
+
+
+def resolve_shards(urls: Union[str, Sequence[str]], *, generate_digits_split: Optional[str] = None,
+                   digits_image_size: int = 32) -> List[str]:
+    """Expand ``urls``; if some local ones are missing and ``generate_digits_split`` is
+    ``"train"``/``"test"``, write that digits split to exactly those paths; then check they exist."""
+    expanded = expand_urls(urls)
+    if generate_digits_split is not None:
+        local = [_local_path(u) for u in expanded]
+        if any(p is None for p in local):
+            raise ConfigError("'generate_digits' needs local shard paths, got a remote URL")
+        if not all(os.path.isfile(p) for p in local):
+            logger.info("writing digits %s split to %d shard(s): %s", generate_digits_split, len(local), urls)
+            write_shards_to_paths(digits_samples(generate_digits_split, seed=_DIGITS_SPLIT_SEED,
+                                                 image_size=digits_image_size), local)
+    check_shards_exist(expanded)
+    return expanded
+
+
+def prepare_shards(cfg: DataConfig, split: str = "train") -> Optional[List[str]]:
+    """The config's expanded, existing shard list for ``split`` (``"train"`` or ``"val"``).
+
+    Generates the digits data set first when ``cfg.generate_digits`` and files are missing.
+    Returns None for ``"val"`` when no ``val_shards`` are configured.
+    """
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    urls = cfg.train_shards if split == "train" else cfg.val_shards
+    if not urls:
+        return None
+    digits_split = ("train" if split == "train" else "test") if cfg.generate_digits else None
+    return resolve_shards(urls, generate_digits_split=digits_split, digits_image_size=cfg.digits_image_size)
+
+
+# ------------------------------------------------------------------------------------ transforms
+
+def _seed(*parts: Any) -> int:
+    """A 64-bit seed from any values, the same in every process (unlike ``hash``)."""
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little")
+
+
+def _center_crop_resize(img: Image.Image, size: int) -> Image.Image:
+    """Largest centred square, resized to ``size`` (= resize shorter side + centre crop)."""
+    w, h = img.size
+    side = min(w, h)
+    left, top = (w - side) // 2, (h - side) // 2
+    return img.resize((size, size), Image.BICUBIC, box=(left, top, left + side, top + side))
+
+
+def _random_resized_crop(img: Image.Image, size: int, scale: Sequence[float], rng: random.Random,
+                         ratio: Sequence[float] = (3 / 4, 4 / 3)) -> Image.Image:
+    """Crop a random area fraction in ``scale`` with aspect ratio in ``ratio``, resize to ``size``."""
+    w, h = img.size
+    area = w * h
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        cw, ch = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
+        if 0 < cw <= w and 0 < ch <= h:
+            x, y = rng.randint(0, w - cw), rng.randint(0, h - ch)
+            return img.resize((size, size), Image.BICUBIC, box=(x, y, x + cw, y + ch))
+    return _center_crop_resize(img, size)
+
+
+def _to_tensor(img: Image.Image, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """PIL RGB (W, H) -> float32 [3, H, W], (x / 255 - mean) / std."""
+    arr = np.asarray(img, dtype=np.uint8)
+    t = torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
+    return t.sub_(mean).div_(std)
+
+
+# ------------------------------------------------------------------------------------ the stream
+
+@dataclasses.dataclass
+class _StreamSpec:
+    urls: List[str]
+    tokenizer: Any
+    image_size: int
+    context_length: int
+    batch_size: int
+    rank: int
+    world_size: int
+    epoch: int
+    seed: int
+    train: bool
+    shard_shuffle: bool
+    shuffle_buffer: int
+    resampled: bool
+    batches_per_rank: Optional[int]
+    start_batch: int
+    num_logical_workers: int
+    image_keys: List[str]
+    caption_key: str
+    with_labels: bool
+    crop_scale: List[float]
+    mean: List[float]
+    std: List[float]
+    drop_last: bool
+
+
+class _Counter:
+    """Per-worker skip counts by reason; ``delta()`` gives the total since the last call."""
+
+    def __init__(self) -> None:
+        self.by_reason: Dict[str, int] = {}
+        self._reported = 0
+
+    def add(self, reason: str, detail: str) -> None:
+        n = self.by_reason.get(reason, 0) + 1
+        self.by_reason[reason] = n
+        if n <= 5:
+            logger.warning("skipping %s: %s", reason, detail)
+
+    def delta(self) -> int:
+        total = sum(self.by_reason.values())
+        out, self._reported = total - self._reported, total
+        return out
+
+
+def _shuffled(items: Iterable, bufsize: int, rng: random.Random) -> Iterator:
+    if bufsize <= 1:
+        yield from items
+        return
+    buf: List = []
+    for item in items:
+        if len(buf) < bufsize:
+            buf.append(item)
+            continue
+        i = rng.randrange(bufsize)
+        yield buf[i]
+        buf[i] = item
+    rng.shuffle(buf)
+    yield from buf
+
+
+class _ShardStream(torch.utils.data.IterableDataset):
+    """Yields ready batches (dicts of tensors); see the module docstring for the pipeline."""
+
+    def __init__(self, spec: _StreamSpec) -> None:
+        super().__init__()
+        self.spec = spec
+
+    # per-logical-worker quantities --------------------------------------------------------------
+    def _share(self, total: int, logical: int) -> int:
+        """How many of batches 0..total-1 (dealt round-robin) belong to logical worker ``logical``."""
+        w = self.spec.num_logical_workers
+        return max(0, (total - logical + w - 1) // w)
+
+    def _shard_urls(self, logical: int) -> Iterator[str]:
+        s = self.spec
+        if s.resampled:
+            rng = random.Random(_seed("resample", s.seed, s.epoch, s.rank, logical))
+            while True:
+                yield s.urls[rng.randrange(len(s.urls))]
+        order = list(s.urls)
+        if s.shard_shuffle:
+            random.Random(_seed("shards", s.seed, s.epoch)).shuffle(order)
+        yield from order[s.rank::s.world_size][logical::s.num_logical_workers]
+
+    def _raw_samples(self, logical: int, counter: _Counter) -> Iterator[Dict[str, Any]]:
+        """Tar samples that have an image member and a non-empty UTF-8 caption (not decoded)."""
+        from webdataset.tariterators import tarfile_samples
+
+        s = self.spec
+
+        def handler(exc: Exception) -> bool:
+            counter.add("tar_error", repr(exc)[:300])
+            return True
+
+        opened = {"since_valid": 0}
+
+        def urls() -> Iterator[Dict[str, str]]:
+            for url in self._shard_urls(logical):
+                opened["since_valid"] += 1
+                if s.resampled and opened["since_valid"] > 2 * len(s.urls) + 10:
+                    raise RuntimeError(f"no valid sample in the last {opened['since_valid']} shards drawn "
+                                       f"from {s.urls[0]} ...: are the image_key/caption_key right?")
+                yield {"url": url}
+
+        for sample in tarfile_samples(urls(), handler=handler):
+            where = f"{sample.get('__url__')}:{sample.get('__key__')}"
+            image_ext = next((k for k in s.image_keys if k in sample), None)
+            if image_ext is None:
+                counter.add("missing_image", where)
+                continue
+            caption_bytes = sample.get(s.caption_key)
+            try:
+                caption = caption_bytes.decode("utf-8").strip() if caption_bytes is not None else ""
+            except UnicodeDecodeError:
+                caption = ""
+            if not caption:
+                counter.add("missing_caption", where)
+                continue
+            opened["since_valid"] = 0
+            yield {"url": sample["__url__"], "key": sample["__key__"], "image": sample[image_ext],
+                   "caption": caption, "json": sample.get("json")}
+
+    def _decoded(self, raw: Iterable[Dict[str, Any]], counter: _Counter) -> Iterator[Dict[str, Any]]:
+        s = self.spec
+        mean = torch.tensor(s.mean, dtype=torch.float32).view(3, 1, 1)
+        std = torch.tensor(s.std, dtype=torch.float32).view(3, 1, 1)
+        for item in raw:
+            try:
+                with Image.open(io.BytesIO(item["image"])) as img:
+                    rgb = img.convert("RGB")
+                if s.train:
+                    rng = random.Random(_seed("crop", s.seed, s.epoch, item["url"], item["key"]))
+                    rgb = _random_resized_crop(rgb, s.image_size, s.crop_scale, rng)
+                else:
+                    rgb = _center_crop_resize(rgb, s.image_size)
+                pixels = _to_tensor(rgb, mean, std)
+            except _DECODE_ERRORS as exc:
+                counter.add("bad_image", f"{item['url']}:{item['key']}: {exc!r}"[:300])
+                continue
+            label = -1
+            if s.with_labels and item["json"] is not None:
+                try:
+                    meta = json.loads(item["json"].decode("utf-8"))
+                    label = int(meta.get("label", -1)) if isinstance(meta, dict) else -1
+                except (ValueError, TypeError, UnicodeDecodeError):
+                    counter.add("bad_json", f"{item['url']}:{item['key']}")
+            yield {"pixels": pixels, "caption": item["caption"], "key": item["key"], "label": label}
+
+    def _batch(self, items: List[Dict[str, Any]], counter: _Counter) -> Dict[str, Any]:
+        s = self.spec
+        captions = [it["caption"] for it in items]
+        input_ids, attention_mask = tokenize(s.tokenizer, captions, s.context_length)
+        batch: Dict[str, Any] = {
+            "pixel_values": torch.stack([it["pixels"] for it in items]),
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "num_skipped": torch.tensor(counter.delta(), dtype=torch.long),
+        }
+        if not s.train:
+            batch["caption"] = captions
+            batch["key"] = [it["key"] for it in items]
+            if s.with_labels:
+                batch["label"] = torch.tensor([it["label"] for it in items], dtype=torch.long)
+        return batch
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        s = self.spec
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0
+        if info is not None and info.num_workers != s.num_logical_workers:
+            raise RuntimeError(f"stream built for {s.num_logical_workers} workers, run with {info.num_workers}")
+        # DataLoader worker `worker` plays logical worker (worker + start_batch) % W: the resumed
+        # round-robin then starts where the uninterrupted one was (see module docstring).
+        logical = (worker + s.start_batch) % s.num_logical_workers
+        skip_batches = self._share(s.start_batch, logical)
+        quota = None if s.batches_per_rank is None else self._share(s.batches_per_rank, logical)
+        if quota is not None and skip_batches >= quota:
+            return
+        counter = _Counter()
+        raw: Iterator = self._raw_samples(logical, counter)
+        if s.train:
+            raw = _shuffled(raw, s.shuffle_buffer, random.Random(_seed("buffer", s.seed, s.epoch, s.rank, logical)))
+        to_skip = skip_batches * s.batch_size
+        while to_skip > 0 and next(raw, None) is not None:
+            to_skip -= 1
+        made = skip_batches
+        pending: List[Dict[str, Any]] = []
+        for item in self._decoded(raw, counter):
+            pending.append(item)
+            if len(pending) == s.batch_size:
+                yield self._batch(pending, counter)
+                pending = []
+                made += 1
+                if quota is not None and made >= quota:
+                    return
+        if pending and not s.drop_last:
+            yield self._batch(pending, counter)
+
+
+class ShardLoader:
+    """Iterable over batches (a DataLoader over :class:`_ShardStream`) that sums skip counts.
+
+    Each batch is a dict: ``pixel_values`` float32 [B, 3, H, W] (normalised), ``input_ids`` and
+    ``attention_mask`` int64 [B, L], ``num_skipped`` int64 [] (skips since the worker's previous
+    batch); eval loaders add ``caption`` (list of B str), ``key`` (list of B str) and, with
+    labels, ``label`` int64 [B] (-1 where the sample's json has none).
+
+    ``stats``: ``{"batches", "samples", "skipped"}`` accumulated over iteration in this process.
+    ``batches_per_epoch``: batches this rank yields per epoch when known (``samples_per_epoch``
+    set), else None. Iterating again replays the same (epoch, start_batch) stream.
+    """
+
+    def __init__(self, dataloader: torch.utils.data.DataLoader, *, batches_per_epoch: Optional[int],
+                 epoch: int, start_batch: int, batch_size: int) -> None:
+        self.dataloader = dataloader
+        self.batches_per_epoch = batches_per_epoch
+        self.epoch = epoch
+        self.start_batch = start_batch
+        self.batch_size = batch_size
+        self.stats = {"batches": 0, "samples": 0, "skipped": 0}
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        for batch in self.dataloader:
+            self.stats["batches"] += 1
+            self.stats["samples"] += int(batch["pixel_values"].shape[0])
+            self.stats["skipped"] += int(batch["num_skipped"])
+            yield batch
+
+
+def _make_loader(spec: _StreamSpec, workers: int, prefetch_factor: int) -> ShardLoader:
+    kwargs: Dict[str, Any] = {}
+    if workers > 0:
+        kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=False)
+    dl = torch.utils.data.DataLoader(_ShardStream(spec), batch_size=None, num_workers=workers,
+                                     pin_memory=torch.cuda.is_available(), **kwargs)
+    return ShardLoader(dl, batches_per_epoch=spec.batches_per_rank, epoch=spec.epoch,
+                       start_batch=spec.start_batch, batch_size=spec.batch_size)
+
+
+def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_length: int, batch_size: int,
+                       rank: int = 0, world_size: int = 1, epoch: int = 0, seed: Optional[int] = None,
+                       start_batch: int = 0, shards: Optional[Sequence[str]] = None) -> ShardLoader:
+    """The training stream of one rank for one epoch, as an iterable of batches.
+
+    Args:
+        cfg: the ``data`` section.
+        tokenizer: from :func:`pipeline.tokenizer.ensure_tokenizer` (used in the workers).
+        image_size: the vision tower's input side; context_length: the text tower's length.
+        batch_size: micro batch per rank (DeepSpeed's ``train_micro_batch_size_per_gpu``);
+            partial batches are dropped.
+        rank, world_size: data-parallel position (shards split by rank, then by worker).
+        epoch: selects the shard order, buffer and crop seeds (a new loader per epoch).
+        seed: overrides ``cfg.seed`` when given.
+        start_batch: resume: skip this many batches of this (epoch, rank) stream (exact under
+            the conditions in the module docstring).
+        shards: already-resolved URLs (default: :func:`prepare_shards` ``(cfg, "train")``).
+    Returns:
+        :class:`ShardLoader` yielding ``pixel_values`` [B, 3, image_size, image_size],
+        ``input_ids`` / ``attention_mask`` [B, context_length], ``num_skipped`` [].
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world size {world_size}")
+    if batch_size < 1 or start_batch < 0 or epoch < 0:
+        raise ValueError(f"need batch_size >= 1, start_batch >= 0, epoch >= 0; got {batch_size}, {start_batch}, {epoch}")
+    urls = list(shards) if shards is not None else prepare_shards(cfg, "train")
+    check_shards_exist(urls)
+    batches_per_rank = None
+    if cfg.samples_per_epoch is not None:
+        batches_per_rank = cfg.samples_per_epoch // (batch_size * world_size)
+        if batches_per_rank < 1:
+            raise ConfigError(f"'samples_per_epoch' {cfg.samples_per_epoch} is less than one global batch "
+                              f"({batch_size} x {world_size} ranks)")
+    if not cfg.resampled:
+        if len(urls) < world_size:
+            raise ConfigError(f"{len(urls)} training shard(s) cannot be split over {world_size} ranks; "
+                              "write more (smaller) shards or set 'resampled': true")
+        per_rank = len(urls[rank::world_size])
+        if cfg.workers > per_rank:
+            logger.warning("rank %d has %d shard(s) for %d workers: %d worker(s) idle",
+                           rank, per_rank, cfg.workers, cfg.workers - per_rank)
+    spec = _StreamSpec(
+        urls=urls, tokenizer=tokenizer, image_size=image_size, context_length=context_length,
+        batch_size=batch_size, rank=rank, world_size=world_size, epoch=epoch,
+        seed=cfg.seed if seed is None else seed, train=True, shard_shuffle=cfg.shard_shuffle,
+        shuffle_buffer=cfg.shuffle_buffer, resampled=cfg.resampled, batches_per_rank=batches_per_rank,
+        start_batch=start_batch, num_logical_workers=max(1, cfg.workers), image_keys=cfg.image_keys(),
+        caption_key=cfg.caption_key, with_labels=False, crop_scale=list(cfg.crop_scale),
+        mean=list(cfg.image_mean), std=list(cfg.image_std), drop_last=True)
+    return _make_loader(spec, cfg.workers, cfg.prefetch_factor)
+
+
+def build_eval_loader(shards: Union[str, Sequence[str]], tokenizer, *, image_size: int, context_length: int,
+                      batch_size: int, workers: int = 0, with_labels: bool = True,
+                      image_key: str = "jpg;png;webp;jpeg", caption_key: str = "txt",
+                      image_mean: Sequence[float] = CLIP_MEAN, image_std: Sequence[float] = CLIP_STD,
+                      rank: int = 0, world_size: int = 1) -> ShardLoader:
+    """A deterministic pass over ``shards`` (no shuffling; resize + centre crop), last batch kept.
+
+    ``shards`` is a brace URL or list (checked to exist). With ``world_size > 1`` shards are
+    split by rank. Batches add ``caption`` and ``key`` (lists of str) and, with ``with_labels``,
+    ``label`` int64 [B] read from the json member's ``"label"`` (-1 when absent). With
+    ``workers > 1`` batches from different shards interleave, in a fixed order.
+    """
+    urls = expand_urls(shards)
+    check_shards_exist(urls)
+    keys = [k.strip().lower().lstrip(".") for k in image_key.split(";") if k.strip()]
+    spec = _StreamSpec(
+        urls=urls, tokenizer=tokenizer, image_size=image_size, context_length=context_length,
+        batch_size=batch_size, rank=rank, world_size=world_size, epoch=0, seed=0, train=False,
+        shard_shuffle=False, shuffle_buffer=0, resampled=False, batches_per_rank=None, start_batch=0,
+        num_logical_workers=max(1, workers), image_keys=keys, caption_key=caption_key,
+        with_labels=with_labels, crop_scale=[1.0, 1.0], mean=list(image_mean), std=list(image_std),
+        drop_last=False)
+    return _make_loader(spec, workers, 2)
+
+
+def measure_loader_throughput(loader: Iterable[Dict[str, Any]], num_batches: int, warmup: int = 1) -> float:
+    """Images per second the loader delivers, timed over ``num_batches`` after ``warmup`` batches.
+
+    The warm-up batches absorb worker start-up. Stops early if the loader runs out (then the
+    rate is over the batches seen); raises if no batch was timed.
+    """
+    it = iter(loader)
+    for _ in range(warmup):
+        if next(it, None) is None:
+            raise ValueError("loader ran out during warm-up")
+    images, timed = 0, 0
+    start = time.perf_counter()
+    for batch in it:
+        images += int(batch["pixel_values"].shape[0])
+        timed += 1
+        if timed >= num_batches:
+            break
+    elapsed = time.perf_counter() - start
+    if timed == 0:
+        raise ValueError("loader gave no batch after warm-up")
+    return images / max(elapsed, 1e-9)

@@ -1,0 +1,349 @@
+"""Writing webdataset tar shards in the img2dataset layout, and the built-in digits data set.
+
+Design: a shard is a plain POSIX tar whose members are ``NNNNNNNNN.jpg`` (or ``.png`` /
+``.webp``), ``NNNNNNNNN.txt`` (the caption, UTF-8) and optionally ``NNNNNNNNN.json`` (metadata),
+members of one sample adjacent, which is what img2dataset writes and what webdataset reads. The
+writer uses the standard library's ``tarfile`` with fixed mtime/uid/gid so that the same samples
+give byte-identical shards, and each shard is written under a temporary name and renamed into
+place, so that a reader (or a second rank generating the same data) never sees a half-written
+shard. Limit: local paths only (no ``s3://`` / ``pipe:`` targets).
+
+The digits data set (scikit-learn's bundled 8x8 ``load_digits``, 1797 images, no download) is
+upscaled to RGB and captioned from templates over the digit names, so that a CPU run can train a
+real CLIP on real image-text pairs and be evaluated zero-shot on the held-out split (the json
+member holds ``{"label": int, "classname": str}``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import random
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterable, Iterator, List, Literal, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+from PIL import Image
+
+__all__ = [
+    "DIGITS_CLASSNAMES",
+    "DIGITS_CAPTION_TEMPLATES",
+    "DIGITS_ZEROSHOT_TEMPLATES",
+    "EncodedImage",
+    "IMAGE_EXTENSIONS",
+    "brace_url",
+    "digits_samples",
+    "folder_samples",
+    "write_digits_shards",
+    "write_digits_test_shards",
+    "write_shards",
+    "write_shards_to_paths",
+]
+
+logger = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+"""Image member extensions the writer and the loader know."""
+
+DIGITS_CLASSNAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+"""Class names of the digits data set, index = label."""
+
+DIGITS_CAPTION_TEMPLATES = [
+    "a photo of the number {name}",
+    "a handwritten {digit}",
+    "the digit {name} written by hand",
+    "a blurry picture of the digit {name}",
+    "a small grey image of a {name}",
+    "the number {digit}",
+    "a pixelated drawing of the numeral {name}",
+    "a scan of a handwritten {name}",
+    "an image showing the digit {digit}",
+    "{name}",
+]
+"""Training caption templates: ``{name}`` is the class name ("seven"), ``{digit}`` the numeral."""
+
+DIGITS_ZEROSHOT_TEMPLATES = [
+    "a photo of the number {}",
+    "the digit {} written by hand",
+    "a handwritten {}",
+]
+"""Zero-shot prompt templates for the digits classes; ``{}`` takes the class name."""
+
+_PIL_FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """Already-encoded image bytes and their extension (written as-is, never re-encoded)."""
+
+    data: bytes
+    ext: str
+
+
+ImageLike = Union[Image.Image, bytes, EncodedImage]
+Sample = Tuple[ImageLike, str, Optional[Mapping[str, Any]]]
+
+
+def _encode_image(image: ImageLike, image_format: str) -> Tuple[bytes, str]:
+    if isinstance(image, EncodedImage):
+        ext = image.ext.lower().lstrip(".")
+        if ext not in IMAGE_EXTENSIONS:
+            raise ValueError(f"unsupported image extension {image.ext!r}; expected one of {IMAGE_EXTENSIONS}")
+        return image.data, ext
+    if isinstance(image, (bytes, bytearray)):
+        return bytes(image), image_format
+    if isinstance(image, Image.Image):
+        buf = io.BytesIO()
+        img = image.convert("RGB") if image_format in ("jpg", "jpeg") and image.mode != "RGB" else image
+        kwargs = {"quality": 95} if image_format in ("jpg", "jpeg", "webp") else {}
+        img.save(buf, format=_PIL_FORMATS[image_format], **kwargs)
+        return buf.getvalue(), image_format
+    raise TypeError(f"image must be a PIL.Image, bytes or EncodedImage, got {type(image).__name__}")
+
+
+def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _write_tar_atomic(path: Path, samples: Sequence[Tuple[str, bytes, str, str, Optional[Mapping]]]) -> None:
+    """Write one shard; ``samples`` holds (key, image bytes, image ext, caption, meta)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for key, img, ext, caption, meta in samples:
+                _add_member(tar, f"{key}.{ext}", img)
+                _add_member(tar, f"{key}.txt", caption.encode("utf-8"))
+                if meta is not None:
+                    _add_member(tar, f"{key}.json", json.dumps(dict(meta), sort_keys=True).encode("utf-8"))
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _prepare(samples: Iterable[Sample], image_format: str, start_key: int
+             ) -> Iterator[Tuple[str, bytes, str, str, Optional[Mapping]]]:
+    for i, item in enumerate(samples):
+        if len(item) != 3:
+            raise ValueError(f"sample {i}: expected (image, caption, meta), got {len(item)} items")
+        image, caption, meta = item
+        if not isinstance(caption, str):
+            raise TypeError(f"sample {i}: caption must be str, got {type(caption).__name__}")
+        data, ext = _encode_image(image, image_format)
+        yield f"{start_key + i:09d}", data, ext, caption, meta
+
+
+def brace_url(paths: Sequence[Union[str, Path]]) -> str:
+    """A brace URL (``dir/shard-{000000..000007}.tar``) naming exactly ``paths``.
+
+    ``paths`` must be consecutive numbered files as :func:`write_shards` makes them; a single
+    path is returned as is.
+    """
+    paths = [str(p) for p in paths]
+    if not paths:
+        raise ValueError("brace_url: no paths")
+    if len(paths) == 1:
+        return paths[0]
+    first, last = Path(paths[0]), Path(paths[-1])
+    stem_a, num_a = first.stem.rsplit("-", 1)
+    stem_b, num_b = last.stem.rsplit("-", 1)
+    if first.parent != last.parent or stem_a != stem_b or int(num_b) - int(num_a) != len(paths) - 1:
+        raise ValueError(f"brace_url: {paths[0]} .. {paths[-1]} are not consecutive numbered shards")
+    return str(first.parent / f"{stem_a}-{{{num_a}..{num_b}}}{first.suffix}")
+
+
+def write_shards(samples: Iterable[Sample], out_dir: Union[str, Path], prefix: str = "shard",
+                 samples_per_shard: int = 1000, image_format: str = "jpg") -> List[str]:
+    """Write ``samples`` into ``out_dir/{prefix}-000000.tar``, ... and return the shard paths.
+
+    Args:
+        samples: iterable of ``(image, caption, meta)``; image is a ``PIL.Image`` (encoded as
+            ``image_format``), raw ``bytes`` (written as-is with extension ``image_format``) or an
+            :class:`EncodedImage`; meta is a JSON-serialisable dict (``.json`` member) or None.
+        samples_per_shard: samples per tar; the last shard holds the remainder.
+        image_format: ``jpg``, ``png`` or ``webp``.
+    Returns:
+        the shard paths in order (pass them to :func:`brace_url` for one URL).
+    """
+    image_format = image_format.lower().lstrip(".")
+    if image_format not in _PIL_FORMATS:
+        raise ValueError(f"image_format must be one of {sorted(_PIL_FORMATS)}, got {image_format!r}")
+    if samples_per_shard < 1:
+        raise ValueError(f"samples_per_shard must be >= 1, got {samples_per_shard}")
+    out_dir = Path(out_dir)
+    paths: List[str] = []
+    pending: List = []
+    for sample in _prepare(samples, image_format, 0):
+        pending.append(sample)
+        if len(pending) == samples_per_shard:
+            paths.append(_flush(out_dir, prefix, len(paths), pending))
+            pending = []
+    if pending:
+        paths.append(_flush(out_dir, prefix, len(paths), pending))
+    if not paths:
+        raise ValueError("write_shards: no samples to write")
+    return paths
+
+
+def _flush(out_dir: Path, prefix: str, index: int, pending: List) -> str:
+    path = out_dir / f"{prefix}-{index:06d}.tar"
+    _write_tar_atomic(path, pending)
+    return str(path)
+
+
+def write_shards_to_paths(samples: Iterable[Sample], paths: Sequence[Union[str, Path]],
+                          image_format: str = "jpg") -> List[str]:
+    """Spread ``samples`` evenly (contiguously, in order) over exactly the given shard ``paths``.
+
+    Used when a config names the shards (a brace URL) and asks for them to be generated.
+    Raises if there are fewer samples than paths (a shard would be empty).
+    """
+    image_format = image_format.lower().lstrip(".")
+    items = list(_prepare(samples, image_format, 0))
+    if len(items) < len(paths):
+        raise ValueError(f"{len(items)} samples cannot fill {len(paths)} shards")
+    bounds = np.linspace(0, len(items), len(paths) + 1).round().astype(int)
+    for path, lo, hi in zip(paths, bounds[:-1], bounds[1:]):
+        _write_tar_atomic(Path(path), items[lo:hi])
+    return [str(p) for p in paths]
+
+
+def _digits_split(split: str, seed: int, test_fraction: float) -> Tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    digits = load_digits()
+    order = np.random.default_rng(seed).permutation(len(digits.target))
+    n_test = int(round(len(order) * test_fraction))
+    idx = np.sort(order[:n_test] if split == "test" else order[n_test:])
+    return digits.images[idx], digits.target[idx]
+
+
+def digits_samples(split: Literal["train", "test"], seed: int = 0, test_fraction: float = 0.2,
+                   image_size: int = 32) -> Iterator[Sample]:
+    """Yield ``(PIL RGB image [image_size^2], caption, {"label", "classname"})`` for one split.
+
+    The split is a fixed permutation of the 1797 digits by ``seed`` (test: ``test_fraction`` of
+    them, 359 by default); the caption template of each sample is drawn by a RNG seeded from
+    ``seed`` and the split, so the same arguments give the same samples.
+    """
+    images, labels = _digits_split(split, seed, test_fraction)
+    rng = random.Random(f"digits-captions-{seed}-{split}")
+    for img8, label in zip(images, labels):
+        grey = (img8 * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)
+        pil = Image.fromarray(grey, mode="L").resize((image_size, image_size), Image.BILINEAR)
+        name = DIGITS_CLASSNAMES[int(label)]
+        caption = rng.choice(DIGITS_CAPTION_TEMPLATES).format(name=name, digit=int(label))
+        yield pil.convert("RGB"), caption, {"label": int(label), "classname": name}
+
+
+def write_digits_shards(out_dir: Union[str, Path], image_size: int = 32, samples_per_shard: int = 256,
+                        seed: int = 0, test_fraction: float = 0.2, image_format: str = "jpg"
+                        ) -> Dict[str, Any]:
+    """Write ``out_dir/train/shard-*.tar`` and ``out_dir/test/shard-*.tar`` from the digits.
+
+    Returns ``{"train": brace URL, "test": brace URL, "train_paths": [...], "test_paths": [...],
+    "classnames": DIGITS_CLASSNAMES}``; the test shards' json members carry the class label.
+    """
+    out = {}
+    for split in ("train", "test"):
+        paths = write_shards(digits_samples(split, seed, test_fraction, image_size), Path(out_dir) / split,
+                             samples_per_shard=samples_per_shard, image_format=image_format)
+        out[split] = brace_url(paths)
+        out[f"{split}_paths"] = paths
+    out["classnames"] = list(DIGITS_CLASSNAMES)
+    return out
+
+
+def write_digits_test_shards(out_dir: Union[str, Path], image_size: int = 32, samples_per_shard: int = 256,
+                             seed: int = 0, test_fraction: float = 0.2) -> str:
+    """Write only the held-out digits split (labelled, for zero-shot eval); returns its brace URL.
+
+    The same ``seed``/``test_fraction`` as the training shards give the same disjoint split.
+    """
+    paths = write_shards(digits_samples("test", seed, test_fraction, image_size), out_dir,
+                         samples_per_shard=samples_per_shard)
+    return brace_url(paths)
+
+
+def _load_caption_table(path: Path) -> Dict[str, str]:
+    table: Dict[str, str] = {}
+    if path.suffix == ".jsonl":
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                table[str(row["file"] if "file" in row else row["filename"])] = str(row["caption"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{n}: expected {{\"file\": ..., \"caption\": ...}} ({exc})") from None
+    elif path.suffix == ".tsv":
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            parts = line.split("\t", 1)
+            if len(parts) != 2:
+                raise ValueError(f"{path}:{n}: expected 'filename<TAB>caption'")
+            table[parts[0].strip()] = parts[1].strip()
+    else:
+        raise ValueError(f"caption table must be .tsv or .jsonl, got {path}")
+    return table
+
+
+def folder_samples(image_dir: Union[str, Path], captions: Optional[Union[str, Path, Mapping[str, str]]] = None
+                   ) -> Iterator[Sample]:
+    """Yield ``(EncodedImage, caption, {"filename": name})`` for the images in ``image_dir``.
+
+    Captions come from ``captions`` (a mapping filename -> caption, or a ``.tsv``
+    ``filename<TAB>caption`` / ``.jsonl`` ``{"file", "caption"}`` file), else from
+    ``image_dir/captions.tsv`` or ``captions.jsonl`` when present, else from a sidecar
+    ``<stem>.txt`` beside each image. Images are copied as encoded (no re-encode); sorted by name.
+    Raises ``ValueError`` listing the images that have no caption (before yielding anything).
+    """
+    image_dir = Path(image_dir)
+    if not image_dir.is_dir():
+        raise FileNotFoundError(f"image folder not found: {image_dir}")
+    table: Optional[Dict[str, str]] = None
+    if isinstance(captions, Mapping):
+        table = {str(k): str(v) for k, v in captions.items()}
+    elif captions is not None:
+        table = _load_caption_table(Path(captions))
+    else:
+        for name in ("captions.tsv", "captions.jsonl"):
+            if (image_dir / name).is_file():
+                table = _load_caption_table(image_dir / name)
+                break
+    files = sorted(p for p in image_dir.iterdir()
+                   if p.is_file() and p.suffix.lower().lstrip(".") in IMAGE_EXTENSIONS)
+    if not files:
+        raise ValueError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in {image_dir}")
+    resolved = []
+    missing = []
+    for path in files:
+        if table is not None:
+            caption = table.get(path.name, table.get(path.stem))
+        else:
+            sidecar = path.with_suffix(".txt")
+            caption = sidecar.read_text(encoding="utf-8").strip() if sidecar.is_file() else None
+        if not caption:
+            missing.append(path.name)
+        resolved.append((path, caption))
+    if missing:
+        shown = ", ".join(missing[:10]) + (f" (+{len(missing) - 10} more)" if len(missing) > 10 else "")
+        raise ValueError(f"{len(missing)} image(s) in {image_dir} have no caption: {shown}")
+    for path, caption in resolved:
+        yield EncodedImage(path.read_bytes(), path.suffix.lower().lstrip(".")), caption, {"filename": path.name}

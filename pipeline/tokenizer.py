@@ -1,0 +1,220 @@
+"""Text tokenizer: a byte-level BPE trained on the shards' captions, or any local HF tokenizer.
+
+Design: nothing is downloaded. By default the project trains a lower-cased byte-level BPE with
+the ``tokenizers`` library on the training captions and saves it as a ``PreTrainedTokenizerFast``
+folder, so ``transformers.AutoTokenizer.from_pretrained(folder)`` loads it offline and it can be
+stored with the run. Special tokens get the first ids: ``<|pad|>`` = 0, ``<|endoftext|>``
+(EOS) = 1, ``<|startoftext|>`` (BOS) = 2.
+
+EOS pooling: transformers' ``CLIPTextTransformer`` pools the hidden state at the FIRST position
+whose id equals ``config.eos_token_id``, except when ``eos_token_id == 2``, a legacy value for
+which it pools at ``input_ids.argmax(-1)`` (the highest id, right only for OpenAI's vocabulary).
+Hence EOS here is id 1, never 2, and :func:`tokenize` always ends every row with EOS (truncating
+the text, never the EOS). The model's ``CLIPTextConfig`` must get ``vocab_size``,
+``pad_token_id``, ``bos_token_id``, ``eos_token_id`` from :func:`special_token_ids`.
+
+Limit: :func:`tokenize` builds ``[BOS] text [EOS] [PAD]...`` itself from the tokenizer's ids
+without special tokens, so it works for any HF tokenizer that has an EOS token (BOS is optional;
+a tokenizer without a pad token pads with EOS, as OpenAI's CLIP tokenizer does).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+__all__ = [
+    "BOS_TOKEN",
+    "EOS_TOKEN",
+    "PAD_TOKEN",
+    "ensure_tokenizer",
+    "iter_shard_captions",
+    "load_tokenizer",
+    "special_token_ids",
+    "tokenize",
+    "train_bpe_tokenizer",
+]
+
+logger = logging.getLogger(__name__)
+
+PAD_TOKEN = "<|pad|>"
+EOS_TOKEN = "<|endoftext|>"
+BOS_TOKEN = "<|startoftext|>"
+_SPECIALS = [PAD_TOKEN, EOS_TOKEN, BOS_TOKEN]  # ids 0, 1, 2: EOS must not be 2 (see header)
+
+
+def train_bpe_tokenizer(texts: Iterable[str], out_dir: Union[str, Path], vocab_size: int = 4096,
+                        context_length: int = 77, min_frequency: int = 2):
+    """Train a lower-cased byte-level BPE on ``texts`` and save it to ``out_dir``.
+
+    Args:
+        texts: the training corpus (captions); an iterator is consumed once.
+        out_dir: folder written with ``save_pretrained`` (``tokenizer.json``,
+            ``tokenizer_config.json``, ``special_tokens_map.json``); written to a temporary
+            sibling and renamed, so a concurrent reader never sees half a tokenizer.
+        vocab_size: upper bound on the vocabulary (256 byte tokens + 3 special tokens + merges);
+            a small corpus may give fewer. Read the real size from :func:`special_token_ids`.
+        context_length: stored as ``model_max_length``.
+    Returns:
+        the loaded ``PreTrainedTokenizerFast``.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    min_vocab = 256 + len(_SPECIALS)
+    if vocab_size < min_vocab:
+        raise ValueError(f"vocab_size must be >= {min_vocab} (byte alphabet + special tokens), got {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase(), normalizers.Strip()])
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=_SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    ids = [tok.token_to_id(t) for t in _SPECIALS]
+    if ids != [0, 1, 2]:
+        raise RuntimeError(f"special token ids came out as {ids}, expected [0, 1, 2]")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN,
+                                   pad_token=PAD_TOKEN, model_max_length=context_length)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        fast.save_pretrained(str(tmp))
+        try:
+            os.replace(tmp, out_dir)
+        except OSError:
+            if not (out_dir / "tokenizer.json").is_file():  # not "another rank got there first"
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return load_tokenizer(out_dir)
+
+
+def load_tokenizer(path: Union[str, Path]):
+    """Load a local HF tokenizer folder (offline) and check it has what :func:`tokenize` needs."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer folder not found: {path}")
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    if tok.eos_token_id is None:
+        raise ValueError(f"tokenizer in {path} has no EOS token; CLIP's text tower pools at EOS")
+    return tok
+
+
+def special_token_ids(tokenizer) -> Dict[str, Optional[int]]:
+    """``{"vocab_size", "pad_token_id", "bos_token_id", "eos_token_id"}`` for ``CLIPTextConfig``.
+
+    ``vocab_size`` is ``len(tokenizer)`` (base vocabulary plus added tokens); ``pad_token_id``
+    falls back to EOS when the tokenizer has no pad token (that is what :func:`tokenize` pads
+    with); ``bos_token_id`` may be None (then no BOS is prepended).
+    """
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    return {"vocab_size": len(tokenizer), "pad_token_id": pad, "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": eos}
+
+
+def tokenize(tokenizer, texts: Sequence[str], context_length: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Tokenize to fixed length: rows are ``[BOS] tokens [EOS] [PAD]...``.
+
+    Texts longer than ``context_length`` lose their last tokens, never the EOS (the text tower
+    pools there). Returns ``(input_ids, attention_mask)``, both ``LongTensor[N, context_length]``;
+    the mask is 1 from BOS to EOS inclusive, 0 on padding.
+    """
+    ids = special_token_ids(tokenizer)
+    eos, pad, bos = ids["eos_token_id"], ids["pad_token_id"], ids["bos_token_id"]
+    prefix = [bos] if bos is not None else []
+    room = context_length - len(prefix) - 1
+    if room < 1:
+        raise ValueError(f"context_length {context_length} leaves no room for text between BOS and EOS")
+    texts = list(texts)
+    input_ids = torch.full((len(texts), context_length), pad, dtype=torch.long)
+    mask = torch.zeros((len(texts), context_length), dtype=torch.long)
+    if not texts:
+        return input_ids, mask
+    # truncating here (not only below) keeps long captions cheap and silences HF's length warning
+    encoded = tokenizer(texts, add_special_tokens=False, truncation=True, max_length=room)["input_ids"]
+    for row, toks in enumerate(encoded):
+        seq = prefix + list(toks[:room]) + [eos]
+        input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        mask[row, : len(seq)] = 1
+    return input_ids, mask
+
+
+def iter_shard_captions(urls: Sequence[str], caption_key: str = "txt", max_captions: Optional[int] = None
+                        ) -> Iterator[str]:
+    """Stream the caption members of tar shards, in order, without reading image bytes' content.
+
+    Only members whose extension (after the first dot of the basename) is ``caption_key`` are
+    read; everything else is skipped over by the tar reader. Unreadable captions are skipped.
+    """
+    from webdataset.gopen import gopen
+
+    count = 0
+    for url in urls:
+        with gopen(url, "rb") as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:
+            for member in tar:
+                if not member.isreg():
+                    continue
+                base = member.name.rsplit("/", 1)[-1]
+                if "." not in base or base.split(".", 1)[1].lower() != caption_key:
+                    continue
+                try:
+                    text = tar.extractfile(member).read().decode("utf-8").strip()
+                except (UnicodeDecodeError, OSError):
+                    continue
+                if text:
+                    yield text
+                    count += 1
+                    if max_captions is not None and count >= max_captions:
+                        return
+
+
+def ensure_tokenizer(data_cfg, shards: Optional[Union[str, Sequence[str]]], out_dir: Union[str, Path],
+                     context_length: int = 77):
+    """The run's tokenizer: the configured folder, an earlier run's copy, or a freshly trained BPE.
+
+    Args:
+        data_cfg: :class:`pipeline.data.DataConfig` (uses ``tokenizer``, ``vocab_size``,
+            ``tokenizer_train_captions``, ``caption_key``).
+        shards: training shard URLs (brace URL or list of them) whose captions train the BPE;
+            None: ``data_cfg.train_shards``. Missing local shards are generated first when
+            ``data_cfg.generate_digits`` (as :func:`pipeline.data.prepare_shards` does).
+        out_dir: the tokenizer folder inside the run directory (e.g. ``run_dir/tokenizer``).
+            When ``data_cfg.tokenizer`` is null and it already holds a tokenizer (a resumed
+            run), that one is loaded, so the vocabulary never changes under a checkpoint.
+        context_length: the text tower's context length (stored as ``model_max_length``).
+    Returns:
+        a ``PreTrainedTokenizerFast`` (or whatever ``AutoTokenizer`` loads for the folder).
+
+    Training is deterministic for the same captions, so ranks that each call this get the same
+    vocabulary; on a shared file system call it on rank 0 first, then on the others after a
+    barrier, to train once.
+    """
+    if data_cfg.tokenizer:
+        return load_tokenizer(data_cfg.tokenizer)
+    out_dir = Path(out_dir)
+    if (out_dir / "tokenizer.json").is_file():
+        return load_tokenizer(out_dir)
+    from .data import prepare_shards, resolve_shards  # local import: data imports this module
+
+    if shards is None:
+        urls = prepare_shards(data_cfg, "train")
+    else:
+        urls = resolve_shards(shards, generate_digits_split="train" if data_cfg.generate_digits else None,
+                              digits_image_size=data_cfg.digits_image_size)
+    texts = iter_shard_captions(urls, data_cfg.caption_key, data_cfg.tokenizer_train_captions)
+    logger.info("training a byte-level BPE (vocab <= %d) on captions of %d shard(s) -> %s",
+                data_cfg.vocab_size, len(urls), out_dir)
+    tok = train_bpe_tokenizer(texts, out_dir, vocab_size=data_cfg.vocab_size, context_length=context_length)
+    return tok
