@@ -1,0 +1,284 @@
+"""Data pipeline tests on real tar shards written to tmp dirs (no mocks of webdataset)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import pickle
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from ops.config import ConfigError
+from pipeline.data import (CLIP_MEAN, CLIP_STD, DataConfig, build_eval_loader, build_train_loader, expand_urls,
+                           measure_loader_throughput, prepare_shards)
+from pipeline.shards import EncodedImage, brace_url, folder_samples, write_shards
+from pipeline.tokenizer import load_tokenizer
+
+MEAN = torch.tensor(CLIP_MEAN).view(1, 3)
+STD = torch.tensor(CLIP_STD).view(1, 3)
+
+
+@pytest.fixture(scope="module")
+def tok(digits_shards):
+    return load_tokenizer(digits_shards["tokenizer_dir"])
+
+
+def _solid(i: int, size: int = 12) -> Image.Image:
+    """A solid-colour image whose colour encodes ``i`` (survives any crop and resize)."""
+    return Image.new("RGB", (size, size), (i % 256, i // 256, 77))
+
+
+def _ids(batch) -> list:
+    """Recover the ``_solid`` index of each image in a batch."""
+    rgb = (batch["pixel_values"][:, :, 0, 0] * STD + MEAN) * 255.0
+    rgb = rgb.round().long()
+    return (rgb[:, 0] + 256 * rgb[:, 1]).tolist()
+
+
+def _solid_shards(out: Path, n_shards: int, per_shard: int) -> str:
+    samples = ((_solid(i), f"sample number {i}", {"label": i % 10}) for i in range(n_shards * per_shard))
+    return brace_url(write_shards(samples, out, samples_per_shard=per_shard, image_format="png"))
+
+
+def _cfg(url: str, **kw) -> DataConfig:
+    base = {"train_shards": url, "workers": 0, "shuffle_buffer": 8, "seed": 3}
+    base.update(kw)
+    return DataConfig.from_dict(base, source="test.json")
+
+
+def _train(cfg, tok, **kw):
+    args = dict(image_size=8, context_length=16, batch_size=3, rank=0, world_size=1)
+    args.update(kw)
+    return build_train_loader(cfg, tok, **args)
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _png(i: int) -> bytes:
+    buf = io.BytesIO()
+    _solid(i).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_shard_round_trip(tmp_path, tok):
+    images = [Image.fromarray(np.random.default_rng(i).integers(0, 256, (10, 10, 3), dtype=np.uint8))
+              for i in range(7)]
+    captions = [f"caption {i} with ünïcode" for i in range(7)]
+    paths = write_shards(((im, c, {"label": i}) for i, (im, c) in enumerate(zip(images, captions))),
+                         tmp_path, samples_per_shard=3, image_format="png")
+    assert [Path(p).name for p in paths] == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert not list(tmp_path.glob(".*tmp*"))  # atomic write left no temporary file
+    with tarfile.open(paths[0]) as tar:
+        assert tar.getnames() == ["000000000.png", "000000000.txt", "000000000.json", "000000001.png",
+                                  "000000001.txt", "000000001.json", "000000002.png", "000000002.txt",
+                                  "000000002.json"]
+    loader = build_eval_loader(brace_url(paths), tok, image_size=10, context_length=16, batch_size=4)
+    batches = list(loader)
+    assert [b["pixel_values"].shape[0] for b in batches] == [4, 3]
+    got_caps = [c for b in batches for c in b["caption"]]
+    assert got_caps == captions
+    assert torch.cat([b["label"] for b in batches]).tolist() == list(range(7))
+    pixels = torch.cat([b["pixel_values"] for b in batches])
+    want = torch.stack([torch.from_numpy(np.array(im)).permute(2, 0, 1).float() / 255 for im in images])
+    want = (want - MEAN.view(1, 3, 1, 1)) / STD.view(1, 3, 1, 1)
+    torch.testing.assert_close(pixels, want)
+    assert loader.stats == {"batches": 2, "samples": 7, "skipped": 0}
+
+
+def test_brace_expansion(tmp_path):
+    assert expand_urls("d/s-{000..002}.tar") == ["d/s-000.tar", "d/s-001.tar", "d/s-002.tar"]
+    assert expand_urls(["a-{0..1}.tar", "b.tar"]) == ["a-0.tar", "a-1.tar", "b.tar"]
+    paths = [str(tmp_path / f"shard-{i:06d}.tar") for i in range(4, 7)]
+    assert expand_urls(brace_url(paths)) == paths
+
+
+def test_split_by_rank_and_worker_is_disjoint_and_covering(tmp_path, tok):
+    url = _solid_shards(tmp_path, n_shards=8, per_shard=6)
+    cfg = _cfg(url, workers=2)
+    per_rank = []
+    for rank in range(2):
+        ids = [i for b in _train(cfg, tok, rank=rank, world_size=2) for i in _ids(b)]
+        assert len(ids) == len(set(ids)) == 24  # 4 shards x 6 samples, batches of 3: nothing dropped
+        per_rank.append(set(ids))
+    assert not per_rank[0] & per_rank[1]
+    assert per_rank[0] | per_rank[1] == set(range(48))
+
+
+def test_epoch_shuffle_differs_and_is_deterministic(tmp_path, tok):
+    url = _solid_shards(tmp_path, n_shards=4, per_shard=6)
+    cfg = _cfg(url)
+
+    def order(**kw):
+        return [i for b in _train(cfg, tok, **kw) for i in _ids(b)]
+
+    e0, e0_again, e1 = order(epoch=0), order(epoch=0), order(epoch=1)
+    assert e0 == e0_again
+    assert e0 != e1 and sorted(e0) == sorted(e1) == list(range(24))
+    assert order(epoch=0, seed=4) != e0
+    assert e0 != sorted(e0)  # the shuffle buffer moved samples within the stream
+
+
+@pytest.mark.parametrize("workers,start", [(0, 5), (2, 7)])
+def test_resume_yields_exactly_the_remaining_batches(digits_shards, tok, workers, start):
+    cfg = DataConfig.from_dict({"train_shards": digits_shards["train"], "workers": workers, "shuffle_buffer": 50,
+                                "samples_per_epoch": 16 * 14, "crop_scale": [0.5, 1.0]})
+    kw = dict(image_size=16, context_length=16, batch_size=16, epoch=2)
+    full = list(build_train_loader(cfg, tok, **kw))
+    assert len(full) == 14
+    resumed = list(build_train_loader(cfg, tok, start_batch=start, **kw))
+    assert len(resumed) == len(full) - start
+    for a, b in zip(full[start:], resumed):
+        assert torch.equal(a["pixel_values"], b["pixel_values"])
+        assert torch.equal(a["input_ids"], b["input_ids"])
+    assert not torch.equal(full[start - 1]["pixel_values"], resumed[0]["pixel_values"])
+
+
+def test_resampled_epoch_length(tmp_path, tok):
+    url = _solid_shards(tmp_path, n_shards=2, per_shard=6)
+    cfg = _cfg(url, resampled=True, samples_per_epoch=60, workers=2)
+    loader = _train(cfg, tok, rank=1, world_size=2)
+    assert loader.batches_per_epoch == 10
+    batches = list(loader)
+    assert len(batches) == 10
+    ids = [i for b in batches for i in _ids(b)]
+    assert set(ids) <= set(range(12)) and len(ids) > len(set(ids))  # drawn with replacement
+
+
+def test_corrupt_image_and_missing_caption_are_skipped_and_counted(tmp_path, tok):
+    path = tmp_path / "broken-000000.tar"
+    with tarfile.open(path, "w") as tar:
+        for i in range(7):
+            key = f"{i:09d}"
+            if i == 2:
+                _add(tar, f"{key}.jpg", b"\xff\xd8\xff\xe0 this is not a jpeg")
+            else:
+                _add(tar, f"{key}.png", _png(i))
+            if i != 5:
+                _add(tar, f"{key}.txt", f"caption {i}".encode())
+    loader = build_eval_loader(str(path), tok, image_size=8, context_length=16, batch_size=10)
+    (batch,) = list(loader)
+    assert _ids(batch) == [0, 1, 3, 4, 6]
+    assert int(batch["num_skipped"]) == 2
+    assert loader.stats["skipped"] == 2
+    train = _train(_cfg(str(path), shuffle_buffer=0), tok, batch_size=5)
+    (tbatch,) = list(train)
+    assert sorted(_ids(tbatch)) == [0, 1, 3, 4, 6] and train.stats["skipped"] == 2
+
+
+def test_skip_counts_reach_main_process_from_workers(tmp_path, tok):
+    for s in range(2):
+        with tarfile.open(tmp_path / f"w-{s}.tar", "w") as tar:
+            for i in range(4):
+                _add(tar, f"{s}{i:08d}.png", _png(10 * s + i) if i != 1 else b"garbage")
+                _add(tar, f"{s}{i:08d}.txt", b"c")
+    loader = _train(_cfg(str(tmp_path / "w-{0..1}.tar"), workers=2, shuffle_buffer=0), tok, batch_size=3)
+    batches = list(loader)
+    assert len(batches) == 2 and loader.stats["skipped"] == 2
+
+
+def test_missing_shard_is_a_clear_error(tmp_path, tok):
+    url = _solid_shards(tmp_path, n_shards=2, per_shard=3)
+    missing = str(tmp_path / "shard-000002.tar")
+    bad = url.replace("000001}", "000002}")
+    with pytest.raises(FileNotFoundError, match="shard-000002.tar"):
+        _train(_cfg(bad), tok)
+    with pytest.raises(FileNotFoundError, match="shard-000002.tar"):
+        prepare_shards(_cfg(bad))
+    with pytest.raises(FileNotFoundError, match="shard-000002.tar"):
+        build_eval_loader([url, missing], tok, image_size=8, context_length=16, batch_size=2)
+
+
+class _Payload:
+    """Unpickling this creates a directory: proof that a loader unpickled a member."""
+
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
+
+    def __reduce__(self):
+        return (os.mkdir, (self.flag,))
+
+
+def test_pickle_members_are_never_unpickled(tmp_path, tok):
+    probe = tmp_path / "probe_flag"
+    pickle.loads(pickle.dumps(_Payload(str(probe))))
+    assert probe.is_dir()  # the payload really executes when unpickled
+    flag = tmp_path / "unpickled_flag"
+    payload = pickle.dumps(_Payload(str(flag)))
+    path = tmp_path / "evil-000000.tar"
+    with tarfile.open(path, "w") as tar:
+        for i in range(4):
+            key = f"{i:09d}"
+            _add(tar, f"{key}.png", _png(i))
+            _add(tar, f"{key}.txt", b"a caption")
+            for ext in ("pickle", "pyd", "pth"):
+                _add(tar, f"{key}.{ext}", payload)
+    ev = list(build_eval_loader(str(path), tok, image_size=8, context_length=16, batch_size=4))
+    tr = list(_train(_cfg(str(path), workers=1), tok, batch_size=2))
+    assert _ids(ev[0]) == [0, 1, 2, 3] and len(tr) == 2
+    assert set(ev[0]) == {"pixel_values", "input_ids", "attention_mask", "num_skipped", "caption", "key", "label"}
+    assert not flag.exists()
+
+
+def test_data_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match=r"shufle_buffer.*did you mean 'shuffle_buffer'.*") as exc:
+        DataConfig.from_dict({"train_shards": "x.tar", "shufle_buffer": 3}, source="my_config.json")
+    assert "my_config.json" in str(exc.value)
+    with pytest.raises(ConfigError, match="train_shards"):
+        DataConfig.from_dict({}, source="my_config.json")
+    with pytest.raises(ConfigError, match="samples_per_epoch"):
+        DataConfig.from_dict({"train_shards": "x.tar", "resampled": True})
+    with pytest.raises(ConfigError, match="workers"):
+        DataConfig.from_dict({"train_shards": "x.tar", "workers": "two"})
+
+
+def test_generate_digits_writes_the_configured_shards(tmp_path, tok):
+    cfg = DataConfig.from_dict({"train_shards": str(tmp_path / "tr-{0..2}.tar"),
+                                "val_shards": str(tmp_path / "va-{0..1}.tar"),
+                                "generate_digits": True, "digits_image_size": 16, "workers": 0})
+    train = prepare_shards(cfg, "train")
+    val = prepare_shards(cfg, "val")
+    assert [Path(p).name for p in train] == ["tr-0.tar", "tr-1.tar", "tr-2.tar"]
+    assert all(Path(p).is_file() for p in train + val)
+    labels = torch.cat([b["label"] for b in build_eval_loader(val, tok, image_size=16, context_length=16,
+                                                              batch_size=128)])
+    assert len(labels) == 359 and set(labels.tolist()) == set(range(10))
+    first = next(iter(_train(cfg, tok, image_size=16, batch_size=8)))
+    assert first["pixel_values"].shape == (8, 3, 16, 16)
+
+
+def test_measure_loader_throughput(digits_shards, tok):
+    cfg = DataConfig.from_dict({"train_shards": digits_shards["train"], "workers": 0})
+    rate = measure_loader_throughput(_train(cfg, tok, batch_size=16), num_batches=5)
+    assert math.isfinite(rate) and rate > 0
+
+
+def test_folder_samples_caption_sources(tmp_path):
+    a = tmp_path / "a"
+    a.mkdir()
+    for i in range(3):
+        _solid(i).save(a / f"img{i}.png")
+        (a / f"img{i}.txt").write_text(f"side caption {i}\n")
+    got = list(folder_samples(a))
+    assert [c for _, c, _ in got] == ["side caption 0", "side caption 1", "side caption 2"]
+    assert isinstance(got[0][0], EncodedImage) and got[0][0].ext == "png"
+    (a / "captions.jsonl").write_text("\n".join(json.dumps({"file": f"img{i}.png", "caption": f"j{i}"})
+                                                for i in range(3)))
+    assert [c for _, c, _ in folder_samples(a)] == ["j0", "j1", "j2"]
+    b = tmp_path / "b"
+    b.mkdir()
+    _solid(0).save(b / "x.png")
+    _solid(1).save(b / "y.png")
+    (b / "captions.tsv").write_text("x.png\tan x\n")
+    with pytest.raises(ValueError, match="y.png"):
+        list(folder_samples(b))

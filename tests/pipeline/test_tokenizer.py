@@ -1,0 +1,94 @@
+"""Tokenizer tests: BPE train/save/load through AutoTokenizer, fixed-length ids with EOS kept."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel
+
+from pipeline.data import DataConfig
+from pipeline.tokenizer import (EOS_TOKEN, ensure_tokenizer, load_tokenizer, special_token_ids, tokenize,
+                                train_bpe_tokenizer)
+
+CORPUS = [f"a photo of the number {w}" for w in ("one", "two", "three", "seven")] * 5 + [
+    "the digit seven written by hand", "a handwritten 7", "a small grey image of a nine"]
+
+
+def test_train_save_load_round_trip(tmp_path):
+    tok = train_bpe_tokenizer(CORPUS, tmp_path / "tok", vocab_size=300, context_length=20)
+    files = {p.name for p in (tmp_path / "tok").iterdir()}
+    assert {"tokenizer.json", "tokenizer_config.json"} <= files
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # temp folder renamed away
+    auto = AutoTokenizer.from_pretrained(str(tmp_path / "tok"), local_files_only=True)
+    text = ["A Photo of the number SEVEN", "the digit 7 written by hand, unseen wörds"]
+    assert auto(text, add_special_tokens=False)["input_ids"] == tok(text, add_special_tokens=False)["input_ids"]
+    assert auto.decode(auto("a photo of the number seven", add_special_tokens=False)["input_ids"]).strip() == \
+        "a photo of the number seven"
+    ids = special_token_ids(auto)
+    assert ids["pad_token_id"] == 0 and ids["eos_token_id"] == 1 and ids["bos_token_id"] == 2
+    assert auto.convert_ids_to_tokens(1) == EOS_TOKEN
+    assert 259 < ids["vocab_size"] <= 300
+    assert auto.model_max_length == 20
+    assert max(max(r) for r in auto(CORPUS, add_special_tokens=False)["input_ids"]) < ids["vocab_size"]
+    with pytest.raises(ValueError, match="vocab_size"):
+        train_bpe_tokenizer(CORPUS, tmp_path / "small", vocab_size=100)
+
+
+def test_tokenize_shapes_padding_and_eos(digits_shards):
+    tok = load_tokenizer(digits_shards["tokenizer_dir"])
+    L = 12
+    texts = ["seven", "a photo of the number seven " * 10, ""]
+    ids, mask = tokenize(tok, texts, L)
+    assert ids.shape == mask.shape == (3, L) and ids.dtype == mask.dtype == torch.long
+    sp = special_token_ids(tok)
+    lengths = mask.sum(1)
+    assert lengths[1] == L and lengths[2] == 2 and 2 < lengths[0] < L
+    for row, n in enumerate(lengths.tolist()):
+        assert ids[row, 0] == sp["bos_token_id"]
+        assert ids[row, n - 1] == sp["eos_token_id"]  # EOS kept, also when truncated (row 1)
+        assert (ids[row, :n - 1] != sp["eos_token_id"]).all()
+        assert (ids[row, n:] == sp["pad_token_id"]).all() and (mask[row, n:] == 0).all()
+    full = tok("seven", add_special_tokens=False)["input_ids"]
+    assert ids[0, 1:1 + len(full)].tolist() == full
+    with pytest.raises(ValueError, match="context_length"):
+        tokenize(tok, ["x"], 2)
+
+
+def test_clip_text_tower_pools_at_our_eos(digits_shards):
+    """transformers' CLIPTextTransformer pools at the first eos_token_id (legacy argmax if it is 2)."""
+    tok = load_tokenizer(digits_shards["tokenizer_dir"])
+    sp = special_token_ids(tok)
+    config = CLIPTextConfig(vocab_size=sp["vocab_size"], hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                            num_attention_heads=2, max_position_embeddings=12, pad_token_id=sp["pad_token_id"],
+                            bos_token_id=sp["bos_token_id"], eos_token_id=sp["eos_token_id"])
+    torch.manual_seed(0)
+    model = CLIPTextModel(config).eval()
+    ids, mask = tokenize(tok, ["seven", "a photo of the number three written by hand again"], 12)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask)
+    eos_pos = mask.sum(1) - 1
+    torch.testing.assert_close(out.pooler_output, out.last_hidden_state[torch.arange(2), eos_pos])
+    assert not torch.allclose(out.pooler_output, out.last_hidden_state[torch.arange(2), ids.argmax(1)])
+
+
+def test_ensure_tokenizer_trains_once_then_reuses(digits_shards, tmp_path):
+    cfg = DataConfig.from_dict({"train_shards": digits_shards["train"], "vocab_size": 320,
+                                "tokenizer_train_captions": 300})
+    out = tmp_path / "run" / "tokenizer"
+    tok = ensure_tokenizer(cfg, digits_shards["train"], out, context_length=16)
+    vocab = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
+    assert len(vocab) <= 320 and special_token_ids(tok)["eos_token_id"] == 1
+    stamp = (out / "tokenizer.json").stat().st_mtime_ns
+    again = ensure_tokenizer(cfg, None, out, context_length=16)
+    assert (out / "tokenizer.json").stat().st_mtime_ns == stamp
+    assert again.get_vocab() == tok.get_vocab()
+    configured = DataConfig.from_dict({"train_shards": digits_shards["train"],
+                                       "tokenizer": digits_shards["tokenizer_dir"]})
+    other = ensure_tokenizer(configured, None, tmp_path / "unused", context_length=16)
+    assert other.get_vocab() == load_tokenizer(digits_shards["tokenizer_dir"]).get_vocab()
+    assert not (tmp_path / "unused").exists()
+    with pytest.raises(FileNotFoundError, match="no_such_folder"):
+        ensure_tokenizer(DataConfig.from_dict({"train_shards": "x.tar", "tokenizer": str(tmp_path / "no_such_folder")}),
+                         None, out)
