@@ -389,9 +389,14 @@ class _ShardStream(torch.utils.data.IterableDataset):
         s = self.spec
         mean = torch.tensor(s.mean, dtype=torch.float32).view(3, 1, 1)
         std = torch.tensor(s.std, dtype=torch.float32).view(3, 1, 1)
+        # JPEG draft mode decodes at a reduced DCT scale that still leaves every crop at least
+        # image_size wide (smallest train crop side: sqrt(scale_lo / max aspect) of the image)
+        need = s.image_size if not s.train else math.ceil(s.image_size * math.sqrt(4 / 3 / s.crop_scale[0]))
         for item in raw:
             try:
                 with Image.open(io.BytesIO(item["image"])) as img:
+                    if img.format == "JPEG":
+                        img.draft("RGB", (need, need))
                     rgb = img.convert("RGB")
                 if s.train:
                     rng = random.Random(_seed("crop", s.seed, s.epoch, item["url"], item["key"]))
