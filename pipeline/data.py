@@ -39,7 +39,6 @@ import math
 import os
 import random
 import time
-from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 from urllib.parse import urlparse
 
