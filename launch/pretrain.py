@@ -1,0 +1,78 @@
+"""Pretrain CLIP from one DeepSpeed JSON: ``deepspeed launch/pretrain.py --ds_config ds_configs/vitl14.json``.
+
+Thin entry point: parse argv, read the config, build the periodic zero-shot evaluator when the
+config has an ``eval`` section, train, close the process group. Also runs without a launcher
+(``python launch/pretrain.py --ds_config ds_configs/tiny_cpu.json``: single-process env
+defaults are filled in so DeepSpeed does not go looking for MPI), under
+``deepspeed --num_gpus N``, ``deepspeed --hostfile hostfile`` and ``--launcher openmpi`` (rank
+discovery through mpi4py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+
+# runs from a plain checkout too (the launcher puts launch/, not the repo root, on sys.path)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pipeline.config import load_config  # noqa: E402
+from pipeline.train import train  # noqa: E402
+
+_MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
+
+
+def _single_process_env() -> None:
+    """Without a launcher (and not under mpirun), make this process a world of one."""
+    if "RANK" in os.environ or any(k in os.environ for k in _MPI_ENV):
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
+                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))):
+        os.environ.setdefault(key, value)
+
+
+def _evaluator(run_cfg, source):
+    if run_cfg.eval is None:
+        return None
+    try:
+        from eval import build_evaluator
+    except ImportError as exc:
+        logging.getLogger("pretrain").warning("config has an 'eval' section but eval.build_evaluator is not "
+                                              "available (%s): training without periodic evaluation", exc)
+        return None
+    return build_evaluator(run_cfg.eval, run_cfg, source=source)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ds_config", "--deepspeed_config", dest="ds_config",
+                        default="ds_configs/tiny_cpu.json", help="the run's JSON (DeepSpeed keys + project sections)")
+    parser.add_argument("--resume", default=None, help="'latest' or a checkpoint directory")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set train.steps=20 (repeatable; value is JSON)")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
+    args = parser.parse_args(argv)
+
+    _single_process_env()
+    rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"%(asctime)s [rank{rank}] %(name)s: %(message)s")
+    run_cfg = load_config(args.ds_config, args.overrides)
+    import torch.distributed as dist
+    try:
+        result = train(run_cfg, resume=args.resume, evaluator=_evaluator(run_cfg, args.ds_config))
+        logging.getLogger("pretrain").info("finished at step %d; run directory %s", result.step, result.output_dir)
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""The two CLIP towers (HF transformers) plus the learnable logit scale and bias.
+
+Design: ``CLIPTowers`` wraps ``CLIPVisionModelWithProjection`` and
+``CLIPTextModelWithProjection`` built from the ``model`` config section (random init, nothing
+downloaded) or loaded from a local folder written by :meth:`CLIPTowers.save_pretrained`
+(``vision/`` and ``text/`` are plain HF folders, so ``transformers`` can load either tower on
+its own). The logit scale is stored as its log (shape ``(1,)``: a 0-dim bf16 parameter breaks
+``deepspeed.initialize``'s broadcast) and handed to the loss as the clamped multiplier.
+
+Text pooling is done here, not by HF: HF's ``CLIPTextTransformer`` treats ``eos_token_id == 2``
+as a legacy checkpoint and pools the token with the largest id, and a tokenizer trained by the
+project often gives EOS the id 2. We pool the first EOS token of each row (HF's modern rule),
+falling back to the last attended token for rows with no EOS (truncated captions). Limit: a
+HF user loading ``text/`` alone with such an EOS id gets HF's legacy pooling, not ours.
+
+Under ZeRO-3, call the model through its ``forward`` (the DeepSpeed engine's ``__call__``) so
+the logit parameters, which live on this top module, are gathered; ``encode_image`` and
+``encode_text`` are for an unwrapped model (evaluation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+from typing import Any, Mapping, Optional
+
+import torch
+from torch import Tensor, nn
+
+from ops.config import ConfigError, parse_section
+
+__all__ = ["VisionTowerConfig", "TextTowerConfig", "ModelConfig", "CLIPTowers"]
+
+logger = logging.getLogger(__name__)
+
+_LOGIT_FILE = "logit_params.json"
+
+
+@dataclasses.dataclass
+class VisionTowerConfig:
+    """``model.vision``: the ViT image tower."""
+
+    image_size: int = 224
+    """Input resolution in pixels (square)."""
+    patch_size: int = 32
+    """Patch side in pixels; ``image_size`` must be a multiple of it."""
+    hidden_size: int = 768
+    """Transformer width."""
+    layers: int = 12
+    """Number of transformer blocks."""
+    heads: int = 12
+    """Attention heads; must divide ``hidden_size``."""
+    intermediate_size: Optional[int] = None
+    """MLP width (None: 4 * hidden_size)."""
+    attention_dropout: float = 0.0
+    """Dropout on attention probabilities (CLIP towers have no other dropout)."""
+
+    def __post_init__(self) -> None:
+        _check_tower(self)
+        if self.image_size % self.patch_size:
+            raise ConfigError(f"'image_size' {self.image_size} is not a multiple of 'patch_size' "
+                              f"{self.patch_size}")
+
+
+@dataclasses.dataclass
+class TextTowerConfig:
+    """``model.text``: the causal text transformer."""
+
+    context_length: int = 77
+    """Tokens per caption (padded/truncated to this by the data pipeline)."""
+    hidden_size: int = 512
+    """Transformer width."""
+    layers: int = 12
+    """Number of transformer blocks."""
+    heads: int = 8
+    """Attention heads; must divide ``hidden_size``."""
+    intermediate_size: Optional[int] = None
+    """MLP width (None: 4 * hidden_size)."""
+    vocab_size: Optional[int] = None
+    """Embedding rows (None: the tokenizer's vocabulary size)."""
+    attention_dropout: float = 0.0
+    """Dropout on attention probabilities."""
+
+    def __post_init__(self) -> None:
+        _check_tower(self)
+        if self.context_length < 2:
+            raise ConfigError(f"'context_length' must be >= 2, got {self.context_length}")
+        if self.vocab_size is not None and self.vocab_size < 4:
+            raise ConfigError(f"'vocab_size' must be >= 4, got {self.vocab_size}")
+
+
+def _check_tower(cfg: Any) -> None:
+    for key in ("hidden_size", "layers", "heads"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"'{key}' must be >= 1, got {getattr(cfg, key)}")
+    if cfg.hidden_size % cfg.heads:
+        raise ConfigError(f"'heads' {cfg.heads} must divide 'hidden_size' {cfg.hidden_size}")
+    if cfg.intermediate_size is not None and cfg.intermediate_size < 1:
+        raise ConfigError(f"'intermediate_size' must be >= 1, got {cfg.intermediate_size}")
+    if not 0.0 <= cfg.attention_dropout < 1.0:
+        raise ConfigError(f"'attention_dropout' must be in [0, 1), got {cfg.attention_dropout}")
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """The ``model`` section: tower sizes, logit scale/bias init, pretrained folder."""
+
+    embed_dim: int = 512
+    """Width of the shared image-text embedding (both projections)."""
+    vision: Any = None
+    """Image tower (object, see :class:`VisionTowerConfig`)."""
+    text: Any = None
+    """Text tower (object, see :class:`TextTowerConfig`)."""
+    init_logit_scale: float = math.log(1 / 0.07)
+    """Initial log of the logit scale (CLIP: log(1/0.07); SigLIP: log(10))."""
+    max_logit_scale: float = 100.0
+    """The multiplier exp(logit_scale) is clamped to this (CLIP's 100)."""
+    init_logit_bias: float = -10.0
+    """Initial logit bias (used by loss 'siglip' only)."""
+    pretrained: Optional[str] = None
+    """Local folder written by CLIPTowers.save_pretrained (or a training run's export) to start
+    from; the tower sizes above are then ignored."""
+    gradient_checkpointing: bool = False
+    """Recompute each transformer block in backward (the towers' own activation checkpointing)."""
+
+    def __post_init__(self) -> None:
+        self.vision = _sub(VisionTowerConfig, self.vision, "model.vision")
+        self.text = _sub(TextTowerConfig, self.text, "model.text")
+        if self.embed_dim < 1:
+            raise ConfigError(f"'embed_dim' must be >= 1, got {self.embed_dim}")
+        if self.max_logit_scale <= 0:
+            raise ConfigError(f"'max_logit_scale' must be > 0, got {self.max_logit_scale}")
+        if math.exp(self.init_logit_scale) > self.max_logit_scale * (1 + 1e-6):
+            raise ConfigError(f"exp('init_logit_scale') = {math.exp(self.init_logit_scale):.4g} "
+                              f"exceeds 'max_logit_scale' {self.max_logit_scale}")
+
+    @classmethod
+    def from_dict(cls, data: Optional[Mapping[str, Any]], source: Optional[str] = None) -> "ModelConfig":
+        data = dict(data or {})
+        for key, sub in (("vision", VisionTowerConfig), ("text", TextTowerConfig)):
+            if key in data and not isinstance(data[key], (VisionTowerConfig, TextTowerConfig)):
+                data[key] = parse_section(sub, data[key], f"model.{key}", source)
+        return parse_section(cls, data, "model", source)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _sub(cls, value, section):
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    return parse_section(cls, value, section)
+
+
+def _hf_configs(cfg: ModelConfig, vocab_size: int, token_ids: Mapping[str, Optional[int]]):
+    from transformers import CLIPTextConfig, CLIPVisionConfig
+
+    v, t = cfg.vision, cfg.text
+    vision = CLIPVisionConfig(
+        hidden_size=v.hidden_size, intermediate_size=v.intermediate_size or 4 * v.hidden_size,
+        projection_dim=cfg.embed_dim, num_hidden_layers=v.layers, num_attention_heads=v.heads,
+        image_size=v.image_size, patch_size=v.patch_size, attention_dropout=v.attention_dropout,
+        hidden_act="gelu")
+    ids = {k: val for k, val in token_ids.items() if val is not None}
+    text = CLIPTextConfig(
+        vocab_size=vocab_size, hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size or 4 * t.hidden_size, projection_dim=cfg.embed_dim,
+        num_hidden_layers=t.layers, num_attention_heads=t.heads,
+        max_position_embeddings=t.context_length, attention_dropout=t.attention_dropout,
+        hidden_act="gelu", **ids)
+    return vision, text
+
+
+def _set_checkpointing(model: nn.Module, enable: bool) -> None:
+    """Switch a HF tower's activation checkpointing; transformers >= 5.23 renamed the method
+    (``activation_checkpointing_enable``) and deprecated the old one, 5.17 has only the old."""
+    if enable:
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        if hasattr(model, "activation_checkpointing_disable"):
+            model.activation_checkpointing_disable()
+        else:
+            model.gradient_checkpointing_disable()
+
+
+class CLIPTowers(nn.Module):
+    """Image and text towers with a shared embedding width E and learnable logit scale/bias.
+
+    ``forward(pixel_values [B,3,H,W], input_ids [B,L], attention_mask [B,L])`` returns
+    ``(image_features [B,E] | None, text_features [B,E] | None, scale [1], bias [1])``, features
+    L2-normalised, ``scale = exp(logit_scale).clamp(max=max_logit_scale)``. Either input may be
+    left out (None) to run one tower only.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, vocab_size: Optional[int] = None,
+                 eos_token_id: Optional[int] = None, pad_token_id: Optional[int] = None,
+                 bos_token_id: Optional[int] = None,
+                 _towers: Optional[tuple[nn.Module, nn.Module]] = None) -> None:
+        super().__init__()
+        from transformers import CLIPTextModelWithProjection, CLIPVisionModelWithProjection
+
+        self.cfg = cfg
+        if _towers is not None:
+            self.vision, self.text = _towers
+        else:
+            vocab = cfg.text.vocab_size or vocab_size
+            if vocab is None:
+                raise ConfigError("model.text.vocab_size is null and no tokenizer vocabulary size was given")
+            if eos_token_id is None:
+                raise ConfigError("CLIPTowers needs the tokenizer's eos_token_id (text pooling picks the EOS token)")
+            vision_cfg, text_cfg = _hf_configs(cfg, vocab, {"eos_token_id": eos_token_id,
+                                                            "pad_token_id": pad_token_id,
+                                                            "bos_token_id": bos_token_id})
+            self.vision = CLIPVisionModelWithProjection(vision_cfg)
+            self.text = CLIPTextModelWithProjection(text_cfg)
+        self.eos_token_id = self.text.config.eos_token_id
+        self.logit_scale = nn.Parameter(torch.full((1,), float(cfg.init_logit_scale)))
+        self.logit_bias = nn.Parameter(torch.full((1,), float(cfg.init_logit_bias)))
+        self.max_logit_scale = float(cfg.max_logit_scale)
+        self.set_gradient_checkpointing(cfg.gradient_checkpointing)
+
+    # ------------------------------------------------------------------ towers
+    def set_gradient_checkpointing(self, enable: bool) -> None:
+        """Recompute each tower block in backward (HF activation checkpointing, non-reentrant)."""
+        for tower in (self.vision, self.text):
+            _set_checkpointing(tower, enable)
+
+    @property
+    def image_size(self) -> int:
+        return int(self.vision.config.image_size)
+
+    @property
+    def context_length(self) -> int:
+        return int(self.text.config.max_position_embeddings)
+
+    @property
+    def embed_dim(self) -> int:
+        return int(self.vision.config.projection_dim)
+
+    def encode_image(self, pixel_values: Tensor) -> Tensor:
+        """[B,3,H,W] float -> L2-normalised [B,E] (dtype of the tower)."""
+        out = self.vision.vision_model(pixel_values=pixel_values)
+        feats = self.vision.visual_projection(out.pooler_output)
+        return nn.functional.normalize(feats, dim=-1)
+
+    def encode_text(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
+        """[B,L] token ids (+ [B,L] 0/1 mask) -> L2-normalised [B,E]; pools the first EOS token
+        of each row, or the last attended token where a row has no EOS."""
+        if input_ids.shape[1] > self.context_length:
+            raise ValueError(f"input_ids has {input_ids.shape[1]} tokens, the text tower takes at most "
+                             f"{self.context_length}")
+        hidden = self.text.text_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        is_eos = input_ids == self.eos_token_id
+        first_eos = is_eos.int().argmax(dim=1)
+        if attention_mask is not None:
+            last = attention_mask.long().sum(dim=1).clamp(min=1) - 1
+        else:
+            last = torch.full_like(first_eos, input_ids.shape[1] - 1)
+        pos = torch.where(is_eos.any(dim=1), first_eos, last.to(first_eos.dtype))
+        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), pos]
+        feats = self.text.text_projection(pooled)
+        return nn.functional.normalize(feats, dim=-1)
+
+    def logit_params(self) -> tuple[Tensor, Tensor]:
+        """(scale [1] = exp(logit_scale) clamped to max_logit_scale, bias [1])."""
+        return self.logit_scale.exp().clamp(max=self.max_logit_scale), self.logit_bias
+
+    def forward(self, pixel_values: Optional[Tensor] = None, input_ids: Optional[Tensor] = None,
+                attention_mask: Optional[Tensor] = None):
+        img = self.encode_image(pixel_values) if pixel_values is not None else None
+        txt = self.encode_text(input_ids, attention_mask) if input_ids is not None else None
+        scale, bias = self.logit_params()
+        return img, txt, scale, bias
+
+    # ------------------------------------------------------------------ save / load
+    def save_pretrained(self, directory: str) -> None:
+        """Write ``vision/`` and ``text/`` (HF folders) and ``logit_params.json``.
+
+        Under ZeRO-3 gather the parameters first (or use the engine's consolidated state dict)."""
+        os.makedirs(directory, exist_ok=True)
+        self.vision.save_pretrained(os.path.join(directory, "vision"))
+        self.text.save_pretrained(os.path.join(directory, "text"))
+        meta = {"logit_scale": float(self.logit_scale.detach().float().reshape(-1)[0]),
+                "logit_bias": float(self.logit_bias.detach().float().reshape(-1)[0]),
+                "max_logit_scale": self.max_logit_scale,
+                "model_config": self.cfg.to_dict()}
+        with open(os.path.join(directory, _LOGIT_FILE), "w") as f:
+            json.dump(meta, f, indent=2)
+
+    @classmethod
+    def from_pretrained(cls, directory: str, cfg: Optional[ModelConfig] = None) -> "CLIPTowers":
+        """Load a folder written by :meth:`save_pretrained`. ``cfg`` overrides the stored model
+        section (only its non-size fields matter: checkpointing, logit limits)."""
+        from transformers import CLIPTextModelWithProjection, CLIPVisionModelWithProjection
+
+        for sub in ("vision", "text"):
+            if not os.path.isdir(os.path.join(directory, sub)):
+                raise FileNotFoundError(f"{directory} is not a CLIPTowers folder: '{sub}/' is missing")
+        meta_path = os.path.join(directory, _LOGIT_FILE)
+        meta = {}
+        if os.path.exists(meta_path):
+            with open(meta_path) as f:
+                meta = json.load(f)
+        if cfg is None:
+            stored = dict(meta.get("model_config") or {})
+            stored["pretrained"] = None
+            cfg = ModelConfig.from_dict(stored, source=meta_path)
+        vision = CLIPVisionModelWithProjection.from_pretrained(os.path.join(directory, "vision"))
+        text = CLIPTextModelWithProjection.from_pretrained(os.path.join(directory, "text"))
+        if vision.config.projection_dim != text.config.projection_dim:
+            raise ValueError(f"{directory}: vision projection {vision.config.projection_dim} != "
+                             f"text projection {text.config.projection_dim}")
+        model = cls(cfg, _towers=(vision, text))
+        with torch.no_grad():
+            if "logit_scale" in meta:
+                model.logit_scale.fill_(meta["logit_scale"])
+            if "logit_bias" in meta:
+                model.logit_bias.fill_(meta["logit_bias"])
+        model.max_logit_scale = float(meta.get("max_logit_scale", cfg.max_logit_scale))
+        return model
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, tokenizer: Any = None) -> "CLIPTowers":
+        """Random init from ``cfg`` (token ids and vocabulary from a HF tokenizer), or load
+        ``cfg.pretrained`` if set."""
+        if cfg.pretrained:
+            model = cls.from_pretrained(cfg.pretrained, cfg)
+            if tokenizer is not None and model.text.config.vocab_size < len(tokenizer):
+                raise ValueError(f"{cfg.pretrained}: text vocabulary {model.text.config.vocab_size} is "
+                                 f"smaller than the tokenizer's {len(tokenizer)}")
+            return model
+        ids = {}
+        vocab = None
+        if tokenizer is not None:
+            vocab = len(tokenizer)
+            ids = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+                   "bos_token_id": tokenizer.bos_token_id}
+        return cls(cfg, vocab_size=vocab, **ids)
