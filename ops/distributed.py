@@ -1,0 +1,563 @@
+"""The contrastive loss over a batch spread across a process group: gather, disco, ring, hierarchical ring.
+
+Every scheme computes the loss of the GLOBAL batch (B = N * b rows for N ranks of b rows each)
+from the block primitives of ops/contrastive_loss.py, whose partial results merge by addition
+(or max, for the overflow fallback). Rank r owns rows I_r and columns T_r. The LSE shift of row
+or column i is its diagonal logit s <I_i, T_i>, known to the owner of both, so partial sums from
+other ranks add with no rescaling.
+
+    gather             all-gather I and T; rank r computes its rows (I_r x T_all) and its
+                       columns (I_all x T_r): 2 b x B blocks; backward reduce-scatters the
+                       gathered-feature gradients (OpenCLIP local loss + gather_with_grad).
+    disco              all-gather T; rank r computes I_r x T_all once: its rows complete, column
+                       partials reduce-scattered (O(B) floats); backward: P @ T_all gives dI_r,
+                       P^T @ I_r (B x D) is reduce-scattered into dT_r (DisCo-CLIP, SUM not AVG).
+    ring               T blocks travel round the ring (rank r sends to r+1); the next transfer
+                       is posted before computing on the block in hand. Column partials travel
+                       with their block and arrive home after N steps; the backward goes round
+                       again with the final LSEs, dT partials travelling the same way. Memory
+                       O(b D) per rank; each b x b block of S computed once per direction.
+    hierarchical_ring  the same ring nested: nodes of L ranks pass node blocks round an
+                       inter-node ring while each node block goes round the intra-node ring, so
+                       one inter-node transfer per step is hidden behind a whole intra round.
+
+Gradient convention. Every rank returns the same global loss L. The feature gradients on rank r
+are c * dL/d(features_r), complete (they include the terms computed on other ranks), and the
+logit_scale / logit_bias gradients are c * (rank r's share of dL/ds), the shares summing to dL/ds.
+c = N for ``grad_reduction="mean"`` (DeepSpeed / DDP average gradients), c = 1 for "sum". After
+the framework reduces gradients, every parameter gradient equals the one-process full-batch one.
+The upstream gradient of L is taken to be the same on every rank (it is under DeepSpeed: loss
+scaling and gradient-accumulation division are global); it is not all-reduced.
+
+Limits. Equal local batches on every rank (checked with one tiny all-gather per call: a clear
+error otherwise). hierarchical_ring takes node = group_rank // local_world_size, i.e. consecutive
+group ranks share a node (what torchrun / the deepspeed launcher do for the world group).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from typing import Callable, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .contrastive_loss import (
+    _needs_exact_shift,
+    clip_grads,
+    clip_max,
+    clip_shifts,
+    clip_stats,
+    siglip_grads,
+    siglip_stats,
+)
+
+__all__ = ["SCHEMES", "distributed_contrastive_loss", "Topology", "topology", "sweep"]
+
+log = logging.getLogger(__name__)
+
+SCHEMES = ("gather", "disco", "ring", "hierarchical_ring")
+
+# torch >= 2.13 renames the tensor-in/tensor-out collectives; the GPU machine runs 2.11.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+# ----------------------------------------------------------------------------------------------
+# Topology: ranks, nodes, and the cached sub-groups of the hierarchical ring
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """Where this rank sits. ``ranks[i]`` is the global rank of group rank i; group rank
+    ``node * local + local_rank``. ``intra`` carries the ring inside a node and ``inter`` the
+    ring between nodes (separate communicators, so on NCCL the two rings use separate streams
+    and overlap); both are ``group`` when there is one node."""
+
+    group: Optional[dist.ProcessGroup]
+    world: int
+    rank: int
+    ranks: tuple
+    local: int
+    intra: Optional[dist.ProcessGroup]
+    inter: Optional[dist.ProcessGroup]
+
+    @property
+    def nodes(self) -> int:
+        return self.world // self.local
+
+    @property
+    def node(self) -> int:
+        return self.rank // self.local
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank % self.local
+
+
+_SUBGROUPS: dict = {}
+
+
+def _alive(group) -> bool:
+    try:
+        dist.get_rank(group)
+        return True
+    except (ValueError, RuntimeError):  # destroyed with its parent (e.g. a re-initialised world)
+        return False
+
+
+def _subgroups(group, ranks: tuple, local: int):
+    """(intra, inter) sub-groups of this rank for nodes of ``local`` ranks, built once per
+    (group, topology). Only the members of each new group take part in creating it
+    (use_local_synchronization), so the call is safe on any subgroup of the world."""
+    key = (getattr(group, "group_name", None) or str(id(group)), ranks, local)
+    cached = _SUBGROUPS.get(key)
+    if cached is not None and all(_alive(g) for g in cached):
+        return cached
+    rank = dist.get_rank(group)
+    node, local_rank = divmod(rank, local)
+    nodes = len(ranks) // local
+    backend = dist.get_backend(group)
+    intra = dist.new_group([ranks[node * local + i] for i in range(local)], backend=backend,
+                           use_local_synchronization=True)
+    inter = dist.new_group([ranks[m * local + local_rank] for m in range(nodes)], backend=backend,
+                           use_local_synchronization=True)
+    _SUBGROUPS[key] = (intra, inter)
+    log.debug("hierarchical ring: %d nodes x %d ranks; rank %d is node %d local %d",
+              nodes, local, rank, node, local_rank)
+    return intra, inter
+
+
+def topology(process_group=None, scheme: str = "ring", local_world_size: Optional[int] = None
+             ) -> Topology:
+    """The Topology of ``process_group`` (None: the world) for ``scheme``.
+
+    ``hierarchical_ring`` groups ranks into nodes of ``local_world_size`` (else the environment's
+    LOCAL_WORLD_SIZE, else one node holding the whole group). Every other scheme is one node.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("distributed contrastive loss needs an initialised torch.distributed "
+                           "process group (dist.init_process_group)")
+    group = process_group
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    ranks = tuple(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
+    local = world
+    if scheme == "hierarchical_ring":
+        env = os.environ.get("LOCAL_WORLD_SIZE")
+        local = local_world_size or (int(env) if env else world)
+        if local < 1:
+            raise ValueError(f"local_world_size must be >= 1, got {local}")
+        if local >= world:
+            local = world
+        elif world % local:
+            raise ValueError(f"hierarchical_ring: the group has {world} ranks, not a multiple of "
+                             f"local_world_size={local} (ranks per node); set "
+                             "contrastive_loss.local_world_size to the GPUs per node")
+    if local == world:  # one node: the whole ring is intra-node
+        intra, inter = group, None
+    elif local == 1:  # one rank per node: the whole ring is inter-node
+        intra, inter = None, group
+    else:
+        intra, inter = _subgroups(group, ranks, local)
+    return Topology(group, world, rank, ranks, local, intra, inter)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sweeps: rank r's rows against every column block; column partials end at their owner
+# ----------------------------------------------------------------------------------------------
+# A step function ``fn(col_offset, block) -> parts`` gets a column block (a list of tensors with
+# the block's rows first: features, then per-column vectors) whose first row is global column
+# ``col_offset``; it accumulates rank r's row results itself and returns this block's column
+# partials (a list, possibly empty). ``merge`` ("sum" or "max") combines partials of one block.
+StepFn = Callable[[int, List[Tensor]], List[Tensor]]
+
+
+def _merge(parts: List[Tensor], incoming: Sequence[Tensor], how: str) -> List[Tensor]:
+    for p, q in zip(parts, incoming):
+        if how == "sum":
+            p.add_(q)
+        else:
+            torch.maximum(p, q, out=p)
+    return parts
+
+
+class _Transfer:
+    """Send ``send`` to global rank ``to`` and receive tensors shaped like ``like`` from
+    ``frm``, in one batch of isend/irecv; ``wait()`` returns the received tensors."""
+
+    def __init__(self, send: Sequence[Tensor], like: Sequence[Tensor], to: int, frm: int, group):
+        self.bufs = [torch.empty_like(x) for x in like]
+        ops = [dist.P2POp(dist.isend, x, to, group) for x in send]
+        ops += [dist.P2POp(dist.irecv, y, frm, group) for y in self.bufs]
+        self._send = list(send)  # keep alive until the transfer is done
+        self._works = dist.batch_isend_irecv(ops)
+
+    def wait(self) -> List[Tensor]:
+        for work in self._works:
+            work.wait()
+        self._send = []
+        return self.bufs
+
+
+def _ring_round(group, peers: Sequence[int], pos: int, block: List[Tensor], offsets: Sequence[int],
+                fn: StepFn, merge: str) -> List[Tensor]:
+    """One round of a ring of n = len(peers) members (global ranks, in ring order; this rank at
+    ``pos``). Member j starts with the block at column offset ``offsets[j]``; at step t this rank
+    holds the block of member (pos - t) mod n. Returns this rank's own block's column partials,
+    merged over all n members."""
+    n = len(peers)
+    if n == 1:
+        return fn(offsets[0], block)
+    nxt, prv = peers[(pos + 1) % n], peers[(pos - 1) % n]
+    acc: Optional[_Transfer] = None
+    for t in range(n):
+        # post the next block's transfer first; it runs while we compute on the one in hand
+        move = _Transfer(block, block, nxt, prv, group) if t < n - 1 else None
+        parts = fn(offsets[(pos - t) % n], block)
+        if acc is not None:
+            parts = _merge(parts, acc.wait(), merge)
+        # this block's partials follow it to the next member (after step n-1: to its owner);
+        # they are needed there only after its next compute, so the transfer is hidden too
+        acc = _Transfer(parts, parts, nxt, prv, group) if parts else None
+        if move is not None:
+            block = move.wait()
+    return acc.wait() if acc is not None else []
+
+
+def sweep(topo: Topology, block: List[Tensor], fn: StepFn, merge: str = "sum") -> List[Tensor]:
+    """Run ``fn`` on every column block of the group, ring style (two nested levels).
+
+    block: this rank's column block (tensors of b rows). Node m's ranks hold, at outer step u,
+    the node block of node (m - u) mod M and pass its b-row pieces round the intra-node ring;
+    the next node block is in flight on the inter-node ring meanwhile. Each node's merged
+    partials for a node block follow it to the next node and reach the owner after M steps.
+    Returns the column partials of this rank's own block, merged over all ranks.
+    """
+    b = block[0].shape[0]
+    L, M = topo.local, topo.nodes
+    node, lr = topo.node, topo.local_rank
+    intra = [topo.ranks[node * L + i] for i in range(L)]
+    inter = [topo.ranks[m * L + lr] for m in range(M)]
+
+    def node_round(node_offset: int, held: List[Tensor]) -> List[Tensor]:
+        src = node_offset // (L * b)
+        return _ring_round(topo.intra, intra, lr, held, [(src * L + i) * b for i in range(L)], fn,
+                           merge)
+
+    return _ring_round(topo.inter, inter, node, block, [m * L * b for m in range(M)], node_round,
+                       merge)
+
+
+def _all_gather(x: Tensor, topo: Topology) -> Tensor:
+    out = x.new_empty((topo.world * x.shape[0],) + tuple(x.shape[1:]))
+    _all_gather_single(out, x.contiguous(), group=topo.group)
+    return out
+
+
+def _reduce_scatter(x: Tensor, topo: Topology, merge: str = "sum") -> Tensor:
+    out = x.new_empty((x.shape[0] // topo.world,) + tuple(x.shape[1:]))
+    op = dist.ReduceOp.SUM if merge == "sum" else dist.ReduceOp.MAX
+    _reduce_scatter_single(out, x.contiguous(), op=op, group=topo.group)
+    return out
+
+
+def _gathered_sweep(topo: Topology, block: List[Tensor], fn: StepFn, merge: str = "sum",
+                    gathered: Optional[List[Optional[Tensor]]] = None):
+    """DisCo-style sweep: all-gather the column blocks, one call of ``fn`` on all B columns,
+    reduce-scatter the column partials. ``gathered`` supplies already-gathered tensors (None
+    entries are gathered now). Returns (own column partials, the gathered block)."""
+    full = [g if g is not None else _all_gather(x, topo)
+            for x, g in zip(block, gathered or [None] * len(block))]
+    parts = fn(0, full)
+    return [_reduce_scatter(p, topo, merge) for p in parts], full
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss assembly (mirrors _clip_forward / _clip_backward / _siglip_* of ops/contrastive_loss.py)
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    scheme: str
+    loss: str
+    impl: str
+    eps: float
+    allow_tf32: bool
+    block_m: int
+    block_n: int
+    topo: Topology
+    factor: float  # c of the gradient convention
+
+    @property
+    def kw(self) -> dict:
+        return dict(impl=self.impl, block_m=self.block_m, block_n=self.block_n,
+                    allow_tf32=self.allow_tf32)
+
+
+def _check_sizes(img: Tensor, topo: Topology, scheme: str) -> None:
+    mine = torch.tensor([img.shape[0], img.shape[1]], dtype=torch.int64, device=img.device)
+    sizes = _all_gather(mine, topo).view(topo.world, 2).tolist()
+    if any(s != sizes[0] for s in sizes):
+        listing = ", ".join(f"rank {r}: {s[0]} x {s[1]}" for r, s in enumerate(sizes))
+        raise ValueError(f"distributed contrastive loss ({scheme}) needs the same local batch "
+                         f"[b, D] on every rank of the group; got {listing}")
+
+
+def _sum_over_group(values: Tensor, topo: Topology) -> Tensor:
+    out = values.double()
+    dist.all_reduce(out, group=topo.group)
+    return out
+
+
+def _clip_stats_pass(img, txt, s, row_shift, col_shift, o: _Options, gathered=None):
+    """Stats of rank r's rows and columns over the global batch: (row_sum, col_sum, row_wsum,
+    col_wsum) [b] each, plus whatever was gathered (disco / gather reuse it in backward)."""
+    topo, kw = o.topo, o.kw
+    if o.scheme == "gather":
+        img_all, txt_all, shift_all = gathered
+        rs, _, rws, _ = clip_stats(img, txt_all, s, row_shift, shift_all, **kw)
+        _, cs, _, cws = clip_stats(img_all, txt, s, shift_all, col_shift, **kw)
+        return (rs, cs, rws, cws), gathered
+    rows = [torch.zeros_like(row_shift), torch.zeros_like(row_shift)]
+
+    def step(_off, held):
+        r_sum, c_sum, r_wsum, c_wsum = clip_stats(img, held[0], s, row_shift, held[1], **kw)
+        rows[0] += r_sum
+        rows[1] += r_wsum
+        return [torch.stack([c_sum, c_wsum], 1)]
+
+    if o.scheme == "disco":
+        (cols,), full = _gathered_sweep(topo, [txt, col_shift], step, "sum",
+                                        [gathered, None] if gathered is not None else None)
+        kept = full[0]
+    else:
+        (cols,) = sweep(topo, [txt, col_shift], step, "sum")
+        kept = None
+    return (rows[0], cols[:, 0], rows[1], cols[:, 1]), kept
+
+
+def _clip_max_pass(img, txt, s, o: _Options, gathered=None):
+    """Exact row maxima of rank r's rows and column maxima of its columns over the global batch."""
+    topo = o.topo
+    mm = dict(block_m=o.block_m, block_n=o.block_n, allow_tf32=o.allow_tf32)
+    if o.scheme == "gather":
+        img_all, txt_all, _ = gathered
+        return clip_max(img, txt_all, s, **mm)[0], clip_max(img_all, txt, s, **mm)[1]
+    row_max = torch.full((img.shape[0],), -math.inf, device=img.device)
+
+    def step(_off, held):
+        r_max, c_max = clip_max(img, held[0], s, **mm)
+        torch.maximum(row_max, r_max, out=row_max)
+        return [c_max]
+
+    if o.scheme == "disco":
+        (col_max,), _ = _gathered_sweep(topo, [txt], step, "max", [gathered])
+    else:
+        (col_max,) = sweep(topo, [txt], step, "max")
+    return row_max, col_max
+
+
+def _clip_forward(img, txt, s, o: _Options):
+    topo, eps = o.topo, o.eps
+    n_global = topo.world * img.shape[0]
+    diag = clip_shifts(img, txt, s)
+    gathered = None
+    if o.scheme == "gather":
+        img_all, txt_all = _all_gather(img, topo), _all_gather(txt, topo)
+        gathered = (img_all, txt_all, clip_shifts(img_all, txt_all, s))
+    row_shift = col_shift = diag
+    stats, kept = _clip_stats_pass(img, txt, s, row_shift, col_shift, o, gathered)
+    row_sum, col_sum, row_wsum, col_wsum = stats
+
+    def local_terms():
+        row_lse = row_shift + torch.log(row_sum)
+        col_lse = col_shift + torch.log(col_sum)
+        share = 0.5 * (row_lse.sum() + col_lse.sum()) / n_global - (1.0 - eps) * diag.sum() / n_global
+        return row_lse, col_lse, share
+
+    def reduce(flag: bool):
+        row_lse, col_lse, share = local_terms()
+        pieces = [torch.tensor([float(flag)], device=img.device), share.reshape(1)]
+        if eps:
+            pieces += [img.float().sum(0), txt.float().sum(0)]
+        return row_lse, col_lse, _sum_over_group(torch.cat([p.double() for p in pieces]), topo)
+
+    row_lse, col_lse, total = reduce(_needs_exact_shift(row_sum, col_sum))
+    if total[0] > 0:
+        # some rank's sum over- or underflowed: every rank redoes its stats with exact maxima
+        log.warning("contrastive_loss (%s): a logit exceeds its diagonal by > 80; recomputing with "
+                    "exact maxima", o.scheme)
+        row_shift, col_shift = _clip_max_pass(img, txt, s, o, gathered if o.scheme == "gather" else kept)
+        stats, kept = _clip_stats_pass(img, txt, s, row_shift, col_shift, o,
+                                       gathered if o.scheme == "gather" else kept)
+        row_sum, col_sum, row_wsum, col_wsum = stats
+        row_lse, col_lse, total = reduce(False)
+    loss = total[1].float()
+    img_sum = txt_sum = None
+    if eps:
+        d = img.shape[1]
+        img_sum, txt_sum = total[2:2 + d].float(), total[2 + d:].float()
+        loss = loss - eps / n_global**2 * s * torch.dot(img_sum, txt_sum)
+    expect = (row_wsum / row_sum).sum() + (col_wsum / col_sum).sum()
+    saved = dict(row_lse=row_lse, col_lse=col_lse, expect=expect, img_sum=img_sum, txt_sum=txt_sum,
+                 gathered=gathered if o.scheme == "gather" else kept)
+    return loss, saved
+
+
+def _clip_backward(g, img, txt, s, saved, o: _Options):
+    topo, eps, kw = o.topo, o.eps, o.kw
+    b = img.shape[0]
+    n_global = topo.world * b
+    row_lse, col_lse = saved["row_lse"], saved["col_lse"]
+    if o.scheme == "gather":
+        img_all, txt_all, _ = saved["gathered"]
+        none = torch.full((n_global,), math.inf, device=img.device)
+        # exp(S - inf) = 0: only the row-softmax term for I_r x T_all, only the column one for I_all x T_r
+        d_img, d_txt_all = clip_grads(img, txt_all, s, row_lse, none, **kw)
+        d_img_all, d_txt = clip_grads(img_all, txt, s, none, col_lse, **kw)
+        others = _reduce_scatter(torch.cat([d_img_all, d_txt_all], 1), topo)
+        d_img += others[:, :img.shape[1]]
+        d_txt += others[:, img.shape[1]:]
+    else:
+        rows = [torch.zeros(img.shape, dtype=torch.float32, device=img.device)]
+
+        def step(_off, held):
+            grad_a, grad_b = clip_grads(img, held[0], s, row_lse, held[1], **kw)
+            rows[0] += grad_a
+            return [grad_b]
+
+        if o.scheme == "disco":
+            (d_txt,), _ = _gathered_sweep(topo, [txt, col_lse], step, "sum", [saved["gathered"], None])
+        else:
+            (d_txt,) = sweep(topo, [txt, col_lse], step, "sum")
+        d_img = rows[0]
+    coef = g / (2 * n_global)
+    img32, txt32 = img.float(), txt.float()
+    d_img.sub_(txt32, alpha=2 * (1 - eps))
+    d_txt.sub_(img32, alpha=2 * (1 - eps))
+    d_scale = coef * (saved["expect"] - 2 * (1 - eps) * (img32 * txt32).sum())
+    if eps:
+        img_sum, txt_sum = saved["img_sum"], saved["txt_sum"]
+        d_img.sub_(txt_sum, alpha=2 * eps / n_global)
+        d_txt.sub_(img_sum, alpha=2 * eps / n_global)
+        # a global term: each rank takes 1/N of it
+        d_scale = d_scale - coef * 2 * eps / n_global * torch.dot(img_sum, txt_sum) / topo.world
+    d_img.mul_(coef * s * o.factor)
+    d_txt.mul_(coef * s * o.factor)
+    return d_img, d_txt, d_scale * o.factor
+
+
+def _siglip_forward(img, txt, s, bias, o: _Options):
+    topo, kw = o.topo, o.kw
+    b = img.shape[0]
+    row_offset = topo.rank * b
+    row_loss = torch.zeros(b, dtype=torch.float32, device=img.device)
+
+    def step(col_offset, held):
+        # the positives (global row == global column) sit at i - j == col_offset - row_offset
+        row_loss.add_(siglip_stats(img, held[0], s, bias, col_offset - row_offset, **kw))
+        return []
+
+    kept = None
+    if o.scheme in ("gather", "disco"):
+        _, (kept,) = _gathered_sweep(topo, [txt], step)
+    else:
+        sweep(topo, [txt], step)
+    total = _sum_over_group((row_loss.sum() / (topo.world * b)).reshape(1), topo)
+    return total[0].float(), dict(gathered=kept)
+
+
+def _siglip_backward(g, img, txt, s, bias, saved, o: _Options):
+    topo, kw = o.topo, o.kw
+    b = img.shape[0]
+    row_offset = topo.rank * b
+    rows = [torch.zeros(img.shape, dtype=torch.float32, device=img.device),
+            img.new_zeros((), dtype=torch.float32), img.new_zeros((), dtype=torch.float32)]
+
+    def step(col_offset, held):
+        grad_a, grad_b, gsum, gwsum = siglip_grads(img, held[0], s, bias, col_offset - row_offset, **kw)
+        rows[0] += grad_a
+        rows[1] += gsum
+        rows[2] += gwsum
+        return [grad_b]
+
+    if o.scheme in ("gather", "disco"):
+        (d_txt,), _ = _gathered_sweep(topo, [txt], step, "sum", [saved["gathered"]])
+    else:
+        (d_txt,) = sweep(topo, [txt], step)
+    coef = g / (topo.world * b) * o.factor
+    return rows[0].mul_(coef * s), d_txt.mul_(coef * s), coef * rows[2], coef * rows[1]
+
+
+class _DistributedContrastiveLoss(torch.autograd.Function):
+    """Forward: the global loss (same value on every rank). Backward: this rank's feature
+    gradients and its share of the logit_scale / logit_bias gradients, times the factor c."""
+
+    @staticmethod
+    def forward(ctx, img: Tensor, txt: Tensor, logit_scale: Tensor, logit_bias: Optional[Tensor],
+                o: _Options) -> Tensor:
+        s = logit_scale.detach().float().reshape(())
+        bias = None
+        if o.loss == "clip":
+            loss, saved = _clip_forward(img, txt, s, o)
+        else:
+            bias = logit_bias.detach().float().reshape(())
+            loss, saved = _siglip_forward(img, txt, s, bias, o)
+        ctx.o, ctx.s, ctx.bias, ctx.saved = o, s, bias, saved
+        ctx.has_bias = logit_bias is not None
+        ctx.save_for_backward(img, txt, logit_scale, logit_bias)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor):
+        img, txt, logit_scale, logit_bias = ctx.saved_tensors
+        o, s, saved = ctx.o, ctx.s, ctx.saved
+        g = grad_loss.float().reshape(())
+        d_bias = None
+        if o.loss == "clip":
+            d_img, d_txt, d_scale = _clip_backward(g, img, txt, s, saved, o)
+        else:
+            d_img, d_txt, d_scale, d_bias = _siglip_backward(g, img, txt, s, ctx.bias, saved, o)
+            d_bias = d_bias.reshape(logit_bias.shape).to(logit_bias.dtype)
+        ctx.saved = None
+        return (d_img.to(img.dtype), d_txt.to(txt.dtype),
+                d_scale.reshape(logit_scale.shape).to(logit_scale.dtype), d_bias, None)
+
+
+def distributed_contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
+                                 logit_bias: Optional[Tensor] = None, *, scheme: str = "ring",
+                                 loss: str = "clip", impl: str = "chunked_torch",
+                                 label_smoothing: float = 0.0, allow_tf32: bool = False,
+                                 block_m: int = 0, block_n: int = 0, process_group=None,
+                                 local_world_size: Optional[int] = None,
+                                 grad_reduction: str = "mean") -> Tensor:
+    """The CLIP / SigLIP loss of the global batch spread over ``process_group``.
+
+    image_features, text_features: [b, D] this rank's local batch (same b and D on every rank);
+    logit_scale: [] or [1] (the multiplier); logit_bias: [] or [1] (siglip). ``impl`` must be
+    an implementation that runs here ("naive", "chunked_torch", "triton"; resolve "auto"
+    first). Returns the 0-dim fp32 loss of the global batch, identical on every rank; see the
+    module docstring for the gradient convention (``grad_reduction`` "mean" or "sum").
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown distributed scheme {scheme!r}; choose from {SCHEMES}")
+    if loss not in ("clip", "siglip"):
+        raise ValueError(f"unknown loss {loss!r}; choose 'clip' or 'siglip'")
+    if grad_reduction not in ("mean", "sum"):
+        raise ValueError(f"grad_reduction must be 'mean' or 'sum', got {grad_reduction!r}")
+    if loss == "siglip" and logit_bias is None:
+        raise ValueError("loss 'siglip' needs logit_bias")
+    if loss == "siglip" and label_smoothing:
+        raise ValueError("label_smoothing applies to loss 'clip' only")
+    if image_features.shape != text_features.shape or image_features.dim() != 2:
+        raise ValueError(f"features must both be [b, D]; got image {tuple(image_features.shape)}, "
+                         f"text {tuple(text_features.shape)}")
+    topo = topology(process_group, scheme, local_world_size)
+    _check_sizes(image_features, topo, scheme)
+    o = _Options(scheme, loss, impl, float(label_smoothing), bool(allow_tf32), int(block_m or 0),
+                 int(block_n or 0), topo, float(topo.world if grad_reduction == "mean" else 1))
+    return _DistributedContrastiveLoss.apply(image_features, text_features, logit_scale,
+                                             logit_bias if loss == "siglip" else None, o)

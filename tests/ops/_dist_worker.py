@@ -1,0 +1,166 @@
+"""Worker processes for tests/ops/test_distributed.py: one gloo process group per world size.
+
+Each rank builds the same global batch from a seed (``global_batch``), takes its slice, runs
+every case of ``cases(world)`` through ``ops.contrastive_loss(..., distributed=scheme)`` and
+backward with an upstream gradient != 1, and writes {case: {loss, grads} or {error}} to
+``<outdir>/rank<r>.pt`` for the parent to compare with one process on the whole batch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from ops import contrastive_loss
+from ops.distributed import distributed_contrastive_loss
+
+LOCAL_B = 5  # rows per rank: not a multiple of the tiles below
+DIM = 12
+BLOCK_M, BLOCK_N = 3, 4  # uneven last tiles inside each b x b block
+SCALE, BIAS, UPSTREAM = 7.3, -3.0, 0.37
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+LOSSES = {"clip": ("clip", 0.0), "clip_ls": ("clip", 0.1), "siglip": ("siglip", 0.0)}
+
+
+def global_batch(n_rows: int, dtype: torch.dtype, seed: int = 0, overflow: bool = False):
+    """L2-normalised (img, txt) [n_rows, DIM] in ``dtype``. ``overflow``: rows 0 and 1 are made
+    so that, at scale 100, logit (1, 0) exceeds the diagonal logit (0, 0) by ~200 (the stats
+    with diagonal shifts overflow and every rank must switch to exact maxima)."""
+    gen = torch.Generator().manual_seed(seed)
+    img = torch.randn(n_rows, DIM, generator=gen)
+    txt = img + 0.8 * torch.randn(n_rows, DIM, generator=gen)
+    if overflow:
+        txt[0] = -img[0]
+        img[n_rows - 1] = -img[0]
+    img = torch.nn.functional.normalize(img, dim=-1)
+    txt = torch.nn.functional.normalize(txt, dim=-1)
+    return img.to(dtype), txt.to(dtype)
+
+
+def scheme_variants(world: int):
+    """(scheme, local_world_size) pairs to run at this world size."""
+    out = [("gather", None), ("disco", None), ("ring", None)]
+    out += [("hierarchical_ring", L) for L in sorted({1, 2, world}) if L <= world and world % L == 0]
+    return out
+
+
+def cases(world: int):
+    """name -> dict(scheme, local, dtype, loss, eps, scale, reduction, group, overflow)."""
+    out = {}
+    for scheme, local in scheme_variants(world):
+        for dname in DTYPES:
+            for lname, (loss, eps) in LOSSES.items():
+                out[f"{scheme}-L{local}-{dname}-{lname}"] = dict(
+                    scheme=scheme, local=local, dtype=dname, loss=loss, eps=eps, scale=SCALE,
+                    reduction="mean", group=None, overflow=False)
+    for scheme, local in scheme_variants(world):
+        # scale 100 with a logit 200 above its diagonal: the exact-max fallback, on every rank
+        out[f"overflow-{scheme}-L{local}"] = dict(
+            scheme=scheme, local=local, dtype="fp32", loss="clip", eps=0.0, scale=100.0,
+            reduction="mean", group=None, overflow=True)
+        # grad_reduction "sum": factor 1 instead of the world size
+        out[f"sum-{scheme}-L{local}"] = dict(
+            scheme=scheme, local=local, dtype="fp32", loss="clip", eps=0.1, scale=SCALE,
+            reduction="sum", group=None, overflow=False)
+    if world == 4:
+        # a group that is not the world, with non-consecutive members: {0, 2} and {1, 3}
+        for scheme, local in (("ring", None), ("disco", None), ("gather", None),
+                              ("hierarchical_ring", 1), ("hierarchical_ring", 2)):
+            for lname, (loss, eps) in LOSSES.items():
+                out[f"subgroup-{scheme}-L{local}-{lname}"] = dict(
+                    scheme=scheme, local=local, dtype="fp32", loss=loss, eps=eps, scale=SCALE,
+                    reduction="mean", group="interleaved", overflow=False)
+    return out
+
+
+def interleaved_groups(world: int):
+    """Group members (global ranks) of the 'interleaved' subgroups: even ranks, odd ranks."""
+    return [list(range(0, world, 2)), list(range(1, world, 2))]
+
+
+def _run_case(spec, rank, world, groups):
+    members = interleaved_groups(world)[rank % 2] if spec["group"] else list(range(world))
+    group = groups[rank % 2] if spec["group"] else None
+    pos = members.index(rank)
+    dtype = DTYPES[spec["dtype"]]
+    img_all, txt_all = global_batch(len(members) * LOCAL_B, dtype, overflow=spec["overflow"])
+    rows = slice(pos * LOCAL_B, (pos + 1) * LOCAL_B)
+    img = img_all[rows].clone().requires_grad_(True)
+    txt = txt_all[rows].clone().requires_grad_(True)
+    scale = torch.tensor([spec["scale"]], requires_grad=True)
+    bias = torch.tensor([BIAS], requires_grad=True) if spec["loss"] == "siglip" else None
+    loss = contrastive_loss(img, txt, scale, bias, loss=spec["loss"], impl="chunked_torch",
+                            label_smoothing=spec["eps"], block_m=BLOCK_M, block_n=BLOCK_N,
+                            distributed=spec["scheme"], process_group=group,
+                            local_world_size=spec["local"], grad_reduction=spec["reduction"])
+    (loss * UPSTREAM).backward()
+    out = dict(loss=loss.detach(), img_grad=img.grad, txt_grad=txt.grad, scale_grad=scale.grad)
+    if bias is not None:
+        out["bias_grad"] = bias.grad
+    return out
+
+
+def _error_cases(rank, world):
+    """Bad input must fail on every rank with a clear message (not hang)."""
+    out = {}
+    img, txt = global_batch(world * LOCAL_B + 1, torch.float32)
+    scale = torch.tensor([SCALE])
+    for scheme in ("gather", "disco", "ring", "hierarchical_ring"):
+        n = LOCAL_B + 1 if rank == world - 1 else LOCAL_B  # the last rank has one row more
+        try:
+            contrastive_loss(img[:n], txt[:n], scale, impl="chunked_torch", distributed=scheme)
+            out[f"uneven-{scheme}"] = "no error"
+        except ValueError as exc:
+            out[f"uneven-{scheme}"] = str(exc)
+    if world == 4:
+        try:
+            contrastive_loss(img[:LOCAL_B], txt[:LOCAL_B], scale, impl="chunked_torch",
+                             distributed="hierarchical_ring", local_world_size=3)
+            out["bad-local"] = "no error"
+        except ValueError as exc:
+            out["bad-local"] = str(exc)
+    return out
+
+
+def _world1_cases():
+    """At world size 1: contrastive_loss(distributed=...) is the single-device op, bit for bit;
+    distributed_contrastive_loss itself also runs (every scheme degenerates to one block)."""
+    out = {}
+    img, txt = global_batch(LOCAL_B, torch.float32)
+    for scheme in ("gather", "disco", "ring", "hierarchical_ring"):
+        for fn_name, fn in (("api", contrastive_loss), ("direct", distributed_contrastive_loss)):
+            a, t = img.clone().requires_grad_(True), txt.clone().requires_grad_(True)
+            s = torch.tensor([SCALE], requires_grad=True)
+            kw = dict(distributed=scheme) if fn_name == "api" else dict(scheme=scheme)
+            loss = fn(a, t, s, impl="chunked_torch", label_smoothing=0.1, block_m=BLOCK_M,
+                      block_n=BLOCK_N, **kw)
+            (loss * UPSTREAM).backward()
+            out[f"world1-{fn_name}-{scheme}"] = dict(loss=loss.detach(), img_grad=a.grad,
+                                                     txt_grad=t.grad, scale_grad=s.grad)
+    return out
+
+
+def run(rank: int, world: int, outdir: str) -> None:
+    """torch.multiprocessing.spawn target: one rank of a gloo group of ``world`` processes."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(outdir, 'store')}",
+                            rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    results = {}
+    try:
+        groups = [dist.new_group(m) for m in interleaved_groups(world)] if world == 4 else None
+        for name, spec in cases(world).items():
+            try:
+                results[name] = _run_case(spec, rank, world, groups)
+            except Exception:  # recorded for the parent: one failing case must not hide the rest
+                results[name] = dict(error=traceback.format_exc())
+        results["errors"] = _error_cases(rank, world) if world > 1 else {}
+        if world == 1:
+            results.update(_world1_cases())
+    finally:
+        torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
+        dist.destroy_process_group()

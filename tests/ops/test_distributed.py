@@ -1,0 +1,181 @@
+"""Distributed contrastive loss: real gloo process groups against one process on the whole batch.
+
+One group of real processes per world size (1, 2, 3, 4) runs every scheme x dtype x loss
+(tests/ops/_dist_worker.py) and saves its results; the tests here compare each rank's loss, its
+feature-gradient slice (divided by the convention factor c = world size) and the averaged
+logit_scale / logit_bias gradients with ``contrastive_loss(..., distributed="none")`` on the
+global batch, and with an fp64 reference within twice torch's own low-precision error.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from ops import contrastive_loss, contrastive_loss_reference
+from tests.ops import _dist_worker as W
+
+WORLDS = (1, 2, 3, 4)
+SPAWN_TIMEOUT_S = 240
+
+
+def _spawn(world: int, outdir: str) -> list:
+    ctx = mp.start_processes(W.run, args=(world, outdir), nprocs=world, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + SPAWN_TIMEOUT_S
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"world {world}: workers still running after {SPAWN_TIMEOUT_S} s")
+    finally:
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.kill()
+    return [torch.load(os.path.join(outdir, f"rank{r}.pt"), weights_only=True) for r in range(world)]
+
+
+_RESULTS: dict = {}
+
+
+def results(world: int, tmp_path_factory) -> list:
+    """Per-rank result dicts of the world-size ``world`` run (spawned once per session)."""
+    if world not in _RESULTS:
+        _RESULTS[world] = _spawn(world, str(tmp_path_factory.mktemp(f"dist{world}")))
+    return _RESULTS[world]
+
+
+def _single(spec, n_members: int, dtype_override=None, reference: bool = False, blocks=(0, 0)):
+    """One process on the whole batch: the project's op (or the full-matrix reference in
+    ``dtype_override``). Returns loss, img_grad, txt_grad, scale_grad[, bias_grad]."""
+    dtype = W.DTYPES[spec["dtype"]]
+    img, txt = W.global_batch(n_members * W.LOCAL_B, dtype, overflow=spec["overflow"])
+    work = dtype_override or dtype
+    img = img.to(work).requires_grad_(True)
+    txt = txt.to(work).requires_grad_(True)
+    scale = torch.tensor([spec["scale"]], dtype=torch.float64 if work == torch.float64 else torch.float32,
+                         requires_grad=True)
+    bias = (torch.tensor([W.BIAS], dtype=scale.dtype, requires_grad=True)
+            if spec["loss"] == "siglip" else None)
+    if reference:
+        loss = contrastive_loss_reference(img, txt, scale, bias, loss=spec["loss"],
+                                          label_smoothing=spec["eps"])
+    else:
+        loss = contrastive_loss(img, txt, scale, bias, loss=spec["loss"], impl="chunked_torch",
+                                label_smoothing=spec["eps"], block_m=blocks[0], block_n=blocks[1])
+    (loss * W.UPSTREAM).backward()
+    out = dict(loss=loss.detach(), img_grad=img.grad, txt_grad=txt.grad, scale_grad=scale.grad)
+    if bias is not None:
+        out["bias_grad"] = bias.grad
+    return out
+
+
+def _gather_ranks(per_rank: list, members: list, factor: float) -> dict:
+    """Rebuild full-batch gradients from the members' slices; the parameter gradients as the
+    framework would reduce them (mean: average; sum: sum)."""
+    out = {"img_grad": torch.cat([per_rank[r]["img_grad"] for r in members]).float() / factor,
+           "txt_grad": torch.cat([per_rank[r]["txt_grad"] for r in members]).float() / factor}
+    for key in ("scale_grad", "bias_grad"):
+        if key in per_rank[members[0]]:
+            stacked = torch.stack([per_rank[r][key] for r in members]).float()
+            out[key] = stacked.mean(0) if factor != 1 else stacked.sum(0)
+    return out
+
+
+def _check_case(name: str, spec: dict, per_rank: list, world: int) -> None:
+    members = (W.interleaved_groups(world)[0] if spec["group"] else list(range(world)))
+    n = len(members)
+    per_rank = [results_of_rank.get(name, {}) for results_of_rank in per_rank]
+    for r in members:
+        assert "error" not in per_rank[r], f"{name} rank {r}:\n{per_rank[r]['error']}"
+    single = _single(spec, n)
+    ref64 = _single(spec, n, torch.float64, reference=True)
+    lowp = _single(spec, n, W.DTYPES[spec["dtype"]], reference=True)
+    # every rank returns the same global loss, equal to the one-process loss (fp32 accumulation
+    # in both: summation order only)
+    losses = torch.stack([per_rank[r]["loss"] for r in members])
+    assert torch.all(losses == losses[0]), f"{name}: ranks disagree on the loss: {losses}"
+    torch.testing.assert_close(losses[0], single["loss"], rtol=2e-6, atol=2e-6)
+    factor = n if spec["reduction"] == "mean" else 1
+    got = _gather_ranks(per_rank, members, factor)
+    bf16 = spec["dtype"] == "bf16"
+    for key, value in got.items():
+        want = single[key].float()
+        big = want.abs().max().item()
+        if bf16 and key in ("img_grad", "txt_grad"):
+            # both are one bf16 rounding of the same fp32 value; ours is rounded after the
+            # factor c, so they can differ by one bf16 ulp (2^-8 relative) per element
+            tol = 2.0**-7 * want.abs() + 1e-6 * big
+        elif key in ("scale_grad", "bias_grad"):
+            # a sum over the B^2 logits of terms <= g in size (for CLIP, cancelling down to a small
+            # result): fp32 rounding is relative to g * B, not to the result
+            tol = 2e-5 * want.abs() + 1e-6 * W.UPSTREAM * n * W.LOCAL_B
+        else:
+            tol = 2e-5 * want.abs() + 2e-6 * big  # fp32 summation order
+        err = (value - want).abs()
+        assert bool((err <= tol).all()), (
+            f"{name}: {key} differs from one process by {err.max().item():.3g} "
+            f"(at {int(err.argmax())}; scale {big:.3g})")
+        # and against fp64 within twice torch's own error at this dtype (STYLE 8); the atol
+        # covers fp32 rounding noise where torch's fp32 error is ~0 by luck
+        ref = ref64[key].float()
+        torch_err = (lowp[key].float() - ref).abs().max().item()
+        our_err = (value - ref).abs().max().item()
+        assert our_err <= 2 * torch_err + 1e-5 * ref.abs().max().item() + 1e-7, (
+            f"{name}: {key} error vs fp64 {our_err:.3g} > 2 x torch's {torch_err:.3g}")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_schemes_match_single_process(world, tmp_path_factory):
+    per_rank = results(world, tmp_path_factory)
+    names = list(W.cases(world))
+    failures = []
+    for name in names:
+        try:
+            _check_case(name, W.cases(world)[name], per_rank, world)
+        except AssertionError as exc:
+            failures.append(str(exc))
+    assert not failures, f"{len(failures)}/{len(names)} cases failed:\n" + "\n".join(failures)
+
+
+def test_case_grid_covers_every_scheme_dtype_loss():
+    names = set(W.cases(4))
+    for scheme in ("gather", "disco", "ring", "hierarchical_ring"):
+        for dtype in W.DTYPES:
+            for loss in W.LOSSES:
+                assert any(n.startswith(scheme) and f"-{dtype}-{loss}" in n for n in names)
+    # the 2 nodes x 2 ranks topology
+    assert "hierarchical_ring-L2-bf16-clip_ls" in names
+
+
+@pytest.mark.parametrize("world", (2, 3, 4))
+def test_uneven_local_batch_is_a_clear_error_on_every_rank(world, tmp_path_factory):
+    per_rank = results(world, tmp_path_factory)
+    for r in range(world):
+        for scheme in ("gather", "disco", "ring", "hierarchical_ring"):
+            msg = per_rank[r]["errors"][f"uneven-{scheme}"]
+            assert "same local batch" in msg, f"rank {r} {scheme}: {msg}"
+            assert f"rank {world - 1}: {W.LOCAL_B + 1} x {W.DIM}" in msg, msg
+            assert f"rank 0: {W.LOCAL_B} x {W.DIM}" in msg, msg
+
+
+def test_bad_local_world_size_is_a_clear_error(tmp_path_factory):
+    per_rank = results(4, tmp_path_factory)
+    for r in range(4):
+        msg = per_rank[r]["errors"]["bad-local"]
+        assert "local_world_size=3" in msg and "4 ranks" in msg, msg
+
+
+def test_world_size_1_is_the_single_process_op(tmp_path_factory):
+    (res,) = results(1, tmp_path_factory)
+    spec = dict(dtype="fp32", loss="clip", eps=0.1, scale=W.SCALE, overflow=False)
+    single = _single(spec, 1, blocks=(W.BLOCK_M, W.BLOCK_N))
+    for scheme in ("gather", "disco", "ring", "hierarchical_ring"):
+        api = res[f"world1-api-{scheme}"]
+        for key in ("loss", "img_grad", "txt_grad", "scale_grad"):
+            assert torch.equal(api[key], single[key]), f"{scheme} {key}"
+            torch.testing.assert_close(res[f"world1-direct-{scheme}"][key], single[key],
+                                       rtol=2e-6, atol=1e-7)
