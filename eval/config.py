@@ -2,7 +2,7 @@
 
 Design: one dataclass parsed strictly by ``ops.config.parse_section`` (unknown keys are errors
 naming the key and file). Zero-shot data is either labelled webdataset shards (``shards``, the
-json member holding an integer class index under ``label_key``) or an image folder with one
+json member holding the integer class index under ``label``, in ``classnames`` order) or an image folder with one
 sub-folder per class (``images``); retrieval takes paired shards (``retrieval_shards``). Class
 names and templates are a file path (one per line) or an inline list; templates default to
 :data:`eval.templates.DEFAULT_TEMPLATES`. Relative paths are taken as given (relative to the
@@ -30,13 +30,14 @@ class EvalConfig:
     at_end: bool = True
     """Also evaluate once after the last training step."""
     shards: Optional[str] = None
-    """Zero-shot data: brace URL of labelled webdataset shards (json member with ``label_key``)."""
+    """Zero-shot data: brace URL of labelled webdataset shards (json member ``{"label": index}``)."""
+    use_val_shards: bool = False
+    """Zero-shot data: the ``data`` section's ``val_shards`` (written with the held-out digits
+    split when ``data.generate_digits``; class names then default to the ten digit names).
+    Exclusive with ``shards`` and ``images``."""
     images: Optional[str] = None
     """Zero-shot data: an image folder with one sub-folder per class (sub-folder name = class
     name; must match ``classnames``). Exclusive with ``shards``."""
-    label_key: str = "label"
-    """Key in each sample's json member holding the integer class index (0-based, in the order of
-    ``classnames``)."""
     classnames: Optional[Union[str, List[str]]] = None
     """Class names: a file (one per line) or a list. Required for zero-shot."""
     templates: Optional[Union[str, List[str]]] = None
@@ -66,8 +67,9 @@ class EvalConfig:
                 raise ConfigError(f"'{key}' must be >= 1, got {getattr(self, key)}")
         if self.max_samples is not None and self.max_samples < 1:
             raise ConfigError(f"'max_samples' must be >= 1 or null, got {self.max_samples}")
-        if self.shards and self.images:
-            raise ConfigError("'shards' and 'images' are exclusive: give one zero-shot data source")
+        if sum(map(bool, (self.shards, self.images, self.use_val_shards))) > 1:
+            raise ConfigError("'shards', 'images' and 'use_val_shards' are exclusive: give one zero-shot "
+                              "data source")
         if (self.shards or self.images) and not self.classnames:
             raise ConfigError("zero-shot data is given ('shards' or 'images') but 'classnames' is not")
         if isinstance(self.templates, list):
@@ -84,7 +86,7 @@ class EvalConfig:
 
     @property
     def has_zeroshot(self) -> bool:
-        return bool(self.shards or self.images)
+        return bool(self.shards or self.images or self.use_val_shards)
 
     @property
     def has_retrieval(self) -> bool:

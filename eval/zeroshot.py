@@ -14,15 +14,24 @@ Limit: single-label classification only (one integer label per image).
 
 from __future__ import annotations
 
+import io
 import logging
-from typing import Dict, List, Optional, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .templates import check_templates, fill_template
 
-__all__ = ["ZeroShotCounts", "build_classifier", "true_class_rank"]
+if TYPE_CHECKING:
+    from .distributed import RankSync
+
+__all__ = ["IMAGE_SUFFIXES", "ImageFolderData", "ZeroShotCounts", "build_classifier", "image_folder_samples",
+           "true_class_rank", "zeroshot_eval"]
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
 logger = logging.getLogger(__name__)
 
@@ -142,3 +151,113 @@ def build_classifier(model, tokenizer, classnames: Sequence[str], templates: Seq
     emb = torch.cat(feats).view(len(classnames), len(templates), -1)
     emb = torch.nn.functional.normalize(emb, dim=-1).mean(dim=1)
     return torch.nn.functional.normalize(emb, dim=-1)
+
+
+# ----------------------------------------------------------------------------- image folders
+
+def image_folder_samples(root: Union[str, Path], classnames: Sequence[str]) -> List[Tuple[Path, int]]:
+    """``(image path, class index)`` for ``root/<classname>/*.<image>``, sorted by class then name.
+
+    Every class name must have a sub-folder (a missing one is an error naming it); sub-folders
+    that are not class names are ignored with a warning; a class folder may be empty.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder not found: {root}")
+    present = {p.name for p in root.iterdir() if p.is_dir()}
+    missing = [name for name in classnames if name not in present]
+    if missing:
+        shown = ", ".join(repr(m) for m in missing[:10]) + (f" (+{len(missing) - 10} more)" if len(missing) > 10 else "")
+        raise FileNotFoundError(f"missing class folder(s) in {root}: {shown}; each class name needs a "
+                                f"sub-folder of that exact name (found: {sorted(present)[:10]})")
+    extra = sorted(present - set(classnames))
+    if extra:
+        logger.warning("%s: %d sub-folder(s) are not class names and are ignored: %s", root, len(extra), extra[:10])
+    samples = []
+    for index, name in enumerate(classnames):
+        files = sorted(p for p in (root / name).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        samples.extend((p, index) for p in files)
+    if not samples:
+        raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under the class folders of {root}")
+    return samples
+
+
+def _center_square(img, size: int):
+    """Resize the shorter side to ``size`` and crop the centre (bicubic), as the eval shards are."""
+    from PIL import Image
+
+    w, h = img.size
+    side = min(w, h)
+    left, top = (w - side) // 2, (h - side) // 2
+    return img.resize((size, size), Image.BICUBIC, box=(left, top, left + side, top + side))
+
+
+class ImageFolderData(torch.utils.data.Dataset):
+    """Images of a class-per-folder tree, preprocessed as ``pipeline.data``'s eval loader does
+    (centre square, bicubic resize, ``(x/255 - mean)/std``). Items: ``(pixels [3,S,S], label)``."""
+
+    def __init__(self, samples: Sequence[Tuple[Path, int]], image_size: int, mean: Sequence[float],
+                 std: Sequence[float]) -> None:
+        self.samples = list(samples)
+        self.image_size = image_size
+        self.mean = torch.tensor(list(mean), dtype=torch.float32).view(3, 1, 1)
+        self.std = torch.tensor(list(std), dtype=torch.float32).view(3, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> Tuple[Tensor, int]:
+        from PIL import Image
+
+        path, label = self.samples[i]
+        try:
+            with Image.open(io.BytesIO(path.read_bytes())) as img:
+                rgb = _center_square(img.convert("RGB"), self.image_size)
+        except (OSError, ValueError, SyntaxError) as exc:
+            raise ValueError(f"cannot read image {path}: {exc}") from None
+        arr = np.asarray(rgb, dtype=np.uint8)
+        pixels = torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
+        return pixels.sub_(self.mean).div_(self.std), label
+
+    def batches(self, batch_size: int, rank: int = 0, world: int = 1, workers: int = 0) -> Iterator[Dict[str, Tensor]]:
+        """Batches ``{"pixel_values", "label"}`` of this rank's share (every ``world``-th image)."""
+        subset = torch.utils.data.Subset(self, list(range(rank, len(self), world)))
+        loader = torch.utils.data.DataLoader(subset, batch_size=batch_size, shuffle=False, num_workers=workers)
+        for pixels, labels in loader:
+            yield {"pixel_values": pixels, "label": labels}
+
+
+# ------------------------------------------------------------------------------- the eval loop
+
+@torch.no_grad()
+def zeroshot_eval(model, classifier: Tensor, batches: Iterable[Dict], sync: "RankSync", *,
+                  device: torch.device, dtype: torch.dtype, max_samples: Optional[int] = None,
+                  ks: Sequence[int] = (1, 5)) -> ZeroShotCounts:
+    """Classify this rank's images against ``classifier`` [C, E]; counts summed over ranks.
+
+    ``batches`` yield ``pixel_values`` [B,3,H,W] and ``label`` [B] (ints; -1 = the sample had no
+    label, an error). Every rank runs the same number of image forwards (ZeRO-3 safe).
+    """
+    counts = ZeroShotCounts(classifier.shape[0], ks)
+    weights = classifier.to(device=device, dtype=torch.float32)
+    seen = 0
+    for batch in sync.lockstep(batches):
+        if batch is not None and max_samples is not None and seen >= max_samples:
+            batch = None
+        if batch is None:  # keep ZeRO-3 collectives in step: one-row dummy forward
+            size = int(model.image_size)
+            model.encode_image(torch.zeros(1, 3, size, size, device=device, dtype=dtype))
+            continue
+        labels = batch["label"]
+        take = labels.shape[0] if max_samples is None else min(labels.shape[0], max_samples - seen)
+        labels = labels[:take]
+        if (labels < 0).any():
+            key = batch.get("key", ["?"] * take)[int((labels < 0).nonzero()[0])]
+            raise ValueError(f"sample {key!r} has no integer 'label' in its json member; zero-shot shards "
+                             "need {\"label\": class index}")
+        feats = model.encode_image(batch["pixel_values"][:take].to(device=device, dtype=dtype)).float()
+        counts.update(feats @ weights.T, labels.to(device))
+        seen += take
+    state = sync.sum_(counts.state)
+    counts.load_state(state)
+    return counts

@@ -1,0 +1,85 @@
+"""Evaluate a trained CLIP offline: ``python launch/zeroshot.py --checkpoint RUN/ckpt --images DIR --classnames FILE``.
+
+Thin entry point: load the model (a DeepSpeed checkpoint of any ZeRO stage, consolidated on the
+CPU, or an exported HF folder), run zero-shot classification (``--images`` class folders or
+``--shards`` labelled shards) and/or retrieval (``--retrieval-shards``), print the table and write
+the JSON report (and the confusion PNG beside it). With no data flag, the run's own ``eval``
+section is used. ``--export-hf OUT`` writes the checkpoint as HF towers instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from eval import EvalConfig, Evaluator, build_evaluator, export_hf, format_table, load_model  # noqa: E402
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True,
+                   help="DeepSpeed checkpoint folder (or tag folder, or run folder), or an exported HF folder")
+    p.add_argument("--tag", default=None, help="checkpoint tag (default: the 'latest' file)")
+    p.add_argument("--config", default=None, help="the run's JSON (default: found beside the checkpoint)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: found beside the checkpoint)")
+    p.add_argument("--export-hf", default=None, metavar="OUT", help="write HF towers + tokenizer to OUT and exit")
+    data = p.add_mutually_exclusive_group()
+    data.add_argument("--images", default=None, help="image folder, one sub-folder per class")
+    data.add_argument("--shards", default=None, help="labelled webdataset shards (brace URL; json 'label')")
+    p.add_argument("--classnames", default=None, help="class names file, one per line")
+    p.add_argument("--templates", default=None, help="templates file, one per line with {} (default: built-in set)")
+    p.add_argument("--retrieval-shards", default=None, help="held-out image-text shards (brace URL)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--max-samples", type=int, default=None)
+    p.add_argument("--workers", type=int, default=0, help="DataLoader workers")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--out", default="zeroshot_report.json", help="JSON report path (PNG beside it)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.export_hf:
+        export_hf(args.checkpoint, args.export_hf, args.tag, config=args.config, tokenizer=args.tokenizer)
+        print(f"exported {args.checkpoint} -> {args.export_hf}")
+        return 0
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    loaded = load_model(args.checkpoint, args.tag, config=args.config, tokenizer=args.tokenizer, device=device)
+    if args.images or args.shards or args.retrieval_shards:
+        section = {"images": args.images, "shards": args.shards, "classnames": args.classnames,
+                   "templates": args.templates, "retrieval_shards": args.retrieval_shards,
+                   "batch_size": args.batch_size, "max_samples": args.max_samples}
+        cfg = EvalConfig.from_dict({k: v for k, v in section.items() if v is not None}, source="command line")
+        evaluator = Evaluator(cfg, tokenizer=loaded.tokenizer, workers=args.workers)
+        if loaded.run_config and loaded.run_config.get("data"):
+            data = loaded.run_config["data"]
+            evaluator.image_mean = data.get("image_mean", evaluator.image_mean)
+            evaluator.image_std = data.get("image_std", evaluator.image_std)
+    else:
+        if not loaded.run_config or not loaded.run_config.get("eval"):
+            raise SystemExit("no eval data: pass --images, --shards or --retrieval-shards (the run config "
+                             "has no 'eval' section to fall back on)")
+        from pipeline.config import load_config
+
+        run_cfg = load_config(data=loaded.run_config)
+        evaluator = build_evaluator(run_cfg.eval, run_cfg, source=loaded.info.get("config"),
+                                    tokenizer=loaded.tokenizer)
+        if evaluator is None:
+            raise SystemExit("the run config's 'eval' section names no data")
+        evaluator.workers = args.workers
+    report = evaluator.evaluate(loaded.model, step=loaded.info.get("global_steps"), report_path=args.out,
+                                extra={"checkpoint": loaded.source})
+    print(format_table(report))
+    print(f"report: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
