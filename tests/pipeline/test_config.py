@@ -1,0 +1,112 @@
+"""The run config: one JSON, DeepSpeed keys kept as-is, project sections parsed strictly."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ops.config import ConfigError
+from pipeline.config import DEEPSPEED_TOP_LEVEL_KEYS, apply_overrides, load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PRESETS = ["tiny_cpu", "vitb32", "vitb16", "vitl14"]
+
+
+def write(tmp_path, data, name="run.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def tiny(tmp_path) -> dict:
+    with open(os.path.join(ROOT, "ds_configs", "tiny_cpu.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_parse(name):
+    cfg = load_config(os.path.join(ROOT, "ds_configs", f"{name}.json"))
+    assert "model" not in cfg.ds_config and "train" not in cfg.ds_config
+    assert cfg.ds_config["train_micro_batch_size_per_gpu"] == cfg.micro_batch_size
+    assert cfg.model.vision.image_size % cfg.model.vision.patch_size == 0
+    assert "optimizer" in cfg.ds_config
+
+
+def test_vit_sizes():
+    l14 = load_config(os.path.join(ROOT, "ds_configs", "vitl14.json")).model
+    assert (l14.vision.layers, l14.vision.hidden_size, l14.vision.patch_size) == (24, 1024, 14)
+    assert (l14.text.layers, l14.text.hidden_size, l14.embed_dim) == (12, 768, 768)
+    b32 = load_config(os.path.join(ROOT, "ds_configs", "vitb32.json")).model
+    assert (b32.vision.layers, b32.vision.hidden_size, b32.vision.patch_size, b32.vision.image_size) == (12, 768, 32, 224)
+    assert (b32.text.hidden_size, b32.embed_dim) == (512, 512)
+
+
+@pytest.mark.parametrize("bad, good", [("zero_optimisation", "zero_optimization"),
+                                       ("contrastive_los", "contrastive_loss"),
+                                       ("train_micro_batch_size_per_gpus", "train_micro_batch_size_per_gpu")])
+def test_misspelt_top_level_key_names_key_file_and_suggestion(tmp_path, bad, good):
+    data = tiny(tmp_path)
+    data[bad] = data.pop(good) if good in data else {}
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    msg = str(exc.value)
+    assert f"'{bad}'" in msg and path in msg and f"did you mean '{good}'" in msg
+
+
+def test_nested_typo_in_project_section(tmp_path):
+    data = tiny(tmp_path)
+    data["model"]["vision"]["patchsize"] = 4
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError, match=r"model\.vision.*patchsize.*patch_size") as exc:
+        load_config(path)
+    assert path in str(exc.value)
+    data = tiny(tmp_path)
+    data["train"]["chunk_sise"] = 4
+    with pytest.raises(ConfigError, match="chunk_sise.*did you mean 'chunk_size'"):
+        load_config(write(tmp_path, data))
+
+
+def test_bad_values(tmp_path):
+    data = tiny(tmp_path)
+    data["model"]["vision"]["patch_size"] = 5
+    with pytest.raises(ConfigError, match="multiple of 'patch_size'"):
+        load_config(write(tmp_path, data))
+    data = tiny(tmp_path)
+    data["train"]["steps"] = 0
+    with pytest.raises(ConfigError, match="'steps' must be >= 1"):
+        load_config(write(tmp_path, data))
+
+
+def test_overrides(tmp_path):
+    path = write(tmp_path, tiny(tmp_path))
+    cfg = load_config(path, ["train.steps=7", "train.output_dir=runs/x", "zero_optimization.stage=3",
+                             "train.chunk_size=null", "model.vision.layers=1", "eval.every=5"])
+    assert cfg.train.steps == 7 and cfg.train.output_dir == "runs/x" and cfg.zero_stage == 3
+    assert cfg.train.chunk_size is None and cfg.model.vision.layers == 1
+    assert cfg.eval == {"every": 5} and cfg.raw["train"]["steps"] == 7
+    with pytest.raises(ConfigError, match="zero_optimisation"):
+        load_config(path, ["zero_optimisation.stage=2"])
+    with pytest.raises(ConfigError, match="section.key=value"):
+        apply_overrides({}, ["train.steps"])
+
+
+def test_deepspeed_key_list_covers_what_deepspeed_reads():
+    """Keys DeepSpeed's own config reads must not be rejected as typos."""
+    from deepspeed.runtime.config import DeepSpeedConfig  # noqa: F401  (the version the list is for)
+    for key in ("zero_optimization", "bf16", "fp16", "optimizer", "scheduler", "gradient_clipping",
+                "tensorboard", "activation_checkpointing", "wall_clock_breakdown", "flops_profiler",
+                "comms_logger", "csv_monitor", "wandb", "checkpoint", "data_types"):
+        assert key in DEEPSPEED_TOP_LEVEL_KEYS
+    assert not {"model", "data", "train", "eval", "contrastive_loss"} & DEEPSPEED_TOP_LEVEL_KEYS
+
+
+def test_missing_file_and_bad_json(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.json"):
+        load_config(str(tmp_path / "nope.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ not json")
+    with pytest.raises(ConfigError, match="bad.json.*not valid JSON"):
+        load_config(str(bad))
