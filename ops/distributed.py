@@ -382,7 +382,7 @@ def _clip_forward(img, txt, s, o: _Options):
         row_lse, col_lse, share = local_terms()
         pieces = [torch.tensor([float(flag)], device=img.device), share.reshape(1)]
         if eps:
-            pieces += [img.float().sum(0), txt.float().sum(0)]
+            pieces += [img.sum(0, dtype=torch.float32), txt.sum(0, dtype=torch.float32)]
         return row_lse, col_lse, _sum_over_group(torch.cat([p.double() for p in pieces]), topo)
 
     row_lse, col_lse, total = reduce(_needs_exact_shift(row_sum, col_sum))
@@ -418,9 +418,9 @@ def _clip_backward(g, img, txt, s, saved, o: _Options):
         # exp(S - inf) = 0: only the row-softmax term for I_r x T_all, only the column one for I_all x T_r
         d_img, d_txt_all = clip_grads(img, txt_all, s, row_lse, none, **kw)
         d_img_all, d_txt = clip_grads(img_all, txt, s, none, col_lse, **kw)
-        others = _reduce_scatter(torch.cat([d_img_all, d_txt_all], 1), topo)
-        d_img += others[:, :img.shape[1]]
-        d_txt += others[:, img.shape[1]:]
+        d_img += _reduce_scatter(d_img_all, topo)
+        del d_img_all
+        d_txt += _reduce_scatter(d_txt_all, topo)
     else:
         rows = [torch.zeros(img.shape, dtype=torch.float32, device=img.device)]
 
@@ -435,10 +435,11 @@ def _clip_backward(g, img, txt, s, saved, o: _Options):
             (d_txt,) = sweep(topo, [txt, col_lse], step, "sum")
         d_img = rows[0]
     coef = g / (2 * n_global)
-    img32, txt32 = img.float(), txt.float()
-    d_img.sub_(txt32, alpha=2 * (1 - eps))
-    d_txt.sub_(img32, alpha=2 * (1 - eps))
-    d_scale = coef * (saved["expect"] - 2 * (1 - eps) * (img32 * txt32).sum())
+    # in place on the fp32 products (no fp32 copies of the features)
+    d_img.sub_(txt, alpha=2 * (1 - eps))
+    d_txt.sub_(img, alpha=2 * (1 - eps))
+    diag_dots = clip_shifts(img, txt, torch.ones((), device=img.device)).sum()
+    d_scale = coef * (saved["expect"] - 2 * (1 - eps) * diag_dots)
     if eps:
         img_sum, txt_sum = saved["img_sum"], saved["txt_sum"]
         d_img.sub_(txt_sum, alpha=2 * eps / n_global)

@@ -66,6 +66,13 @@ def cases(world: int):
         out[f"sum-{scheme}-L{local}"] = dict(
             scheme=scheme, local=local, dtype="fp32", loss="clip", eps=0.1, scale=SCALE,
             reduction="sum", group=None, overflow=False)
+    if world == 2 and triton_interpreting():
+        # the Triton kernels through the CPU interpreter (fp32: bf16 dots need a GPU there)
+        for scheme, local in scheme_variants(world):
+            for lname, (loss, eps) in LOSSES.items():
+                out[f"triton-{scheme}-L{local}-{lname}"] = dict(
+                    scheme=scheme, local=local, dtype="fp32", loss=loss, eps=eps, scale=SCALE,
+                    reduction="mean", group=None, overflow=False, impl="triton")
     if world == 4:
         # a group that is not the world, with non-consecutive members: {0, 2} and {1, 3}
         for scheme, local in (("ring", None), ("disco", None), ("gather", None),
@@ -75,6 +82,15 @@ def cases(world: int):
                     scheme=scheme, local=local, dtype="fp32", loss=loss, eps=eps, scale=SCALE,
                     reduction="mean", group="interleaved", overflow=False)
     return out
+
+
+def triton_interpreting() -> bool:
+    """The triton impl can run on CPU only when TRITON_INTERPRET=1 was set before import."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def interleaved_groups(world: int):
@@ -93,8 +109,11 @@ def _run_case(spec, rank, world, groups):
     txt = txt_all[rows].clone().requires_grad_(True)
     scale = torch.tensor([spec["scale"]], requires_grad=True)
     bias = torch.tensor([BIAS], requires_grad=True) if spec["loss"] == "siglip" else None
-    loss = contrastive_loss(img, txt, scale, bias, loss=spec["loss"], impl="chunked_torch",
-                            label_smoothing=spec["eps"], block_m=BLOCK_M, block_n=BLOCK_N,
+    impl = spec.get("impl", "chunked_torch")
+    blocks = (16, 16) if impl == "triton" else (BLOCK_M, BLOCK_N)  # triton tiles: powers of 2 >= 16
+    loss = contrastive_loss(img, txt, scale, bias, loss=spec["loss"], impl=impl,
+                            triton_interpret=impl == "triton", label_smoothing=spec["eps"],
+                            block_m=blocks[0], block_n=blocks[1],
                             distributed=spec["scheme"], process_group=group,
                             local_world_size=spec["local"], grad_reduction=spec["reduction"])
     (loss * UPSTREAM).backward()
