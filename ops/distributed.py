@@ -237,6 +237,7 @@ def sweep(topo: Topology, block: List[Tensor], fn: StepFn, merge: str = "sum") -
     partials for a node block follow it to the next node and reach the owner after M steps.
     Returns the column partials of this rank's own block, merged over all ranks.
     """
+    block = [x.contiguous() for x in block]  # p2p sends whole storage; receivers copy the layout
     b = block[0].shape[0]
     L, M = topo.local, topo.nodes
     node, lr = topo.node, topo.local_rank

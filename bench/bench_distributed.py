@@ -1,0 +1,285 @@
+"""Distributed contrastive loss: time, memory and scaling per scheme (run under torchrun).
+
+    torchrun --nproc_per_node 2 bench/bench_distributed.py            # GPUs: NCCL, impl triton
+    torchrun --nproc_per_node 2 bench/bench_distributed.py --smoke    # CPU: gloo, tiny batches
+
+For each global batch B the script first times the single-device op on the whole batch (every
+rank at once, each on its own GPU: no communication, no idle ranks; rank 0's time is t1), then
+for each scheme: forward + backward of the loss on the local batch b = B / N (median of --reps
+after --warmup, the slowest rank's median), peak memory per GPU, and the same scheme's
+communication alone (the library's own sweeps / collectives on tensors of the same sizes, with
+the compute replaced by zeros). Scaling efficiency = t1 / (N * tN). Rows are appended to
+--out as JSON lines; rank 0 prints a table. Larger batches are skipped (and logged as such)
+when the projected time would overrun --budget-s.
+On 2 GPUs of one node hierarchical_ring equals ring unless --local-world-size 1 (two one-GPU
+"nodes": the inter-node code path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ops import contrastive_loss  # noqa: E402
+from ops.distributed import SCHEMES, _all_gather, _reduce_scatter, sweep, topology  # noqa: E402
+
+GPU_BATCHES = (32768, 65536, 131072, 262144, 524288)
+SMOKE_BATCHES = (64, 192)
+
+
+class Timer:
+    """Wall time of a region: CUDA events on GPU, perf_counter on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn) -> float:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end)
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+
+def features(n: int, dim: int, dtype, device, seed: int):
+    """L2-normalised (img, txt) [n, dim] made on ``device``, text correlated with image."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    img = torch.nn.functional.normalize(torch.randn(n, dim, generator=gen, device=device), dim=-1)
+    txt = torch.nn.functional.normalize(img + torch.randn(n, dim, generator=gen, device=device), dim=-1)
+    return (img.to(device=device, dtype=dtype).requires_grad_(True),
+            txt.to(device=device, dtype=dtype).requires_grad_(True))
+
+
+def step_fn(img, txt, scale, **kw):
+    def run():
+        loss = contrastive_loss(img, txt, scale, check_finite=False, **kw)
+        loss.backward()
+        img.grad = txt.grad = scale.grad = None
+    return run
+
+
+def comm_fn(scheme: str, topo, b: int, dim: int, dtype, device):
+    """The scheme's communication alone, at the sizes of a real step (compute replaced by
+    zeros): forward and backward sweeps / collectives, the size check and the loss all-reduce."""
+    f32 = dict(device=device, dtype=torch.float32)
+    feats = torch.zeros(b, dim, device=device, dtype=dtype)
+    vec = torch.zeros(b, **f32)
+
+    def run():
+        _all_gather(torch.zeros(2, dtype=torch.int64, device=device), topo)
+        if scheme in ("ring", "hierarchical_ring"):
+            sweep(topo, [feats, vec], lambda off, held: [torch.zeros(b, 2, **f32)])
+            dist.all_reduce(torch.zeros(2, device=device, dtype=torch.float64), group=topo.group)
+            sweep(topo, [feats, vec], lambda off, held: [torch.zeros(b, dim, **f32)])
+            return
+        n = topo.world * b
+        if scheme == "gather":
+            _all_gather(feats, topo)
+        _all_gather(feats, topo)
+        if scheme == "disco":
+            _all_gather(vec, topo)
+            _reduce_scatter(torch.zeros(n, 2, **f32), topo)
+        dist.all_reduce(torch.zeros(2, device=device, dtype=torch.float64), group=topo.group)
+        if scheme == "disco":
+            _all_gather(vec, topo)
+        else:
+            _reduce_scatter(torch.zeros(n, dim, **f32), topo)
+        _reduce_scatter(torch.zeros(n, dim, **f32), topo)
+    return run
+
+
+def measure(fn, timer: Timer, warmup: int, reps: int, group) -> list:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        if group is not None:
+            dist.barrier(group=group)
+        times.append(timer(fn))
+    return times
+
+
+def slowest(value: float, device) -> float:
+    t = torch.tensor([value], device=device, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def all_values(value: float, device) -> list:
+    t = torch.tensor([value], device=device, dtype=torch.float64)
+    out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [float(x.item()) for x in out]
+
+
+def agree(flag: bool, device) -> bool:
+    """Rank 0's decision, on every rank."""
+    t = torch.tensor([int(flag)], device=device)
+    dist.broadcast(t, 0)
+    return bool(t.item())
+
+
+def peak_run(fn, device) -> tuple:
+    """(peak GiB, peak above what was allocated before) of one call."""
+    if device.type != "cuda":
+        fn()
+        return None, None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    return peak / 2**30, (peak - before) / 2**30
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="CPU/gloo, tiny batches, chunked_torch")
+    p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES)
+    p.add_argument("--batches", nargs="+", type=int, default=None, help="global batch sizes")
+    p.add_argument("--dim", type=int, default=None)
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    p.add_argument("--impl", default=None, help="default: triton on CUDA, chunked_torch on CPU")
+    p.add_argument("--local-world-size", type=int, default=None, help="hierarchical_ring node size")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--budget-s", type=float, default=270.0, help="skip batches projected past this")
+    p.add_argument("--out", default=None, help="JSONL to append (default bench/results/distributed.jsonl;"
+                   " --smoke: a temp file)")
+    args = p.parse_args(argv)
+
+    cuda = torch.cuda.is_available() and not args.smoke
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        run(args, cuda)
+    finally:
+        dist.destroy_process_group()
+
+
+def run(args, cuda: bool) -> None:
+    t_start = time.monotonic()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    dim = args.dim or (32 if args.smoke else 768)
+    impl = args.impl or ("triton" if cuda else "chunked_torch")
+    batches = args.batches or (SMOKE_BATCHES if args.smoke else GPU_BATCHES)
+    out = args.out or (os.path.join(tempfile.mkdtemp(), "distributed_smoke.jsonl") if args.smoke
+                       else "bench/results/distributed.jsonl")
+    timer = Timer(device)
+    meta = dict(bench="distributed", time=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                device=torch.cuda.get_device_name() if cuda else "cpu", world_size=world,
+                backend=dist.get_backend(), torch=torch.__version__, dim=dim, dtype=args.dtype,
+                impl=impl, warmup=args.warmup, reps=args.reps)
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        meta["triton"] = None
+    rows = []
+    projected: dict = {}  # name -> ms of one call at the previous batch
+
+    def over_budget(name: str, batch: int, prev_batch) -> bool:
+        if name not in projected or prev_batch is None:
+            return False
+        est = projected[name] * (batch / prev_batch) ** 2 * (args.warmup + args.reps + 1) / 1e3
+        return time.monotonic() - t_start + est > args.budget_s
+
+    prev = None
+    for batch in batches:
+        if batch % world:
+            raise SystemExit(f"global batch {batch} is not a multiple of the world size {world}")
+        b = batch // world
+        # 1) the single-device op on the whole batch (every rank, its own device, no comm)
+        skip = agree(rank == 0 and over_budget("single", batch, prev), device)
+        t1 = None
+        if skip:
+            rows.append(dict(meta, scheme="single", global_batch=batch, skipped="time budget"))
+        else:
+            img, txt = features(batch, dim, dtype, device, seed=batch)
+            scale = torch.tensor([20.0], device=device, requires_grad=True)
+            fn = step_fn(img, txt, scale, impl=impl)
+            times = measure(fn, timer, args.warmup, args.reps, None)
+            peak, extra = peak_run(fn, device)
+            t1 = all_values(statistics.median(times), device)[0]
+            projected["single"] = t1
+            rows.append(dict(meta, scheme="single", global_batch=batch, local_batch=batch,
+                             fwd_bwd_ms=t1, peak_gib=peak, peak_extra_gib=extra))
+            del img, txt, fn
+        # 2) each scheme on the local batch
+        for scheme in args.schemes:
+            skip = agree(rank == 0 and over_budget(scheme, batch, prev), device)
+            if skip:
+                rows.append(dict(meta, scheme=scheme, global_batch=batch, skipped="time budget"))
+                continue
+            img, txt = features(b, dim, dtype, device, seed=batch * world + rank)
+            scale = torch.tensor([20.0], device=device, requires_grad=True)
+            fn = step_fn(img, txt, scale, impl=impl, distributed=scheme,
+                         local_world_size=args.local_world_size)
+            times = measure(fn, timer, args.warmup, args.reps, dist.group.WORLD)
+            peak, extra = peak_run(fn, device)
+            topo = topology(None, scheme, args.local_world_size)
+            comm = measure(comm_fn(scheme, topo, b, dim, dtype, device), timer, 1, args.reps,
+                           dist.group.WORLD)
+            per_rank = all_values(statistics.median(times), device)
+            t_n = max(per_rank)
+            projected[scheme] = t_n
+            comm_ms = slowest(statistics.median(comm), device)
+            rows.append(dict(meta, scheme=scheme, local_world_size=topo.local, global_batch=batch,
+                             local_batch=b, fwd_bwd_ms=t_n, fwd_bwd_ms_per_rank=per_rank,
+                             single_gpu_ms=t1,
+                             scaling_efficiency=(t1 / (world * t_n)) if t1 else None,
+                             comm_ms=comm_ms,
+                             peak_gib=max(all_values(peak, device)) if cuda else None,
+                             peak_extra_gib=max(all_values(extra, device)) if cuda else None))
+            del img, txt, fn
+        prev = batch
+    if rank == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        print(table(rows))
+        print(f"\nappended {len(rows)} rows to {out} ({time.monotonic() - t_start:.0f} s)")
+
+
+def table(rows) -> str:
+    head = (f"{'scheme':18} {'B':>8} {'b':>8} {'fwd+bwd ms':>11} {'1-GPU ms':>9} {'eff':>6} "
+            f"{'comm ms':>9} {'peak GiB':>9} {'extra GiB':>9}")
+    lines = [head, "-" * len(head)]
+
+    def f(x, spec):
+        return format(x, spec) if isinstance(x, (int, float)) else "-"
+
+    for r in rows:
+        if r.get("skipped"):
+            lines.append(f"{r['scheme']:18} {r['global_batch']:>8} skipped ({r['skipped']})")
+            continue
+        lines.append(f"{r['scheme']:18} {r['global_batch']:>8} {r['local_batch']:>8} "
+                     f"{f(r['fwd_bwd_ms'], '11.1f')} {f(r.get('single_gpu_ms'), '9.1f'):>9} "
+                     f"{f(r.get('scaling_efficiency'), '6.2f'):>6} {f(r.get('comm_ms'), '9.2f'):>9} "
+                     f"{f(r['peak_gib'], '9.2f'):>9} {f(r['peak_extra_gib'], '9.2f'):>9}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
