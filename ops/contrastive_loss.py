@@ -51,6 +51,7 @@ __all__ = [
     "siglip_stats",
     "siglip_grads",
     "clip_shifts",
+    "rowdot",
 ]
 
 log = logging.getLogger(__name__)
@@ -273,9 +274,17 @@ def siglip_grads(a: Tensor, b: Tensor, scale: Tensor, bias: Tensor, diag: int = 
         return _torch_siglip_grads(a, b, scale, bias, diag, bm, bn)
 
 
+def rowdot(a: Tensor, b: Tensor, chunk: int = 65536) -> Tensor:
+    """<a_i, b_i> in fp32 ([B]), in row chunks so no fp32 copy of a or b is made."""
+    out = torch.empty(a.shape[0], device=a.device, dtype=torch.float32)
+    for i0, i1 in _tiles(a.shape[0], chunk):
+        out[i0:i1] = (a[i0:i1].float() * b[i0:i1].float()).sum(-1)
+    return out
+
+
 def clip_shifts(a: Tensor, b: Tensor, scale: Tensor) -> Tensor:
     """The default LSE shift: the diagonal logits scale * <a_i, b_i> in fp32 ([B])."""
-    return scale * (a.float() * b.float()).sum(-1)
+    return scale * rowdot(a, b)
 
 
 def _needs_exact_shift(*sums: Tensor) -> bool:
@@ -300,11 +309,14 @@ def _clip_forward(img, txt, scale, eps, impl, bm, bn, tf32):
     loss = 0.5 * (row_lse.mean() + col_lse.mean()) - (1.0 - eps) * diag.mean()
     if eps:
         # sum_ij S_ij = s <sum_i I_i, sum_j T_j>: the smoothing term in O(BD)
-        isum, tsum = img.float().sum(0), txt.float().sum(0)
-        loss = loss - eps / n**2 * scale * torch.dot(isum, tsum)
+        loss = loss - eps / n**2 * scale * torch.dot(_colsum(img), _colsum(txt))
     # d loss / d s needs E_row[S'] and E_col[S']: kept from the forward (wsum / sum), O(B)
     expect = torch.stack([(row_wsum / row_sum).sum(), (col_wsum / col_sum).sum()])
     return loss, row_lse, col_lse, expect
+
+
+def _colsum(x: Tensor) -> Tensor:
+    return x.sum(0, dtype=torch.float32)
 
 
 def _clip_backward(grad, img, txt, scale, row_lse, col_lse, expect, eps, impl, bm, bn, tf32):
@@ -312,19 +324,18 @@ def _clip_backward(grad, img, txt, scale, row_lse, col_lse, expect, eps, impl, b
     pb, pa = clip_grads(img, txt, scale, row_lse, col_lse, impl=impl, block_m=bm, block_n=bn,
                         allow_tf32=tf32)
     coef = grad / (2 * n)
-    img32, txt32 = img.float(), txt.float()
-    # dI = s dS T with dS = g/(2B) (P - 2(1-eps) Id - 2 eps/B); likewise dT with dS^T
-    d_img = pb.sub_(txt32, alpha=2 * (1 - eps))
-    d_txt = pa.sub_(img32, alpha=2 * (1 - eps))
+    # dI = s dS T with dS = g/(2B) (P - 2(1-eps) Id - 2 eps/B); likewise dT with dS^T.
+    # In place on the fp32 products: no fp32 copies of the features are made.
+    d_img = pb.sub_(txt, alpha=2 * (1 - eps))
+    d_txt = pa.sub_(img, alpha=2 * (1 - eps))
+    d_scale = coef * (expect.sum() - 2 * (1 - eps) * rowdot(img, txt).sum())
     if eps:
-        d_img.sub_(txt32.sum(0), alpha=2 * eps / n)
-        d_txt.sub_(img32.sum(0), alpha=2 * eps / n)
+        isum, tsum = _colsum(img), _colsum(txt)
+        d_img.sub_(tsum, alpha=2 * eps / n)
+        d_txt.sub_(isum, alpha=2 * eps / n)
+        d_scale = d_scale - coef * 2 * eps / n * torch.dot(isum, tsum)
     d_img.mul_(coef * scale)
     d_txt.mul_(coef * scale)
-    diag_dots = (img32 * txt32).sum()
-    d_scale = coef * (expect.sum() - 2 * (1 - eps) * diag_dots)
-    if eps:
-        d_scale = d_scale - coef * 2 * eps / n * torch.dot(img32.sum(0), txt32.sum(0))
     return d_img, d_txt, d_scale
 
 

@@ -14,7 +14,7 @@ the final LSEs: once in the forward, once in the backward.
            G = -z sigmoid(-z x) (SigLIP) into an R x N buffer in the features' dtype; then two
            cuBLAS GEMMs give P @ Bm and P^T @ A_band. 2 B^2 D (Triton) + 4 B^2 D (cuBLAS).
   Total 8 B^2 D FLOPs = the roofline count. The band size R keeps the P buffer at
-  <= 2 B D elements, so the extra memory stays O(B D) at any batch size.
+  <= B D elements, so the extra memory stays O(B D) at any batch size.
 Limits: P is rounded to the features' dtype before the GEMMs (as autocast rounds dS); fp32
 features use exact fp32 dots unless allow_tf32. The column atomics make the last bits of the
 column sums depend on summation order (not bitwise deterministic run to run).
@@ -64,7 +64,7 @@ def _dot_tile(A, Bm, offs_m, offs_n, mask_m, mask_n, D, stride_am, stride_bn,
 @triton.jit
 def _contrastive_fwd_kernel(A, Bm, scale_ptr, bias_ptr, row_shift_ptr, col_shift_ptr,
                             row_sum_ptr, row_wsum_ptr, col_sum_ptr, col_wsum_ptr,
-                            M, N, D, diag, stride_am, stride_bn,
+                            M, N, D, diag, stride_am, stride_bn, size_bucket,
                             SIGLIP: tl.constexpr, DOT_PRECISION: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
@@ -115,7 +115,7 @@ def _contrastive_fwd_kernel(A, Bm, scale_ptr, bias_ptr, row_shift_ptr, col_shift
 @triton.jit
 def _contrastive_bwd_kernel(A, Bm, P, scale_ptr, bias_ptr, row_lse_ptr, col_lse_ptr,
                             gsum_ptr, gwsum_ptr, M, N, D, diag, stride_am, stride_bn, stride_pm,
-                            SIGLIP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                            size_bucket, SIGLIP: tl.constexpr, DOT_PRECISION: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr):
     pid = tl.program_id(0)
@@ -180,14 +180,19 @@ def _bwd_configs():
     ]
 
 
+# Tuned per size bucket (small / large batch), not per exact N: one tuning serves all batches.
 _fwd_tuned = triton.autotune(
-    configs=_fwd_configs(), key=["N", "D", "SIGLIP", "DOT_PRECISION"],
+    configs=_fwd_configs(), key=["size_bucket", "SIGLIP", "DOT_PRECISION"],
     reset_to_zero=["row_sum_ptr", "row_wsum_ptr", "col_sum_ptr", "col_wsum_ptr"],
 )(_contrastive_fwd_kernel)
 _bwd_tuned = triton.autotune(
-    configs=_bwd_configs(), key=["N", "D", "SIGLIP", "DOT_PRECISION"],
+    configs=_bwd_configs(), key=["size_bucket", "SIGLIP", "DOT_PRECISION"],
     reset_to_zero=["gsum_ptr", "gwsum_ptr"],
 )(_contrastive_bwd_kernel)
+
+
+def _bucket(m: int, n: int) -> int:
+    return int(m * n >= 8192 * 8192)
 
 
 def _check_block(name: str, value: int) -> None:
@@ -221,7 +226,8 @@ def _launch_fwd(a, b, scale, bias, row_shift, col_shift, diag, siglip, block_m, 
     dummy = row_sum
     args = (a, b, _scalar(scale, a.device), _scalar(bias, a.device) if bias is not None else dummy,
             row_shift if row_shift is not None else dummy, col_shift if col_shift is not None else dummy,
-            row_sum, row_wsum, col_sum, col_wsum, m, n, d, int(diag), a.stride(0), b.stride(0))
+            row_sum, row_wsum, col_sum, col_wsum, m, n, d, int(diag), a.stride(0), b.stride(0),
+            _bucket(m, n))
     prec = _precision(a.dtype, allow_tf32)
     if block_m or block_n:
         bm, bn = block_m or 64, block_n or 64
@@ -237,8 +243,8 @@ def _launch_fwd(a, b, scale, bias, row_shift, col_shift, diag, siglip, block_m, 
 
 
 def _band_rows(m: int, n: int, d: int) -> int:
-    """Rows per backward band: the P buffer holds at most max(2 n d, 2^26) elements."""
-    budget = max(2 * n * d, 1 << 26)
+    """Rows per backward band: the P buffer holds at most max(n d, 2^26) elements."""
+    budget = max(n * d, 1 << 26)
     rows = max(256, budget // max(n, 1))
     return min(m, rows)
 
@@ -250,7 +256,7 @@ def _launch_bwd_band(a, b, pbuf, scale, bias, row_lse, col_lse, gsum, gwsum, dia
     args = (a, b, pbuf, scale, bias if bias is not None else scale,
             row_lse if row_lse is not None else scale, col_lse if col_lse is not None else scale,
             gsum if gsum is not None else scale, gwsum if gwsum is not None else scale,
-            m, n, d, int(diag), a.stride(0), b.stride(0), pbuf.stride(0))
+            m, n, d, int(diag), a.stride(0), b.stride(0), pbuf.stride(0), _bucket(m, n))
     prec = _precision(a.dtype, allow_tf32)
     if block_m or block_n:
         bm, bn = block_m or 64, block_n or 64
@@ -291,8 +297,8 @@ def _band_products(a, b, scale, bias, row_lse, col_lse, diag, siglip, block_m, b
                              gsum[r0:r1] if siglip else None, gwsum[r0:r1] if siglip else None,
                              diag - r0, siglip, block_m, block_n, allow_tf32)
             if cuda:  # bf16/fp16 GEMMs with fp32 outputs (no rounding of the partial sums)
-                grad_a[r0:r1] = torch.mm(p, b, out_dtype=torch.float32)
-                grad_b = torch.addmm(grad_b, p.T, a[r0:r1], out_dtype=torch.float32)
+                torch.mm(p, b, out_dtype=torch.float32, out=grad_a[r0:r1])
+                torch.addmm(grad_b, p.T, a[r0:r1], out_dtype=torch.float32, out=grad_b)
             else:
                 grad_a[r0:r1] = p.float() @ b.float()
                 grad_b.addmm_(p.T.float(), a[r0:r1].float())

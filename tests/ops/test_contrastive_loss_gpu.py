@@ -1,0 +1,113 @@
+"""GPU tests of the Triton kernels (device machine only): `pytest -m gpu tests/ops`.
+
+Tolerance (shared/STYLE.md item 8): |ours - ref64| <= 2 |torch_lowp - ref64| + atol, where
+torch_lowp is the same loss in plain torch on the low-precision features (matmul in the
+features' dtype, softmax in fp32: what autocast does) and ref64 is fp64 on the same inputs.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ops import contrastive_loss, contrastive_loss_reference
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+
+
+def _inputs(b, d, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    img = F.normalize(torch.randn(b, d, device="cuda", generator=g, dtype=torch.float64), dim=-1)
+    txt = F.normalize(img + 0.7 * torch.randn(b, d, device="cuda", generator=g, dtype=torch.float64), dim=-1)
+    return img.to(dtype), txt.to(dtype)
+
+
+def _grads(fn, img, txt, scale, bias, upstream):
+    leaves = [x.detach().clone().requires_grad_() for x in (img, txt, scale)]
+    b = bias.detach().clone().requires_grad_() if bias is not None else None
+    loss = fn(*leaves, b)
+    (loss * upstream).backward()
+    out = [loss.detach().double()] + [x.grad.double() for x in leaves]
+    if b is not None:
+        out.append(b.grad.double())
+    return out
+
+
+def _torch_lowp(loss, eps):
+    def fn(img, txt, scale, bias):
+        logits = (scale.to(img.dtype) * img @ txt.T).float()
+        n = img.shape[0]
+        if loss == "clip":
+            lab = torch.arange(n, device=img.device)
+            return 0.5 * (F.cross_entropy(logits, lab, label_smoothing=eps)
+                          + F.cross_entropy(logits.T, lab, label_smoothing=eps))
+        z = 2 * torch.eye(n, device=img.device) - 1
+        return -F.logsigmoid(z * (logits + bias.float())).sum() / n
+    return fn
+
+
+def _check(b, d, dtype, loss="clip", eps=0.0, tf32=False):
+    img, txt = _inputs(b, d, dtype, seed=b + d)
+    scale = torch.full((1,), 17.0, device="cuda")
+    bias = torch.full((1,), -4.0, device="cuda") if loss == "siglip" else None
+    upstream = 1.37
+    ours = _grads(lambda i, t, s, bb: contrastive_loss(i, t, s, bb, loss=loss, impl="triton",
+                                                        label_smoothing=eps, allow_tf32=tf32),
+                  img, txt, scale, bias, upstream)
+    ref = _grads(lambda i, t, s, bb: contrastive_loss_reference(
+        i.double(), t.double(), s.double(), bb.double() if bb is not None else None, loss=loss,
+        label_smoothing=eps), img, txt, scale, bias, upstream)
+    if dtype == torch.float32 and not tf32:
+        for o, r in zip(ours, ref):
+            assert torch.allclose(o, r, rtol=1e-5, atol=1e-5 * r.abs().max().item() + 1e-9)
+        return
+    low = _grads(_torch_lowp(loss, eps), img, txt, scale, bias, upstream)
+    for name, o, r, lo in zip(["loss", "d_img", "d_txt", "d_scale", "d_bias"], ours, ref, low):
+        err = (o - r).abs().max().item()
+        torch_err = (lo - r).abs().max().item()
+        atol = 1e-6 * max(r.abs().max().item(), 1.0)  # fp32 rounding of O(1) values
+        assert err <= 2 * torch_err + atol, f"{name}: ours {err:.3e} vs torch {torch_err:.3e}"
+
+
+@pytest.mark.parametrize("b", [1, 7, 1000, 4097])
+@pytest.mark.parametrize("d", [64, 640, 768, 1024, 1280])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_grid_clip(b, d, dtype):
+    _check(b, d, dtype)
+
+
+@pytest.mark.parametrize("b,d", [(4097, 768), (1000, 640)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_siglip_and_smoothing(b, d, dtype):
+    _check(b, d, dtype, loss="siglip")
+    _check(b, d, dtype, eps=0.1)
+
+
+def test_tf32_mode():
+    _check(4097, 768, torch.float32, tf32=True)
+
+
+def test_large_batch_matches_chunked_torch():
+    img, txt = _inputs(32768, 768, torch.bfloat16)
+    scale = torch.full((1,), 30.0, device="cuda")
+    a = _grads(lambda i, t, s, _: contrastive_loss(i, t, s, impl="triton"), img, txt, scale, None, 1.0)
+    c = _grads(lambda i, t, s, _: contrastive_loss(i, t, s, impl="chunked_torch", block_m=8192,
+                                                      block_n=8192), img, txt, scale, None, 1.0)
+    for o, r in zip(a, c):
+        assert torch.allclose(o, r, rtol=2e-2, atol=2e-2 * r.abs().max().item())
+
+
+def test_262144_fits():
+    img, txt = _inputs(262144, 768, torch.bfloat16)
+    img.requires_grad_()
+    txt.requires_grad_()
+    scale = torch.full((1,), 14.3, device="cuda", requires_grad=True)
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    loss = contrastive_loss(img, txt, scale, impl="triton")
+    loss.backward()
+    peak = torch.cuda.max_memory_allocated() - base
+    assert torch.isfinite(loss) and torch.isfinite(img.grad).all() and torch.isfinite(scale.grad).all()
+    assert peak <= 3 * 262144 * 768 * 4 + 64 * 262144, f"peak extra {peak / 2**30:.2f} GiB"
