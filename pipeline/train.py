@@ -164,6 +164,9 @@ class _Batches:
 
     All ranks switch epochs together: if any rank's stream ends, every rank starts the next epoch
     (a rank's unconsumed batch is dropped), so collectives never wait on a rank without data.
+    Loading runs under ``torch.random.fork_rng``: creating a DataLoader iterator draws from the
+    global torch RNG, and a resumed run creates one at a point where the uninterrupted run did
+    not, so the data stream must not touch the RNG that drives dropout (it seeds its own).
     """
 
     def __init__(self, build: Callable[[int, int], Any], epoch: int, batch_in_epoch: int,
@@ -171,7 +174,8 @@ class _Batches:
         self.build, self.epoch, self.batch_in_epoch = build, epoch, batch_in_epoch
         self.max_epochs, self.device = max_epochs, device
         self.skipped = 0
-        self._it = iter(self.build(self.epoch, self.batch_in_epoch))
+        with torch.random.fork_rng(devices=[]):
+            self._it = iter(self.build(self.epoch, self.batch_in_epoch))
 
     def _all_have(self, have: bool) -> bool:
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
@@ -182,6 +186,10 @@ class _Batches:
         return bool(flag.item())
 
     def next(self) -> Optional[dict]:
+        with torch.random.fork_rng(devices=[]):
+            return self._next()
+
+    def _next(self) -> Optional[dict]:
         fresh = False
         while True:
             batch = next(self._it, None)
@@ -342,16 +350,19 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
             ids = batch["input_ids"].to(device, non_blocking=True)
             mask = batch["attention_mask"].to(device, non_blocking=True)
             chunk = tcfg.chunk_size or pv.shape[0]
-            if chunk < pv.shape[0]:
-                res = chunked_forward_backward(engine, pv, ids, mask, loss_fn, chunk, engine=engine)
-                loss, loss_ms, scale_value = res.loss, res.loss_op_ms, res.logit_scale
-            else:
-                loss, loss_ms, scale_value = _plain_step(engine, pv, ids, mask, loss_fn, step + 1)
+            where = f"at step {step + 1} (micro-batch {micro_i}, epoch {batches.epoch})"
+            advice = "lower the learning rate, check the data, or use bf16 instead of fp16"
+            try:
+                if chunk < pv.shape[0]:
+                    res = chunked_forward_backward(engine, pv, ids, mask, loss_fn, chunk, engine=engine)
+                    loss, loss_ms, scale_value = res.loss, res.loss_op_ms, res.logit_scale
+                else:
+                    loss, loss_ms, scale_value = _plain_step(engine, pv, ids, mask, loss_fn)
+            except FloatingPointError as exc:  # the loss op rejects NaN/Inf features
+                raise NonFiniteLossError(f"non-finite loss {where}: {exc}; {advice}") from exc
             value = float(loss)
             if not math.isfinite(value):
-                raise NonFiniteLossError(f"non-finite loss ({value}) at step {step + 1} (micro-batch {micro_i}, "
-                                         f"epoch {batches.epoch}); lower the learning rate, check the data, or "
-                                         "use bf16 instead of fp16")
+                raise NonFiniteLossError(f"non-finite loss ({value}) {where}; {advice}")
             if micro_i == gas - 1 and (step + 1) % tcfg.log_every == 0:
                 grad_norm = _grad_norm(engine)
             engine.step()
@@ -391,7 +402,7 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
     return TrainResult(step=step, losses=losses, output_dir=out_dir, final_dir=final_dir, eval_metrics=eval_metrics)
 
 
-def _plain_step(engine, pv, ids, mask, loss_fn, step):
+def _plain_step(engine, pv, ids, mask, loss_fn):
     """Forward, loss on detached leaves (timed), surrogate backward through the engine.
 
     Returns (loss 0-dim, loss-op ms, scale multiplier float)."""

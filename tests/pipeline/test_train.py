@@ -1,0 +1,200 @@
+"""End to end: real DeepSpeed launches on CPU (gloo), TensorBoard read back, checkpoints, resume.
+
+The 2-process tests start ``deepspeed --num_gpus 2 launch/pretrain.py`` (two CPU ranks) on
+real digits shards; the single-process tests call :func:`pipeline.train.train` in this process
+(a gloo world of one) to keep the suite fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ops.config import ConfigError
+from pipeline.checkpoint import list_tags, read_latest
+from pipeline.config import load_config
+from pipeline.train import NonFiniteLossError, train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(ROOT, "ds_configs", "tiny_cpu.json")
+LAUNCH = os.path.join(ROOT, "launch", "pretrain.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_overrides(shards, out_dir, steps, **extra) -> list[str]:
+    sets = {
+        "data.train_shards": shards["train"], "data.val_shards": None, "data.generate_digits": False,
+        "data.tokenizer": shards["tokenizer_dir"], "data.workers": 0, "data.shuffle_buffer": 64,
+        "model.text.context_length": 16, "train_micro_batch_size_per_gpu": 32,
+        "optimizer.params.lr": 3e-3, "scheduler.params.warmup_num_steps": 2,
+        "scheduler.params.total_num_steps": 40, "eval": None,
+        "train.steps": steps, "train.log_every": 1, "train.output_dir": str(out_dir), "train.export_final": False,
+    }
+    sets.update(extra)
+    return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sets.items()]
+
+
+def tb_scalars(run_dir, tag="train/loss") -> dict[int, float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = {}
+    tb = os.path.join(run_dir, "tb")
+    for sub in sorted(os.listdir(tb)):
+        acc = EventAccumulator(os.path.join(tb, sub) if os.path.isdir(os.path.join(tb, sub)) else tb)
+        acc.Reload()
+        if tag in acc.Tags()["scalars"]:
+            out.update({e.step: e.value for e in acc.Scalars(tag)})
+    return out
+
+
+def deepspeed_launch(overrides, cwd, extra_args=(), timeout=420):
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
+           LAUNCH, "--ds_config", TINY, *extra_args]
+    for item in overrides:
+        cmd += ["--set", item]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=ROOT)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def mean(values):
+    values = list(values)
+    return sum(values) / len(values)
+
+
+# ------------------------------------------------------------------------- real 2-process launches
+
+STEPS = 24
+
+
+@pytest.fixture(scope="module")
+def zero0_run(digits_shards, tmp_path_factory):
+    """ZeRO-0, 2 ranks, dropout on, checkpoint at STEPS/2 and at the end."""
+    out = tmp_path_factory.mktemp("z0") / "run"
+    sets = base_overrides(digits_shards, out, STEPS, **{"train.save_every": STEPS // 2,
+                                                         "model.vision.attention_dropout": 0.1,
+                                                         "model.text.attention_dropout": 0.1})
+    deepspeed_launch(sets, cwd=str(out.parent))
+    return out, sets
+
+
+def test_two_process_zero0_trains_and_logs(zero0_run):
+    out, _ = zero0_run
+    losses = tb_scalars(out)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    first, last = mean(losses[s] for s in range(1, 5)), mean(losses[s] for s in range(STEPS - 3, STEPS + 1))
+    assert last < first - 0.1, f"loss did not decrease: {first:.4f} -> {last:.4f}"
+    for tag in ("train/lr", "train/logit_scale", "train/grad_norm", "train/samples_per_s", "train/loss_op_ms",
+                "train/peak_mem_gb", "data/skipped_samples", "data/images_per_s"):
+        assert len(tb_scalars(out, tag)) == STEPS, tag
+    assert read_latest(str(out / "ckpt")) == f"global_step{STEPS}"
+    assert list_tags(str(out / "ckpt")) == [f"global_step{STEPS // 2}", f"global_step{STEPS}"]
+    tag_dir = out / "ckpt" / f"global_step{STEPS}"
+    assert (tag_dir / "rng_rank0.pt").is_file() and (tag_dir / "rng_rank1.pt").is_file()
+
+
+def test_two_process_resume_repeats_the_uninterrupted_curve(zero0_run, tmp_path):
+    """Resume the 2-rank run from its mid checkpoint: same losses as the run that went on."""
+    out, sets = zero0_run
+    full = tb_scalars(out)
+    resumed_out = tmp_path / "resumed"
+    sets = [s for s in sets if not s.startswith("train.output_dir=")] + [f"train.output_dir={resumed_out}"]
+    deepspeed_launch(sets, cwd=str(tmp_path),
+                     extra_args=["--resume", str(out / "ckpt" / f"global_step{STEPS // 2}")])
+    resumed = tb_scalars(resumed_out)
+    assert sorted(resumed) == list(range(STEPS // 2 + 1, STEPS + 1))
+    for step, value in resumed.items():
+        assert abs(value - full[step]) <= 1e-6, (step, value, full[step])
+
+
+def test_two_process_zero3_chunked_trains(digits_shards, tmp_path):
+    """ZeRO-3 with the chunked backbone (3 chunks per micro-batch) and the ring loss."""
+    out = tmp_path / "run"
+    steps = 20
+    sets = base_overrides(digits_shards, out, steps, **{"zero_optimization.stage": 3, "train.chunk_size": 12,
+                                                         "contrastive_loss.distributed": "ring",
+                                                         "train.export_final": True})
+    deepspeed_launch(sets, cwd=str(tmp_path))
+    losses = tb_scalars(out)
+    assert sorted(losses) == list(range(1, steps + 1))
+    first, last = mean(losses[s] for s in range(1, 5)), mean(losses[s] for s in range(steps - 3, steps + 1))
+    assert last < first - 0.1, f"loss did not decrease: {first:.4f} -> {last:.4f}"
+    assert read_latest(str(out / "ckpt")) == f"global_step{steps}"
+    from pipeline.model import CLIPTowers  # the export is a loadable model
+    model = CLIPTowers.from_pretrained(str(out / "final"))
+    assert model.embed_dim == 64 and os.path.isfile(out / "final" / "tokenizer" / "tokenizer.json")
+
+
+# ------------------------------------------------------------------------------- in-process runs
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    import deepspeed
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                     ("MASTER_PORT", str(free_port()))):
+            os.environ.setdefault(k, v)
+        deepspeed.init_distributed(dist_backend="gloo")
+    yield
+
+
+def run_inproc(shards, out_dir, steps, resume=None, **extra):
+    cfg = load_config(TINY, base_overrides(shards, out_dir, steps, **extra))
+    return train(cfg, resume=resume)
+
+
+def test_interrupted_save_leaves_previous_checkpoint_and_resume_is_exact(world_of_one, digits_shards, tmp_path):
+    common = {"train.save_every": 2, "model.vision.attention_dropout": 0.1}
+    full = run_inproc(digits_shards, tmp_path / "full", 6, **common).losses
+    part = tmp_path / "part"
+    run_inproc(digits_shards, part, 4, **common)
+    ckpt = part / "ckpt"
+    assert read_latest(str(ckpt)) == "global_step4"
+    # a save of step 6 that died half way: the tag dir exists with a truncated file, latest unmoved
+    broken = ckpt / "global_step6"
+    broken.mkdir()
+    (broken / "mp_rank_00_model_states.pt").write_bytes(b"\x80\x02trunc")
+    result = run_inproc(digits_shards, part, 6, resume="latest", **common)
+    assert sorted(result.losses) == [5, 6]
+    for step in (5, 6):
+        assert result.losses[step] == full[step], (step, result.losses[step], full[step])  # bitwise on CPU
+    assert read_latest(str(ckpt)) == "global_step6"
+    assert list_tags(str(ckpt)) == ["global_step4", "global_step6"]  # keep_last_checkpoints = 2
+    torch.load(broken / "rng_rank0.pt", weights_only=True)  # the re-save replaced the broken dir
+
+
+def test_non_finite_loss_names_the_step(world_of_one, digits_shards, tmp_path):
+    # an absurd learning rate overflows the weights once warm-up lets it through
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss .*at step \d+ ") as exc:
+        run_inproc(digits_shards, tmp_path / "nan", 8, **{"optimizer.params.lr": 1e30, "gradient_clipping": 0.0})
+    bad = int(re.search(r"at step (\d+)", str(exc.value)).group(1))
+    logged = tb_scalars(tmp_path / "nan")  # every finite step was logged (log_every 1), the bad one not
+    assert bad > 1 and sorted(logged) == list(range(1, bad))
+
+
+def test_missing_shard_is_a_clear_error(world_of_one, digits_shards, tmp_path):
+    missing = os.path.join(digits_shards["dir"], "nope-{000000..000001}.tar")
+    with pytest.raises(FileNotFoundError, match="nope-000000.tar"):
+        run_inproc(digits_shards, tmp_path / "x", 2, **{"data.train_shards": missing})
+
+
+def test_missing_optimizer_section_is_a_config_error(world_of_one, digits_shards, tmp_path):
+    cfg = load_config(TINY, base_overrides(digits_shards, tmp_path, 2))
+    del cfg.ds_config["optimizer"]
+    with pytest.raises(ConfigError, match="'optimizer' section is required"):
+        train(cfg)
