@@ -8,6 +8,7 @@ real digits shards; the single-process tests call :func:`pipeline.train.train` i
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import socket
@@ -38,8 +39,8 @@ def base_overrides(shards, out_dir, steps, **extra) -> list[str]:
         "data.train_shards": shards["train"], "data.val_shards": None, "data.generate_digits": False,
         "data.tokenizer": shards["tokenizer_dir"], "data.workers": 0, "data.shuffle_buffer": 64,
         "model.text.context_length": 16, "train_micro_batch_size_per_gpu": 32,
-        "optimizer.params.lr": 3e-3, "scheduler.params.warmup_num_steps": 2,
-        "scheduler.params.total_num_steps": 40, "eval": None,
+        "optimizer.params.lr": 2e-3, "scheduler.params.warmup_num_steps": 20,
+        "scheduler.params.total_num_steps": 100, "eval": None,
         "train.steps": steps, "train.log_every": 1, "train.output_dir": str(out_dir), "train.export_final": False,
     }
     sets.update(extra)
@@ -77,16 +78,14 @@ def mean(values):
 
 # ------------------------------------------------------------------------- real 2-process launches
 
-STEPS = 24
+STEPS = 100  # the tiny towers sit on the ln(B) plateau for ~40 steps, then learn
 
 
 @pytest.fixture(scope="module")
 def zero0_run(digits_shards, tmp_path_factory):
-    """ZeRO-0, 2 ranks, dropout on, checkpoint at STEPS/2 and at the end."""
+    """ZeRO-0, 2 ranks x 32 pairs, checkpoints at STEPS/2 and at the end."""
     out = tmp_path_factory.mktemp("z0") / "run"
-    sets = base_overrides(digits_shards, out, STEPS, **{"train.save_every": STEPS // 2,
-                                                         "model.vision.attention_dropout": 0.1,
-                                                         "model.text.attention_dropout": 0.1})
+    sets = base_overrides(digits_shards, out, STEPS, **{"train.save_every": STEPS // 2})
     deepspeed_launch(sets, cwd=str(out.parent))
     return out, sets
 
@@ -95,8 +94,9 @@ def test_two_process_zero0_trains_and_logs(zero0_run):
     out, _ = zero0_run
     losses = tb_scalars(out)
     assert sorted(losses) == list(range(1, STEPS + 1))
-    first, last = mean(losses[s] for s in range(1, 5)), mean(losses[s] for s in range(STEPS - 3, STEPS + 1))
-    assert last < first - 0.1, f"loss did not decrease: {first:.4f} -> {last:.4f}"
+    chance = math.log(64)  # uniform over the global batch of 2 x 32
+    first, last = mean(losses[s] for s in range(1, 11)), mean(losses[s] for s in range(STEPS - 9, STEPS + 1))
+    assert last < min(first, chance) - 0.5, f"loss did not decrease: {first:.4f} -> {last:.4f} (chance {chance:.4f})"
     for tag in ("train/lr", "train/logit_scale", "train/grad_norm", "train/samples_per_s", "train/loss_op_ms",
                 "train/peak_mem_gb", "data/skipped_samples", "data/images_per_s"):
         assert len(tb_scalars(out, tag)) == STEPS, tag
@@ -106,8 +106,36 @@ def test_two_process_zero0_trains_and_logs(zero0_run):
     assert (tag_dir / "rng_rank0.pt").is_file() and (tag_dir / "rng_rank1.pt").is_file()
 
 
+def test_two_process_zero3_chunked_ring_follows_zero0(zero0_run, digits_shards, tmp_path):
+    """ZeRO-3 + chunked backbone (3 chunks per micro-batch) + ring loss follow ZeRO-0 + one-graph
+    backbone + gather loss (same data, same init): at step 1 (identical weights) the loss and the
+    global gradient norm agree to float precision; the first updates give the same losses.
+    Later steps drift apart: in Adam's first steps, elements whose gradient is rounding noise
+    get +-lr updates, so differences of 1e-7 grow to 1e-3 within a few steps."""
+    z0, z0_norm = tb_scalars(zero0_run[0]), tb_scalars(zero0_run[0], "train/grad_norm")
+    out = tmp_path / "run"
+    steps = 3
+    sets = base_overrides(digits_shards, out, steps, **{"zero_optimization.stage": 3, "train.chunk_size": 12,
+                                                         "contrastive_loss.distributed": "ring",
+                                                         "train.export_final": True})
+    deepspeed_launch(sets, cwd=str(tmp_path))
+    losses, norms = tb_scalars(out), tb_scalars(out, "train/grad_norm")
+    assert sorted(losses) == list(range(1, steps + 1))
+    assert abs(losses[1] - z0[1]) < 1e-5 and abs(norms[1] - z0_norm[1]) < 1e-4 * z0_norm[1], \
+        (losses[1], z0[1], norms[1], z0_norm[1])
+    for step in (2, 3):
+        assert abs(losses[step] - z0[step]) < 1e-4, (step, losses[step], z0[step])
+    assert losses[2] != losses[1]  # the weights moved
+    assert read_latest(str(out / "ckpt")) == f"global_step{steps}"
+    from pipeline.model import CLIPTowers  # the export (gathered from ZeRO-3 partitions) loads
+    model = CLIPTowers.from_pretrained(str(out / "final"))
+    assert model.embed_dim == 64 and os.path.isfile(out / "final" / "tokenizer" / "tokenizer.json")
+    assert all(p.numel() > 0 for p in model.parameters())
+
+
+@pytest.mark.slow
 def test_two_process_resume_repeats_the_uninterrupted_curve(zero0_run, tmp_path):
-    """Resume the 2-rank run from its mid checkpoint: same losses as the run that went on."""
+    """Resume the 2-rank run from its mid checkpoint: the same losses as the run that went on."""
     out, sets = zero0_run
     full = tb_scalars(out)
     resumed_out = tmp_path / "resumed"
@@ -118,24 +146,6 @@ def test_two_process_resume_repeats_the_uninterrupted_curve(zero0_run, tmp_path)
     assert sorted(resumed) == list(range(STEPS // 2 + 1, STEPS + 1))
     for step, value in resumed.items():
         assert abs(value - full[step]) <= 1e-6, (step, value, full[step])
-
-
-def test_two_process_zero3_chunked_trains(digits_shards, tmp_path):
-    """ZeRO-3 with the chunked backbone (3 chunks per micro-batch) and the ring loss."""
-    out = tmp_path / "run"
-    steps = 20
-    sets = base_overrides(digits_shards, out, steps, **{"zero_optimization.stage": 3, "train.chunk_size": 12,
-                                                         "contrastive_loss.distributed": "ring",
-                                                         "train.export_final": True})
-    deepspeed_launch(sets, cwd=str(tmp_path))
-    losses = tb_scalars(out)
-    assert sorted(losses) == list(range(1, steps + 1))
-    first, last = mean(losses[s] for s in range(1, 5)), mean(losses[s] for s in range(steps - 3, steps + 1))
-    assert last < first - 0.1, f"loss did not decrease: {first:.4f} -> {last:.4f}"
-    assert read_latest(str(out / "ckpt")) == f"global_step{steps}"
-    from pipeline.model import CLIPTowers  # the export is a loadable model
-    model = CLIPTowers.from_pretrained(str(out / "final"))
-    assert model.embed_dim == 64 and os.path.isfile(out / "final" / "tokenizer" / "tokenizer.json")
 
 
 # ------------------------------------------------------------------------------- in-process runs
