@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import os
+import typing
 from typing import Any, Mapping, Optional
 
 import torch
@@ -125,6 +126,9 @@ class ModelConfig:
     from; the tower sizes above are then ignored."""
     gradient_checkpointing: bool = False
     """Recompute each transformer block in backward (the towers' own activation checkpointing)."""
+    checkpointing_impl: typing.Literal["torch", "deepspeed"] = "torch"
+    """With gradient_checkpointing: torch's checkpoint, or DeepSpeed's (configured by DeepSpeed's
+    ``activation_checkpointing`` section: partition_activations, cpu_checkpointing, ...)."""
 
     def __post_init__(self) -> None:
         self.vision = _sub(VisionTowerConfig, self.vision, "model.vision")
@@ -176,14 +180,22 @@ def _hf_configs(cfg: ModelConfig, vocab_size: int, token_ids: Mapping[str, Optio
     return vision, text
 
 
-def _set_checkpointing(model: nn.Module, enable: bool) -> None:
+def _set_checkpointing(model: nn.Module, enable: bool, function: Optional[Any] = None) -> None:
     """Switch a HF tower's activation checkpointing; transformers >= 5.23 renamed the method
-    (``activation_checkpointing_enable``) and deprecated the old one, 5.17 has only the old."""
-    if enable:
+    (``activation_checkpointing_enable``) and deprecated the old one, 5.17 has only the old.
+
+    Reentrant torch checkpointing: the non-reentrant kind re-runs module forwards inside
+    backward in an order that breaks ZeRO-3's parameter-fetch trace ("tracing error at step N"
+    on the second step). ``function`` replaces torch's checkpoint (DeepSpeed's)."""
+    if enable and function is not None:
+        model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=function)
+        if getattr(model, "main_input_name", "") == "input_ids":
+            model.enable_input_require_grads()  # a reentrant segment needs an input that requires grad
+    elif enable:
         if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
         else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     else:
         if hasattr(model, "activation_checkpointing_disable"):
             model.activation_checkpointing_disable()
@@ -228,10 +240,13 @@ class CLIPTowers(nn.Module):
         self.set_gradient_checkpointing(cfg.gradient_checkpointing)
 
     # ------------------------------------------------------------------ towers
-    def set_gradient_checkpointing(self, enable: bool) -> None:
-        """Recompute each tower block in backward (HF activation checkpointing, non-reentrant)."""
+    def set_gradient_checkpointing(self, enable: bool, function: Optional[Any] = None) -> None:
+        """Recompute each tower block in backward: the towers' own (HF) activation checkpointing
+        with torch's reentrant checkpoint, or with ``function`` (e.g.
+        ``deepspeed.checkpointing.checkpoint``, configured by the ``activation_checkpointing``
+        section: partitioned or CPU-offloaded activations)."""
         for tower in (self.vision, self.text):
-            _set_checkpointing(tower, enable)
+            _set_checkpointing(tower, enable, function)
 
     @property
     def image_size(self) -> int:

@@ -39,7 +39,7 @@ from .model import CLIPTowers
 if TYPE_CHECKING:
     from .config import RunConfig
 
-__all__ = ["TrainConfig", "TrainResult", "train", "NonFiniteLossError"]
+__all__ = ["TrainConfig", "TrainResult", "train", "forward_backward", "NonFiniteLossError"]
 
 logger = logging.getLogger(__name__)
 
@@ -262,6 +262,9 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=_param_groups(model, tcfg.weight_decay_1d),
                                            config=ds_config)
     device = engine.device
+    if model_cfg.gradient_checkpointing and model_cfg.checkpointing_impl == "deepspeed":
+        deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
+        engine.module.set_gradient_checkpointing(True, deepspeed.checkpointing.checkpoint)
     dp_group = engine.data_parallel_group if hasattr(engine, "data_parallel_group") else None
     dp_rank = dist.get_rank(dp_group) if world > 1 else 0
     dp_world = dist.get_world_size(dp_group) if world > 1 else 1
@@ -349,15 +352,11 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
             pv = batch["pixel_values"].to(device, dtype=in_dtype, non_blocking=True)
             ids = batch["input_ids"].to(device, non_blocking=True)
             mask = batch["attention_mask"].to(device, non_blocking=True)
-            chunk = tcfg.chunk_size or pv.shape[0]
+            chunk = tcfg.chunk_size
             where = f"at step {step + 1} (micro-batch {micro_i}, epoch {batches.epoch})"
             advice = "lower the learning rate, check the data, or use bf16 instead of fp16"
             try:
-                if chunk < pv.shape[0]:
-                    res = chunked_forward_backward(engine, pv, ids, mask, loss_fn, chunk, engine=engine)
-                    loss, loss_ms, scale_value = res.loss, res.loss_op_ms, res.logit_scale
-                else:
-                    loss, loss_ms, scale_value = _plain_step(engine, pv, ids, mask, loss_fn)
+                loss, loss_ms, scale_value = forward_backward(engine, pv, ids, mask, loss_fn, chunk)
             except FloatingPointError as exc:  # the loss op rejects NaN/Inf features
                 raise NonFiniteLossError(f"non-finite loss {where}: {exc}; {advice}") from exc
             value = float(loss)
@@ -400,6 +399,24 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
         writer.close()
     logger.info("done: %d steps in %s", step - start_step, _fmt_time(time.perf_counter() - t_start))
     return TrainResult(step=step, losses=losses, output_dir=out_dir, final_dir=final_dir, eval_metrics=eval_metrics)
+
+
+def forward_backward(engine: Any, pixel_values: torch.Tensor, input_ids: torch.Tensor,
+                     attention_mask: torch.Tensor, loss_fn: Callable, chunk_size: Optional[int] = None
+                     ) -> tuple[torch.Tensor, float, float]:
+    """One micro-batch's forward and backward through a DeepSpeed engine (no optimizer step).
+
+    ``pixel_values`` [B,3,H,W], ``input_ids``/``attention_mask`` [B,L]; ``loss_fn(img, txt, scale,
+    bias)``. With ``chunk_size`` < B the chunked backbone runs (:mod:`pipeline.chunked`), else one
+    forward, the loss on detached feature leaves (timed alone), and one surrogate backward.
+    Returns ``(loss 0-dim detached, loss-op ms, logit scale multiplier)``; a non-finite loss is
+    returned before any backward.
+    """
+    if chunk_size is not None and chunk_size < pixel_values.shape[0]:
+        res = chunked_forward_backward(engine, pixel_values, input_ids, attention_mask, loss_fn, chunk_size,
+                                       engine=engine)
+        return res.loss, res.loss_op_ms, res.logit_scale
+    return _plain_step(engine, pixel_values, input_ids, attention_mask, loss_fn)
 
 
 def _plain_step(engine, pv, ids, mask, loss_fn):

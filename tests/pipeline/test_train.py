@@ -208,3 +208,15 @@ def test_missing_optimizer_section_is_a_config_error(world_of_one, digits_shards
     del cfg.ds_config["optimizer"]
     with pytest.raises(ConfigError, match="'optimizer' section is required"):
         train(cfg)
+
+
+def test_activation_checkpointing_torch_and_deepspeed_follow_plain_training(world_of_one, digits_shards, tmp_path):
+    """The towers' checkpointing (torch's, and DeepSpeed's through the activation_checkpointing
+    section) recomputes the same math: the same losses as without checkpointing."""
+    plain = run_inproc(digits_shards, tmp_path / "plain", 3, **{"train.save_final": False}).losses
+    for impl in ("torch", "deepspeed"):
+        extra = {"model.gradient_checkpointing": True, "model.checkpointing_impl": impl, "train.save_final": False,
+                 "activation_checkpointing": {"partition_activations": False, "contiguous_memory_optimization": False}}
+        losses = run_inproc(digits_shards, tmp_path / impl, 3, **extra).losses
+        for step, value in plain.items():
+            assert abs(losses[step] - value) < 1e-5, (impl, step, losses[step], value)
