@@ -140,17 +140,27 @@ def _torch_clip_max(a, b, scale, bm, bn):
     return row_max, col_max
 
 
-def _torch_clip_grads(a, b, scale, row_lse, col_lse, bm, bn):
+def _torch_clip_grads(a, b, scale, row_lse, col_lse, bm, bn, sink_a=None):
     a32, b32 = a.float(), b.float()
-    grad_a = torch.zeros_like(a32)
+    grad_a = torch.zeros_like(a32) if sink_a is None else None
     grad_b = torch.zeros_like(b32)
     for i0, i1 in _tiles(a.shape[0], bm):
+        rows = a32.new_zeros(i1 - i0, a.shape[1])
         for j0, j1 in _tiles(b.shape[0], bn):
             logits = scale * (a32[i0:i1] @ b32[j0:j1].T)
             p = torch.exp(logits - row_lse[i0:i1, None]) + torch.exp(logits - col_lse[None, j0:j1])
-            grad_a[i0:i1] += p @ b32[j0:j1]
+            rows += p @ b32[j0:j1]
             grad_b[j0:j1] += p.T @ a32[i0:i1]
+        _emit(rows, i0, i1, grad_a, sink_a)
     return grad_a, grad_b
+
+
+def _emit(rows, i0, i1, out, sink):
+    """Hand finished rows [i0, i1) of the first gradient to ``sink`` or store them in ``out``."""
+    if sink is None:
+        out[i0:i1] = rows
+    else:
+        sink(i0, i1, rows)
 
 
 def _siglip_signs(i0, i1, j0, j1, diag, device):
@@ -170,22 +180,24 @@ def _torch_siglip_stats(a, b, scale, bias, diag, bm, bn):
     return row_loss
 
 
-def _torch_siglip_grads(a, b, scale, bias, diag, bm, bn):
+def _torch_siglip_grads(a, b, scale, bias, diag, bm, bn, sink_a=None):
     a32, b32 = a.float(), b.float()
-    grad_a = torch.zeros_like(a32)
+    grad_a = torch.zeros_like(a32) if sink_a is None else None
     grad_b = torch.zeros_like(b32)
     gsum = a32.new_zeros(())
     gwsum = a32.new_zeros(())
     for i0, i1 in _tiles(a.shape[0], bm):
+        rows = a32.new_zeros(i1 - i0, a.shape[1])
         for j0, j1 in _tiles(b.shape[0], bn):
             dots = a32[i0:i1] @ b32[j0:j1].T
             x = scale * dots + bias
             z = _siglip_signs(i0, i1, j0, j1, diag, a.device)
             g = -z * torch.sigmoid(-z * x)
-            grad_a[i0:i1] += g @ b32[j0:j1]
+            rows += g @ b32[j0:j1]
             grad_b[j0:j1] += g.T @ a32[i0:i1]
             gsum += g.sum()
             gwsum += (g * dots).sum()
+        _emit(rows, i0, i1, grad_a, sink_a)
     return grad_a, grad_b, gsum, gwsum
 
 
@@ -232,18 +244,20 @@ def clip_max(a: Tensor, b: Tensor, scale: Tensor, *, block_m: int = 0, block_n: 
 
 def clip_grads(a: Tensor, b: Tensor, scale: Tensor, row_lse: Tensor, col_lse: Tensor, *,
                impl: str = "chunked_torch", block_m: int = 0, block_n: int = 0,
-               allow_tf32: bool = False):
+               allow_tf32: bool = False, sink_a=None):
     """(P @ b, P^T @ a) in fp32 for P = exp(S - row_lse[:, None]) + exp(S - col_lse[None, :]).
 
     a: [M, D], b: [N, D]; row_lse: [M], col_lse: [N] fp32 (final, global LSEs).
-    Returns ([M, D], [N, D]) fp32; partials over blocks add up.
+    Returns ([M, D], [N, D]) fp32; partials over blocks add up. With ``sink_a(i0, i1, rows)``
+    the finished fp32 rows of P @ b are handed over band by band instead (first result None),
+    so the caller can write its final gradient without an [M, D] fp32 buffer.
     """
     if impl == "triton":
         return _triton().clip_grads_triton(a, b, scale, row_lse, col_lse, block_m=block_m,
-                                           block_n=block_n, allow_tf32=allow_tf32)
+                                           block_n=block_n, allow_tf32=allow_tf32, sink_a=sink_a)
     bm, bn = _blocks(impl, a, b, block_m, block_n)
     with _matmul_precision(allow_tf32):
-        return _torch_clip_grads(a, b, scale, row_lse, col_lse, bm, bn)
+        return _torch_clip_grads(a, b, scale, row_lse, col_lse, bm, bn, sink_a)
 
 
 def siglip_stats(a: Tensor, b: Tensor, scale: Tensor, bias: Tensor, diag: int = 0, *,
@@ -264,14 +278,16 @@ def siglip_stats(a: Tensor, b: Tensor, scale: Tensor, bias: Tensor, diag: int = 
 
 def siglip_grads(a: Tensor, b: Tensor, scale: Tensor, bias: Tensor, diag: int = 0, *,
                  impl: str = "chunked_torch", block_m: int = 0, block_n: int = 0,
-                 allow_tf32: bool = False):
-    """(G @ b [M, D], G^T @ a [N, D], sum(G) [], sum(G * S') []) in fp32, G = -z sigmoid(-z x)."""
+                 allow_tf32: bool = False, sink_a=None):
+    """(G @ b [M, D], G^T @ a [N, D], sum(G) [], sum(G * S') []) in fp32, G = -z sigmoid(-z x).
+
+    ``sink_a`` as in :func:`clip_grads`."""
     if impl == "triton":
         return _triton().siglip_grads_triton(a, b, scale, bias, diag, block_m=block_m,
-                                             block_n=block_n, allow_tf32=allow_tf32)
+                                             block_n=block_n, allow_tf32=allow_tf32, sink_a=sink_a)
     bm, bn = _blocks(impl, a, b, block_m, block_n)
     with _matmul_precision(allow_tf32):
-        return _torch_siglip_grads(a, b, scale, bias, diag, bm, bn)
+        return _torch_siglip_grads(a, b, scale, bias, diag, bm, bn, sink_a)
 
 
 def rowdot(a: Tensor, b: Tensor, chunk: int = 65536) -> Tensor:
@@ -320,22 +336,30 @@ def _colsum(x: Tensor) -> Tensor:
 
 
 def _clip_backward(grad, img, txt, scale, row_lse, col_lse, expect, eps, impl, bm, bn, tf32):
+    """Returns (d_img in img's dtype, d_txt fp32, d_scale fp32 [])."""
     n = img.shape[0]
-    pb, pa = clip_grads(img, txt, scale, row_lse, col_lse, impl=impl, block_m=bm, block_n=bn,
-                        allow_tf32=tf32)
     coef = grad / (2 * n)
+    k = coef * scale
+    tsum = _colsum(txt) if eps else None
+    d_img = torch.empty_like(img)
+
     # dI = s dS T with dS = g/(2B) (P - 2(1-eps) Id - 2 eps/B); likewise dT with dS^T.
-    # In place on the fp32 products: no fp32 copies of the features are made.
-    d_img = pb.sub_(txt, alpha=2 * (1 - eps))
+    # dI is finished band by band (no [B, D] fp32 buffer); dT in place on its fp32 sum.
+    def finish_img(i0, i1, rows):
+        rows.sub_(txt[i0:i1], alpha=2 * (1 - eps))
+        if eps:
+            rows.sub_(tsum, alpha=2 * eps / n)
+        d_img[i0:i1] = rows.mul_(k)
+
+    _, pa = clip_grads(img, txt, scale, row_lse, col_lse, impl=impl, block_m=bm, block_n=bn,
+                       allow_tf32=tf32, sink_a=finish_img)
     d_txt = pa.sub_(img, alpha=2 * (1 - eps))
     d_scale = coef * (expect.sum() - 2 * (1 - eps) * rowdot(img, txt).sum())
     if eps:
-        isum, tsum = _colsum(img), _colsum(txt)
-        d_img.sub_(tsum, alpha=2 * eps / n)
+        isum = _colsum(img)
         d_txt.sub_(isum, alpha=2 * eps / n)
         d_scale = d_scale - coef * 2 * eps / n * torch.dot(isum, tsum)
-    d_img.mul_(coef * scale)
-    d_txt.mul_(coef * scale)
+    d_txt.mul_(k)
     return d_img, d_txt, d_scale
 
 
@@ -346,10 +370,16 @@ def _siglip_forward(img, txt, scale, bias, impl, bm, bn, tf32):
 
 
 def _siglip_backward(grad, img, txt, scale, bias, impl, bm, bn, tf32):
-    ga, gb, gsum, gwsum = siglip_grads(img, txt, scale, bias, 0, impl=impl, block_m=bm,
-                                       block_n=bn, allow_tf32=tf32)
     coef = grad / img.shape[0]
-    return ga.mul_(coef * scale), gb.mul_(coef * scale), coef * gwsum, coef * gsum
+    k = coef * scale
+    d_img = torch.empty_like(img)
+
+    def finish_img(i0, i1, rows):
+        d_img[i0:i1] = rows.mul_(k)
+
+    _, gb, gsum, gwsum = siglip_grads(img, txt, scale, bias, 0, impl=impl, block_m=bm,
+                                      block_n=bn, allow_tf32=tf32, sink_a=finish_img)
+    return d_img, gb.mul_(k), coef * gwsum, coef * gsum
 
 
 # ----------------------------------------------------------------------------------------------

@@ -166,6 +166,8 @@ def _fwd_configs():
         triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64}, num_warps=4, num_stages=4),
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64}, num_warps=8, num_stages=3),
         triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}, num_warps=4, num_stages=3),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64}, num_warps=8, num_stages=4),
+        triton.Config({"BLOCK_M": 256, "BLOCK_N": 64, "BLOCK_K": 64}, num_warps=8, num_stages=3),
     ]
 
 
@@ -177,6 +179,7 @@ def _bwd_configs():
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
         triton.Config({"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=4),
     ]
 
 
@@ -223,9 +226,9 @@ def _launch_fwd(a, b, scale, bias, row_shift, col_shift, diag, siglip, block_m, 
     row_wsum = torch.zeros(m if not siglip else 1, **f32)
     col_sum = torch.zeros(n if not siglip else 1, **f32)
     col_wsum = torch.zeros(n if not siglip else 1, **f32)
-    dummy = row_sum
-    args = (a, b, _scalar(scale, a.device), _scalar(bias, a.device) if bias is not None else dummy,
-            row_shift if row_shift is not None else dummy, col_shift if col_shift is not None else dummy,
+    spare = torch.zeros(2, **f32)  # for unused pointers (see _launch_bwd_band)
+    args = (a, b, _scalar(scale, a.device), _scalar(bias, a.device) if bias is not None else spare,
+            row_shift if row_shift is not None else spare, col_shift if col_shift is not None else spare,
             row_sum, row_wsum, col_sum, col_wsum, m, n, d, int(diag), a.stride(0), b.stride(0),
             _bucket(m, n))
     prec = _precision(a.dtype, allow_tf32)
@@ -243,8 +246,8 @@ def _launch_fwd(a, b, scale, bias, row_shift, col_shift, diag, siglip, block_m, 
 
 
 def _band_rows(m: int, n: int, d: int) -> int:
-    """Rows per backward band: the P buffer holds at most max(n d, 2^26) elements."""
-    budget = max(n * d, 1 << 26)
+    """Rows per backward band: the P buffer holds at most max(n d, 2^24) elements."""
+    budget = max(n * d, 1 << 24)
     rows = max(256, budget // max(n, 1))
     return min(m, rows)
 
@@ -253,9 +256,12 @@ def _launch_bwd_band(a, b, pbuf, scale, bias, row_lse, col_lse, gsum, gwsum, dia
                      block_m, block_n, allow_tf32):
     m, d = a.shape
     n = b.shape[0]
-    args = (a, b, pbuf, scale, bias if bias is not None else scale,
-            row_lse if row_lse is not None else scale, col_lse if col_lse is not None else scale,
-            gsum if gsum is not None else scale, gwsum if gwsum is not None else scale,
+    # Unused pointers get their own scratch, never an input: the autotuner zeroes gsum/gwsum
+    # (reset_to_zero) between trial launches, which must not touch scale.
+    spare = torch.zeros(2, device=a.device, dtype=torch.float32)
+    args = (a, b, pbuf, scale, bias if bias is not None else spare,
+            row_lse if row_lse is not None else spare, col_lse if col_lse is not None else spare,
+            gsum if gsum is not None else spare, gwsum if gwsum is not None else spare,
             m, n, d, int(diag), a.stride(0), b.stride(0), pbuf.stride(0), _bucket(m, n))
     prec = _precision(a.dtype, allow_tf32)
     if block_m or block_n:
@@ -271,37 +277,42 @@ def _launch_bwd_band(a, b, pbuf, scale, bias, row_lse, col_lse, gsum, gwsum, dia
             *args, SIGLIP=siglip, DOT_PRECISION=prec)
 
 
-def _band_products(a, b, scale, bias, row_lse, col_lse, diag, siglip, block_m, block_n, allow_tf32):
-    """Runs the backward kernel band by band; returns (P @ b, P^T @ a, gsum, gwsum) in fp32."""
-    from .contrastive_loss import _matmul_precision
+def _band_products(a, b, scale, bias, row_lse, col_lse, diag, siglip, block_m, block_n, allow_tf32,
+                   sink_a=None):
+    """Runs the backward kernel band by band; returns (P @ b, P^T @ a, gsum, gwsum) in fp32.
+
+    With ``sink_a`` each band's rows of P @ b go to ``sink_a(r0, r1, rows)`` (first result None).
+    """
+    from .contrastive_loss import _emit, _matmul_precision
 
     a, b = _prep(a, b)
     m, d = a.shape
     n = b.shape[0]
     f32 = dict(device=a.device, dtype=torch.float32)
-    grad_a = torch.empty(m, d, **f32)
+    grad_a = torch.empty(m, d, **f32) if sink_a is None else None
     grad_b = torch.zeros(n, d, **f32)
     gsum = torch.zeros(m, **f32) if siglip else None
     gwsum = torch.zeros(m, **f32) if siglip else None
     scale_t = _scalar(scale, a.device)
     bias_t = _scalar(bias, a.device) if bias is not None else None
-    rows = _band_rows(m, n, d)
-    pbuf = torch.empty(rows, n, device=a.device, dtype=a.dtype)
+    band = _band_rows(m, n, d)
+    pbuf = torch.empty(band, n, device=a.device, dtype=a.dtype)
     cuda = a.is_cuda and a.dtype != torch.float32
     with _matmul_precision(allow_tf32):
-        for r0 in range(0, m, rows):
-            r1 = min(m, r0 + rows)
+        for r0 in range(0, m, band):
+            r1 = min(m, r0 + band)
             p = pbuf[: r1 - r0]
             _launch_bwd_band(a[r0:r1], b, p, scale_t, bias_t,
                              row_lse[r0:r1] if row_lse is not None else None, col_lse,
                              gsum[r0:r1] if siglip else None, gwsum[r0:r1] if siglip else None,
                              diag - r0, siglip, block_m, block_n, allow_tf32)
             if cuda:  # bf16/fp16 GEMMs with fp32 outputs (no rounding of the partial sums)
-                torch.mm(p, b, out_dtype=torch.float32, out=grad_a[r0:r1])
+                rows = torch.mm(p, b, out_dtype=torch.float32)
                 torch.addmm(grad_b, p.T, a[r0:r1], out_dtype=torch.float32, out=grad_b)
             else:
-                grad_a[r0:r1] = p.float() @ b.float()
+                rows = p.float() @ b.float()
                 grad_b.addmm_(p.T.float(), a[r0:r1].float())
+            _emit(rows, r0, r1, grad_a, sink_a)
     return grad_a, grad_b, gsum, gwsum
 
 
@@ -315,10 +326,11 @@ def clip_stats_triton(a, b, scale, row_shift, col_shift, *, block_m=0, block_n=0
     return row_sum, col_sum, row_wsum, col_wsum
 
 
-def clip_grads_triton(a, b, scale, row_lse, col_lse, *, block_m=0, block_n=0, allow_tf32=False):
+def clip_grads_triton(a, b, scale, row_lse, col_lse, *, block_m=0, block_n=0, allow_tf32=False,
+                      sink_a=None):
     grad_a, grad_b, _, _ = _band_products(a, b, scale, None, row_lse.float().contiguous(),
                                           col_lse.float().contiguous(), 0, False, block_m,
-                                          block_n, allow_tf32)
+                                          block_n, allow_tf32, sink_a)
     return grad_a, grad_b
 
 
@@ -328,7 +340,8 @@ def siglip_stats_triton(a, b, scale, bias, diag=0, *, block_m=0, block_n=0, allo
     return row_loss
 
 
-def siglip_grads_triton(a, b, scale, bias, diag=0, *, block_m=0, block_n=0, allow_tf32=False):
+def siglip_grads_triton(a, b, scale, bias, diag=0, *, block_m=0, block_n=0, allow_tf32=False,
+                        sink_a=None):
     grad_a, grad_b, gsum, gwsum = _band_products(a, b, scale, bias, None, None, diag, True,
-                                                 block_m, block_n, allow_tf32)
+                                                 block_m, block_n, allow_tf32, sink_a)
     return grad_a, grad_b, gsum.sum(), gwsum.sum()

@@ -61,13 +61,15 @@ def _check(b, d, dtype, loss="clip", eps=0.0, tf32=False):
         label_smoothing=eps), img, txt, scale, bias, upstream)
     if dtype == torch.float32 and not tf32:
         for o, r in zip(ours, ref):
-            assert torch.allclose(o, r, rtol=1e-5, atol=1e-5 * r.abs().max().item() + 1e-9)
+            # 1e-5 relative (shared/BENCHMARKS.md); B = 1 has an exactly-zero loss, hence the max(., 1)
+            assert torch.allclose(o, r, rtol=1e-5, atol=1e-5 * max(r.abs().max().item(), 1.0))
         return
     low = _grads(_torch_lowp(loss, eps), img, txt, scale, bias, upstream)
     for name, o, r, lo in zip(["loss", "d_img", "d_txt", "d_scale", "d_bias"], ours, ref, low):
         err = (o - r).abs().max().item()
         torch_err = (lo - r).abs().max().item()
-        atol = 1e-6 * max(r.abs().max().item(), 1.0)  # fp32 rounding of O(1) values
+        # fp32 accumulation-order differences on logits of size ~scale (B = 1: torch's loss is exactly 0)
+        atol = 1e-5 * max(r.abs().max().item(), 1.0)
         assert err <= 2 * torch_err + atol, f"{name}: ours {err:.3e} vs torch {torch_err:.3e}"
 
 
