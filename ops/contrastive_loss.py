@@ -140,7 +140,8 @@ def _torch_clip_max(a, b, scale, bm, bn):
     return row_max, col_max
 
 
-def _torch_clip_grads(a, b, scale, row_lse, col_lse, bm, bn, sink_a=None):
+def _torch_clip_grads(a, b, scale, row_lse, col_lse, bm, bn, diag, diag_value, offset,
+                      sink_a=None):
     a32, b32 = a.float(), b.float()
     grad_a = torch.zeros_like(a32) if sink_a is None else None
     grad_b = torch.zeros_like(b32)
@@ -149,6 +150,10 @@ def _torch_clip_grads(a, b, scale, row_lse, col_lse, bm, bn, sink_a=None):
         for j0, j1 in _tiles(b.shape[0], bn):
             logits = scale * (a32[i0:i1] @ b32[j0:j1].T)
             p = torch.exp(logits - row_lse[i0:i1, None]) + torch.exp(logits - col_lse[None, j0:j1])
+            if diag_value:
+                p -= diag_value * (_siglip_signs(i0, i1, j0, j1, diag, a.device) > 0)
+            if offset:
+                p -= offset
             rows += p @ b32[j0:j1]
             grad_b[j0:j1] += p.T @ a32[i0:i1]
         _emit(rows, i0, i1, grad_a, sink_a)
@@ -243,21 +248,29 @@ def clip_max(a: Tensor, b: Tensor, scale: Tensor, *, block_m: int = 0, block_n: 
 
 
 def clip_grads(a: Tensor, b: Tensor, scale: Tensor, row_lse: Tensor, col_lse: Tensor, *,
-               impl: str = "chunked_torch", block_m: int = 0, block_n: int = 0,
-               allow_tf32: bool = False, sink_a=None):
-    """(P @ b, P^T @ a) in fp32 for P = exp(S - row_lse[:, None]) + exp(S - col_lse[None, :]).
+               diag: int = 0, diag_value: float = 0.0, offset: float = 0.0,
+               impl: str = "chunked_torch",
+               block_m: int = 0, block_n: int = 0, allow_tf32: bool = False, sink_a=None):
+    """(P @ b, P^T @ a) in fp32 for P = exp(S - row_lse[:, None]) + exp(S - col_lse[None, :])
+    - diag_value [i - j == diag] - offset.
 
-    a: [M, D], b: [N, D]; row_lse: [M], col_lse: [N] fp32 (final, global LSEs).
+    a: [M, D], b: [N, D]; row_lse: [M], col_lse: [N] fp32 (final, global LSEs). The label terms
+    ``diag_value`` (2 (1 - eps) for the block holding the positives) and ``offset`` (2 eps / B,
+    label smoothing) are subtracted inside the tile, before P is rounded to the features'
+    dtype: P is close to them once the model learns, and subtracting after rounding would
+    cancel away the gradient's precision.
     Returns ([M, D], [N, D]) fp32; partials over blocks add up. With ``sink_a(i0, i1, rows)``
     the finished fp32 rows of P @ b are handed over band by band instead (first result None),
     so the caller can write its final gradient without an [M, D] fp32 buffer.
     """
     if impl == "triton":
-        return _triton().clip_grads_triton(a, b, scale, row_lse, col_lse, block_m=block_m,
+        return _triton().clip_grads_triton(a, b, scale, row_lse, col_lse, diag=diag,
+                                           diag_value=diag_value, offset=offset, block_m=block_m,
                                            block_n=block_n, allow_tf32=allow_tf32, sink_a=sink_a)
     bm, bn = _blocks(impl, a, b, block_m, block_n)
     with _matmul_precision(allow_tf32):
-        return _torch_clip_grads(a, b, scale, row_lse, col_lse, bm, bn, sink_a)
+        return _torch_clip_grads(a, b, scale, row_lse, col_lse, bm, bn, diag, diag_value, offset,
+                                 sink_a)
 
 
 def siglip_stats(a: Tensor, b: Tensor, scale: Tensor, bias: Tensor, diag: int = 0, *,
@@ -340,25 +353,20 @@ def _clip_backward(grad, img, txt, scale, row_lse, col_lse, expect, eps, impl, b
     n = img.shape[0]
     coef = grad / (2 * n)
     k = coef * scale
-    tsum = _colsum(txt) if eps else None
     d_img = torch.empty_like(img)
 
-    # dI = s dS T with dS = g/(2B) (P - 2(1-eps) Id - 2 eps/B); likewise dT with dS^T.
-    # dI is finished band by band (no [B, D] fp32 buffer); dT in place on its fp32 sum.
+    # dI = s dS T with dS = g/(2B) (P - 2(1-eps) Id - 2 eps/B); likewise dT with dS^T. The label
+    # terms are taken inside the tiles (clip_grads' diag_value, offset); dI is finished band by
+    # band (no [B, D] fp32 buffer), dT in place on its fp32 sum.
     def finish_img(i0, i1, rows):
-        rows.sub_(txt[i0:i1], alpha=2 * (1 - eps))
-        if eps:
-            rows.sub_(tsum, alpha=2 * eps / n)
         d_img[i0:i1] = rows.mul_(k)
 
-    _, pa = clip_grads(img, txt, scale, row_lse, col_lse, impl=impl, block_m=bm, block_n=bn,
-                       allow_tf32=tf32, sink_a=finish_img)
-    d_txt = pa.sub_(img, alpha=2 * (1 - eps))
+    _, d_txt = clip_grads(img, txt, scale, row_lse, col_lse, diag=0, diag_value=2 * (1 - eps),
+                          offset=2 * eps / n, impl=impl, block_m=bm, block_n=bn, allow_tf32=tf32,
+                          sink_a=finish_img)
     d_scale = coef * (expect.sum() - 2 * (1 - eps) * rowdot(img, txt).sum())
     if eps:
-        isum = _colsum(img)
-        d_txt.sub_(isum, alpha=2 * eps / n)
-        d_scale = d_scale - coef * 2 * eps / n * torch.dot(isum, tsum)
+        d_scale = d_scale - coef * 2 * eps / n * torch.dot(_colsum(img), _colsum(txt))
     d_txt.mul_(k)
     return d_img, d_txt, d_scale
 

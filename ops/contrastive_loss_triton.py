@@ -108,13 +108,16 @@ def _contrastive_fwd_kernel(A, Bm, scale_ptr, bias_ptr, row_shift_ptr, col_shift
 
 
 # Backward tile producer for a band of rows of A (M = band rows). Writes, per tile,
-#   CLIP:   P_ij = exp(S_ij - r_i) + exp(S_ij - c_j)          (r, c: final row/column LSEs)
+#   CLIP:   P_ij = exp(S_ij - r_i) + exp(S_ij - c_j) - diag_value [i - j == diag] - offset
+#           (r, c: final row/column LSEs; the label term is taken before P is rounded)
 #   SigLIP: G_ij = -z_ij sigmoid(-z_ij x_ij), x = S + bias; and atomically adds per-row
 #           sum_j G_ij and sum_j G_ij S'_ij (for d bias and d scale).
 # The host then forms P @ Bm (dA) and P^T @ A (dBm) with cuBLAS.
 @triton.jit
 def _contrastive_bwd_kernel(A, Bm, P, scale_ptr, bias_ptr, row_lse_ptr, col_lse_ptr,
-                            gsum_ptr, gwsum_ptr, M, N, D, diag, stride_am, stride_bn, stride_pm,
+                            gsum_ptr, gwsum_ptr, M, N, D, diag, diag_value, offset, stride_am,
+                            stride_bn,
+                            stride_pm,
                             size_bucket, SIGLIP: tl.constexpr, DOT_PRECISION: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr):
@@ -150,6 +153,7 @@ def _contrastive_bwd_kernel(A, Bm, P, scale_ptr, bias_ptr, row_lse_ptr, col_lse_
         c2 = tl.load(col_lse_ptr + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
         t2 = dots * scale2
         out = tl.exp2(t2 - r2[:, None]) + tl.exp2(t2 - c2[None, :])
+        out -= tl.where((offs_m[:, None] - offs_n[None, :]) == diag, diag_value, 0.0) + offset
     p_ptrs = P + offs_m[:, None] * stride_pm + offs_n[None, :]
     tl.store(p_ptrs, out.to(P.dtype.element_ty), mask=valid)
 
@@ -252,8 +256,8 @@ def _band_rows(m: int, n: int, d: int) -> int:
     return min(m, rows)
 
 
-def _launch_bwd_band(a, b, pbuf, scale, bias, row_lse, col_lse, gsum, gwsum, diag, siglip,
-                     block_m, block_n, allow_tf32):
+def _launch_bwd_band(a, b, pbuf, scale, bias, row_lse, col_lse, gsum, gwsum, diag, diag_value,
+                     offset, siglip, block_m, block_n, allow_tf32):
     m, d = a.shape
     n = b.shape[0]
     # Unused pointers get their own scratch, never an input: the autotuner zeroes gsum/gwsum
@@ -262,7 +266,9 @@ def _launch_bwd_band(a, b, pbuf, scale, bias, row_lse, col_lse, gsum, gwsum, dia
     args = (a, b, pbuf, scale, bias if bias is not None else spare,
             row_lse if row_lse is not None else spare, col_lse if col_lse is not None else spare,
             gsum if gsum is not None else spare, gwsum if gwsum is not None else spare,
-            m, n, d, int(diag), a.stride(0), b.stride(0), pbuf.stride(0), _bucket(m, n))
+            m, n, d, int(diag), float(diag_value), float(offset), a.stride(0), b.stride(0),
+            pbuf.stride(0),
+            _bucket(m, n))
     prec = _precision(a.dtype, allow_tf32)
     if block_m or block_n:
         bm, bn = block_m or 64, block_n or 64
@@ -277,8 +283,8 @@ def _launch_bwd_band(a, b, pbuf, scale, bias, row_lse, col_lse, gsum, gwsum, dia
             *args, SIGLIP=siglip, DOT_PRECISION=prec)
 
 
-def _band_products(a, b, scale, bias, row_lse, col_lse, diag, siglip, block_m, block_n, allow_tf32,
-                   sink_a=None):
+def _band_products(a, b, scale, bias, row_lse, col_lse, diag, diag_value, offset, siglip,
+                   block_m, block_n, allow_tf32, sink_a=None):
     """Runs the backward kernel band by band; returns (P @ b, P^T @ a, gsum, gwsum) in fp32.
 
     With ``sink_a`` each band's rows of P @ b go to ``sink_a(r0, r1, rows)`` (first result None).
@@ -305,7 +311,8 @@ def _band_products(a, b, scale, bias, row_lse, col_lse, diag, siglip, block_m, b
             _launch_bwd_band(a[r0:r1], b, p, scale_t, bias_t,
                              row_lse[r0:r1] if row_lse is not None else None, col_lse,
                              gsum[r0:r1] if siglip else None, gwsum[r0:r1] if siglip else None,
-                             diag - r0, siglip, block_m, block_n, allow_tf32)
+                             diag - r0, diag_value, offset, siglip, block_m, block_n,
+                             allow_tf32)
             if cuda:  # bf16/fp16 GEMMs with fp32 outputs (no rounding of the partial sums)
                 rows = torch.mm(p, b, out_dtype=torch.float32)
                 torch.addmm(grad_b, p.T, a[r0:r1], out_dtype=torch.float32, out=grad_b)
@@ -326,11 +333,12 @@ def clip_stats_triton(a, b, scale, row_shift, col_shift, *, block_m=0, block_n=0
     return row_sum, col_sum, row_wsum, col_wsum
 
 
-def clip_grads_triton(a, b, scale, row_lse, col_lse, *, block_m=0, block_n=0, allow_tf32=False,
-                      sink_a=None):
+def clip_grads_triton(a, b, scale, row_lse, col_lse, *, diag=0, diag_value=0.0, offset=0.0,
+                      block_m=0, block_n=0, allow_tf32=False, sink_a=None):
     grad_a, grad_b, _, _ = _band_products(a, b, scale, None, row_lse.float().contiguous(),
-                                          col_lse.float().contiguous(), 0, False, block_m,
-                                          block_n, allow_tf32, sink_a)
+                                          col_lse.float().contiguous(), diag, diag_value, offset,
+                                          False,
+                                          block_m, block_n, allow_tf32, sink_a)
     return grad_a, grad_b
 
 
@@ -342,6 +350,6 @@ def siglip_stats_triton(a, b, scale, bias, diag=0, *, block_m=0, block_n=0, allo
 
 def siglip_grads_triton(a, b, scale, bias, diag=0, *, block_m=0, block_n=0, allow_tf32=False,
                         sink_a=None):
-    grad_a, grad_b, gsum, gwsum = _band_products(a, b, scale, bias, None, None, diag, True,
+    grad_a, grad_b, gsum, gwsum = _band_products(a, b, scale, bias, None, None, diag, 0.0, 0.0, True,
                                                  block_m, block_n, allow_tf32, sink_a)
     return grad_a, grad_b, gsum.sum(), gwsum.sum()
