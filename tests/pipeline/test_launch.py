@@ -81,7 +81,7 @@ def test_openmpi_launcher(digits_shards, tmp_path):
     hostfile.write_text("localhost slots=2\n")
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile), "--force_multi",
-           "--launcher", "openmpi", "--launcher_args", "--allow-run-as-root --mca btl_tcp_if_include lo",
+           "--no_ssh_check", "--launcher", "openmpi", "--launcher_args", "--allow-run-as-root --mca btl_tcp_if_include lo",
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            LAUNCH, "--ds_config", TINY, *_sets(base_overrides(digits_shards, out, 4))]
     proc = subprocess.run(cmd, cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=400)
