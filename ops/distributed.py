@@ -109,26 +109,60 @@ def _alive(group) -> bool:
         return False
 
 
+def _collective_device(group) -> torch.device:
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _layouts(group, ranks: tuple, local: int) -> list:
+    """Every (group ranks, local) pair that some rank of the world needs sub-groups for: just
+    ours for the world group, else gathered from all ranks (each may belong to another group,
+    e.g. one data-parallel group per model-parallel rank)."""
+    if group is None or group == dist.group.WORLD:
+        return [(ranks, local)]
+    world = dist.get_world_size()
+    mine = torch.full((world + 2,), -1, dtype=torch.int64, device=_collective_device(group))
+    mine[0], mine[1] = local, len(ranks)
+    mine[2:2 + len(ranks)] = torch.tensor(ranks)
+    every = torch.empty(world, world + 2, dtype=torch.int64, device=mine.device)
+    _all_gather_single(every, mine)
+    out = {(tuple(row[2:2 + row[1]]), row[0]) for row in every.tolist()}
+    return sorted(out)
+
+
 def _subgroups(group, ranks: tuple, local: int):
     """(intra, inter) sub-groups of this rank for nodes of ``local`` ranks, built once per
-    (group, topology). Only the members of each new group take part in creating it
-    (use_local_synchronization), so the call is safe on any subgroup of the world."""
-    key = (getattr(group, "group_name", None) or str(id(group)), ranks, local)
+    (group, topology) and cached.
+
+    Plain ``new_group`` is collective over the whole world, so every rank of the world creates
+    every sub-group of every layout in ``_layouts``, in the same order (the first call must
+    therefore be made on all ranks of the world, as data-parallel training does).
+    ``use_local_synchronization=True`` would avoid that, but its group names hash the number of
+    groups each rank has seen, which differ between ranks as soon as any rank belongs to a group
+    the others do not: the creation then hangs (torch 2.13).
+    """
+    key = (ranks, local)
     cached = _SUBGROUPS.get(key)
     if cached is not None and all(_alive(g) for g in cached):
         return cached
-    rank = dist.get_rank(group)
-    node, local_rank = divmod(rank, local)
-    nodes = len(ranks) // local
     backend = dist.get_backend(group)
-    intra = dist.new_group([ranks[node * local + i] for i in range(local)], backend=backend,
-                           use_local_synchronization=True)
-    inter = dist.new_group([ranks[m * local + local_rank] for m in range(nodes)], backend=backend,
-                           use_local_synchronization=True)
-    _SUBGROUPS[key] = (intra, inter)
-    log.debug("hierarchical ring: %d nodes x %d ranks; rank %d is node %d local %d",
-              nodes, local, rank, node, local_rank)
-    return intra, inter
+    me = dist.get_rank()
+    for lay_ranks, lay_local in _layouts(group, ranks, local):
+        nodes = len(lay_ranks) // lay_local
+        intras = [[lay_ranks[m * lay_local + i] for i in range(lay_local)] for m in range(nodes)]
+        inters = [[lay_ranks[m * lay_local + i] for m in range(nodes)] for i in range(lay_local)]
+        made = {}
+        for kind, lists in (("intra", intras), ("inter", inters)):
+            for members in lists:
+                pg = dist.new_group(members, backend=backend)
+                if me in members:
+                    made[kind] = pg
+        if (lay_ranks, lay_local) == key:
+            _SUBGROUPS[key] = (made["intra"], made["inter"])
+    log.debug("hierarchical ring: %d nodes x %d ranks; group ranks %s", len(ranks) // local, local,
+              ranks)
+    return _SUBGROUPS[key]
 
 
 def topology(process_group=None, scheme: str = "ring", local_world_size: Optional[int] = None

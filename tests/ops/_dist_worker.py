@@ -1,9 +1,12 @@
-"""Worker processes for tests/ops/test_distributed.py: one gloo process group per world size.
+"""Worker processes for tests/ops/test_distributed.py: real gloo process groups.
 
-Each rank builds the same global batch from a seed (``global_batch``), takes its slice, runs
-every case of ``cases(world)`` through ``ops.contrastive_loss(..., distributed=scheme)`` and
-backward with an upstream gradient != 1, and writes {case: {loss, grads} or {error}} to
-``<outdir>/rank<r>.pt`` for the parent to compare with one process on the whole batch.
+One spawn of ``WORLD`` processes; inside it, groups of the first n ranks for n = 1 .. WORLD
+(n = WORLD is the default group, the others are passed explicitly as ``process_group``), so
+one set of process start-ups serves every world size. Each rank builds the same global batch
+from a seed (``global_batch``), takes its slice, runs every case of ``cases(n)`` through
+``ops.contrastive_loss(..., distributed=scheme)`` and backward with an upstream gradient != 1,
+and writes {n: {case: {loss, grads} or {error}}} to ``<outdir>/rank<r>.pt`` for the parent to
+compare with one process on the whole batch.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch.distributed as dist
 from ops import contrastive_loss
 from ops.distributed import distributed_contrastive_loss
 
+WORLD = 4
 LOCAL_B = 5  # rows per rank: not a multiple of the tiles below
 DIM = 12
 BLOCK_M, BLOCK_N = 3, 4  # uneven last tiles inside each b x b block
@@ -81,6 +85,12 @@ def cases(world: int):
                 out[f"subgroup-{scheme}-L{local}-{lname}"] = dict(
                     scheme=scheme, local=local, dtype="fp32", loss=loss, eps=eps, scale=SCALE,
                     reduction="mean", group="interleaved", overflow=False)
+            # the same members as the world but another group object: sub-group layouts are
+            # gathered from every rank before the sub-groups are made
+        for lname, (loss, eps) in LOSSES.items():
+            out[f"copy-hierarchical_ring-L2-{lname}"] = dict(
+                scheme="hierarchical_ring", local=2, dtype="fp32", loss=loss, eps=eps,
+                scale=SCALE, reduction="mean", group="copy", overflow=False)
     return out
 
 
@@ -98,9 +108,12 @@ def interleaved_groups(world: int):
     return [list(range(0, world, 2)), list(range(1, world, 2))]
 
 
-def _run_case(spec, rank, world, groups):
-    members = interleaved_groups(world)[rank % 2] if spec["group"] else list(range(world))
-    group = groups[rank % 2] if spec["group"] else None
+def _run_case(spec, rank, world, group, extra):
+    """extra: {"interleaved": [even-rank group, odd-rank group], "copy": world-members group}."""
+    interleaved = spec["group"] == "interleaved"
+    members = interleaved_groups(world)[rank % 2] if interleaved else list(range(world))
+    if spec["group"]:
+        group = extra["interleaved"][rank % 2] if interleaved else extra["copy"]
     pos = members.index(rank)
     dtype = DTYPES[spec["dtype"]]
     img_all, txt_all = global_batch(len(members) * LOCAL_B, dtype, overflow=spec["overflow"])
@@ -123,7 +136,7 @@ def _run_case(spec, rank, world, groups):
     return out
 
 
-def _error_cases(rank, world):
+def _error_cases(rank, world, group):
     """Bad input must fail on every rank with a clear message (not hang)."""
     out = {}
     img, txt = global_batch(world * LOCAL_B + 1, torch.float32)
@@ -131,21 +144,49 @@ def _error_cases(rank, world):
     for scheme in ("gather", "disco", "ring", "hierarchical_ring"):
         n = LOCAL_B + 1 if rank == world - 1 else LOCAL_B  # the last rank has one row more
         try:
-            contrastive_loss(img[:n], txt[:n], scale, impl="chunked_torch", distributed=scheme)
+            contrastive_loss(img[:n], txt[:n], scale, impl="chunked_torch", distributed=scheme,
+                             process_group=group)
             out[f"uneven-{scheme}"] = "no error"
         except ValueError as exc:
             out[f"uneven-{scheme}"] = str(exc)
     if world == 4:
         try:
             contrastive_loss(img[:LOCAL_B], txt[:LOCAL_B], scale, impl="chunked_torch",
-                             distributed="hierarchical_ring", local_world_size=3)
+                             distributed="hierarchical_ring", local_world_size=3,
+                             process_group=group)
             out["bad-local"] = "no error"
         except ValueError as exc:
             out["bad-local"] = str(exc)
     return out
 
 
-def _world1_cases():
+def _schedules(world, group):
+    """The order in which each rank meets the column blocks (block index = owner's rank), and
+    the home partials: each rank adds 1 + its rank into every block's column partial, so the
+    owner must get sum_r (1 + r) whatever the route."""
+    from ops.distributed import sweep, topology
+
+    out = {}
+    for name, scheme, local in (("ring", "ring", None), ("hier-L2", "hierarchical_ring", 2),
+                                ("hier-L1", "hierarchical_ring", 1)):
+        if local is not None and world % local:
+            continue
+        topo = topology(group, scheme, local)
+        seen = []
+        block = [torch.full((LOCAL_B, 2), float(topo.rank))]
+
+        def step(col_offset, held):
+            seen.append(col_offset // LOCAL_B)
+            # the data that arrived: its owner's rank (must equal the block index)
+            seen.append(int(held[0][0, 0]))
+            return [torch.full((LOCAL_B,), 1.0 + topo.rank)]
+
+        (home,) = sweep(topo, block, step)
+        out[name] = dict(seen=torch.tensor(seen[0::2]), data=torch.tensor(seen[1::2]), home=home)
+    return out
+
+
+def _world1_cases(group):
     """At world size 1: contrastive_loss(distributed=...) is the single-device op, bit for bit;
     distributed_contrastive_loss itself also runs (every scheme degenerates to one block)."""
     out = {}
@@ -155,6 +196,7 @@ def _world1_cases():
             a, t = img.clone().requires_grad_(True), txt.clone().requires_grad_(True)
             s = torch.tensor([SCALE], requires_grad=True)
             kw = dict(distributed=scheme) if fn_name == "api" else dict(scheme=scheme)
+            kw["process_group"] = group
             loss = fn(a, t, s, impl="chunked_torch", label_smoothing=0.1, block_m=BLOCK_M,
                       block_n=BLOCK_N, **kw)
             (loss * UPSTREAM).backward()
@@ -163,23 +205,42 @@ def _world1_cases():
     return out
 
 
-def run(rank: int, world: int, outdir: str) -> None:
-    """torch.multiprocessing.spawn target: one rank of a gloo group of ``world`` processes."""
+def _run_world(rank: int, n: int, group, extra, results: dict) -> None:
+    """Fills ``results``; the first exception is recorded and ends the run (the other ranks
+    then fail in their next collective at the group timeout, and stop too)."""
+    jobs = [(name, lambda spec=spec: _run_case(spec, rank, n, group, extra))
+            for name, spec in cases(n).items()]
+    jobs.append(("errors", lambda: _error_cases(rank, n, group) if n > 1 else {}))
+    jobs.append(("schedules", lambda: _schedules(n, group)))
+    if n == 1:
+        jobs.append(("world1", lambda: _world1_cases(group)))
+    for name, job in jobs:
+        try:
+            results[name] = job()
+        except Exception:
+            results[name] = dict(error=traceback.format_exc())
+            raise
+
+
+def run(rank: int, outdir: str) -> None:
+    """torch.multiprocessing.spawn target: rank ``rank`` of a gloo world of WORLD processes."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{os.path.join(outdir, 'store')}",
-                            rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+                            rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=60))
     results = {}
     try:
-        groups = [dist.new_group(m) for m in interleaved_groups(world)] if world == 4 else None
-        for name, spec in cases(world).items():
-            try:
-                results[name] = _run_case(spec, rank, world, groups)
-            except Exception:  # recorded for the parent: one failing case must not hide the rest
-                results[name] = dict(error=traceback.format_exc())
-        results["errors"] = _error_cases(rank, world) if world > 1 else {}
-        if world == 1:
-            results.update(_world1_cases())
+        # every rank creates every group, in the same order (new_group is collective on the world)
+        firsts = {n: dist.new_group(list(range(n))) for n in range(1, WORLD)}
+        extra = dict(interleaved=[dist.new_group(m) for m in interleaved_groups(WORLD)],
+                     copy=dist.new_group(list(range(WORLD))))
+        for n in range(1, WORLD + 1):
+            if rank < n:
+                results[n] = {}
+                _run_world(rank, n, firsts.get(n), extra, results[n])
+            dist.barrier()
+    except Exception:  # recorded in results; the parent reports it
+        pass
     finally:
         torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
         dist.destroy_process_group()
