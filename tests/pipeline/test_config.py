@@ -86,7 +86,8 @@ def test_overrides(tmp_path):
                              "train.chunk_size=null", "model.vision.layers=1", "eval.every=5"])
     assert cfg.train.steps == 7 and cfg.train.output_dir == "runs/x" and cfg.zero_stage == 3
     assert cfg.train.chunk_size is None and cfg.model.vision.layers == 1
-    assert cfg.eval == {"every": 5} and cfg.raw["train"]["steps"] == 7
+    assert cfg.eval["every"] == 5 and cfg.eval["use_val_shards"] is True and cfg.raw["train"]["steps"] == 7
+    assert load_config(path, ["eval=null"]).eval is None
     with pytest.raises(ConfigError, match="zero_optimisation"):
         load_config(path, ["zero_optimisation.stage=2"])
     with pytest.raises(ConfigError, match="section.key=value"):
