@@ -34,11 +34,14 @@ def _sets(overrides):
 
 
 def test_plain_python_single_process(digits_shards, tmp_path):
-    out = tmp_path / "run"
-    cmd = [sys.executable, LAUNCH, "--ds_config", TINY, *_sets(base_overrides(digits_shards, out, 4))]
+    """No launcher; DeepSpeed's own TensorBoard monitor section on: our scalars go beside its."""
+    out, tb = tmp_path / "run", tmp_path / "tb_ds"
+    monitor = {"tensorboard": {"enabled": True, "output_path": str(tb), "job_name": "job"}}
+    cmd = [sys.executable, LAUNCH, "--ds_config", TINY, *_sets(base_overrides(digits_shards, out, 4, **monitor))]
     proc = subprocess.run(cmd, cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert sorted(tb_scalars(out)) == [1, 2, 3, 4]
+    assert sorted(tb_scalars(out, tb=tb / "job")) == [1, 2, 3, 4]
+    assert tb_scalars(out, "Train/Samples/lr", tb=tb / "job")  # DeepSpeed's monitor wrote there too
     assert read_latest(str(out / "ckpt")) == "global_step4"
     assert "step 4/4" in proc.stderr + proc.stdout  # the rank-0 progress line
 

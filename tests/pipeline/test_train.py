@@ -47,11 +47,12 @@ def base_overrides(shards, out_dir, steps, **extra) -> list[str]:
     return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sets.items()]
 
 
-def tb_scalars(run_dir, tag="train/loss") -> dict[int, float]:
+def tb_scalars(run_dir, tag="train/loss", tb=None) -> dict[int, float]:
+    """``{step: value}`` of one scalar from the event files under ``tb`` (default run_dir/tb)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = {}
-    tb = os.path.join(run_dir, "tb")
+    tb = str(tb) if tb is not None else os.path.join(run_dir, "tb")
     for sub in sorted(os.listdir(tb)):
         acc = EventAccumulator(os.path.join(tb, sub) if os.path.isdir(os.path.join(tb, sub)) else tb)
         acc.Reload()
