@@ -96,7 +96,9 @@ def test_overrides(tmp_path):
 
 def test_deepspeed_key_list_covers_what_deepspeed_reads():
     """Keys DeepSpeed's own config reads must not be rejected as typos."""
-    from deepspeed.runtime.config import DeepSpeedConfig  # noqa: F401  (the version the list is for)
+    import deepspeed
+
+    assert deepspeed.__version__.startswith("0.1"), "the key list was collected from deepspeed 0.19"
     for key in ("zero_optimization", "bf16", "fp16", "optimizer", "scheduler", "gradient_clipping",
                 "tensorboard", "activation_checkpointing", "wall_clock_breakdown", "flops_profiler",
                 "comms_logger", "csv_monitor", "wandb", "checkpoint", "data_types"):
