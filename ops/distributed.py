@@ -29,9 +29,16 @@ the framework reduces gradients, every parameter gradient equals the one-process
 The upstream gradient of L is taken to be the same on every rank (it is under DeepSpeed: loss
 scaling and gradient-accumulation division are global); it is not all-reduced.
 
+Design choice: one generic two-level ring (``sweep``) runs every pass of ring and
+hierarchical_ring (CLIP stats, exact maxima, gradients; SigLIP), parametrised by a step
+function on a column block; the loss assembly above it mirrors the single-device code. The
+schedules and memory / traffic formulas are in docs/distributed.md.
+
 Limits. Equal local batches on every rank (checked with one tiny all-gather per call: a clear
 error otherwise). hierarchical_ring takes node = group_rank // local_world_size, i.e. consecutive
-group ranks share a node (what torchrun / the deepspeed launcher do for the world group).
+group ranks share a node (what torchrun / the deepspeed launcher do for the world group), and
+creates its sub-groups on first use with a collective over the whole world. The loss is an
+autograd.Function, not a registered torch.library op (a graph break under torch.compile).
 """
 
 from __future__ import annotations
@@ -56,7 +63,8 @@ from .contrastive_loss import (
     siglip_stats,
 )
 
-__all__ = ["SCHEMES", "distributed_contrastive_loss", "Topology", "topology", "sweep"]
+__all__ = ["SCHEMES", "distributed_contrastive_loss", "Topology", "topology", "sweep",
+           "launcher_local_world_size"]
 
 log = logging.getLogger(__name__)
 
@@ -165,12 +173,27 @@ def _subgroups(group, ranks: tuple, local: int):
     return _SUBGROUPS[key]
 
 
+# Ranks per node as the launchers export it: torchrun, the deepspeed launcher, OpenMPI.
+_LOCAL_SIZE_ENV = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+def launcher_local_world_size() -> Optional[int]:
+    """Processes per node from the launcher's environment (None when no launcher says)."""
+    for name in _LOCAL_SIZE_ENV:
+        value = os.environ.get(name)
+        if value:
+            return int(value)
+    return None
+
+
 def topology(process_group=None, scheme: str = "ring", local_world_size: Optional[int] = None
              ) -> Topology:
     """The Topology of ``process_group`` (None: the world) for ``scheme``.
 
-    ``hierarchical_ring`` groups ranks into nodes of ``local_world_size`` (else the environment's
-    LOCAL_WORLD_SIZE, else one node holding the whole group). Every other scheme is one node.
+    ``hierarchical_ring`` groups ranks into nodes of ``local_world_size`` (else the launcher's
+    LOCAL_WORLD_SIZE / LOCAL_SIZE / OMPI_COMM_WORLD_LOCAL_SIZE, else one node holding the whole
+    group). Every other scheme is one node. Its first call with a new layout creates the
+    sub-groups: a collective over the whole world (every rank must make that call).
     """
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("distributed contrastive loss needs an initialised torch.distributed "
@@ -181,8 +204,7 @@ def topology(process_group=None, scheme: str = "ring", local_world_size: Optiona
     ranks = tuple(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
     local = world
     if scheme == "hierarchical_ring":
-        env = os.environ.get("LOCAL_WORLD_SIZE")
-        local = local_world_size or (int(env) if env else world)
+        local = local_world_size or launcher_local_world_size() or world
         if local < 1:
             raise ValueError(f"local_world_size must be >= 1, got {local}")
         if local >= world:

@@ -168,10 +168,15 @@ def _schedules(world, group):
 
     out = {}
     for name, scheme, local in (("ring", "ring", None), ("hier-L2", "hierarchical_ring", 2),
-                                ("hier-L1", "hierarchical_ring", 1)):
-        if local is not None and world % local:
+                                ("hier-L1", "hierarchical_ring", 1), ("hier-env", "hierarchical_ring", None)):
+        if local is not None and world % local or name == "hier-env" and world != 4:
             continue
-        topo = topology(group, scheme, local)
+        if name == "hier-env":  # the deepspeed launcher's variable: 2 nodes x 2
+            os.environ["LOCAL_SIZE"] = "2"
+        try:
+            topo = topology(group, scheme, local)
+        finally:
+            os.environ.pop("LOCAL_SIZE", None)
         seen = []
         block = [torch.full((LOCAL_B, 2), float(topo.rank))]
 
@@ -182,7 +187,8 @@ def _schedules(world, group):
             return [torch.full((LOCAL_B,), 1.0 + topo.rank)]
 
         (home,) = sweep(topo, block, step)
-        out[name] = dict(seen=torch.tensor(seen[0::2]), data=torch.tensor(seen[1::2]), home=home)
+        out[name] = dict(seen=torch.tensor(seen[0::2]), data=torch.tensor(seen[1::2]), home=home,
+                         local=topo.local)
     return out
 
 

@@ -200,9 +200,10 @@ def test_ring_schedules_visit_every_block_once_in_the_documented_order(world, tm
     """docs/distributed.md: flat ring, rank r at step t holds block (r - t) mod N; hierarchical,
     rank (m, l) at outer step u, inner step v holds block ((m - u) mod M) L + (l - v) mod L."""
     per_rank = results(world, tmp_path_factory)
-    for name, local in (("ring", world), ("hier-L2", 2), ("hier-L1", 1)):
-        if world % local:
+    for name, local in (("ring", world), ("hier-L2", 2), ("hier-L1", 1), ("hier-env", 2)):
+        if world % local or name == "hier-env" and world != 4:
             continue
+        assert per_rank[0]["schedules"][name]["local"] == local, name
         nodes = world // local
         for r in range(world):
             node, lr = divmod(r, local)
@@ -212,3 +213,17 @@ def test_ring_schedules_visit_every_block_once_in_the_documented_order(world, tm
             assert got["seen"].tolist() == want, f"{name} rank {r}"
             assert got["data"].tolist() == want, f"{name} rank {r}: a block arrived with wrong data"
             assert torch.equal(got["home"], torch.full((W.LOCAL_B,), float(sum(range(1, world + 1)))))
+
+
+def test_launcher_local_world_size_precedence(monkeypatch):
+    from ops.distributed import launcher_local_world_size
+
+    for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert launcher_local_world_size() is None
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4")
+    assert launcher_local_world_size() == 4
+    monkeypatch.setenv("LOCAL_SIZE", "8")  # deepspeed launcher
+    assert launcher_local_world_size() == 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun
+    assert launcher_local_world_size() == 2
