@@ -2,9 +2,9 @@
 
 Design: under ZeRO-3 every forward pass gathers parameters with collectives, so all ranks must
 run the same number of forwards in the same order, even when their shares of the eval data
-differ in length. :class:`RankSync` runs one small all-reduce per batch ("does any rank still
-have data?"); a rank that ran out does a one-row dummy forward instead, so the collectives line
-up. Counts merge by an integer all-reduce (exact); variable-length feature blocks are gathered
+differ in length. :meth:`RankSync.any` runs one small all-reduce per batch ("does any rank
+still have data?"); a rank that ran out does a one-row dummy forward instead, so the collectives
+line up. Counts merge by an integer all-reduce (exact); variable-length feature blocks are gathered
 with padding (tensors only, nothing pickled). Without an initialised process group (or with one
 rank) every call is a no-op.
 
@@ -14,15 +14,13 @@ forward pass).
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, List, Optional, Tuple, TypeVar
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 __all__ = ["RankSync"]
-
-T = TypeVar("T")
 
 
 class RankSync:
@@ -44,19 +42,16 @@ class RankSync:
             self.device = device if device is not None and device.type == "cuda" else \
                 torch.device("cuda", torch.cuda.current_device())
 
-    def lockstep(self, batches: Iterable[T]) -> Iterator[Optional[T]]:
-        """Yield this rank's batches, then None (run a dummy forward) until every rank is done."""
-        it = iter(batches)
-        while True:
-            batch = next(it, None)
-            if self.active:
-                flag = torch.tensor([0 if batch is None else 1], dtype=torch.int32, device=self.device)
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                if int(flag.item()) == 0:
-                    return
-            elif batch is None:
-                return
-            yield batch
+    def any(self, have: bool) -> bool:
+        """True while any rank still has a batch (this rank's ``have`` alone without a group).
+
+        Call once per loop turn on every rank; a rank with nothing left then runs a dummy forward
+        so that ZeRO-3's parameter gathers stay paired across ranks."""
+        if not self.active:
+            return have
+        flag = torch.tensor([1 if have else 0], dtype=torch.int32, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
     def sum_(self, tensor: Tensor) -> Tensor:
         """In-place sum over ranks (returns ``tensor`` on its own device)."""

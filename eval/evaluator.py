@@ -8,8 +8,9 @@ no_grad; the loop logs the values to TensorBoard). Each call writes ``<out_dir>/
 and the confusion PNG from rank 0 and logs the table. The tokenizer may be given or loaded on
 the first call from a folder, because a training run creates its tokenizer only once it starts.
 
-Limit: the model must offer ``encode_image``, ``encode_text``, ``image_size``, ``embed_dim``
-(``pipeline.model.CLIPTowers``); a DeepSpeed engine is unwrapped to its ``module``.
+Limit: the model must be a ``pipeline.model.CLIPTowers`` (called through ``forward`` with
+``pixel_values`` or ``input_ids``; ``image_size``, ``context_length``, ``embed_dim``); a DeepSpeed
+engine is unwrapped to its ``module``.
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ class Evaluator:
         if cfg.has_retrieval:
             check_shards_exist(expand_urls(cfg.retrieval_shards), "retrieval shard")
         self.last_report: Optional[Dict[str, Any]] = None
+        self.log_table = True
+        """Log the report table from rank 0 after each evaluation."""
 
     @property
     def tokenizer(self):
@@ -146,6 +149,7 @@ class Evaluator:
                         confusion, self.classnames, png,
                         title=f"zero-shot confusion{'' if step is None else f' at step {step}'}")
                 report["report_path"] = write_report(report, path)
+        if is_main and self.log_table:
             logger.info("eval%s:\n%s", "" if step is None else f" at step {step}", format_table(report))
         self.last_report = report
         return report

@@ -20,16 +20,22 @@ import torch
 __all__ = ["format_table", "save_confusion_png", "scalar_metrics", "write_report"]
 
 
-def scalar_metrics(report: Mapping[str, Any]) -> Dict[str, float]:
+COUNT_KEYS = frozenset({"n", "n_pairs", "num_classes", "num_templates"})
+"""Report entries that describe the data rather than the model (left out of the TensorBoard tags)."""
+
+
+def scalar_metrics(report: Mapping[str, Any], counts: bool = False) -> Dict[str, float]:
     """Flat ``{"zeroshot/top1": ..., "retrieval/i2t_r1": ...}`` of every float/int leaf one level
-    down (per-class dicts and the confusion matrix are left out). These are the tags the training
-    loop writes to TensorBoard."""
+    down (per-class dicts and the confusion matrix are left out; so are the sample counts unless
+    ``counts``). These are the values the training loop writes to TensorBoard."""
     out: Dict[str, float] = {}
     for section, values in report.items():
         if not isinstance(values, Mapping):
             continue
         for key, value in values.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if key in COUNT_KEYS and not counts:
                 continue
             out[f"{section}/{key}"] = float(value)
     return out
@@ -56,7 +62,7 @@ def _fmt(value: Any) -> str:
 def format_table(report: Mapping[str, Any], max_classes: int = 50) -> str:
     """A human-readable summary: one ``section/metric  value`` row per scalar, then per-class
     accuracy (the first ``max_classes`` classes) when present."""
-    scalars = scalar_metrics(report)
+    scalars = scalar_metrics(report, counts=True)
     lines = []
     if scalars:
         width = max(len(k) for k in scalars)

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 from torch import Tensor
 
+from .features import image_features, text_features
+
 if TYPE_CHECKING:
     from .distributed import RankSync
 
@@ -106,14 +108,16 @@ def encode_pairs(model, batches: Iterable[Dict], sync: "RankSync", *, device: to
     imgs: List[Tensor] = []
     txts: List[Tensor] = []
     seen = 0
-    for batch in sync.lockstep(batches):
-        if batch is not None and max_samples is not None and seen >= max_samples:
-            batch = None
+    it = iter(batches)
+    while True:
+        batch = next(it, None) if max_samples is None or seen < max_samples else None
+        if not sync.any(batch is not None):
+            break
         if batch is None:  # keep ZeRO-3 collectives in step: one-row dummy forward
             size = int(model.image_size)
-            model.encode_image(torch.zeros(1, 3, size, size, device=device, dtype=dtype))
-            model.encode_text(torch.ones(1, 2, dtype=torch.long, device=device),
-                              torch.ones(1, 2, dtype=torch.long, device=device))
+            image_features(model, torch.zeros(1, 3, size, size, device=device, dtype=dtype))
+            text_features(model, torch.ones(1, 2, dtype=torch.long, device=device),
+                          torch.ones(1, 2, dtype=torch.long, device=device))
             continue
         take = batch["pixel_values"].shape[0]
         if max_samples is not None:
@@ -121,8 +125,8 @@ def encode_pairs(model, batches: Iterable[Dict], sync: "RankSync", *, device: to
         pv = batch["pixel_values"][:take].to(device=device, dtype=dtype)
         ids = batch["input_ids"][:take].to(device)
         mask = batch["attention_mask"][:take].to(device)
-        imgs.append(model.encode_image(pv).float())
-        txts.append(model.encode_text(ids, mask).float())
+        imgs.append(image_features(model, pv))
+        txts.append(text_features(model, ids, mask))
         seen += take
     width = int(model.embed_dim)
     empty = torch.zeros(0, width, device=device)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .features import image_features, text_features
 from .templates import check_templates, fill_template
 
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ def build_classifier(model, tokenizer, classnames: Sequence[str], templates: Seq
     """Class embeddings [C, E] (fp32, unit rows) from prompt ensembling.
 
     Args:
-        model: has ``encode_text(input_ids [B,L], attention_mask [B,L]) -> [B,E]``.
+        model: ``pipeline.model.CLIPTowers`` (called as ``model(input_ids=, attention_mask=)``).
         tokenizer: a HF tokenizer; texts are tokenized with ``pipeline.tokenizer.tokenize``.
         classnames: C names; templates: T strings with ``{}``.
     """
@@ -147,7 +148,7 @@ def build_classifier(model, tokenizer, classnames: Sequence[str], templates: Seq
         ids, mask = tokenize(tokenizer, texts[start:start + batch_size], context_length)
         if device is not None:
             ids, mask = ids.to(device), mask.to(device)
-        feats.append(model.encode_text(ids, mask).float())
+        feats.append(text_features(model, ids, mask))
     emb = torch.cat(feats).view(len(classnames), len(templates), -1)
     emb = torch.nn.functional.normalize(emb, dim=-1).mean(dim=1)
     return torch.nn.functional.normalize(emb, dim=-1)
@@ -241,12 +242,14 @@ def zeroshot_eval(model, classifier: Tensor, batches: Iterable[Dict], sync: "Ran
     counts = ZeroShotCounts(classifier.shape[0], ks)
     weights = classifier.to(device=device, dtype=torch.float32)
     seen = 0
-    for batch in sync.lockstep(batches):
-        if batch is not None and max_samples is not None and seen >= max_samples:
-            batch = None
+    it = iter(batches)
+    while True:
+        batch = next(it, None) if max_samples is None or seen < max_samples else None
+        if not sync.any(batch is not None):
+            break
         if batch is None:  # keep ZeRO-3 collectives in step: one-row dummy forward
             size = int(model.image_size)
-            model.encode_image(torch.zeros(1, 3, size, size, device=device, dtype=dtype))
+            image_features(model, torch.zeros(1, 3, size, size, device=device, dtype=dtype))
             continue
         labels = batch["label"]
         take = labels.shape[0] if max_samples is None else min(labels.shape[0], max_samples - seen)
@@ -255,7 +258,7 @@ def zeroshot_eval(model, classifier: Tensor, batches: Iterable[Dict], sync: "Ran
             key = batch.get("key", ["?"] * take)[int((labels < 0).nonzero()[0])]
             raise ValueError(f"sample {key!r} has no integer 'label' in its json member; zero-shot shards "
                              "need {\"label\": class index}")
-        feats = model.encode_image(batch["pixel_values"][:take].to(device=device, dtype=dtype)).float()
+        feats = image_features(model, batch["pixel_values"][:take].to(device=device, dtype=dtype))
         counts.update(feats @ weights.T, labels.to(device))
         seen += take
     state = sync.sum_(counts.state)

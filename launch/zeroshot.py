@@ -74,6 +74,7 @@ def main(argv=None) -> int:
         if evaluator is None:
             raise SystemExit("the run config's 'eval' section names no data")
         evaluator.workers = args.workers
+    evaluator.log_table = False  # printed below
     report = evaluator.evaluate(loaded.model, step=loaded.info.get("global_steps"), report_path=args.out,
                                 extra={"checkpoint": loaded.source})
     print(format_table(report))

@@ -106,6 +106,20 @@ def test_retrieval_chunked_equals_unchunked(chunk):
     assert retrieval_metrics(img, txt, chunk_size=chunk) == retrieval_metrics(img, txt, chunk_size=n)
 
 
+def test_retrieval_ranks_of_a_query_slice_match_the_full_ranks():
+    """A rank owning rows offset..offset+Q-1 ranks its queries against all candidates."""
+    g = torch.Generator().manual_seed(1)
+    img = torch.randn(20, 6, generator=g)
+    txt = img.clone()
+    txt[3:9] = txt[3]  # ties across the slice boundary
+    full = retrieval_ranks(img, txt, chunk_size=4)
+    for offset, q in ((0, 5), (5, 7), (12, 8)):
+        part = retrieval_ranks(img[offset:offset + q], txt, chunk_size=3, offset=offset)
+        assert torch.equal(part, full[offset:offset + q])
+    with pytest.raises(ValueError, match="fall outside"):
+        retrieval_ranks(img[:5], txt, offset=18)
+
+
 def test_report_outputs(tmp_path):
     counts = ZeroShotCounts(6)
     counts.update(LOGITS, LABELS)
@@ -113,7 +127,8 @@ def test_report_outputs(tmp_path):
     scalars = scalar_metrics(report)
     assert scalars["zeroshot/top1"] == pytest.approx(0.25)
     assert scalars["retrieval/i2t_r1"] == pytest.approx(0.5)
-    assert "zeroshot/per_class" not in scalars
+    assert "zeroshot/per_class" not in scalars and "zeroshot/n" not in scalars
+    assert scalar_metrics(report, counts=True)["zeroshot/n"] == 4
     table = format_table(report)
     assert "zeroshot/top5" in table and "0.7500" in table
     path = write_report(report, tmp_path / "r" / "report.json")
