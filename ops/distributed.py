@@ -375,8 +375,10 @@ def _clip_stats_pass(img, txt, s, row_shift, col_shift, o: _Options, gathered=No
     topo, kw = o.topo, o.kw
     if o.scheme == "gather":
         img_all, txt_all, shift_all = gathered
+        # own rows: I_r x T_all; own columns as the rows of S^T = s T I^T: T_r x I_all (both
+        # b x B, row sums, the kernels' cheap direction); the other direction's output unused
         rs, _, rws, _ = clip_stats(img, txt_all, s, row_shift, shift_all, **kw)
-        _, cs, _, cws = clip_stats(img_all, txt, s, shift_all, col_shift, **kw)
+        cs, _, cws, _ = clip_stats(txt, img_all, s, col_shift, shift_all, **kw)
         return (rs, cs, rws, cws), gathered
     rows = [torch.zeros_like(row_shift), torch.zeros_like(row_shift)]
 
@@ -402,7 +404,7 @@ def _clip_max_pass(img, txt, s, o: _Options, gathered=None):
     mm = dict(block_m=o.block_m, block_n=o.block_n, allow_tf32=o.allow_tf32)
     if o.scheme == "gather":
         img_all, txt_all, _ = gathered
-        return clip_max(img, txt_all, s, **mm)[0], clip_max(img_all, txt, s, **mm)[1]
+        return clip_max(img, txt_all, s, **mm)[0], clip_max(txt, img_all, s, **mm)[0]
     row_max = torch.full((img.shape[0],), -math.inf, device=img.device)
 
     def step(_off, held):
@@ -472,9 +474,10 @@ def _clip_backward(g, img, txt, s, saved, o: _Options):
     if o.scheme == "gather":
         img_all, txt_all, _ = saved["gathered"]
         none = torch.full((n_global,), math.inf, device=img.device)
-        # exp(S - inf) = 0: only the row-softmax term for I_r x T_all, only the column one for I_all x T_r
+        # exp(S - inf) = 0: only the row-softmax term for I_r x T_all, and for T_r x I_all (the
+        # rows of S^T) only the column-softmax term
         d_img, d_txt_all = clip_grads(img, txt_all, s, row_lse, none, **kw)
-        d_img_all, d_txt = clip_grads(img_all, txt, s, none, col_lse, **kw)
+        d_txt, d_img_all = clip_grads(txt, img_all, s, col_lse, none, **kw)
         d_img += _reduce_scatter(d_img_all, topo)
         del d_img_all
         d_txt += _reduce_scatter(d_txt_all, topo)
