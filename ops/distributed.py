@@ -607,6 +607,9 @@ def distributed_contrastive_loss(image_features: Tensor, text_features: Tensor, 
         raise ValueError(f"unknown distributed scheme {scheme!r}; choose from {SCHEMES}")
     if loss not in ("clip", "siglip"):
         raise ValueError(f"unknown loss {loss!r}; choose 'clip' or 'siglip'")
+    if impl not in ("naive", "chunked_torch", "triton"):
+        raise ValueError(f"impl must be 'naive', 'chunked_torch' or 'triton' (resolve 'auto' with "
+                         f"ops.resolve_impl first), got {impl!r}")
     if grad_reduction not in ("mean", "sum"):
         raise ValueError(f"grad_reduction must be 'mean' or 'sum', got {grad_reduction!r}")
     if loss == "siglip" and logit_bias is None:
