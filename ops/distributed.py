@@ -476,16 +476,22 @@ def _clip_backward(g, img, txt, s, saved, o: _Options):
         none = torch.full((n_global,), math.inf, device=img.device)
         # exp(S - inf) = 0: only the row-softmax term for I_r x T_all, and for T_r x I_all (the
         # rows of S^T) only the column-softmax term
-        d_img, d_txt_all = clip_grads(img, txt_all, s, row_lse, none, **kw)
-        d_txt, d_img_all = clip_grads(txt, img_all, s, col_lse, none, **kw)
+        # label terms of one direction each, taken inside the tiles (see clip_grads)
+        lab = dict(diag=-topo.rank * b, diag_value=1 - eps, offset=eps / n_global)
+        d_img, d_txt_all = clip_grads(img, txt_all, s, row_lse, none, **lab, **kw)
+        d_txt, d_img_all = clip_grads(txt, img_all, s, col_lse, none, **lab, **kw)
         d_img += _reduce_scatter(d_img_all, topo)
         del d_img_all
         d_txt += _reduce_scatter(d_txt_all, topo)
     else:
         rows = [torch.zeros(img.shape, dtype=torch.float32, device=img.device)]
 
-        def step(_off, held):
-            grad_a, grad_b = clip_grads(img, held[0], s, row_lse, held[1], **kw)
+        def step(col_offset, held):
+            # positives (global row == global column) at i - j == col_offset - row_offset; the
+            # label terms are taken inside the tiles, before rounding (see clip_grads)
+            grad_a, grad_b = clip_grads(img, held[0], s, row_lse, held[1],
+                                        diag=col_offset - topo.rank * b, diag_value=2 * (1 - eps),
+                                        offset=2 * eps / n_global, **kw)
             rows[0] += grad_a
             return [grad_b]
 
@@ -495,15 +501,10 @@ def _clip_backward(g, img, txt, s, saved, o: _Options):
             (d_txt,) = sweep(topo, [txt, col_lse], step, "sum")
         d_img = rows[0]
     coef = g / (2 * n_global)
-    # in place on the fp32 products (no fp32 copies of the features)
-    d_img.sub_(txt, alpha=2 * (1 - eps))
-    d_txt.sub_(img, alpha=2 * (1 - eps))
     diag_dots = clip_shifts(img, txt, torch.ones((), device=img.device)).sum()
     d_scale = coef * (saved["expect"] - 2 * (1 - eps) * diag_dots)
     if eps:
         img_sum, txt_sum = saved["img_sum"], saved["txt_sum"]
-        d_img.sub_(txt_sum, alpha=2 * eps / n_global)
-        d_txt.sub_(img_sum, alpha=2 * eps / n_global)
         # a global term: each rank takes 1/N of it
         d_scale = d_scale - coef * 2 * eps / n_global * torch.dot(img_sum, txt_sum) / topo.world
     d_img.mul_(coef * s * o.factor)
