@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 import typing
 from typing import Any, Mapping, Optional, TypeVar
 
@@ -131,7 +130,8 @@ class ContrastiveLossConfig:
     distributed: typing.Literal["none", "gather", "disco", "ring", "hierarchical_ring"] = "none"
     """How the global batch is spread over the data-parallel group (ignored at world size 1)."""
     local_world_size: Optional[int] = None
-    """hierarchical_ring: GPUs per node (None: LOCAL_WORLD_SIZE from the launcher)."""
+    """hierarchical_ring: GPUs per node (None: from the launcher's environment, LOCAL_WORLD_SIZE,
+    LOCAL_SIZE or OMPI_COMM_WORLD_LOCAL_SIZE)."""
     grad_reduction: typing.Literal["mean", "sum"] = "mean"
     """How the framework combines data-parallel gradients (DeepSpeed/DDP: mean). The feature
     gradients are scaled so that the reduced gradients equal the full-batch ones."""
@@ -150,8 +150,3 @@ class ContrastiveLossConfig:
     def from_dict(cls, data: Optional[Mapping[str, Any]], source: Optional[str] = None
                   ) -> "ContrastiveLossConfig":
         return parse_section(cls, data, "contrastive_loss", source)
-
-    @staticmethod
-    def env_local_world_size() -> Optional[int]:
-        value = os.environ.get("LOCAL_WORLD_SIZE")
-        return int(value) if value else None
