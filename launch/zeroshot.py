@@ -62,6 +62,8 @@ def main(argv=None) -> int:
             data = loaded.run_config["data"]
             evaluator.image_mean = data.get("image_mean", evaluator.image_mean)
             evaluator.image_std = data.get("image_std", evaluator.image_std)
+            evaluator.image_key = data.get("image_key", evaluator.image_key)
+            evaluator.caption_key = data.get("caption_key", evaluator.caption_key)
     else:
         if not loaded.run_config or not loaded.run_config.get("eval"):
             raise SystemExit("no eval data: pass --images, --shards or --retrieval-shards (the run config "
