@@ -171,12 +171,17 @@ def _schedules(world, group):
                                 ("hier-L1", "hierarchical_ring", 1), ("hier-env", "hierarchical_ring", None)):
         if local is not None and world % local or name == "hier-env" and world != 4:
             continue
+        # the launcher variables this process inherited (an in-process launch/pretrain.py test
+        # sets LOCAL_WORLD_SIZE=1 for its single process) must not decide the layout here
+        saved = {k: os.environ.pop(k) for k in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+                 if k in os.environ}
         if name == "hier-env":  # the deepspeed launcher's variable: 2 nodes x 2
             os.environ["LOCAL_SIZE"] = "2"
         try:
             topo = topology(group, scheme, local)
         finally:
             os.environ.pop("LOCAL_SIZE", None)
+            os.environ.update(saved)
         seen = []
         block = [torch.full((LOCAL_B, 2), float(topo.rank))]
 
