@@ -303,10 +303,11 @@ def siglip_grads(a: Tensor, b: Tensor, scale: Tensor, bias: Tensor, diag: int = 
         return _torch_siglip_grads(a, b, scale, bias, diag, bm, bn, sink_a)
 
 
-def rowdot(a: Tensor, b: Tensor, chunk: int = 65536) -> Tensor:
-    """<a_i, b_i> in fp32 ([B]), in row chunks so no fp32 copy of a or b is made."""
+def rowdot(a: Tensor, b: Tensor, chunk_elems: int = 1 << 22) -> Tensor:
+    """<a_i, b_i> in fp32 ([B]), in row chunks of <= chunk_elems elements (16 MiB of fp32
+    temporaries), so no [B, D] fp32 copy of a or b is made."""
     out = torch.empty(a.shape[0], device=a.device, dtype=torch.float32)
-    for i0, i1 in _tiles(a.shape[0], chunk):
+    for i0, i1 in _tiles(a.shape[0], max(1, chunk_elems // max(a.shape[1], 1))):
         out[i0:i1] = (a[i0:i1].float() * b[i0:i1].float()).sum(-1)
     return out
 
