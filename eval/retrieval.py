@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 from torch import Tensor
 
-from .features import image_features, text_features
+from .features import idle_forward, image_features, text_features
 
 if TYPE_CHECKING:
     from .distributed import RankSync
@@ -113,11 +113,8 @@ def encode_pairs(model, batches: Iterable[Dict], sync: "RankSync", *, device: to
         batch = next(it, None) if max_samples is None or seen < max_samples else None
         if not sync.any(batch is not None):
             break
-        if batch is None:  # keep ZeRO-3 collectives in step: one-row dummy forward
-            size = int(model.image_size)
-            image_features(model, torch.zeros(1, 3, size, size, device=device, dtype=dtype))
-            text_features(model, torch.ones(1, 2, dtype=torch.long, device=device),
-                          torch.ones(1, 2, dtype=torch.long, device=device))
+        if batch is None:  # keep ZeRO-3 collectives in step
+            idle_forward(model, device, dtype, text=True)
             continue
         take = batch["pixel_values"].shape[0]
         if max_samples is not None:

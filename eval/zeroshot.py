@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .features import image_features, text_features
+from .features import idle_forward, image_features, text_features
 from .templates import check_templates, fill_template
 
 if TYPE_CHECKING:
@@ -247,9 +247,8 @@ def zeroshot_eval(model, classifier: Tensor, batches: Iterable[Dict], sync: "Ran
         batch = next(it, None) if max_samples is None or seen < max_samples else None
         if not sync.any(batch is not None):
             break
-        if batch is None:  # keep ZeRO-3 collectives in step: one-row dummy forward
-            size = int(model.image_size)
-            image_features(model, torch.zeros(1, 3, size, size, device=device, dtype=dtype))
+        if batch is None:  # keep ZeRO-3 collectives in step
+            idle_forward(model, device, dtype)
             continue
         labels = batch["label"]
         take = labels.shape[0] if max_samples is None else min(labels.shape[0], max_samples - seen)

@@ -202,9 +202,13 @@ def _bucket(m: int, n: int) -> int:
     return int(m * n >= 8192 * 8192)
 
 
-def _check_block(name: str, value: int) -> None:
-    if value < 16 or value & (value - 1):
-        raise ValueError(f"triton {name} must be a power of two >= 16, got {value}")
+def _explicit_blocks(block_m: int, block_n: int) -> tuple[int, int]:
+    """Tile sizes given in the config (0 = 64) instead of autotuning; checked for tl.dot."""
+    blocks = (block_m or 64, block_n or 64)
+    for name, value in zip(("block_m", "block_n"), blocks):
+        if value < 16 or value & (value - 1):
+            raise ValueError(f"triton {name} must be a power of two >= 16, got {value}")
+    return blocks
 
 
 def _precision(dtype: torch.dtype, allow_tf32: bool) -> str:
@@ -237,9 +241,7 @@ def _launch_fwd(a, b, scale, bias, row_shift, col_shift, diag, siglip, block_m, 
             _bucket(m, n))
     prec = _precision(a.dtype, allow_tf32)
     if block_m or block_n:
-        bm, bn = block_m or 64, block_n or 64
-        _check_block("block_m", bm)
-        _check_block("block_n", bn)
+        bm, bn = _explicit_blocks(block_m, block_n)
         _contrastive_fwd_kernel[(triton.cdiv(m, bm),)](
             *args, SIGLIP=siglip, DOT_PRECISION=prec, BLOCK_M=bm, BLOCK_N=bn,
             BLOCK_K=32 if _INTERPRET else 64, num_warps=4)
@@ -271,9 +273,7 @@ def _launch_bwd_band(a, b, pbuf, scale, bias, row_lse, col_lse, gsum, gwsum, dia
             _bucket(m, n))
     prec = _precision(a.dtype, allow_tf32)
     if block_m or block_n:
-        bm, bn = block_m or 64, block_n or 64
-        _check_block("block_m", bm)
-        _check_block("block_n", bn)
+        bm, bn = _explicit_blocks(block_m, block_n)
         grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
         _contrastive_bwd_kernel[grid](*args, SIGLIP=siglip, DOT_PRECISION=prec, BLOCK_M=bm,
                                       BLOCK_N=bn, BLOCK_K=32 if _INTERPRET else 64, GROUP_M=4,
