@@ -78,7 +78,8 @@ def ours(dtype_mode):
 
 
 def measure(fn, b, d, dtype, reps, warmup=2):
-    """Median fwd+bwd ms and peak memory above the inputs (GiB); None on OOM."""
+    """(median fwd+bwd ms, peak memory above the inputs in GiB, loss), or a status string
+    ("oom", "error: ...")."""
     torch.cuda.empty_cache()
     gen = torch.Generator(device="cuda").manual_seed(0)
     img = F.normalize(torch.randn(b, d, device="cuda", generator=gen), dim=-1).to(dtype).requires_grad_()
@@ -104,10 +105,10 @@ def measure(fn, b, d, dtype, reps, warmup=2):
         peak = (torch.cuda.max_memory_allocated() - base) / 2**30
         return statistics.median(times), peak, float(loss.detach())
     except torch.OutOfMemoryError:
-        return None
+        return "oom"
     except Exception as exc:  # an anchor failing must not end the run
         print(f"# error: {type(exc).__name__}: {exc}", flush=True)
-        return None
+        return f"error: {type(exc).__name__}"
     finally:
         del img, txt, scale
         torch.cuda.empty_cache()
@@ -157,8 +158,8 @@ def main(argv=None):
             res = measure(fn, b, args.dim, dtype, reps, warmup=1 if b >= 262144 else 2)
             row = dict(meta, impl=name, B=b, dtype=str(dtype).replace("torch.", ""),
                        roofline_ms=round(roof, 3))
-            if res is None:
-                row.update(status="oom")
+            if isinstance(res, str):
+                row.update(status=res)
             else:
                 ms, peak, loss = res
                 row.update(status="ok", ms=round(ms, 3), peak_extra_gib=round(peak, 3), loss=loss,
@@ -175,7 +176,7 @@ def main(argv=None):
         if r["status"] == "ok":
             print(f"| {r['B']:,} | {r['impl']} | {r['dtype']} | {r['ms']:.1f} | {r['x_roofline']} | {r['peak_extra_gib']:.2f} |")
         else:
-            print(f"| {r['B']:,} | {r['impl']} | {r['dtype']} | OOM | | |")
+            print(f"| {r['B']:,} | {r['impl']} | {r['dtype']} | {r['status']} | | |")
 
 
 if __name__ == "__main__":
