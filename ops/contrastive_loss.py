@@ -12,7 +12,8 @@ The work is split into *block primitives* over a pair of feature blocks (rows A,
 They return results that merge by plain addition, which is what the distributed schemes
 (ops/distributed.py) send round the ring:
     clip_stats    -> row/col sums of exp(S - shift) and of exp(S - shift) * S'
-    clip_grads    -> P @ Bm and P^T @ A, with P = exp(S - r) + exp(S - c) for final LSEs r, c
+    clip_grads    -> P @ Bm and P^T @ A, with P = exp(S - r) + exp(S - c) for final LSEs r, c,
+                     less the label terms (taken inside the tile, before any rounding)
     siglip_stats  -> per-row sums of softplus(-z x)
     siglip_grads  -> G @ Bm, G^T @ A, sum(G), sum(G * S') with G = -z sigmoid(-z x)
 Shifts: every LSE is taken relative to a fixed per-row/column shift instead of a running max,
@@ -151,7 +152,7 @@ def _torch_clip_grads(a, b, scale, row_lse, col_lse, bm, bn, diag, diag_value, o
             logits = scale * (a32[i0:i1] @ b32[j0:j1].T)
             p = torch.exp(logits - row_lse[i0:i1, None]) + torch.exp(logits - col_lse[None, j0:j1])
             if diag_value:
-                p -= diag_value * (_siglip_signs(i0, i1, j0, j1, diag, a.device) > 0)
+                p -= diag_value * (_pair_signs(i0, i1, j0, j1, diag, a.device) > 0)
             if offset:
                 p -= offset
             rows += p @ b32[j0:j1]
@@ -168,7 +169,8 @@ def _emit(rows, i0, i1, out, sink):
         sink(i0, i1, rows)
 
 
-def _siglip_signs(i0, i1, j0, j1, diag, device):
+def _pair_signs(i0, i1, j0, j1, diag, device):
+    """+1 where row i - column j == diag (the positive pairs of this tile), -1 elsewhere."""
     rows = torch.arange(i0, i1, device=device)[:, None]
     cols = torch.arange(j0, j1, device=device)[None, :]
     return torch.where(rows - cols == diag, 1.0, -1.0)
@@ -180,7 +182,7 @@ def _torch_siglip_stats(a, b, scale, bias, diag, bm, bn):
     for i0, i1 in _tiles(a.shape[0], bm):
         for j0, j1 in _tiles(b.shape[0], bn):
             x = scale * (a32[i0:i1] @ b32[j0:j1].T) + bias
-            z = _siglip_signs(i0, i1, j0, j1, diag, a.device)
+            z = _pair_signs(i0, i1, j0, j1, diag, a.device)
             row_loss[i0:i1] += F.softplus(-z * x).sum(1)
     return row_loss
 
@@ -196,7 +198,7 @@ def _torch_siglip_grads(a, b, scale, bias, diag, bm, bn, sink_a=None):
         for j0, j1 in _tiles(b.shape[0], bn):
             dots = a32[i0:i1] @ b32[j0:j1].T
             x = scale * dots + bias
-            z = _siglip_signs(i0, i1, j0, j1, diag, a.device)
+            z = _pair_signs(i0, i1, j0, j1, diag, a.device)
             g = -z * torch.sigmoid(-z * x)
             rows += g @ b32[j0:j1]
             grad_b[j0:j1] += g.T @ a32[i0:i1]
