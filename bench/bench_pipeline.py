@@ -28,7 +28,6 @@ import datetime
 import gc
 import json
 import os
-import socket
 import sys
 import time
 
@@ -48,17 +47,6 @@ PRESETS = {
                "text": {"context_length": 77, "hidden_size": 768, "layers": 12, "heads": 12, "vocab_size": 49408}},
 }
 EOS, PAD, BOS = 1, 0, 2
-
-
-def _env_defaults() -> None:
-    if "RANK" in os.environ:
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
-                 ("MASTER_PORT", str(port))):
-        os.environ.setdefault(k, v)
 
 
 def synthetic_batch(n: int, cfg, device, dtype):
@@ -225,7 +213,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_pipeline needs a CUDA GPU", file=sys.stderr)
         return 2
-    _env_defaults()
+    from pipeline.train import single_process_env
+
+    single_process_env()
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="nccl")

@@ -14,7 +14,7 @@ forward pass).
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -52,6 +52,25 @@ class RankSync:
         flag = torch.tensor([1 if have else 0], dtype=torch.int32, device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
+
+    def lockstep(self, batches: Iterable[Dict], max_samples: Optional[int],
+                 idle: Callable[[], None]) -> Iterator[Tuple[Dict, int]]:
+        """Yield ``(batch, take)`` (use the first ``take`` rows) until every rank is out of data
+        or past ``max_samples``; on turns where this rank has nothing left ``idle()`` runs (a
+        dummy forward), so all ranks make the same number of turns."""
+        seen = 0
+        it = iter(batches)
+        while True:
+            batch = next(it, None) if max_samples is None or seen < max_samples else None
+            if not self.any(batch is not None):
+                return
+            if batch is None:
+                idle()
+                continue
+            rows = batch["pixel_values"].shape[0]
+            take = rows if max_samples is None else min(rows, max_samples - seen)
+            seen += take
+            yield batch, take
 
     def sum_(self, tensor: Tensor) -> Tensor:
         """In-place sum over ranks (returns ``tensor`` on its own device)."""

@@ -107,24 +107,13 @@ def encode_pairs(model, batches: Iterable[Dict], sync: "RankSync", *, device: to
     """
     imgs: List[Tensor] = []
     txts: List[Tensor] = []
-    seen = 0
-    it = iter(batches)
-    while True:
-        batch = next(it, None) if max_samples is None or seen < max_samples else None
-        if not sync.any(batch is not None):
-            break
-        if batch is None:  # keep ZeRO-3 collectives in step
-            idle_forward(model, device, dtype, text=True)
-            continue
-        take = batch["pixel_values"].shape[0]
-        if max_samples is not None:
-            take = min(take, max_samples - seen)
+    idle = lambda: idle_forward(model, device, dtype, text=True)  # noqa: E731 (ZeRO-3 lockstep)
+    for batch, take in sync.lockstep(batches, max_samples, idle):
         pv = batch["pixel_values"][:take].to(device=device, dtype=dtype)
         ids = batch["input_ids"][:take].to(device)
         mask = batch["attention_mask"][:take].to(device)
         imgs.append(image_features(model, pv))
         txts.append(text_features(model, ids, mask))
-        seen += take
     width = int(model.embed_dim)
     empty = torch.zeros(0, width, device=device)
     return (torch.cat(imgs) if imgs else empty), (torch.cat(txts) if txts else empty)

@@ -241,25 +241,15 @@ def zeroshot_eval(model, classifier: Tensor, batches: Iterable[Dict], sync: "Ran
     """
     counts = ZeroShotCounts(classifier.shape[0], ks)
     weights = classifier.to(device=device, dtype=torch.float32)
-    seen = 0
-    it = iter(batches)
-    while True:
-        batch = next(it, None) if max_samples is None or seen < max_samples else None
-        if not sync.any(batch is not None):
-            break
-        if batch is None:  # keep ZeRO-3 collectives in step
-            idle_forward(model, device, dtype)
-            continue
-        labels = batch["label"]
-        take = labels.shape[0] if max_samples is None else min(labels.shape[0], max_samples - seen)
-        labels = labels[:take]
+    idle = lambda: idle_forward(model, device, dtype)  # noqa: E731 (ZeRO-3 lockstep)
+    for batch, take in sync.lockstep(batches, max_samples, idle):
+        labels = batch["label"][:take]
         if (labels < 0).any():
             key = batch.get("key", ["?"] * take)[int((labels < 0).nonzero()[0])]
             raise ValueError(f"sample {key!r} has no integer 'label' in its json member; zero-shot shards "
                              "need {\"label\": class index}")
         feats = image_features(model, batch["pixel_values"][:take].to(device=device, dtype=dtype))
         counts.update(feats @ weights.T, labels.to(device))
-        seen += take
     state = sync.sum_(counts.state)
     counts.load_state(state)
     return counts

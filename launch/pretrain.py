@@ -13,28 +13,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
 import sys
 
 # runs from a plain checkout too (the launcher puts launch/, not the repo root, on sys.path)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pipeline.config import load_config  # noqa: E402
-from pipeline.train import train  # noqa: E402
-
-_MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
-
-
-def _single_process_env() -> None:
-    """Without a launcher (and not under mpirun), make this process a world of one."""
-    if "RANK" in os.environ or any(k in os.environ for k in _MPI_ENV):
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
-                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))):
-        os.environ.setdefault(key, value)
+from pipeline.train import single_process_env, train  # noqa: E402
 
 
 def _evaluator(run_cfg, source):
@@ -59,7 +44,7 @@ def main(argv=None) -> int:
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
     args = parser.parse_args(argv)
 
-    _single_process_env()
+    single_process_env()
     rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"%(asctime)s [rank{rank}] %(name)s: %(message)s")

@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import resource
+import socket
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
@@ -39,7 +40,8 @@ from .model import CLIPTowers
 if TYPE_CHECKING:
     from .config import RunConfig
 
-__all__ = ["TrainConfig", "TrainResult", "train", "forward_backward", "NonFiniteLossError"]
+__all__ = ["TrainConfig", "TrainResult", "train", "forward_backward", "NonFiniteLossError",
+           "single_process_env"]
 
 logger = logging.getLogger(__name__)
 
@@ -482,3 +484,20 @@ def _log_step(engine, writer, step, loss, window, batches, device, micro, t_star
                     f"{scale_value:.2f}" if scale_value is not None else "-",
                     f"{float(grad_norm):.3f}" if grad_norm is not None else "-", samples_per_s, loss_ms, peak,
                     _fmt_time(rate * (total - step)))
+
+
+_MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
+
+
+def single_process_env() -> None:
+    """Without a launcher (and not under mpirun), make this process a world of one: RANK,
+    WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and a free MASTER_PORT on 127.0.0.1 (otherwise
+    DeepSpeed goes looking for MPI). Keys already set are kept."""
+    if "RANK" in os.environ or any(k in os.environ for k in _MPI_ENV):
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
+                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))):
+        os.environ.setdefault(key, value)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -74,12 +72,9 @@ def single_rank_env():
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
-                           ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))):
-            os.environ.setdefault(key, value)
+        from pipeline.train import single_process_env
+
+        single_process_env()
     yield
 
 

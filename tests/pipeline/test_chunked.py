@@ -9,8 +9,6 @@ gradients are read with ``deepspeed.utils.safe_get_full_grad`` before the optimi
 
 from __future__ import annotations
 
-import os
-import socket
 
 import pytest
 import torch
@@ -123,12 +121,9 @@ def dist_world_of_one():
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
-                     ("MASTER_PORT", str(port))):
-            os.environ.setdefault(k, v)
+        from pipeline.train import single_process_env
+
+        single_process_env()
         deepspeed.init_distributed(dist_backend="gloo")
     assert dist.get_world_size() == 1
     yield
