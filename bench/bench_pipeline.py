@@ -5,9 +5,10 @@ each step is exactly what ``pipeline.train`` runs (``pipeline.train.forward_back
 ``engine.step()``). Two studies, one JSONL row per measurement in bench/results/pipeline.jsonl:
 
   throughput  ViT-B/32 at micro-batch 256, bf16, gradient checkpointing, ZeRO-2 and ZeRO-3,
-              tiled loss (impl triton) vs naive (full B x B matrix), samples/s after warm-up
-              (compare: a plain DeepSpeed smoke of the same towers did 1,060 / 539 samples/s
-              at ZeRO-2 / ZeRO-3 on an H200, BENCHMARKS.md).
+              tiled loss (impl triton) vs naive (full B x B matrix) vs the anchor "hf_plain"
+              (transformers' CLIPModel with its own loss under the same DeepSpeed config),
+              samples/s after warm-up (BENCHMARKS.md: a plain DeepSpeed smoke of the same towers
+              did 1,060 / 539 samples/s at ZeRO-2 / ZeRO-3 on an H200).
   max_batch   the chunked backbone (GradCache) at per-GPU batches 8192 ... 65536 for ViT-B/32
               and ViT-L/14, chunk 256: one warm-up step at two chunks, then one timed step per
               size; stops at the first OOM and skips sizes whose predicted step time exceeds
@@ -47,6 +48,7 @@ PRESETS = {
                "text": {"context_length": 77, "hidden_size": 768, "layers": 12, "heads": 12, "vocab_size": 49408}},
 }
 EOS, PAD, BOS = 1, 0, 2
+PLAIN = "hf_plain"
 
 
 def synthetic_batch(n: int, cfg, device, dtype):
@@ -63,23 +65,49 @@ def synthetic_batch(n: int, cfg, device, dtype):
     return pv, ids, mask
 
 
-def build(preset: str, zero: int, micro: int, grad_ckpt: bool, impl: str):
+def build(preset: str, zero: int, micro: int, grad_ckpt: bool, impl: str, zero_extra=None, leaf: bool = False):
     import deepspeed
 
     from ops import ContrastiveLoss, ContrastiveLossConfig
-    from pipeline.model import CLIPTowers, ModelConfig
+    from pipeline.model import CLIPTowers, ModelConfig, mark_zero3_leaf_layers
 
     cfg = ModelConfig.from_dict({**PRESETS[preset], "gradient_checkpointing": grad_ckpt})
     torch.manual_seed(0)
-    model = CLIPTowers(cfg, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=BOS)
+    if impl == PLAIN:
+        model = plain_hf_clip(cfg, grad_ckpt)
+    else:
+        model = CLIPTowers(cfg, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=BOS)
     ds = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
           "gradient_clipping": 1.0, "bf16": {"enabled": True},
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1, "torch_adam": True}},
-          "zero_optimization": {"stage": zero, "overlap_comm": True, "contiguous_gradients": True}}
+          "zero_optimization": {"stage": zero, "overlap_comm": True, "contiguous_gradients": True,
+                                **((zero_extra or {}) if zero == 3 else {})}}
+    if zero == 3 and leaf:
+        mark_zero3_leaf_layers(model)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
     engine.train()
+    if impl == PLAIN:
+        return engine, cfg, None
     crit = ContrastiveLoss(ContrastiveLossConfig(impl=impl))
     return engine, cfg, (lambda img, txt, scale, bias: crit(img, txt, scale))
+
+
+def plain_hf_clip(cfg, grad_ckpt: bool):
+    """The anchor: transformers' own CLIPModel (its bf16 full-matrix loss, ``return_loss=True``)
+    with the same tower sizes, trained by the same DeepSpeed config: what a plain DeepSpeed
+    script gets, measured in the same run as the pipeline."""
+    from transformers import CLIPConfig, CLIPModel
+
+    from pipeline.model import _hf_configs, _set_checkpointing
+
+    vision, text = _hf_configs(cfg, cfg.text.vocab_size, {"eos_token_id": EOS, "pad_token_id": PAD,
+                                                          "bos_token_id": BOS})
+    model = CLIPModel(CLIPConfig(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                                 projection_dim=cfg.embed_dim))
+    # DeepSpeed broadcasts parameters as byte views, which a 0-dim tensor cannot take
+    model.logit_scale = torch.nn.Parameter(model.logit_scale.detach().reshape(1))
+    _set_checkpointing(model, grad_ckpt)
+    return model
 
 
 def release(engine) -> None:
@@ -96,7 +124,12 @@ def timed_steps(engine, loss_fn, batch, steps: int, chunk):
     torch.cuda.synchronize()
     loss_ms, t0 = 0.0, time.perf_counter()
     for _ in range(steps):
-        loss, ms, _ = forward_backward(engine, *batch, loss_fn, chunk)
+        if loss_fn is None:  # the plain HF anchor: loss inside the model's forward
+            pv, ids, mask = batch
+            loss, ms = engine(input_ids=ids, pixel_values=pv, attention_mask=mask, return_loss=True).loss, float("nan")
+            engine.backward(loss)
+        else:
+            loss, ms, _ = forward_backward(engine, *batch, loss_fn, chunk)
         engine.step()
         loss_ms += ms
     torch.cuda.synchronize()
@@ -113,25 +146,53 @@ def base_row(args) -> dict:
 
 
 def throughput(args, rows):
-    for zero in args.zero:
-        for impl in args.impls:
-            row = {**base_row(args), "study": "throughput", "model": args.throughput_model, "zero": zero,
-                   "loss_impl": impl, "micro_batch": args.micro_batch, "chunk": None, "grad_ckpt": True}
-            engine = None
-            try:
-                engine, cfg, loss_fn = build(args.throughput_model, zero, args.micro_batch, True, impl)
-                batch = synthetic_batch(args.micro_batch, cfg, engine.device, torch.bfloat16)
-                timed_steps(engine, loss_fn, batch, args.warmup, None)
-                torch.cuda.reset_peak_memory_stats()
-                step_s, loss_ms, loss = timed_steps(engine, loss_fn, batch, args.steps, None)
-                row.update(status="ok", step_ms=step_s * 1e3, samples_per_s=args.micro_batch / step_s,
-                           loss_op_ms=loss_ms, peak_mem_gb=torch.cuda.max_memory_allocated() / 2**30, loss=loss)
-            except torch.OutOfMemoryError:
-                row.update(status="oom")
-            finally:
-                if engine is not None:
-                    release(engine)
-            report(row, rows, args)
+    runs = [(zero, leaf, impl) for zero in args.zero for leaf in (args.zero3_leaf if zero == 3 else [0])
+            for impl in args.impls]
+    for zero, leaf, impl in runs:
+        row = {**base_row(args), "study": "throughput", "model": args.throughput_model, "zero": zero,
+               "loss_impl": impl, "micro_batch": args.micro_batch, "chunk": None, "grad_ckpt": True}
+        if zero == 3:
+            row["zero3_leaf_layers"] = bool(leaf)
+        if zero == 3 and args.zero3_extra != "{}":
+            row["zero3_extra"] = json.loads(args.zero3_extra)
+        engine = None
+        gc.collect()
+        torch.cuda.empty_cache()
+        # a destroyed ZeRO-3 engine leaves ~2 GiB allocated in this process (DeepSpeed keeps
+        # references): peaks are counted from what is allocated before the engine is built
+        floor = torch.cuda.memory_allocated()
+        row["leftover_gb"] = floor / 2**30
+        try:
+            engine, cfg, loss_fn = build(args.throughput_model, zero, args.micro_batch, True, impl,
+                                         json.loads(args.zero3_extra), bool(leaf))
+            batch = synthetic_batch(args.micro_batch, cfg, engine.device, torch.bfloat16)
+            timed_steps(engine, loss_fn, batch, args.warmup, None)
+            torch.cuda.reset_peak_memory_stats()
+            step_s, loss_ms, loss = timed_steps(engine, loss_fn, batch, args.steps, None)
+            if args.profile:
+                profile(engine, loss_fn, batch, args.profile, f"zero{zero} leaf{leaf} {impl}")
+            row.update(status="ok", step_ms=step_s * 1e3, samples_per_s=args.micro_batch / step_s,
+                       loss_op_ms=loss_ms, peak_mem_gb=(torch.cuda.max_memory_allocated() - floor) / 2**30,
+                       loss=loss)
+        except torch.OutOfMemoryError:
+            row.update(status="oom")
+        finally:
+            if engine is not None:
+                release(engine)
+        report(row, rows, args)
+
+
+def profile(engine, loss_fn, batch, steps: int, label: str) -> None:
+    """Print where a step's host and device time go (torch.profiler, ``steps`` steps)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        timed_steps(engine, loss_fn, batch, steps, None)
+    events = prof.key_averages()
+    device_us = sum(e.self_device_time_total for e in events)
+    print(f"# profile {label}: {steps} steps, device busy {device_us / 1e3 / steps:.1f} ms/step", flush=True)
+    print(events.table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=60), flush=True)
 
 
 def max_batch(args, rows):
@@ -184,7 +245,8 @@ def report(row, rows, args) -> None:
 
 def fmt(r) -> str:
     num = (lambda k, f: format(r[k], f) if isinstance(r.get(k), (int, float)) else "-")
-    return (f"{r['study']:<10} {r['model']:<7} zero{r['zero']} {r['loss_impl']:<7} B={r['micro_batch']:<6} "
+    leaf = {True: "+leaf", False: "-leaf"}.get(r.get("zero3_leaf_layers"), "")
+    return (f"{r['study']:<10} {r['model']:<7} zero{r['zero']}{leaf:<5} {r['loss_impl']:<8} B={r['micro_batch']:<6} "
             f"chunk={str(r['chunk']):<5} ckpt={int(r['grad_ckpt'])} {r['status']:<7} "
             f"{num('samples_per_s', '9.1f')} samples/s  step {num('step_ms', '10.1f')} ms  "
             f"loss-op {num('loss_op_ms', '8.2f')} ms  peak {num('peak_mem_gb', '6.2f')} GiB")
@@ -196,7 +258,13 @@ def main(argv=None) -> int:
     p.add_argument("--throughput_model", default="vitb32", choices=sorted(PRESETS))
     p.add_argument("--micro_batch", type=int, default=256)
     p.add_argument("--zero", type=int, nargs="+", default=[2, 3])
-    p.add_argument("--impls", nargs="+", default=["triton", "naive"])
+    p.add_argument("--impls", nargs="+", default=["triton", "naive", PLAIN],
+                   help=f"loss impls for the throughput study; {PLAIN!r}: transformers' CLIPModel anchor")
+    p.add_argument("--zero3_extra", default="{}", help="JSON merged into zero_optimization at stage 3, e.g. "
+                   "'{\"stage3_module_granularity_threshold\": 12000}'")
+    p.add_argument("--zero3_leaf", type=int, nargs="+", default=[1], choices=[0, 1],
+                   help="ZeRO-3: gather each transformer block as one unit (1, the pipeline's default) or not (0)")
+    p.add_argument("--profile", type=int, default=0, help="profile this many extra steps per throughput row")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--max_batch_sizes", nargs="+",

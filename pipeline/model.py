@@ -129,6 +129,10 @@ class ModelConfig:
     checkpointing_impl: typing.Literal["torch", "deepspeed"] = "torch"
     """With gradient_checkpointing: torch's checkpoint, or DeepSpeed's (configured by DeepSpeed's
     ``activation_checkpointing`` section: partition_activations, cpu_checkpointing, ...)."""
+    zero3_leaf_layers: bool = True
+    """ZeRO-3 only: gather each transformer block's parameters as one unit (DeepSpeed "leaf
+    modules") instead of one fetch per Linear/LayerNorm; far fewer hooks on the host, at the cost
+    of one whole block's weights live at a time."""
 
     def __post_init__(self) -> None:
         self.vision = _sub(VisionTowerConfig, self.vision, "model.vision")
@@ -203,6 +207,17 @@ def _set_checkpointing(model: nn.Module, enable: bool, function: Optional[Any] =
             model.gradient_checkpointing_disable()
 
 
+def mark_zero3_leaf_layers(model: nn.Module) -> int:
+    """Flag each HF transformer block (``*EncoderLayer``) in ``model`` as a DeepSpeed ZeRO-3 leaf
+    module: its parameters are gathered and released as one unit. Returns how many were flagged."""
+    from deepspeed.utils import set_z3_leaf_module
+
+    blocks = [m for m in model.modules() if type(m).__name__.endswith("EncoderLayer")]
+    for block in blocks:
+        set_z3_leaf_module(block, True)
+    return len(blocks)
+
+
 class CLIPTowers(nn.Module):
     """Image and text towers with a shared embedding width E and learnable logit scale/bias.
 
@@ -247,6 +262,11 @@ class CLIPTowers(nn.Module):
         section: partitioned or CPU-offloaded activations)."""
         for tower in (self.vision, self.text):
             _set_checkpointing(tower, enable, function)
+
+    def mark_zero3_leaf_layers(self) -> int:
+        """Flag every transformer block of both towers as a ZeRO-3 leaf module (call before
+        ``deepspeed.initialize``); returns how many were flagged."""
+        return mark_zero3_leaf_layers(self)
 
     @property
     def image_size(self) -> int:

@@ -261,6 +261,8 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
     model = CLIPTowers.from_config(model_cfg, tokenizer)
     if model_cfg.pretrained:
         image_size, context_length = model.image_size, model.context_length
+    if run_cfg.zero_stage == 3 and model_cfg.zero3_leaf_layers:
+        model.mark_zero3_leaf_layers()
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=_param_groups(model, tcfg.weight_decay_1d),
                                            config=ds_config)
     device = engine.device
