@@ -122,7 +122,7 @@ def timed_steps(engine, loss_fn, batch, steps: int, chunk):
     from pipeline.train import forward_backward
 
     torch.cuda.synchronize()
-    loss_ms, t0 = 0.0, time.perf_counter()
+    loss_ms, t0 = [], time.perf_counter()
     for _ in range(steps):
         if loss_fn is None:  # the plain HF anchor: loss inside the model's forward
             pv, ids, mask = batch
@@ -131,9 +131,9 @@ def timed_steps(engine, loss_fn, batch, steps: int, chunk):
         else:
             loss, ms, _ = forward_backward(engine, *batch, loss_fn, chunk)
         engine.step()
-        loss_ms += ms
+        loss_ms.append(ms)
     torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / steps, loss_ms / steps, float(loss)
+    return (time.perf_counter() - t0) / steps, sum(float(t) for t in loss_ms) / steps, float(loss)
 
 
 def base_row(args) -> dict:

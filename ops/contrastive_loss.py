@@ -526,11 +526,12 @@ def _validate(image_features: Tensor, text_features: Tensor, logit_scale: Tensor
             raise ValueError(f"{name} is on {value.device} but the features are on {image_features.device}")
     if loss == "siglip" and logit_bias is None:
         raise ValueError("loss 'siglip' needs logit_bias")
-    if check_finite:
-        for name, value in (("image_features", image_features), ("text_features", text_features),
-                            ("logit_scale", logit_scale)):
-            if not bool(torch.isfinite(value).all()):
-                raise FloatingPointError(f"{name} contains NaN or Inf")
+    if check_finite:  # one host-device sync for all three
+        named = (("image_features", image_features), ("text_features", text_features), ("logit_scale", logit_scale))
+        finite = torch.stack([torch.isfinite(value).all() for _, value in named])
+        if not bool(finite.all()):
+            bad = [name for (name, _), ok in zip(named, finite.tolist()) if not ok]
+            raise FloatingPointError(f"{bad[0]} contains NaN or Inf")
 
 
 def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale: Tensor,

@@ -341,7 +341,7 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
     engine.train()
     t_start = time.perf_counter()
     start_step = step
-    window = {"t": time.perf_counter(), "samples": 0, "data_s": 0.0, "loss_ms": 0.0, "n": 0}
+    window = {"t": time.perf_counter(), "samples": 0, "data_s": 0.0, "loss_ms": [], "n": 0}
     done = False
     grad_norm = None
     while step < tcfg.steps and not done:
@@ -371,7 +371,7 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
             engine.step()
             step_loss += value / gas
             window["samples"] += pv.shape[0] * dp_world
-            window["loss_ms"] += loss_ms
+            window["loss_ms"].append(loss_ms)
             window["n"] += 1
         if done and window["n"] == 0:
             break
@@ -380,7 +380,7 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
         if step % tcfg.log_every == 0 or step == tcfg.steps:
             _log_step(engine, writer, step, step_loss, window, batches, device, micro, t_start, start_step,
                       tcfg.steps, scale_value, grad_norm)
-            window = {"t": time.perf_counter(), "samples": 0, "data_s": 0.0, "loss_ms": 0.0, "n": 0}
+            window = {"t": time.perf_counter(), "samples": 0, "data_s": 0.0, "loss_ms": [], "n": 0}
         if evaluator is not None and eval_every and step % eval_every == 0:
             run_eval(step)
         if tcfg.save_every and step % tcfg.save_every == 0 and step < tcfg.steps:
@@ -405,16 +405,44 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
     return TrainResult(step=step, losses=losses, output_dir=out_dir, final_dir=final_dir, eval_metrics=eval_metrics)
 
 
+class OpTimer:
+    """Times a stretch of device work without stopping the host: CUDA events on a GPU (read at
+    ``float(timer)``, which waits only for the end event), the wall clock on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._ms: Optional[float] = None
+        if self._cuda:
+            self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> "OpTimer":
+        if self._cuda:
+            self._end.record()
+        else:
+            self._ms = (time.perf_counter() - self._t0) * 1e3
+        return self
+
+    def __float__(self) -> float:
+        if self._ms is None:
+            self._end.synchronize()
+            self._ms = float(self._start.elapsed_time(self._end))
+        return self._ms
+
+
 def forward_backward(engine: Any, pixel_values: torch.Tensor, input_ids: torch.Tensor,
                      attention_mask: torch.Tensor, loss_fn: Callable, chunk_size: Optional[int] = None
-                     ) -> tuple[torch.Tensor, float, float]:
+                     ) -> tuple[torch.Tensor, Any, Any]:
     """One micro-batch's forward and backward through a DeepSpeed engine (no optimizer step).
 
     ``pixel_values`` [B,3,H,W], ``input_ids``/``attention_mask`` [B,L]; ``loss_fn(img, txt, scale,
     bias)``. With ``chunk_size`` < B the chunked backbone runs (:mod:`pipeline.chunked`), else one
     forward, the loss on detached feature leaves (timed alone), and one surrogate backward.
-    Returns ``(loss 0-dim detached, loss-op ms, logit scale multiplier)``; a non-finite loss is
-    returned before any backward.
+    Returns ``(loss 0-dim detached, loss-op ms, logit scale multiplier)``; the last two are read
+    with ``float()`` (on a GPU the plain step leaves them on the device, so that nothing here
+    waits for the GPU). The caller checks the loss is finite before ``engine.step()``.
     """
     if chunk_size is not None and chunk_size < pixel_values.shape[0]:
         res = chunked_forward_backward(engine, pixel_values, input_ids, attention_mask, loss_fn, chunk_size,
@@ -424,27 +452,22 @@ def forward_backward(engine: Any, pixel_values: torch.Tensor, input_ids: torch.T
 
 
 def _plain_step(engine, pv, ids, mask, loss_fn):
-    """Forward, loss on detached leaves (timed), surrogate backward through the engine.
+    """Forward, loss on detached leaves (timed by :class:`OpTimer`), surrogate backward through
+    the engine, with no host-device synchronisation of its own.
 
-    Returns (loss 0-dim, loss-op ms, scale multiplier float)."""
+    Returns (loss 0-dim, OpTimer, scale [1] detached)."""
     img, txt, scale, bias = engine(pv, ids, mask)
     leaves = [t.detach().requires_grad_(True) for t in (img, txt, scale, bias)]
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize(engine.device)
-    t0 = time.perf_counter()
+    timer = OpTimer(engine.device)
     loss = loss_fn(*leaves)
-    if not torch.isfinite(loss.detach()).all():
-        return loss.detach(), 0.0, float(scale.detach().float().reshape(-1)[0])
     loss.backward()
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize(engine.device)
-    loss_ms = (time.perf_counter() - t0) * 1e3
+    timer.stop()
     surrogate = 0
     for out, leaf in zip((img, txt, scale, bias), leaves):
         if leaf.grad is not None:
             surrogate = surrogate + (out * leaf.grad.to(out.dtype)).sum().float()
     engine.backward(surrogate)
-    return loss.detach(), loss_ms, float(scale.detach().float().reshape(-1)[0])
+    return loss.detach(), timer, scale.detach().float().reshape(-1)[0]
 
 
 def _grad_norm(engine) -> Optional[float]:
@@ -465,7 +488,8 @@ def _log_step(engine, writer, step, loss, window, batches, device, micro, t_star
     grad_norm = engine.get_global_grad_norm()
     grad_norm = own_grad_norm if grad_norm is None else grad_norm
     peak = _peak_mem_gb(device)
-    loss_ms = window["loss_ms"] / max(window["n"], 1)
+    loss_ms = sum(float(t) for t in window["loss_ms"]) / max(len(window["loss_ms"]), 1)
+    scale_value = float(scale_value) if scale_value is not None else None
     if writer is not None:
         writer.add_scalar("train/loss", loss, step)
         writer.add_scalar("train/lr", lr, step)
