@@ -16,7 +16,8 @@ each batch carries ``num_skipped`` (skips in its worker since that worker's prev
 worker's last full batch are not reported.
 
 Determinism and resume: every random choice is seeded from (seed, epoch, rank, logical worker)
-or, for the crop, from (seed, epoch, shard url, sample key), never from process state, and the
+or, for the crop, from (seed, epoch, shard file name, sample key), never from process state or
+the shards' location (the same shards in another folder give the same run), and the
 DataLoader hands out batches round-robin over workers. So ``start_batch=k`` reproduces the
 uninterrupted stream from batch k on: logical worker r skips the raw samples of the batches it
 made among the first k (no image decode), and DataLoader worker d plays logical worker
@@ -222,6 +223,11 @@ def prepare_shards(cfg: DataConfig, split: str = "train") -> Optional[List[str]]
 
 # ------------------------------------------------------------------------------------ transforms
 
+def _shard_name(url: str) -> str:
+    """The shard's file name: crops seeded by it do not change when the shards move."""
+    return os.path.basename(urlparse(url).path) or url
+
+
 def _seed(*parts: Any) -> int:
     """A 64-bit seed from any values, the same in every process (unlike ``hash``)."""
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little")
@@ -398,7 +404,7 @@ class _ShardStream(torch.utils.data.IterableDataset):
                         img.draft("RGB", (need, need))
                     rgb = img.convert("RGB")
                 if s.train:
-                    rng = random.Random(_seed("crop", s.seed, s.epoch, item["url"], item["key"]))
+                    rng = random.Random(_seed("crop", s.seed, s.epoch, _shard_name(item["url"]), item["key"]))
                     rgb = _random_resized_crop(rgb, s.image_size, s.crop_scale, rng)
                 else:
                     rgb = _center_crop_resize(rgb, s.image_size)

@@ -129,6 +129,10 @@ class ModelConfig:
     checkpointing_impl: typing.Literal["torch", "deepspeed"] = "torch"
     """With gradient_checkpointing: torch's checkpoint, or DeepSpeed's (configured by DeepSpeed's
     ``activation_checkpointing`` section: partition_activations, cpu_checkpointing, ...)."""
+    zero3_init: bool = True
+    """ZeRO-3 only: build the towers inside ``deepspeed.zero.Init`` so that no rank ever holds
+    the whole model (each keeps its shard from the start); transformers' weight init then runs
+    on rank 0 one module at a time, gathered, and is broadcast. Not for ``pretrained``."""
     zero3_leaf_layers: bool = True
     """ZeRO-3 only: gather each transformer block's parameters as one unit (DeepSpeed "leaf
     modules") instead of one fetch per Linear/LayerNorm; far fewer hooks on the host, at the cost
@@ -207,6 +211,26 @@ def _set_checkpointing(model: nn.Module, enable: bool, function: Optional[Any] =
             model.gradient_checkpointing_disable()
 
 
+def _new_tower(cls: Any, hf_config: Any, zero3_config: Optional[Mapping[str, Any]]) -> nn.Module:
+    """A randomly initialised HF tower; with ``zero3_config`` (a DeepSpeed config dict at stage 3)
+    built partitioned: under ``deepspeed.zero.Init`` with transformers' init switched off, then
+    transformers' own ZeRO-3 init (each module gathered, initialised on rank 0, broadcast)."""
+    if zero3_config is None:
+        return cls(hf_config)
+    try:
+        from transformers.initialization import no_init_weights
+        from transformers.integrations.deepspeed import initialize_weights_zero3
+    except ImportError:  # transformers < 5: no partitioned init here; ZeRO-3 partitions at initialize
+        logger.warning("model.zero3_init needs transformers >= 5; building %s whole on each rank", cls.__name__)
+        return cls(hf_config)
+    import deepspeed
+
+    with no_init_weights(), deepspeed.zero.Init(config_dict_or_path=dict(zero3_config)):
+        tower = cls(hf_config)
+    initialize_weights_zero3(tower)
+    return tower
+
+
 def mark_zero3_leaf_layers(model: nn.Module) -> int:
     """Flag each HF transformer block (``*EncoderLayer``) in ``model`` as a DeepSpeed ZeRO-3 leaf
     module: its parameters are gathered and released as one unit. Returns how many were flagged."""
@@ -230,7 +254,8 @@ class CLIPTowers(nn.Module):
     def __init__(self, cfg: ModelConfig, *, vocab_size: Optional[int] = None,
                  eos_token_id: Optional[int] = None, pad_token_id: Optional[int] = None,
                  bos_token_id: Optional[int] = None,
-                 _towers: Optional[tuple[nn.Module, nn.Module]] = None) -> None:
+                 _towers: Optional[tuple[nn.Module, nn.Module]] = None,
+                 zero3_config: Optional[Mapping[str, Any]] = None) -> None:
         super().__init__()
         from transformers import CLIPTextModelWithProjection, CLIPVisionModelWithProjection
 
@@ -246,8 +271,8 @@ class CLIPTowers(nn.Module):
             vision_cfg, text_cfg = _hf_configs(cfg, vocab, {"eos_token_id": eos_token_id,
                                                             "pad_token_id": pad_token_id,
                                                             "bos_token_id": bos_token_id})
-            self.vision = CLIPVisionModelWithProjection(vision_cfg)
-            self.text = CLIPTextModelWithProjection(text_cfg)
+            self.vision = _new_tower(CLIPVisionModelWithProjection, vision_cfg, zero3_config)
+            self.text = _new_tower(CLIPTextModelWithProjection, text_cfg, zero3_config)
         self.eos_token_id = self.text.config.eos_token_id
         self.logit_scale = nn.Parameter(torch.full((1,), float(cfg.init_logit_scale)))
         self.logit_bias = nn.Parameter(torch.full((1,), float(cfg.init_logit_bias)))
@@ -363,9 +388,11 @@ class CLIPTowers(nn.Module):
         return model
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig, tokenizer: Any = None) -> "CLIPTowers":
+    def from_config(cls, cfg: ModelConfig, tokenizer: Any = None,
+                    zero3_config: Optional[Mapping[str, Any]] = None) -> "CLIPTowers":
         """Random init from ``cfg`` (token ids and vocabulary from a HF tokenizer), or load
-        ``cfg.pretrained`` if set."""
+        ``cfg.pretrained`` if set. ``zero3_config``: the DeepSpeed config of a ZeRO-3 run, to build
+        the towers partitioned (see ``ModelConfig.zero3_init``)."""
         if cfg.pretrained:
             model = cls.from_pretrained(cfg.pretrained, cfg)
             if tokenizer is not None and model.text.config.vocab_size < len(tokenizer):
@@ -378,4 +405,4 @@ class CLIPTowers(nn.Module):
             vocab = len(tokenizer)
             ids = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
                    "bos_token_id": tokenizer.bos_token_id}
-        return cls(cfg, vocab_size=vocab, **ids)
+        return cls(cfg, vocab_size=vocab, zero3_config=zero3_config, **ids)

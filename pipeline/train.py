@@ -132,7 +132,8 @@ def _param_groups(model: torch.nn.Module, decay_1d: bool) -> list[dict]:
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
-            (decay if p.ndim >= 2 or decay_1d else no_decay).append(p)
+            shape = getattr(p, "ds_shape", p.shape)  # a zero.Init parameter's own data is its shard
+            (decay if len(shape) >= 2 or decay_1d else no_decay).append(p)
     groups = [{"params": decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
@@ -258,10 +259,12 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
         _barrier()
 
     torch.manual_seed(tcfg.seed)  # identical init on every rank
-    model = CLIPTowers.from_config(model_cfg, tokenizer)
+    zero3 = run_cfg.zero_stage == 3
+    model = CLIPTowers.from_config(model_cfg, tokenizer,
+                                   zero3_config=ds_config if zero3 and model_cfg.zero3_init else None)
     if model_cfg.pretrained:
         image_size, context_length = model.image_size, model.context_length
-    if run_cfg.zero_stage == 3 and model_cfg.zero3_leaf_layers:
+    if zero3 and model_cfg.zero3_leaf_layers:
         model.mark_zero3_leaf_layers()
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=_param_groups(model, tcfg.weight_decay_1d),
                                            config=ds_config)

@@ -282,3 +282,26 @@ def test_folder_samples_caption_sources(tmp_path):
     (b / "captions.tsv").write_text("x.png\tan x\n")
     with pytest.raises(ValueError, match="y.png"):
         list(folder_samples(b))
+
+
+def test_same_shards_in_another_folder_give_the_same_batches(digits_shards, tok, tmp_path):
+    """Random crops are seeded from the shard's file name, not its path: copying the shards
+    elsewhere reproduces the run; another seed does not."""
+    import shutil
+
+    src = expand_urls(digits_shards["train"])[:2]
+    dst = []
+    for url in src:
+        (tmp_path / "moved").mkdir(exist_ok=True)
+        dst.append(str(shutil.copy(url, tmp_path / "moved" / os.path.basename(url))))
+    assert [os.path.basename(u) for u in src] == ["shard-000000.tar", "shard-000001.tar"]
+    src_url, dst_url = (os.path.join(os.path.dirname(u[0]), "shard-{000000..000001}.tar") for u in (src, dst))
+    kw = dict(image_size=16, context_length=16, batch_size=16, epoch=1)
+    base = {"workers": 0, "shuffle_buffer": 20, "crop_scale": [0.3, 1.0], "samples_per_epoch": 64}
+    here = list(build_train_loader(DataConfig.from_dict({**base, "train_shards": src_url}), tok, **kw))
+    moved = list(build_train_loader(DataConfig.from_dict({**base, "train_shards": dst_url}), tok, **kw))
+    other = list(build_train_loader(DataConfig.from_dict({**base, "train_shards": dst_url, "seed": 9}), tok, **kw))
+    assert len(here) == len(moved) == 4
+    for a, b in zip(here, moved):
+        assert torch.equal(a["pixel_values"], b["pixel_values"]) and torch.equal(a["input_ids"], b["input_ids"])
+    assert not all(torch.equal(a["pixel_values"], c["pixel_values"]) for a, c in zip(here, other))
