@@ -211,24 +211,63 @@ def _set_checkpointing(model: nn.Module, enable: bool, function: Optional[Any] =
             model.gradient_checkpointing_disable()
 
 
-def _new_tower(cls: Any, hf_config: Any, zero3_config: Optional[Mapping[str, Any]]) -> nn.Module:
-    """A randomly initialised HF tower; with ``zero3_config`` (a DeepSpeed config dict at stage 3)
-    built partitioned: under ``deepspeed.zero.Init`` with transformers' init switched off, then
-    transformers' own ZeRO-3 init (each module gathered, initialised on rank 0, broadcast)."""
-    if zero3_config is None:
-        return cls(hf_config)
-    try:
+def _no_init_weights():
+    try:  # transformers >= 5
         from transformers.initialization import no_init_weights
-        from transformers.integrations.deepspeed import initialize_weights_zero3
-    except ImportError:  # transformers < 5: no partitioned init here; ZeRO-3 partitions at initialize
-        logger.warning("model.zero3_init needs transformers >= 5; building %s whole on each rank", cls.__name__)
-        return cls(hf_config)
+    except ImportError:
+        from transformers.modeling_utils import no_init_weights
+    return no_init_weights()
+
+
+def _new_tower(cls: Any, hf_config: Any, zero3_config: Optional[Mapping[str, Any]]) -> nn.Module:
+    """A randomly initialised HF tower. Built with transformers' init switched off, then
+    initialised by :func:`_init_tower_weights`, so the weights depend only on the torch seed:
+    with ``zero3_config`` (a DeepSpeed config dict at stage 3) the tower is built partitioned under
+    ``deepspeed.zero.Init`` and ends up with exactly the weights the whole build gets."""
+    if zero3_config is None:
+        with _no_init_weights():
+            tower = cls(hf_config)
+        _init_tower_weights(tower, zero3=False)
+        return tower
     import deepspeed
 
-    with no_init_weights(), deepspeed.zero.Init(config_dict_or_path=dict(zero3_config)):
+    with _no_init_weights(), deepspeed.zero.Init(config_dict_or_path=dict(zero3_config)):
         tower = cls(hf_config)
-    initialize_weights_zero3(tower)
+    _init_tower_weights(tower, zero3=True)
     return tower
+
+
+def _init_tower_weights(tower: nn.Module, zero3: bool) -> None:
+    """transformers' weight init (each model's ``_init_weights``) applied module by module,
+    children first. A module's ``_init_weights`` may also set its direct children's weights, so
+    those are part of its unit. With ``zero3`` each unit's partitioned parameters are gathered, rank
+    0 initialises them and DeepSpeed broadcasts them on release: one unit is whole at a time, and
+    rank 0 draws the same random numbers in the same order as a whole build on one process."""
+    import contextlib
+
+    import torch.distributed as dist
+    from transformers import PreTrainedModel
+
+    writer = not zero3 or not dist.is_initialized() or dist.get_rank() == 0
+
+    def visit(module: nn.Module, owner: Any) -> None:
+        for child in module.children():
+            visit(child, child if isinstance(child, PreTrainedModel) else owner)
+        unit = list(module.parameters(recurse=False))
+        for child in module.children():
+            if not isinstance(child, PreTrainedModel):
+                unit.extend(child.parameters(recurse=False))
+        if zero3 and unit:
+            import deepspeed
+
+            gather = deepspeed.zero.GatheredParameters(unit, modifier_rank=0)
+        else:
+            gather = contextlib.nullcontext()
+        with gather, torch.no_grad():
+            if writer or not unit:
+                owner._initialize_weights(module)
+
+    visit(tower, tower)
 
 
 def mark_zero3_leaf_layers(model: nn.Module) -> int:

@@ -10,15 +10,18 @@ import sys
 import torch
 
 
+def checksum(p: torch.Tensor) -> float:
+    """Position-weighted sum in fp64: equal only for (practically) equal tensors."""
+    return float((p.detach().double().reshape(-1) * torch.arange(1, p.numel() + 1, dtype=torch.float64)).sum())
+
+
 def _stats(module):
     import deepspeed
 
     params = dict(module.named_parameters())
     with deepspeed.zero.GatheredParameters(list(params.values())):
         return {name: {"numel": p.numel(), "mean": p.float().mean().item(), "std": p.float().std().item(),
-                       "checksum": float((p.double() * torch.arange(1, p.numel() + 1, dtype=torch.float64)
-                                          .reshape(p.shape)).sum())}
-                for name, p in params.items()}
+                       "checksum": checksum(p)} for name, p in params.items()}
 
 
 def main(out: str) -> None:
@@ -26,7 +29,7 @@ def main(out: str) -> None:
     import torch.distributed as dist
     from transformers import CLIPVisionModelWithProjection
 
-    from pipeline.model import CLIPTowers, ModelConfig, _hf_configs, _new_tower
+    from pipeline.model import CLIPTowers, _hf_configs, _new_tower
     from pipeline.train import _param_groups
     from tests.pipeline.test_chunked import batch, tiny_model
 

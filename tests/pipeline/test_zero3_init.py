@@ -8,15 +8,24 @@ import sys
 
 import torch
 
-from pipeline.model import _hf_configs
+from pipeline.model import CLIPTowers, _hf_configs, _new_tower
 from pipeline.train import _param_groups
+from tests.pipeline._zero3_init_worker import checksum as _checksum
 from tests.pipeline.test_chunked import tiny_model
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
 
 def _plain_stats(module):
-    return {n: {"mean": p.float().mean().item(), "std": p.float().std().item()} for n, p in module.named_parameters()}
+    return {n: {"mean": p.float().mean().item(), "std": p.float().std().item(), "checksum": _checksum(p)}
+            for n, p in module.named_parameters()}
+
+
+def _towers(seed: int):
+    """The worker's CLIPTowers, built whole from ``seed``."""
+    cfg = tiny_model(0.0).cfg
+    torch.manual_seed(seed)
+    return CLIPTowers(cfg, eos_token_id=1, pad_token_id=0, bos_token_id=2)
 
 
 def test_zero3_init_partitions_at_construction_with_transformers_init(tmp_path):
@@ -36,28 +45,33 @@ def test_zero3_init_partitions_at_construction_with_transformers_init(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
 
-    # (a) one tower: sharded at construction, identical on both ranks, transformers' init
+    # (a) one tower: sharded at construction, and exactly the weights of a whole build from rank
+    # 0's seed (100), on both ranks (rank 1 was seeded 101)
     cfg = tiny_model(0.0).cfg
     vision_cfg, _ = _hf_configs(cfg, 50, {"eos_token_id": 1})
     vision_cfg.initializer_factor = 5.0
-    torch.manual_seed(0)
-    plain = _plain_stats(CLIPVisionModelWithProjection(vision_cfg))
+    torch.manual_seed(100)
+    plain = _plain_stats(_new_tower(CLIPVisionModelWithProjection, vision_cfg, None))
     assert set(r0["tower_shards"]) == set(plain)
     for name, (shard, numel) in r0["tower_shards"].items():
         assert shard == math.ceil(numel / 2), name
     for name, ref in plain.items():
-        ours = r0["tower"][name]
-        assert ours["checksum"] == r1["tower"][name]["checksum"], f"{name} differs between ranks"
-        if ref["std"] == 0.0:  # LayerNorm weights (ones) and biases (zeros)
-            assert ours["std"] == 0.0 and ours["mean"] == ref["mean"], name
-        elif ours["numel"] >= 256:  # sample stds of two draws of the same init: within ~3 sigma
-            assert abs(ours["std"] / ref["std"] - 1) < 0.2, f"{name}: std {ours['std']:.4f} vs {ref['std']:.4f}"
+        assert r0["tower"][name]["checksum"] == r1["tower"][name]["checksum"] == ref["checksum"], name
+    # transformers' init ran (not torch's defaults): LayerNorms at ones/zeros, the patch embedding
+    # at initializer_range * factor = 0.1 (3,072 values), the class embedding at 16^-0.5 * 5
+    assert plain["vision_model.pre_layrnorm.weight"]["mean"] == 1.0 and plain["vision_model.pre_layrnorm.weight"]["std"] == 0.0
+    assert plain["vision_model.pre_layrnorm.bias"]["mean"] == 0.0 and plain["vision_model.pre_layrnorm.bias"]["std"] == 0.0
+    assert abs(plain["vision_model.embeddings.patch_embedding.weight"]["std"] / 0.1 - 1) < 0.1
+    assert abs(plain["vision_model.embeddings.class_embedding"]["std"] / 1.25 - 1) < 0.5
 
     # (b) the pipeline's CLIPTowers: both towers partitioned, logit scale/bias left to initialize
     whole = tiny_model(0.0)
     tower_params = [n for n, _ in whole.named_parameters() if n.startswith(("vision.", "text."))]
     assert r0["model_partitioned"] == sorted(tower_params)
     assert r0["group_sizes"] == [len(g["params"]) for g in _param_groups(whole, decay_1d=False)]
+    whole_stats = _plain_stats(_towers(200))  # rank 0's seed for the CLIPTowers build
+    for name, ref in whole_stats.items():
+        assert r0["model"][name]["checksum"] == ref["checksum"], f"{name}: zero.Init build != whole build"
     emb = r0["model"]["text.text_model.embeddings.token_embedding.weight"]
     assert 0.015 < emb["std"] < 0.025  # CLIP's 0.02, not nn.Embedding's N(0, 1)
     for key in ("model", "after_step"):
