@@ -237,6 +237,16 @@ def _new_tower(cls: Any, hf_config: Any, zero3_config: Optional[Mapping[str, Any
     return tower
 
 
+def _ds_param_dtype(ds_config: Mapping[str, Any]) -> torch.dtype:
+    """The dtype DeepSpeed keeps the model's parameters in for this config."""
+    bf16 = ds_config.get("bf16", ds_config.get("bfloat16")) or {}
+    if bf16.get("enabled", False):
+        return torch.bfloat16
+    if (ds_config.get("fp16") or {}).get("enabled", False):
+        return torch.float16
+    return torch.float32
+
+
 def _init_tower_weights(tower: nn.Module, zero3: bool) -> None:
     """transformers' weight init (each model's ``_init_weights``) applied module by module,
     children first. A module's ``_init_weights`` may also set its direct children's weights, so
@@ -315,6 +325,12 @@ class CLIPTowers(nn.Module):
         self.eos_token_id = self.text.config.eos_token_id
         self.logit_scale = nn.Parameter(torch.full((1,), float(cfg.init_logit_scale)))
         self.logit_bias = nn.Parameter(torch.full((1,), float(cfg.init_logit_bias)))
+        if zero3_config is not None:
+            # the towers' parameters were made in DeepSpeed's training dtype by zero.Init; these two
+            # are converted at deepspeed.initialize as they are, and ZeRO-3 needs one dtype for all
+            dtype = _ds_param_dtype(zero3_config)
+            self.logit_scale.data = self.logit_scale.data.to(dtype)
+            self.logit_bias.data = self.logit_bias.data.to(dtype)
         self.max_logit_scale = float(cfg.max_logit_scale)
         self.set_gradient_checkpointing(cfg.gradient_checkpointing)
 

@@ -50,7 +50,9 @@ def main(out: str) -> None:
                               if hasattr(p, "ds_tensor")}
     report["tower"] = _stats(tower)
 
-    # (b) the whole CLIPTowers through the pipeline's path, then a DeepSpeed engine and one step
+    # (b) the whole CLIPTowers through the pipeline's path in bf16 (zero.Init makes the towers'
+    # parameters bf16; the logit scale and bias must follow), then a DeepSpeed engine and one step
+    ds = {**ds, "bf16": {"enabled": True}}
     torch.manual_seed(200 + rank)
     model = CLIPTowers(cfg, eos_token_id=1, pad_token_id=0, bos_token_id=2, zero3_config=ds)
     report["model_partitioned"] = sorted(n for n, p in model.named_parameters() if hasattr(p, "ds_tensor"))
@@ -60,8 +62,8 @@ def main(out: str) -> None:
     report["model"] = _stats(engine.module)
     pv, ids, mask = batch()
     lo = rank * 5
-    img, txt, scale, _ = engine(pv[lo:lo + 5], ids[lo:lo + 5], mask[lo:lo + 5])
-    logits = scale * img @ txt.T
+    img, txt, scale, _ = engine(pv[lo:lo + 5].bfloat16(), ids[lo:lo + 5], mask[lo:lo + 5])
+    logits = (scale * img @ txt.T).float()
     labels = torch.arange(5)
     loss = 0.5 * (torch.nn.functional.cross_entropy(logits, labels) + torch.nn.functional.cross_entropy(logits.T, labels))
     engine.backward(loss)

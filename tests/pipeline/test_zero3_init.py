@@ -29,7 +29,7 @@ def _towers(seed: int):
 
 
 def test_zero3_init_partitions_at_construction_with_transformers_init(tmp_path):
-    """Two ranks seeded differently build the towers partitioned: every tower parameter is a
+    """Two ranks seeded differently build the towers partitioned (the whole model in bf16): every tower parameter is a
     shard (ceil(numel / 2)) before deepspeed.initialize; the gathered weights are identical on
     both ranks (rank 0's init, broadcast); transformers' init is applied (checked at an unusual
     initializer_factor of 5, against the same tower built whole); weight decay still skips the
@@ -69,7 +69,7 @@ def test_zero3_init_partitions_at_construction_with_transformers_init(tmp_path):
     tower_params = [n for n, _ in whole.named_parameters() if n.startswith(("vision.", "text."))]
     assert r0["model_partitioned"] == sorted(tower_params)
     assert r0["group_sizes"] == [len(g["params"]) for g in _param_groups(whole, decay_1d=False)]
-    whole_stats = _plain_stats(_towers(200))  # rank 0's seed for the CLIPTowers build
+    whole_stats = _plain_stats(_towers(200).to(torch.bfloat16))  # rank 0's seed; the run is bf16
     for name, ref in whole_stats.items():
         assert r0["model"][name]["checksum"] == ref["checksum"], f"{name}: zero.Init build != whole build"
     emb = r0["model"]["text.text_model.embeddings.token_embedding.weight"]
