@@ -421,8 +421,9 @@ class _ShardStream(torch.utils.data.IterableDataset):
                     counter.add("bad_json", f"{item['url']}:{item['key']}")
             yield {"pixels": pixels, "caption": item["caption"], "key": item["key"], "label": label}
 
-    def _batch(self, items: List[Dict[str, Any]], counter: _Counter) -> Dict[str, Any]:
+    def _batch(self, items: List[Dict[str, Any]], counter: _Counter, work_s: float) -> Dict[str, Any]:
         s = self.spec
+        t_batch = time.perf_counter()
         captions = [it["caption"] for it in items]
         input_ids, attention_mask = tokenize(s.tokenizer, captions, s.context_length)
         batch: Dict[str, Any] = {
@@ -430,6 +431,7 @@ class _ShardStream(torch.utils.data.IterableDataset):
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "num_skipped": torch.tensor(counter.delta(), dtype=torch.long),
+            "worker_s": torch.tensor(work_s + time.perf_counter() - t_batch, dtype=torch.float64),
         }
         if not s.train:
             batch["caption"] = captions
@@ -460,16 +462,21 @@ class _ShardStream(torch.utils.data.IterableDataset):
             to_skip -= 1
         made = skip_batches
         pending: List[Dict[str, Any]] = []
+        # worker_s: this worker's time making the batch (reading, decoding, transforms,
+        # tokenising), not the time it sat in the queue: batch size / worker_s is its images/s
+        t0 = time.perf_counter()
         for item in self._decoded(raw, counter):
             pending.append(item)
             if len(pending) == s.batch_size:
-                yield self._batch(pending, counter)
+                batch = self._batch(pending, counter, time.perf_counter() - t0)
+                yield batch
+                t0 = time.perf_counter()
                 pending = []
                 made += 1
                 if quota is not None and made >= quota:
                     return
         if pending and not s.drop_last:
-            yield self._batch(pending, counter)
+            yield self._batch(pending, counter, time.perf_counter() - t0)
 
 
 class ShardLoader:
@@ -477,10 +484,11 @@ class ShardLoader:
 
     Each batch is a dict: ``pixel_values`` float32 [B, 3, H, W] (normalised), ``input_ids`` and
     ``attention_mask`` int64 [B, L], ``num_skipped`` int64 [] (skips since the worker's previous
-    batch); eval loaders add ``caption`` (list of B str), ``key`` (list of B str) and, with
+    batch), ``worker_s`` float64 [] (the worker's seconds making it); eval loaders add ``caption`` (list of B str), ``key`` (list of B str) and, with
     labels, ``label`` int64 [B] (-1 where the sample's json has none).
 
-    ``stats``: ``{"batches", "samples", "skipped"}`` accumulated over iteration in this process.
+    ``stats``: ``{"batches", "samples", "skipped", "worker_s"}`` accumulated over iteration in this
+    process (``worker_s``: the workers' time spent making those batches).
     ``batches_per_epoch``: batches this rank yields per epoch when known (``samples_per_epoch``
     set), else None. Iterating again replays the same (epoch, start_batch) stream.
     """
@@ -492,13 +500,14 @@ class ShardLoader:
         self.epoch = epoch
         self.start_batch = start_batch
         self.batch_size = batch_size
-        self.stats = {"batches": 0, "samples": 0, "skipped": 0}
+        self.stats = {"batches": 0, "samples": 0, "skipped": 0, "worker_s": 0.0}
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         for batch in self.dataloader:
             self.stats["batches"] += 1
             self.stats["samples"] += int(batch["pixel_values"].shape[0])
             self.stats["skipped"] += int(batch["num_skipped"])
+            self.stats["worker_s"] += float(batch["worker_s"])
             yield batch
 
 

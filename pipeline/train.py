@@ -344,7 +344,8 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
     engine.train()
     t_start = time.perf_counter()
     start_step = step
-    window = {"t": time.perf_counter(), "samples": 0, "data_s": 0.0, "loss_ms": [], "n": 0}
+    window = {"t": time.perf_counter(), "samples": 0, "data_s": 0.0, "worker_s": 0.0, "loss_ms": [], "n": 0,
+              "first": True}
     done = False
     grad_norm = None
     while step < tcfg.steps and not done:
@@ -353,6 +354,8 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
             t_data = time.perf_counter()
             batch = batches.next()
             window["data_s"] += time.perf_counter() - t_data
+            if batch is not None:
+                window["worker_s"] += float(batch.get("worker_s", 0.0))
             if batch is None:
                 done = True
                 break
@@ -382,8 +385,8 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
         losses[step] = step_loss
         if step % tcfg.log_every == 0 or step == tcfg.steps:
             _log_step(engine, writer, step, step_loss, window, batches, device, micro, t_start, start_step,
-                      tcfg.steps, scale_value, grad_norm)
-            window = {"t": time.perf_counter(), "samples": 0, "data_s": 0.0, "loss_ms": [], "n": 0}
+                      tcfg.steps, scale_value, grad_norm, workers=run_cfg.data.workers)
+            window = {"t": time.perf_counter(), "samples": 0, "data_s": 0.0, "worker_s": 0.0, "loss_ms": [], "n": 0}
         if evaluator is not None and eval_every and step % eval_every == 0:
             run_eval(step)
         if tcfg.save_every and step % tcfg.save_every == 0 and step < tcfg.steps:
@@ -483,10 +486,14 @@ def _grad_norm(engine) -> Optional[float]:
 
 
 def _log_step(engine, writer, step, loss, window, batches, device, micro, t_start, start_step, total,
-              scale_value, own_grad_norm) -> None:
+              scale_value, own_grad_norm, workers: int = 0) -> None:
     elapsed = time.perf_counter() - window["t"]
     samples_per_s = window["samples"] / max(elapsed, 1e-9)
-    images_per_s = window["n"] * micro / max(window["data_s"], 1e-9)
+    # the loader: each worker's own rate (images over its time making them), all workers together,
+    # and the share of the step the loop waited for a batch (> 0.1: the GPU is starved)
+    per_worker = window["n"] * micro / window["worker_s"] if window["worker_s"] > 0 else float("nan")
+    images_per_s = per_worker * max(workers, 1)
+    wait_fraction = window["data_s"] / max(elapsed, 1e-9)
     lr = engine.get_lr()[0] if engine.get_lr() else float("nan")
     grad_norm = engine.get_global_grad_norm()
     grad_norm = own_grad_norm if grad_norm is None else grad_norm
@@ -505,6 +512,8 @@ def _log_step(engine, writer, step, loss, window, batches, device, micro, t_star
         writer.add_scalar("train/peak_mem_gb", peak, step)
         writer.add_scalar("data/skipped_samples", batches.skipped, step)
         writer.add_scalar("data/images_per_s", images_per_s, step)
+        writer.add_scalar("data/images_per_s_per_worker", per_worker, step)
+        writer.add_scalar("data/wait_fraction", wait_fraction, step)
         writer.flush()
         done = step - start_step
         rate = (time.perf_counter() - t_start) / max(done, 1)
@@ -513,6 +522,10 @@ def _log_step(engine, writer, step, loss, window, batches, device, micro, t_star
                     f"{scale_value:.2f}" if scale_value is not None else "-",
                     f"{float(grad_norm):.3f}" if grad_norm is not None else "-", samples_per_s, loss_ms, peak,
                     _fmt_time(rate * (total - step)))
+        if wait_fraction > 0.1 and not window.get("first", False):  # the first window has start-up
+            logger.warning("step %d: %.0f%% of the time went waiting for data (loader: %.0f images/s "
+                           "per worker, %d workers); raise data.workers", step, 100 * wait_fraction,
+                           per_worker, max(workers, 1))
 
 
 _MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")

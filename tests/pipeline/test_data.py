@@ -263,6 +263,29 @@ def test_measure_loader_throughput(digits_shards, tok):
     assert math.isfinite(rate) and rate > 0
 
 
+def test_worker_time_is_making_the_batch_not_waiting(digits_shards, tok):
+    """``worker_s`` is the time a worker spent making a batch: in the main process (no workers)
+    the batches' worker_s add up to the loader's wall time; with a worker and a slow consumer
+    (0.3 s per batch) it stays the making time, not the time the batch waited in the queue."""
+    import time
+
+    cfg = DataConfig.from_dict({"train_shards": digits_shards["train"], "workers": 0})
+    loader = _train(cfg, tok, batch_size=32, image_size=32)
+    t0 = time.perf_counter()
+    batches = [b for _, b in zip(range(6), loader)]
+    wall = time.perf_counter() - t0
+    made = sum(float(b["worker_s"]) for b in batches)
+    assert 0.5 * wall <= made <= 1.01 * wall, (made, wall)
+    assert loader.stats["worker_s"] == pytest.approx(made)
+
+    cfg = DataConfig.from_dict({"train_shards": digits_shards["train"], "workers": 1})
+    times = []
+    for _, b in zip(range(5), _train(cfg, tok, batch_size=32, image_size=32)):
+        times.append(float(b["worker_s"]))
+        time.sleep(0.3)
+    assert all(0 < t < 0.25 for t in times[1:]), times  # the first includes the worker's start-up
+
+
 def test_folder_samples_caption_sources(tmp_path):
     a = tmp_path / "a"
     a.mkdir()

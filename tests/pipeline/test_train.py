@@ -101,8 +101,11 @@ def test_two_process_zero0_trains_and_logs(zero0_run):
     # (3.64-3.69 over runs), so 0.3 below is a clear learning signal with room for rounding
     assert last < min(first, chance) - 0.3, f"loss did not decrease: {first:.4f} -> {last:.4f} (chance {chance:.4f})"
     for tag in ("train/lr", "train/logit_scale", "train/grad_norm", "train/samples_per_s", "train/loss_op_ms",
-                "train/peak_mem_gb", "data/skipped_samples", "data/images_per_s"):
+                "train/peak_mem_gb", "data/skipped_samples", "data/images_per_s", "data/images_per_s_per_worker",
+                "data/wait_fraction"):
         assert len(tb_scalars(out, tag)) == STEPS, tag
+    rates, waits = tb_scalars(out, "data/images_per_s"), tb_scalars(out, "data/wait_fraction")
+    assert all(0 < v < math.inf for v in rates.values()) and all(0 <= v <= 1 for v in waits.values())
     assert read_latest(str(out / "ckpt")) == f"global_step{STEPS}"
     assert list_tags(str(out / "ckpt")) == [f"global_step{STEPS // 2}", f"global_step{STEPS}"]
     tag_dir = out / "ckpt" / f"global_step{STEPS}"
