@@ -20,7 +20,7 @@ def _stats(module):
 
     params = dict(module.named_parameters())
     with deepspeed.zero.GatheredParameters(list(params.values())):
-        return {name: {"numel": p.numel(), "mean": p.float().mean().item(), "std": p.float().std().item(),
+        return {name: {"numel": p.numel(), "mean": p.float().mean().item(), "std": p.float().std(correction=0).item(),
                        "checksum": checksum(p)} for name, p in params.items()}
 
 

@@ -17,7 +17,7 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
 
 def _plain_stats(module):
-    return {n: {"mean": p.float().mean().item(), "std": p.float().std().item(), "checksum": _checksum(p)}
+    return {n: {"mean": p.float().mean().item(), "std": p.float().std(correction=0).item(), "checksum": _checksum(p)}
             for n, p in module.named_parameters()}
 
 
