@@ -354,11 +354,10 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
             t_data = time.perf_counter()
             batch = batches.next()
             window["data_s"] += time.perf_counter() - t_data
-            if batch is not None:
-                window["worker_s"] += float(batch.get("worker_s", 0.0))
             if batch is None:
                 done = True
                 break
+            window["worker_s"] += float(batch.get("worker_s", 0.0))
             pv = batch["pixel_values"].to(device, dtype=in_dtype, non_blocking=True)
             ids = batch["input_ids"].to(device, non_blocking=True)
             mask = batch["attention_mask"].to(device, non_blocking=True)
