@@ -8,7 +8,10 @@ rank at once, each on its own GPU: no communication, no idle ranks; rank 0's tim
 for each scheme: forward + backward of the loss on the local batch b = B / N (median of --reps
 after --warmup, the slowest rank's median), peak memory per GPU, and the same scheme's
 communication alone (the library's own sweeps / collectives on tensors of the same sizes, with
-the compute replaced by zeros). Scaling efficiency = t1 / (N * tN). Rows are appended to
+the compute replaced by zeros). Scaling efficiency = t1 / (N * tN). Each scheme runs on its
+rank's rows of the whole batch, and one untimed call is compared with the single-device result
+(loss_rel_err, grad_rel_err for the feature gradients, scale_grad_rel_err): the check of the
+schemes over NCCL. Rows are appended to
 --out as JSON lines; rank 0 prints a table. Larger batches are skipped (and logged as such)
 when the projected time would overrun --budget-s.
 On 2 GPUs of one node hierarchical_ring equals ring unless --local-world-size 1 (two one-GPU
@@ -71,6 +74,31 @@ def step_fn(img, txt, scale, **kw):
         loss.backward()
         img.grad = txt.grad = scale.grad = None
     return run
+
+
+def grads_of(img, txt, scale, **kw) -> dict:
+    """Loss and gradients of one untimed call, on the CPU in fp64 (features' grads per row)."""
+    loss = contrastive_loss(img, txt, scale, check_finite=False, **kw)
+    loss.backward()
+    out = {"loss": loss.detach().double().cpu(), "img": img.grad.double().cpu(), "txt": txt.grad.double().cpu(),
+           "scale": scale.grad.double().cpu()}
+    img.grad = txt.grad = scale.grad = None
+    return out
+
+
+def check(ours: dict, ref: dict, world: int, device) -> dict:
+    """This scheme against one device on the whole batch: |loss diff| / |loss|, and for the
+    feature and scale gradients max |diff| / max |ref|. The op's gradient convention: each rank's
+    feature gradient is world x the whole-batch gradient of its rows (DeepSpeed then averages),
+    the scale gradient's average over ranks is the whole-batch one. Worst over ranks."""
+    feat = max(float((ours[k] / world - ref[k]).abs().max() / ref[k].abs().max().clamp_min(1e-30))
+               for k in ("img", "txt"))
+    scale_mean = ours["scale"].clone().to(device)
+    dist.all_reduce(scale_mean)
+    scale_err = float((scale_mean.cpu() / world - ref["scale"]).abs().max() / ref["scale"].abs().max())
+    loss_err = float((ours["loss"] - ref["loss"]).abs() / ref["loss"].abs())
+    return {"loss_rel_err": max(all_values(loss_err, device)), "grad_rel_err": max(all_values(feat, device)),
+            "scale_grad_rel_err": scale_err}
 
 
 def comm_fn(scheme: str, topo, b: int, dim: int, dtype, device):
@@ -217,6 +245,10 @@ def run(args, cuda: bool) -> None:
         else:
             img, txt = features(batch, dim, dtype, device, seed=batch)
             scale = torch.tensor([20.0], device=device, requires_grad=True)
+            ref = grads_of(img, txt, scale, impl=impl)
+            rows_of = slice(rank * b, (rank + 1) * b)
+            ref.update(img=ref["img"][rows_of], txt=ref["txt"][rows_of])
+            mine = (img.detach()[rows_of].cpu(), txt.detach()[rows_of].cpu())  # this rank's share
             fn = step_fn(img, txt, scale, impl=impl)
             times = measure(fn, timer, args.warmup, args.reps, None)
             peak, extra = peak_run(fn, device)
@@ -231,10 +263,14 @@ def run(args, cuda: bool) -> None:
             if skip:
                 rows.append(dict(meta, scheme=scheme, global_batch=batch, skipped="time budget"))
                 continue
-            img, txt = features(b, dim, dtype, device, seed=batch * world + rank)
+            if t1 is not None:  # this rank's rows of the whole batch: results comparable
+                img, txt = (x.to(device).requires_grad_(True) for x in mine)
+            else:
+                img, txt = features(b, dim, dtype, device, seed=batch * world + rank)
             scale = torch.tensor([20.0], device=device, requires_grad=True)
-            fn = step_fn(img, txt, scale, impl=impl, distributed=scheme,
-                         local_world_size=args.local_world_size)
+            kw = dict(impl=impl, distributed=scheme, local_world_size=args.local_world_size)
+            errors = check(grads_of(img, txt, scale, **kw), ref, world, device) if t1 is not None else {}
+            fn = step_fn(img, txt, scale, **kw)
             times = measure(fn, timer, args.warmup, args.reps, dist.group.WORLD)
             peak, extra = peak_run(fn, device)
             topo = topology(None, scheme, args.local_world_size)
@@ -250,7 +286,7 @@ def run(args, cuda: bool) -> None:
                              scaling_efficiency=(t1 / (world * t_n)) if t1 else None,
                              comm_ms=comm_ms,
                              peak_gib=max(all_values(peak, device)) if cuda else None,
-                             peak_extra_gib=max(all_values(extra, device)) if cuda else None))
+                             peak_extra_gib=max(all_values(extra, device)) if cuda else None, **errors))
             del img, txt, fn
         prev = batch
     if rank == 0:
@@ -264,7 +300,7 @@ def run(args, cuda: bool) -> None:
 
 def table(rows) -> str:
     head = (f"{'scheme':18} {'B':>8} {'b':>8} {'fwd+bwd ms':>11} {'1-GPU ms':>9} {'eff':>6} "
-            f"{'comm ms':>9} {'peak GiB':>9} {'extra GiB':>9}")
+            f"{'comm ms':>9} {'peak GiB':>9} {'extra GiB':>9} {'loss err':>9} {'grad err':>9}")
     lines = [head, "-" * len(head)]
 
     def f(x, spec):
@@ -277,7 +313,8 @@ def table(rows) -> str:
         lines.append(f"{r['scheme']:18} {r['global_batch']:>8} {r['local_batch']:>8} "
                      f"{f(r['fwd_bwd_ms'], '11.1f')} {f(r.get('single_gpu_ms'), '9.1f'):>9} "
                      f"{f(r.get('scaling_efficiency'), '6.2f'):>6} {f(r.get('comm_ms'), '9.2f'):>9} "
-                     f"{f(r['peak_gib'], '9.2f'):>9} {f(r['peak_extra_gib'], '9.2f'):>9}")
+                     f"{f(r['peak_gib'], '9.2f'):>9} {f(r['peak_extra_gib'], '9.2f'):>9} "
+                     f"{f(r.get('loss_rel_err'), '9.1e'):>9} {f(r.get('grad_rel_err'), '9.1e'):>9}")
     return "\n".join(lines)
 
 

@@ -227,3 +227,28 @@ def test_launcher_local_world_size_precedence(monkeypatch):
     assert launcher_local_world_size() == 8
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun
     assert launcher_local_world_size() == 2
+
+
+def test_benchmark_checks_each_scheme_against_one_device(tmp_path):
+    """bench/bench_distributed.py --smoke (2 gloo ranks, fp32): every scheme's row carries its
+    loss and gradient error against the single-device op on the same rows, and they are at fp32
+    rounding level (the benchmark's check of the schemes over NCCL runs the same code)."""
+    import json
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    out = tmp_path / "rows.jsonl"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT",
+                                                             "MASTER_ADDR", "LOCAL_WORLD_SIZE")}
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "bench/bench_distributed.py", "--smoke", "--dtype", "fp32", "--reps", "1", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    schemes = [r for r in rows if r["scheme"] != "single"]
+    assert {r["scheme"] for r in schemes} == {"gather", "disco", "ring", "hierarchical_ring"}
+    for r in schemes:
+        for key in ("loss_rel_err", "grad_rel_err", "scale_grad_rel_err"):
+            assert 0 <= r[key] < 1e-5, (r["scheme"], r["global_batch"], key, r[key])
