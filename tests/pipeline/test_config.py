@@ -113,3 +113,29 @@ def test_missing_file_and_bad_json(tmp_path):
     bad.write_text("{ not json")
     with pytest.raises(ConfigError, match="bad.json.*not valid JSON"):
         load_config(str(bad))
+
+
+def test_docs_config_reference_lists_every_key_with_its_default():
+    """docs/config.md has one row per key of every project section, with the dataclass default."""
+    import dataclasses
+    import re
+
+    from eval.config import EvalConfig
+    from ops.config import ContrastiveLossConfig
+    from pipeline.data import DataConfig
+    from pipeline.model import ModelConfig, TextTowerConfig, VisionTowerConfig
+    from pipeline.train import TrainConfig
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "config.md")
+    with open(path) as f:
+        doc = f.read()
+    sections = dict(re.findall(r"^## `([^`]+)`\n(.*?)(?=^## |\Z)", doc, flags=re.S | re.M))
+    for name, cls in [("model", ModelConfig), ("model.vision", VisionTowerConfig), ("model.text", TextTowerConfig),
+                      ("data", DataConfig), ("contrastive_loss", ContrastiveLossConfig), ("train", TrainConfig),
+                      ("eval", EvalConfig)]:
+        rows = dict(re.findall(r"^\| `([^`]+)` \| `?([^|]*?)`? \|", sections[name], flags=re.M))
+        fields = {f.name: f for f in dataclasses.fields(cls) if not f.name.startswith("_")}
+        assert set(rows) == set(fields), (name, sorted(set(fields) ^ set(rows)))
+        for key, f in fields.items():
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            assert rows[key] == repr(default), (name, key, rows[key], repr(default))
