@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ops import contrastive_loss  # noqa: E402
+from pipeline.train import OpTimer  # noqa: E402  (CUDA events, read without a device-wide sync)
 
 
 def matmul_tflops(n: int = 8192, reps: int = 10) -> float:
@@ -32,12 +33,9 @@ def matmul_tflops(n: int = 8192, reps: int = 10) -> float:
         a @ b
     times = []
     for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
+        timer = OpTimer(a.device)
         a @ b
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
+        times.append(float(timer.stop()))
     return 2 * n**3 / (statistics.median(times) * 1e-3) / 1e12
 
 
@@ -94,13 +92,10 @@ def measure(fn, b, d, dtype, reps, warmup=2):
         base = torch.cuda.memory_allocated()
         times = []
         for _ in range(reps):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
+            timer = OpTimer(img.device)
             loss = fn(img, txt, scale)
             loss.backward()
-            e.record()
-            torch.cuda.synchronize()
-            times.append(s.elapsed_time(e))
+            times.append(float(timer.stop()))
             img.grad = txt.grad = scale.grad = None
         peak = (torch.cuda.max_memory_allocated() - base) / 2**30
         return statistics.median(times), peak, float(loss.detach())

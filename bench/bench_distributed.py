@@ -35,28 +35,10 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ops import contrastive_loss  # noqa: E402
 from ops.distributed import SCHEMES, _all_gather, _reduce_scatter, sweep, topology  # noqa: E402
+from pipeline.train import OpTimer  # noqa: E402  (CUDA events on a GPU, the wall clock on CPU)
 
 GPU_BATCHES = (32768, 65536, 131072, 262144, 524288)
 SMOKE_BATCHES = (64, 192)
-
-
-class Timer:
-    """Wall time of a region: CUDA events on GPU, perf_counter on CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def __call__(self, fn) -> float:
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end)
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
 
 
 def features(n: int, dim: int, dtype, device, seed: int):
@@ -131,14 +113,16 @@ def comm_fn(scheme: str, topo, b: int, dim: int, dtype, device):
     return run
 
 
-def measure(fn, timer: Timer, warmup: int, reps: int, group) -> list:
+def measure(fn, device: torch.device, warmup: int, reps: int, group) -> list:
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(reps):
         if group is not None:
             dist.barrier(group=group)
-        times.append(timer(fn))
+        timer = OpTimer(device)
+        fn()
+        times.append(float(timer.stop()))
     return times
 
 
@@ -212,7 +196,6 @@ def run(args, cuda: bool) -> None:
     batches = args.batches or (SMOKE_BATCHES if args.smoke else GPU_BATCHES)
     out = args.out or (os.path.join(tempfile.mkdtemp(), "distributed_smoke.jsonl") if args.smoke
                        else "bench/results/distributed.jsonl")
-    timer = Timer(device)
     meta = dict(bench="distributed", time=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 device=torch.cuda.get_device_name() if cuda else "cpu", world_size=world,
                 backend=dist.get_backend(), torch=torch.__version__, dim=dim, dtype=args.dtype,
@@ -250,7 +233,7 @@ def run(args, cuda: bool) -> None:
             ref.update(img=ref["img"][rows_of], txt=ref["txt"][rows_of])
             mine = (img.detach()[rows_of].cpu(), txt.detach()[rows_of].cpu())  # this rank's share
             fn = step_fn(img, txt, scale, impl=impl)
-            times = measure(fn, timer, args.warmup, args.reps, None)
+            times = measure(fn, device, args.warmup, args.reps, None)
             peak, extra = peak_run(fn, device)
             t1 = all_values(statistics.median(times), device)[0]
             projected["single"] = t1
@@ -271,10 +254,10 @@ def run(args, cuda: bool) -> None:
             kw = dict(impl=impl, distributed=scheme, local_world_size=args.local_world_size)
             errors = check(grads_of(img, txt, scale, **kw), ref, world, device) if t1 is not None else {}
             fn = step_fn(img, txt, scale, **kw)
-            times = measure(fn, timer, args.warmup, args.reps, dist.group.WORLD)
+            times = measure(fn, device, args.warmup, args.reps, dist.group.WORLD)
             peak, extra = peak_run(fn, device)
             topo = topology(None, scheme, args.local_world_size)
-            comm = measure(comm_fn(scheme, topo, b, dim, dtype, device), timer, 1, args.reps,
+            comm = measure(comm_fn(scheme, topo, b, dim, dtype, device), device, 1, args.reps,
                            dist.group.WORLD)
             per_rank = all_values(statistics.median(times), device)
             t_n = max(per_rank)

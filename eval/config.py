@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, List, Literal, Mapping, Optional, Union
 
-from ops.config import ConfigError, parse_section
+from ops.config import ConfigError, parse_section, require_at_least
 
 from .templates import check_templates, load_classnames, load_templates
 
@@ -60,11 +60,8 @@ class EvalConfig:
     """Draw the confusion matrix as a PNG beside the JSON report."""
 
     def __post_init__(self) -> None:
-        if self.every < 0:
-            raise ConfigError(f"'every' must be >= 0, got {self.every}")
-        for key in ("batch_size", "retrieval_chunk"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"'{key}' must be >= 1, got {getattr(self, key)}")
+        require_at_least(self, 0, "every")
+        require_at_least(self, 1, "batch_size", "retrieval_chunk")
         if self.max_samples is not None and self.max_samples < 1:
             raise ConfigError(f"'max_samples' must be >= 1 or null, got {self.max_samples}")
         if sum(map(bool, (self.shards, self.images, self.use_val_shards))) > 1:

@@ -76,6 +76,17 @@ def _check_type(value: Any, hint: Any, key: str, where: str) -> Any:
     return value
 
 
+def require_at_least(cfg: Any, minimum: int, *keys: str, optional: bool = False) -> None:
+    """The range check the config sections share: each field of ``cfg`` named in ``keys`` is
+    >= ``minimum`` (with ``optional``, null is accepted too), else a ConfigError naming the key."""
+    for key in keys:
+        value = getattr(cfg, key)
+        if optional and value is None:
+            continue
+        if value < minimum:
+            raise ConfigError(f"'{key}' must be >= {minimum}, got {value}")
+
+
 def parse_section(cls: type[T], data: Optional[Mapping[str, Any]], section: str,
                   source: Optional[str] = None) -> T:
     """Build dataclass ``cls`` from ``data`` (a JSON object), strictly.
@@ -141,10 +152,7 @@ class ContrastiveLossConfig:
             raise ConfigError(f"'label_smoothing' must be in [0, 1), got {self.label_smoothing}")
         if self.label_smoothing and self.loss != "clip":
             raise ConfigError("'label_smoothing' applies to loss 'clip' only")
-        for key in ("block_m", "block_n", "local_world_size"):
-            value = getattr(self, key)
-            if value is not None and value < 1:
-                raise ConfigError(f"'{key}' must be >= 1, got {value}")
+        require_at_least(self, 1, "block_m", "block_n", "local_world_size", optional=True)
 
     @classmethod
     def from_dict(cls, data: Optional[Mapping[str, Any]], source: Optional[str] = None

@@ -20,12 +20,15 @@ import dataclasses
 import difflib
 import json
 import os
-from typing import Any, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
 from ops.config import ConfigError, ContrastiveLossConfig
 
-from .model import ModelConfig
+from .model import ModelConfig, ds_param_dtype
 from .train import TrainConfig
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DEEPSPEED_TOP_LEVEL_KEYS", "PROJECT_SECTIONS", "RunConfig", "load_config",
            "apply_overrides", "check_top_level_keys"]
@@ -86,13 +89,9 @@ class RunConfig:
         return int(mb)
 
     @property
-    def bf16(self) -> bool:
-        section = self.ds_config.get("bf16", self.ds_config.get("bfloat16", {})) or {}
-        return bool(section.get("enabled", False))
-
-    @property
-    def fp16(self) -> bool:
-        return bool((self.ds_config.get("fp16") or {}).get("enabled", False))
+    def param_dtype(self) -> "torch.dtype":
+        """The model's dtype under DeepSpeed's ``bf16`` / ``fp16`` keys."""
+        return ds_param_dtype(self.ds_config)
 
     @property
     def zero_stage(self) -> int:

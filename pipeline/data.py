@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ops.config import ConfigError, parse_section
+from ops.config import ConfigError, parse_section, require_at_least
 
 from .shards import digits_samples, write_shards_to_paths
 from .tokenizer import tokenize
@@ -124,16 +124,11 @@ class DataConfig:
     def __post_init__(self) -> None:
         if not self.train_shards:
             raise ConfigError("'train_shards' is required (a brace URL or a list of them)")
-        for key in ("vocab_size", "tokenizer_train_captions", "prefetch_factor", "digits_image_size"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"'{key}' must be >= 1, got {getattr(self, key)}")
+        require_at_least(self, 1, "vocab_size", "tokenizer_train_captions", "prefetch_factor", "digits_image_size")
         if self.vocab_size < 259:
             raise ConfigError(f"'vocab_size' must be >= 259 (256 bytes + 3 special tokens), got {self.vocab_size}")
-        for key in ("workers", "shuffle_buffer"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"'{key}' must be >= 0, got {getattr(self, key)}")
-        if self.samples_per_epoch is not None and self.samples_per_epoch < 1:
-            raise ConfigError(f"'samples_per_epoch' must be >= 1, got {self.samples_per_epoch}")
+        require_at_least(self, 0, "workers", "shuffle_buffer")
+        require_at_least(self, 1, "samples_per_epoch", optional=True)
         if self.resampled and self.samples_per_epoch is None:
             raise ConfigError("'resampled': true needs 'samples_per_epoch' (a resampled stream never ends)")
         if len(self.crop_scale) != 2 or not 0.0 < self.crop_scale[0] <= self.crop_scale[1] <= 1.0:
@@ -421,9 +416,10 @@ class _ShardStream(torch.utils.data.IterableDataset):
                     counter.add("bad_json", f"{item['url']}:{item['key']}")
             yield {"pixels": pixels, "caption": item["caption"], "key": item["key"], "label": label}
 
-    def _batch(self, items: List[Dict[str, Any]], counter: _Counter, work_s: float) -> Dict[str, Any]:
+    def _batch(self, items: List[Dict[str, Any]], counter: _Counter, t_start: float) -> Dict[str, Any]:
+        """The batch of ``items``; ``worker_s`` is the time since ``t_start``, when this worker
+        began making it."""
         s = self.spec
-        t_batch = time.perf_counter()
         captions = [it["caption"] for it in items]
         input_ids, attention_mask = tokenize(s.tokenizer, captions, s.context_length)
         batch: Dict[str, Any] = {
@@ -431,7 +427,7 @@ class _ShardStream(torch.utils.data.IterableDataset):
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "num_skipped": torch.tensor(counter.delta(), dtype=torch.long),
-            "worker_s": torch.tensor(work_s + time.perf_counter() - t_batch, dtype=torch.float64),
+            "worker_s": torch.tensor(time.perf_counter() - t_start, dtype=torch.float64),
         }
         if not s.train:
             batch["caption"] = captions
@@ -468,15 +464,14 @@ class _ShardStream(torch.utils.data.IterableDataset):
         for item in self._decoded(raw, counter):
             pending.append(item)
             if len(pending) == s.batch_size:
-                batch = self._batch(pending, counter, time.perf_counter() - t0)
-                yield batch
+                yield self._batch(pending, counter, t0)
                 t0 = time.perf_counter()
                 pending = []
                 made += 1
                 if quota is not None and made >= quota:
                     return
         if pending and not s.drop_last:
-            yield self._batch(pending, counter, time.perf_counter() - t0)
+            yield self._batch(pending, counter, t0)
 
 
 class ShardLoader:

@@ -31,9 +31,9 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import Tensor, nn
 
-from ops.config import ConfigError, parse_section
+from ops.config import ConfigError, parse_section, require_at_least
 
-__all__ = ["VisionTowerConfig", "TextTowerConfig", "ModelConfig", "CLIPTowers"]
+__all__ = ["VisionTowerConfig", "TextTowerConfig", "ModelConfig", "CLIPTowers", "mark_zero3_leaf_layers"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,13 +94,10 @@ class TextTowerConfig:
 
 
 def _check_tower(cfg: Any) -> None:
-    for key in ("hidden_size", "layers", "heads"):
-        if getattr(cfg, key) < 1:
-            raise ConfigError(f"'{key}' must be >= 1, got {getattr(cfg, key)}")
+    require_at_least(cfg, 1, "hidden_size", "layers", "heads")
     if cfg.hidden_size % cfg.heads:
         raise ConfigError(f"'heads' {cfg.heads} must divide 'hidden_size' {cfg.hidden_size}")
-    if cfg.intermediate_size is not None and cfg.intermediate_size < 1:
-        raise ConfigError(f"'intermediate_size' must be >= 1, got {cfg.intermediate_size}")
+    require_at_least(cfg, 1, "intermediate_size", optional=True)
     if not 0.0 <= cfg.attention_dropout < 1.0:
         raise ConfigError(f"'attention_dropout' must be in [0, 1), got {cfg.attention_dropout}")
 
@@ -141,8 +138,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         self.vision = _sub(VisionTowerConfig, self.vision, "model.vision")
         self.text = _sub(TextTowerConfig, self.text, "model.text")
-        if self.embed_dim < 1:
-            raise ConfigError(f"'embed_dim' must be >= 1, got {self.embed_dim}")
+        require_at_least(self, 1, "embed_dim")
         if self.max_logit_scale <= 0:
             raise ConfigError(f"'max_logit_scale' must be > 0, got {self.max_logit_scale}")
         if math.exp(self.init_logit_scale) > self.max_logit_scale * (1 + 1e-6):
@@ -224,21 +220,23 @@ def _new_tower(cls: Any, hf_config: Any, zero3_config: Optional[Mapping[str, Any
     initialised by :func:`_init_tower_weights`, so the weights depend only on the torch seed:
     with ``zero3_config`` (a DeepSpeed config dict at stage 3) the tower is built partitioned under
     ``deepspeed.zero.Init`` and ends up with exactly the weights the whole build gets."""
-    if zero3_config is None:
-        with _no_init_weights():
-            tower = cls(hf_config)
-        _init_tower_weights(tower, zero3=False)
-        return tower
-    import deepspeed
+    import contextlib
 
-    with _no_init_weights(), deepspeed.zero.Init(config_dict_or_path=dict(zero3_config)):
+    zero3 = zero3_config is not None
+    partitioned = contextlib.nullcontext()
+    if zero3:
+        import deepspeed
+
+        partitioned = deepspeed.zero.Init(config_dict_or_path=dict(zero3_config))
+    with _no_init_weights(), partitioned:
         tower = cls(hf_config)
-    _init_tower_weights(tower, zero3=True)
+    _init_tower_weights(tower, zero3=zero3)
     return tower
 
 
-def _ds_param_dtype(ds_config: Mapping[str, Any]) -> torch.dtype:
-    """The dtype DeepSpeed keeps the model's parameters in for this config."""
+def ds_param_dtype(ds_config: Mapping[str, Any]) -> torch.dtype:
+    """The dtype DeepSpeed keeps the model's parameters in for this config (``bf16`` /
+    ``bfloat16`` enabled, else ``fp16`` enabled, else fp32): the towers' inputs take it too."""
     bf16 = ds_config.get("bf16", ds_config.get("bfloat16")) or {}
     if bf16.get("enabled", False):
         return torch.bfloat16
@@ -282,7 +280,8 @@ def _init_tower_weights(tower: nn.Module, zero3: bool) -> None:
 
 def mark_zero3_leaf_layers(model: nn.Module) -> int:
     """Flag each HF transformer block (``*EncoderLayer``) in ``model`` as a DeepSpeed ZeRO-3 leaf
-    module: its parameters are gathered and released as one unit. Returns how many were flagged."""
+    module: its parameters are gathered and released as one unit (call before
+    ``deepspeed.initialize``). Returns how many were flagged."""
     from deepspeed.utils import set_z3_leaf_module
 
     blocks = [m for m in model.modules() if type(m).__name__.endswith("EncoderLayer")]
@@ -328,7 +327,7 @@ class CLIPTowers(nn.Module):
         if zero3_config is not None:
             # the towers' parameters were made in DeepSpeed's training dtype by zero.Init; these two
             # are converted at deepspeed.initialize as they are, and ZeRO-3 needs one dtype for all
-            dtype = _ds_param_dtype(zero3_config)
+            dtype = ds_param_dtype(zero3_config)
             self.logit_scale.data = self.logit_scale.data.to(dtype)
             self.logit_bias.data = self.logit_bias.data.to(dtype)
         self.max_logit_scale = float(cfg.max_logit_scale)
@@ -342,11 +341,6 @@ class CLIPTowers(nn.Module):
         section: partitioned or CPU-offloaded activations)."""
         for tower in (self.vision, self.text):
             _set_checkpointing(tower, enable, function)
-
-    def mark_zero3_leaf_layers(self) -> int:
-        """Flag every transformer block of both towers as a ZeRO-3 leaf module (call before
-        ``deepspeed.initialize``); returns how many were flagged."""
-        return mark_zero3_leaf_layers(self)
 
     @property
     def image_size(self) -> int:

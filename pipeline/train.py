@@ -31,11 +31,11 @@ import torch
 import torch.distributed as dist
 
 from ops import ContrastiveLoss
-from ops.config import ConfigError, parse_section
+from ops.config import ConfigError, parse_section, require_at_least
 
 from .checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from .chunked import chunked_forward_backward
-from .model import CLIPTowers
+from .model import CLIPTowers, mark_zero3_leaf_layers
 
 if TYPE_CHECKING:
     from .config import RunConfig
@@ -79,16 +79,9 @@ class TrainConfig:
     CLIP's default is not to."""
 
     def __post_init__(self) -> None:
-        for key in ("steps", "log_every"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"'{key}' must be >= 1, got {getattr(self, key)}")
-        for key in ("save_every", "keep_last_checkpoints"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"'{key}' must be >= 0, got {getattr(self, key)}")
-        if self.epochs is not None and self.epochs < 1:
-            raise ConfigError(f"'epochs' must be >= 1, got {self.epochs}")
-        if self.chunk_size is not None and self.chunk_size < 1:
-            raise ConfigError(f"'chunk_size' must be >= 1, got {self.chunk_size}")
+        require_at_least(self, 1, "steps", "log_every")
+        require_at_least(self, 0, "save_every", "keep_last_checkpoints")
+        require_at_least(self, 1, "epochs", "chunk_size", optional=True)
         if not self.output_dir:
             raise ConfigError("'output_dir' must not be empty")
 
@@ -265,7 +258,7 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
     if model_cfg.pretrained:
         image_size, context_length = model.image_size, model.context_length
     if zero3 and model_cfg.zero3_leaf_layers:
-        model.mark_zero3_leaf_layers()
+        mark_zero3_leaf_layers(model)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=_param_groups(model, tcfg.weight_decay_1d),
                                            config=ds_config)
     device = engine.device
@@ -283,7 +276,7 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
 
     micro = run_cfg.micro_batch_size
     gas = engine.gradient_accumulation_steps()
-    in_dtype = torch.bfloat16 if run_cfg.bf16 else torch.float16 if run_cfg.fp16 else torch.float32
+    in_dtype = run_cfg.param_dtype
 
     # state: fresh or resumed
     step, epoch, batch_in_epoch, skipped0 = 0, 0, 0, 0
@@ -344,8 +337,7 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
     engine.train()
     t_start = time.perf_counter()
     start_step = step
-    window = {"t": time.perf_counter(), "samples": 0, "data_s": 0.0, "worker_s": 0.0, "loss_ms": [], "n": 0,
-              "first": True}
+    window = _new_window(first=True)
     done = False
     grad_norm = None
     while step < tcfg.steps and not done:
@@ -385,7 +377,7 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
         if step % tcfg.log_every == 0 or step == tcfg.steps:
             _log_step(engine, writer, step, step_loss, window, batches, device, micro, t_start, start_step,
                       tcfg.steps, scale_value, grad_norm, workers=run_cfg.data.workers)
-            window = {"t": time.perf_counter(), "samples": 0, "data_s": 0.0, "worker_s": 0.0, "loss_ms": [], "n": 0}
+            window = _new_window()
         if evaluator is not None and eval_every and step % eval_every == 0:
             run_eval(step)
         if tcfg.save_every and step % tcfg.save_every == 0 and step < tcfg.steps:
@@ -484,6 +476,12 @@ def _grad_norm(engine) -> Optional[float]:
     return float(torch.stack(norms).norm()) if norms else None
 
 
+def _new_window(first: bool = False) -> dict:
+    """What the loop accumulates between two log lines (``first``: the window with start-up)."""
+    return {"t": time.perf_counter(), "samples": 0, "data_s": 0.0, "worker_s": 0.0, "loss_ms": [], "n": 0,
+            "first": first}
+
+
 def _log_step(engine, writer, step, loss, window, batches, device, micro, t_start, start_step, total,
               scale_value, own_grad_norm, workers: int = 0) -> None:
     elapsed = time.perf_counter() - window["t"]
@@ -521,7 +519,7 @@ def _log_step(engine, writer, step, loss, window, batches, device, micro, t_star
                     f"{scale_value:.2f}" if scale_value is not None else "-",
                     f"{float(grad_norm):.3f}" if grad_norm is not None else "-", samples_per_s, loss_ms, peak,
                     _fmt_time(rate * (total - step)))
-        if wait_fraction > 0.1 and not window.get("first", False):  # the first window has start-up
+        if wait_fraction > 0.1 and not window["first"]:
             logger.warning("step %d: %.0f%% of the time went waiting for data (loader: %.0f images/s "
                            "per worker, %d workers); raise data.workers", step, 100 * wait_fraction,
                            per_worker, max(workers, 1))

@@ -15,7 +15,7 @@ import torch
 
 from ops import ContrastiveLoss, ContrastiveLossConfig
 from pipeline.chunked import chunked_forward_backward
-from pipeline.model import CLIPTowers, ModelConfig
+from pipeline.model import CLIPTowers, ModelConfig, mark_zero3_leaf_layers
 
 B, CHUNK = 10, 4  # uneven last chunk (4, 4, 2)
 
@@ -198,7 +198,7 @@ def test_zero3_leaf_layers_match_zero0(dist_world_of_one, grad_ckpt):
             model.vision.config))  # two blocks, so the leaf hooks run in sequence
         model.set_gradient_checkpointing(grad_ckpt)
         if leaf:
-            assert model.mark_zero3_leaf_layers() == 3
+            assert mark_zero3_leaf_layers(model) == 3
         cfg = {"train_micro_batch_size_per_gpu": B, "gradient_accumulation_steps": 1,
                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
                "zero_optimization": {"stage": stage}, "steps_per_print": 10**9}
