@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ops import contrastive_loss  # noqa: E402
-from pipeline.train import OpTimer  # noqa: E402  (CUDA events, read without a device-wide sync)
+from pipeline.step import OpTimer  # noqa: E402  (CUDA events, read without a device-wide sync)
 
 
 def matmul_tflops(n: int = 8192, reps: int = 10) -> float:

@@ -35,7 +35,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ops import contrastive_loss  # noqa: E402
 from ops.distributed import SCHEMES, _all_gather, _reduce_scatter, sweep, topology  # noqa: E402
-from pipeline.train import OpTimer  # noqa: E402  (CUDA events on a GPU, the wall clock on CPU)
+from pipeline.step import OpTimer  # noqa: E402  (CUDA events on a GPU, the wall clock on CPU)
 
 GPU_BATCHES = (32768, 65536, 131072, 262144, 524288)
 SMOKE_BATCHES = (64, 192)

@@ -1,7 +1,7 @@
 """End-to-end step time of the pipeline on one GPU: towers + loss + DeepSpeed, synthetic batches.
 
 Design: the batches are random tensors already on the GPU, so data loading is not measured;
-each step is exactly what ``pipeline.train`` runs (``pipeline.train.forward_backward`` then
+each step is exactly what ``pipeline.train`` runs (``pipeline.step.forward_backward`` then
 ``engine.step()``). Two studies, one JSONL row per measurement in bench/results/pipeline.jsonl:
 
   throughput  ViT-B/32 at micro-batch 256, bf16, gradient checkpointing, ZeRO-2 and ZeRO-3,
@@ -119,7 +119,7 @@ def release(engine) -> None:
 
 
 def timed_steps(engine, loss_fn, batch, steps: int, chunk):
-    from pipeline.train import forward_backward
+    from pipeline.step import forward_backward
 
     torch.cuda.synchronize()
     loss_ms, t0 = [], time.perf_counter()

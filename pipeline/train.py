@@ -34,14 +34,13 @@ from ops import ContrastiveLoss
 from ops.config import ConfigError, parse_section, require_at_least
 
 from .checkpoint import load_checkpoint, resolve_resume, save_checkpoint
-from .chunked import chunked_forward_backward
 from .model import CLIPTowers, mark_zero3_leaf_layers
+from .step import forward_backward, grad_norm_zero0
 
 if TYPE_CHECKING:
     from .config import RunConfig
 
-__all__ = ["TrainConfig", "TrainResult", "train", "forward_backward", "NonFiniteLossError",
-           "single_process_env"]
+__all__ = ["TrainConfig", "TrainResult", "train", "NonFiniteLossError", "single_process_env"]
 
 logger = logging.getLogger(__name__)
 
@@ -364,7 +363,7 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
             if not math.isfinite(value):
                 raise NonFiniteLossError(f"non-finite loss ({value}) {where}; {advice}")
             if micro_i == gas - 1 and (step + 1) % tcfg.log_every == 0:
-                grad_norm = _grad_norm(engine)
+                grad_norm = grad_norm_zero0(engine)
             engine.step()
             step_loss += value / gas
             window["samples"] += pv.shape[0] * dp_world
@@ -400,80 +399,6 @@ def train(run_cfg: "RunConfig", *, resume: Optional[str] = None,
         writer.close()
     logger.info("done: %d steps in %s", step - start_step, _fmt_time(time.perf_counter() - t_start))
     return TrainResult(step=step, losses=losses, output_dir=out_dir, final_dir=final_dir, eval_metrics=eval_metrics)
-
-
-class OpTimer:
-    """Times a stretch of device work without stopping the host: CUDA events on a GPU (read at
-    ``float(timer)``, which waits only for the end event), the wall clock on the CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self._cuda = device.type == "cuda"
-        self._ms: Optional[float] = None
-        if self._cuda:
-            self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self._start.record()
-        else:
-            self._t0 = time.perf_counter()
-
-    def stop(self) -> "OpTimer":
-        if self._cuda:
-            self._end.record()
-        else:
-            self._ms = (time.perf_counter() - self._t0) * 1e3
-        return self
-
-    def __float__(self) -> float:
-        if self._ms is None:
-            self._end.synchronize()
-            self._ms = float(self._start.elapsed_time(self._end))
-        return self._ms
-
-
-def forward_backward(engine: Any, pixel_values: torch.Tensor, input_ids: torch.Tensor,
-                     attention_mask: torch.Tensor, loss_fn: Callable, chunk_size: Optional[int] = None
-                     ) -> tuple[torch.Tensor, Any, Any]:
-    """One micro-batch's forward and backward through a DeepSpeed engine (no optimizer step).
-
-    ``pixel_values`` [B,3,H,W], ``input_ids``/``attention_mask`` [B,L]; ``loss_fn(img, txt, scale,
-    bias)``. With ``chunk_size`` < B the chunked backbone runs (:mod:`pipeline.chunked`), else one
-    forward, the loss on detached feature leaves (timed alone), and one surrogate backward.
-    Returns ``(loss 0-dim detached, loss-op ms, logit scale multiplier)``; the last two are read
-    with ``float()`` (on a GPU the plain step leaves them on the device, so that nothing here
-    waits for the GPU). The caller checks the loss is finite before ``engine.step()``.
-    """
-    if chunk_size is not None and chunk_size < pixel_values.shape[0]:
-        res = chunked_forward_backward(engine, pixel_values, input_ids, attention_mask, loss_fn, chunk_size,
-                                       engine=engine)
-        return res.loss, res.loss_op_ms, res.logit_scale
-    return _plain_step(engine, pixel_values, input_ids, attention_mask, loss_fn)
-
-
-def _plain_step(engine, pv, ids, mask, loss_fn):
-    """Forward, loss on detached leaves (timed by :class:`OpTimer`), surrogate backward through
-    the engine, with no host-device synchronisation of its own.
-
-    Returns (loss 0-dim, OpTimer, scale [1] detached)."""
-    img, txt, scale, bias = engine(pv, ids, mask)
-    leaves = [t.detach().requires_grad_(True) for t in (img, txt, scale, bias)]
-    timer = OpTimer(engine.device)
-    loss = loss_fn(*leaves)
-    loss.backward()
-    timer.stop()
-    surrogate = 0
-    for out, leaf in zip((img, txt, scale, bias), leaves):
-        if leaf.grad is not None:
-            surrogate = surrogate + (out * leaf.grad.to(out.dtype)).sum().float()
-    engine.backward(surrogate)
-    return loss.detach(), timer, scale.detach().float().reshape(-1)[0]
-
-
-def _grad_norm(engine) -> Optional[float]:
-    """Global gradient 2-norm before the optimizer step where DeepSpeed does not report one
-    (ZeRO-0 with a plain torch optimizer: the gradients are all-reduced, full, on every rank)."""
-    if engine.zero_optimization_stage() != 0 or engine.get_global_grad_norm() is not None:
-        return None
-    norms = [p.grad.detach().float().norm() for p in engine.module.parameters() if p.grad is not None]
-    return float(torch.stack(norms).norm()) if norms else None
 
 
 def _new_window(first: bool = False) -> dict:
