@@ -2,6 +2,7 @@
 
     python launch/make_shards.py --digits --out data/digits [--image-size 32 --samples-per-shard 256]
     python launch/make_shards.py --image-dir photos/ --out data/photos [--captions captions.tsv]
+    python launch/make_shards.py --scenes 100000 --out data/scenes [--scene-size 256 --workers 8]
 
 Thin CLI over :mod:`pipeline.shards`; prints the brace URL(s) to put in the config's ``data``
 section (``train_shards``, ``val_shards``).
@@ -15,6 +16,7 @@ import sys
 from typing import List, Optional
 
 from pipeline.shards import brace_url, folder_samples, write_digits_shards, write_shards
+from pipeline.scenes import write_scenes
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
@@ -22,6 +24,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--digits", action="store_true", help="scikit-learn digits: OUT/train and OUT/test")
     source.add_argument("--image-dir", help="folder of images with captions (sidecar .txt or captions.tsv/jsonl)")
+    source.add_argument("--scenes", type=int, metavar="N", help="rendered shape scenes, N training pairs: "
+                        "OUT/train, OUT/zeroshot_{shape,colour,count}, OUT/retrieval (docs/scenes.md)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--captions", help="--image-dir: caption table (.tsv filename<TAB>caption or .jsonl)")
     parser.add_argument("--image-size", type=int, default=32, help="--digits: image side in pixels")
@@ -29,10 +33,24 @@ def main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--image-format", default="jpg", choices=["jpg", "png", "webp"],
                         help="--digits: encoding (folder images are copied as they are)")
     parser.add_argument("--prefix", default="shard", help="shard file name prefix")
+    scenes = parser.add_argument_group("--scenes")
+    scenes.add_argument("--scene-size", type=int, default=256, help="image side in pixels")
+    scenes.add_argument("--eval-samples", type=int, default=2000, help="pairs per zero-shot split")
+    scenes.add_argument("--retrieval-samples", type=int, default=5000, help="retrieval pairs (groups of 5)")
+    scenes.add_argument("--seed", type=int, default=0, help="same seed -> byte-identical shards")
+    scenes.add_argument("--workers", type=int, default=None, help="processes (default: all usable cores)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
-    if args.digits:
+    if args.scenes is not None:
+        made = write_scenes(args.out, args.scenes, args.eval_samples, args.retrieval_samples, seed=args.seed,
+                            image_size=args.scene_size, samples_per_shard=args.samples_per_shard,
+                            workers=args.workers, prefix=args.prefix)
+        total = sum(info["samples"] for info in made["splits"].values())
+        logging.info("scenes: %d pairs in %.1f s wall, %.1f CPU s in the workers: %.0f images/s per core",
+                     total, made["wall_s"], made["cpu_s"], total / max(made["cpu_s"], 1e-9))
+        result = {split: info["url"] for split, info in made["splits"].items()}
+    elif args.digits:
         result = write_digits_shards(args.out, image_size=args.image_size, samples_per_shard=args.samples_per_shard,
                                      image_format=args.image_format)
         result = {"train": result["train"], "test": result["test"]}
