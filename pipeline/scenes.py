@@ -68,6 +68,7 @@ __all__ = [
     "is_held_out",
     "parse_caption",
     "render_scene",
+    "sample_scene",
     "scene_sample",
     "write_scenes",
     "zeroshot_classnames",
@@ -91,7 +92,7 @@ COUNT_WORDS = {1: "a", 2: "two", 3: "three", 4: "four"}
 RELATIONS = ["left of", "right of", "above", "below"]
 _RADIUS = {"small": (0.045, 0.06), "large": (0.095, 0.12)}  # circumradius as a fraction of the side
 _MARGIN = 0.03  # shapes keep this fraction of the side away from the border
-_GAP = 0.015  # and at least this much (or 2 px) from one another and from the other group's region
+_GAP = 0.03  # and at least this much (or 3 px) apart, and from the other group's region
 
 _COLOUR_NAMES = list(COLOURS)
 HELD_OUT_COLOUR_SHAPE = frozenset((c, SHAPES[i % len(SHAPES)]) for i, c in enumerate(_COLOUR_NAMES))
@@ -282,7 +283,7 @@ def _place(group: Group, gi: int, region: Tuple[float, float, float, float], obj
 def _layout(scene: Scene, size: int, rng: random.Random) -> List[Dict[str, Any]]:
     """Place every shape: each group inside its region (for two groups, the canvas cut across
     the relation's axis with a gap between), no two shapes closer than the gap."""
-    gap = max(2.0, _GAP * size)
+    gap = max(3.0, _GAP * size)
     lo, hi = _MARGIN * size, size - _MARGIN * size
     for _attempt in range(1000):
         if scene.relation is None:
@@ -329,7 +330,9 @@ def render_scene(scene: Scene, size: int, rng: random.Random) -> Tuple[Image.Ima
 
 # ------------------------------------------------------------------------------------- samples
 
-def _scene_for(split: str, index: int, seed: int, group_size: int) -> Tuple[Scene, Dict[str, Any]]:
+def sample_scene(split: str, index: int, seed: int = 0, group_size: int = 5) -> Tuple[Scene, Dict[str, Any]]:
+    """The scene of sample ``index`` of ``split`` (not rendered) and its split-specific meta:
+    ``{"label", "task"}`` for zero-shot, ``{"group", "variant", "changed"}`` for retrieval."""
     rng = random.Random(f"scenes/{seed}/{split}/{index}/scene")
     if split == "train":
         return _train_scene(rng), {}
@@ -352,7 +355,7 @@ def scene_sample(split: str, index: int, seed: int = 0, image_size: int = 256, j
     "objects": [...]}`` (see :func:`render_scene`), plus ``"label"``/``"task"`` for the zero-shot
     splits and ``"group"``/``"variant"``/``"changed"`` for retrieval.
     """
-    scene, extra = _scene_for(split, index, seed, group_size)
+    scene, extra = sample_scene(split, index, seed, group_size)
     img, objects = render_scene(scene, image_size, random.Random(f"scenes/{seed}/{split}/{index}/render"))
     buf = io.BytesIO()
     img.save(buf, format="JPEG", quality=jpeg_quality)
@@ -414,9 +417,9 @@ def write_scenes(out_dir: Union[str, Path], num_train: int, num_eval: int = 2000
             pairs (rounded down to whole groups of ``group_size``, 2..9).
         samples_per_shard: pairs per tar (the last shard of a split holds the rest).
         splits: which of :data:`SPLITS` to write (the samples do not depend on this).
-    Returns (and writes as ``out_dir/scenes.json``, without the timings): ``{"splits": {split:
-    {"url", "samples"}}, "seed", "image_size", "held_out": {...}}``, plus ``"cpu_s"`` (CPU
-    seconds spent in the workers) and ``"wall_s"``. Zero-shot folders also get
+    Returns ``{"splits": {split: {"url", "samples"}}, "seed", "image_size", "held_out": {...},
+    ...}`` plus ``"cpu_s"`` (CPU seconds spent in the workers) and ``"wall_s"``; the same without
+    the timings and with URLs relative to ``out_dir`` is written as ``out_dir/scenes.json``. Zero-shot folders also get
     ``classnames.txt`` and ``templates.txt``.
     """
     if not 2 <= group_size <= 9:
@@ -468,8 +471,9 @@ def write_scenes(out_dir: Union[str, Path], num_train: int, num_eval: int = 2000
             folder = out / f"zeroshot_{task}"
             (folder / "classnames.txt").write_text("\n".join(zeroshot_classnames(task)) + "\n", encoding="utf-8")
             (folder / "templates.txt").write_text("\n".join(zeroshot_templates(task)) + "\n", encoding="utf-8")
+    # the manifest's URLs are relative to out_dir, so that it too is the same wherever it is written
     manifest = {
-        "splits": {s: {"url": brace_url(p), "samples": counts[s]} for s, p in paths.items()},
+        "splits": {s: {"url": os.path.relpath(brace_url(p), out), "samples": counts[s]} for s, p in paths.items()},
         "seed": seed, "image_size": image_size, "jpeg_quality": jpeg_quality, "group_size": group_size,
         "samples_per_shard": samples_per_shard,
         "held_out": {"colour_shape": sorted(map(list, HELD_OUT_COLOUR_SHAPE)),
@@ -477,4 +481,5 @@ def write_scenes(out_dir: Union[str, Path], num_train: int, num_eval: int = 2000
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "scenes.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    return {**manifest, "cpu_s": cpu_s, "wall_s": wall_s}
+    splits_out = {s: {"url": brace_url(p), "samples": counts[s]} for s, p in paths.items()}
+    return {**manifest, "splits": splits_out, "cpu_s": cpu_s, "wall_s": wall_s}
