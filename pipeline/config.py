@@ -11,6 +11,10 @@ as ``zero_optimisation`` gets caught). ``eval`` stays a raw dict: ``pipeline`` n
 Limit: the DeepSpeed key list is the one of deepspeed 0.19.x (collected from
 ``deepspeed/runtime/config.py``, ``runtime/constants.py``, ``monitor/config.py``,
 ``comm/config.py`` and friends); a key added by a later DeepSpeed release must be added here.
+Inside DeepSpeed's sections only what DeepSpeed gets wrong without a word is checked here: batch
+sizes must be whole numbers (a fractional micro-batch would train at its floor), numbers must not
+be quoted (``"lr": "1e-3"`` ends in a TypeError deep in the optimizer that names no key) and must
+be finite; everything else DeepSpeed validates itself.
 """
 
 from __future__ import annotations
@@ -19,19 +23,19 @@ import copy
 import dataclasses
 import difflib
 import json
+import math
 import os
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
-from ops.config import ConfigError, ContrastiveLossConfig
+from ops.config import ConfigError, ContrastiveLossConfig, parse_section, require_at_least
 
 from .model import ModelConfig, ds_param_dtype
-from .train import TrainConfig
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEEPSPEED_TOP_LEVEL_KEYS", "PROJECT_SECTIONS", "RunConfig", "load_config",
-           "apply_overrides", "check_top_level_keys"]
+__all__ = ["DEEPSPEED_TOP_LEVEL_KEYS", "PROJECT_SECTIONS", "RunConfig", "TrainConfig", "load_config",
+           "apply_overrides", "check_top_level_keys", "check_deepspeed_values"]
 
 #: Top-level keys DeepSpeed 0.19 reads from its config (everything else it silently ignores).
 DEEPSPEED_TOP_LEVEL_KEYS = frozenset({
@@ -60,6 +64,52 @@ DEEPSPEED_TOP_LEVEL_KEYS = frozenset({
 #: The project's own top-level sections.
 PROJECT_SECTIONS = ("model", "data", "contrastive_loss", "train", "eval")
 
+#: DeepSpeed's batch keys: whole numbers >= 1 (``train_micro_batch_size_per_gpu`` is required).
+_DS_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps")
+#: Keys inside DeepSpeed's sections whose value is a name or path, so may look like a number.
+_DS_TEXT_KEYS = frozenset({"job_name", "output_path", "project", "team", "group", "nvme_path", "name",
+                           "output_file", "checkpoint_dir", "save_dir", "load_dir", "tag"})
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """The ``train`` section: run length, logging, checkpoints, chunking."""
+
+    steps: int = 200
+    """Optimizer steps to run (each: gradient_accumulation_steps micro-batches per rank)."""
+    epochs: Optional[int] = None
+    """Also stop when the data stream has completed this many epochs (None: steps only)."""
+    log_every: int = 10
+    """Log scalars to TensorBoard and a progress line every this many steps."""
+    save_every: int = 0
+    """Checkpoint every this many steps (0: only at the end)."""
+    save_final: bool = True
+    """Checkpoint when the run ends."""
+    export_final: bool = True
+    """At the end, write output_dir/final: CLIPTowers.save_pretrained + the tokenizer (for eval)."""
+    output_dir: str = "runs/default"
+    """Run directory: ckpt/ (DeepSpeed checkpoints), tb/ (TensorBoard), tokenizer/, final/."""
+    seed: int = 0
+    """Seed of the model init (same on all ranks) and of each rank's dropout stream (seed + rank)."""
+    chunk_size: Optional[int] = None
+    """GradCache-style chunked backbone: rows per tower forward (None: the whole micro-batch)."""
+    keep_last_checkpoints: int = 2
+    """Keep this many newest complete checkpoints (0: keep all); incomplete ones are never kept."""
+    weight_decay_1d: bool = False
+    """Apply the optimizer's weight decay to 1-D parameters too (biases, norms, logit scale/bias);
+    CLIP's default is not to."""
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 1, "steps", "log_every")
+        require_at_least(self, 0, "save_every", "keep_last_checkpoints")
+        require_at_least(self, 1, "epochs", "chunk_size", optional=True)
+        if not self.output_dir:
+            raise ConfigError("'output_dir' must not be empty")
+
+    @classmethod
+    def from_dict(cls, data: Optional[Mapping[str, Any]], source: Optional[str] = None) -> "TrainConfig":
+        return parse_section(cls, data, "train", source)
+
 
 @dataclasses.dataclass
 class RunConfig:
@@ -81,12 +131,12 @@ class RunConfig:
 
     @property
     def micro_batch_size(self) -> int:
-        """``train_micro_batch_size_per_gpu`` from DeepSpeed's keys."""
+        """``train_micro_batch_size_per_gpu`` from DeepSpeed's keys (checked at load)."""
         mb = self.ds_config.get("train_micro_batch_size_per_gpu")
         if mb is None:
             raise ConfigError(f"{self.source or 'config'}: 'train_micro_batch_size_per_gpu' is required "
                               "(the data loader's batch size per GPU)")
-        return int(mb)
+        return mb
 
     @property
     def param_dtype(self) -> "torch.dtype":
@@ -96,6 +146,15 @@ class RunConfig:
     @property
     def zero_stage(self) -> int:
         return int((self.ds_config.get("zero_optimization") or {}).get("stage", 0))
+
+    @property
+    def tensorboard_dir(self) -> str:
+        """DeepSpeed's monitor folder when its ``tensorboard`` section is on (our scalars go beside
+        its own), else ``<train.output_dir>/tb``."""
+        tb = self.ds_config.get("tensorboard") or {}
+        if tb.get("enabled") and tb.get("output_path"):
+            return os.path.join(tb["output_path"], tb.get("job_name", "DeepSpeedJobName"))
+        return os.path.join(self.train.output_dir, "tb")
 
 
 def check_top_level_keys(raw: Mapping[str, Any], source: Optional[str] = None) -> None:
@@ -110,6 +169,46 @@ def check_top_level_keys(raw: Mapping[str, Any], source: Optional[str] = None) -
         raise ConfigError(f"{source or 'config'}: unknown top-level key '{key}'{hint}. Valid keys are "
                           f"DeepSpeed's ({', '.join(sorted(DEEPSPEED_TOP_LEVEL_KEYS))}) and the "
                           f"project's sections ({', '.join(PROJECT_SECTIONS)}).")
+
+
+def check_deepspeed_values(ds_config: Mapping[str, Any], source: Optional[str] = None) -> None:
+    """Raise :class:`ConfigError` naming the key for what DeepSpeed would accept silently or fail
+    on far from the cause: a batch key that is not a whole number >= 1, a number written as a
+    string (``"lr": "1e-3"``), a non-finite number (``Infinity``, ``NaN``)."""
+    where = source or "config"
+    mb = ds_config.get("train_micro_batch_size_per_gpu")
+    if mb is None:
+        raise ConfigError(f"{where}: 'train_micro_batch_size_per_gpu' is required (the data loader's batch "
+                          "size per GPU)")
+    for key in _DS_BATCH_KEYS:
+        value = ds_config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{where}: '{key}' must be a whole number >= 1, got {value!r}")
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                if not str(k).startswith("_"):
+                    walk(v, f"{path}.{k}" if path else str(k))
+        elif isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                walk(v, f"{path}[{i}]")
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise ConfigError(f"{where}: '{path}' must be a finite number, got {node!r}")
+        elif isinstance(node, str) and path.rsplit(".", 1)[-1] not in _DS_TEXT_KEYS and _looks_numeric(node):
+            raise ConfigError(f"{where}: '{path}' is the string {node!r}; write the number without quotes")
+
+    walk(ds_config, "")
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _parse_value(text: str) -> Any:
@@ -163,6 +262,7 @@ def load_config(path: Optional[str] = None, overrides: Iterable[str] = (), *,
     raw = apply_overrides(dict(data), overrides, source)
     check_top_level_keys(raw, source)
     ds_config = {k: v for k, v in raw.items() if k not in PROJECT_SECTIONS}
+    check_deepspeed_values(ds_config, source)
     return RunConfig(
         ds_config=ds_config,
         model=ModelConfig.from_dict(raw.get("model"), source),

@@ -1,0 +1,139 @@
+"""The model inside its DeepSpeed engine, with what the training step needs to call it.
+
+Design: :func:`build_engine` builds the CLIP towers from the ``model`` section (identical init on
+every rank; partitioned at construction under ZeRO-3 with ``model.zero3_init``), hands them to
+``deepspeed.initialize`` with the user's DeepSpeed keys unchanged (weight decay off for 1-D
+parameters unless ``train.weight_decay_1d``), and wraps the contrastive loss over DeepSpeed's
+data-parallel group. DeepSpeed rejects a bad key inside its own sections with a pydantic error
+several screens long; it is turned into one :class:`~ops.config.ConfigError` naming the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from ops import ContrastiveLoss
+from ops.config import ConfigError
+
+from .config import RunConfig
+from .model import CLIPTowers, mark_zero3_leaf_layers
+
+__all__ = ["TrainEngine", "build_engine", "export_final", "param_groups"]
+
+
+@dataclasses.dataclass
+class TrainEngine:
+    """A DeepSpeed engine and how the loop feeds it."""
+
+    engine: Any
+    """``deepspeed.DeepSpeedEngine`` wrapping :class:`~pipeline.model.CLIPTowers`."""
+    loss_fn: Callable
+    """``loss_fn(img, txt, scale, bias) -> loss`` over the data-parallel group."""
+    image_size: int
+    context_length: int
+    input_dtype: torch.dtype
+    """dtype of ``pixel_values`` (DeepSpeed's bf16/fp16 parameter dtype)."""
+    dp_group: Any
+    dp_rank: int
+    dp_world: int
+
+    @property
+    def device(self) -> torch.device:
+        return self.engine.device
+
+
+def param_groups(model: torch.nn.Module, decay_1d: bool) -> list[dict]:
+    """The optimizer's parameter groups: weight decay on >= 2-D parameters only (unless ``decay_1d``)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            shape = getattr(p, "ds_shape", p.shape)  # a zero.Init parameter's own data is its shard
+            (decay if len(shape) >= 2 or decay_1d else no_decay).append(p)
+    groups = [{"params": decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def _initialize(model: torch.nn.Module, groups: list, ds_config: dict, source: str):
+    import deepspeed
+
+    errors: tuple = ()
+    try:
+        import pydantic
+        errors += (pydantic.ValidationError,)
+    except ImportError:  # pragma: no cover - DeepSpeed depends on pydantic
+        pass
+    try:
+        from deepspeed.runtime.config import DeepSpeedConfigError
+        errors += (DeepSpeedConfigError,)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config)
+    except errors as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.strip().startswith("For further")]
+        raise ConfigError(f"{source}: DeepSpeed rejected the config: {'; '.join(lines[:4])[:600]}") from None
+    return engine
+
+
+def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
+    """Towers -> ``deepspeed.initialize`` -> :class:`TrainEngine` (the process group is up)."""
+    import deepspeed
+
+    model_cfg, tcfg = run_cfg.model, run_cfg.train
+    ds_config = dict(run_cfg.ds_config)
+    if "optimizer" not in ds_config:
+        raise ConfigError(f"{run_cfg.source}: an 'optimizer' section is required (DeepSpeed builds the optimizer)")
+    torch.manual_seed(tcfg.seed)  # identical init on every rank
+    zero3 = run_cfg.zero_stage == 3
+    model = CLIPTowers.from_config(model_cfg, tokenizer,
+                                   zero3_config=ds_config if zero3 and model_cfg.zero3_init else None)
+    image_size, context_length = model_cfg.vision.image_size, model_cfg.text.context_length
+    if model_cfg.pretrained:
+        image_size, context_length = model.image_size, model.context_length
+    if zero3 and model_cfg.zero3_leaf_layers:
+        mark_zero3_leaf_layers(model)
+    engine = _initialize(model, param_groups(model, tcfg.weight_decay_1d), ds_config, str(run_cfg.source))
+    if model_cfg.gradient_checkpointing and model_cfg.checkpointing_impl == "deepspeed":
+        deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
+        engine.module.set_gradient_checkpointing(True, deepspeed.checkpointing.checkpoint)
+    multi = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    dp_group = engine.data_parallel_group if hasattr(engine, "data_parallel_group") else None
+    criterion = ContrastiveLoss(run_cfg.contrastive_loss)
+    siglip = run_cfg.contrastive_loss.loss == "siglip"
+
+    def loss_fn(img, txt, scale, bias):
+        return criterion(img, txt, scale, bias if siglip else None, process_group=dp_group)
+
+    return TrainEngine(engine=engine, loss_fn=loss_fn, image_size=image_size, context_length=context_length,
+                       input_dtype=run_cfg.param_dtype, dp_group=dp_group,
+                       dp_rank=dist.get_rank(dp_group) if multi else 0,
+                       dp_world=dist.get_world_size(dp_group) if multi else 1)
+
+
+def _gathered(engine: Any):
+    """Context gathering ZeRO-3 partitioned parameters (all ranks must enter), else a no-op."""
+    if engine.zero_optimization_stage() == 3:
+        import deepspeed
+        return deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
+    return contextlib.nullcontext()
+
+
+def export_final(engine: Any, tokenizer: Any, final_dir: str) -> str:
+    """Write the towers (``CLIPTowers.save_pretrained``) and the tokenizer to ``final_dir`` from
+    rank 0 (every rank must call: ZeRO-3 gathers the weights). Returns ``final_dir``."""
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    with _gathered(engine):
+        if rank == 0:
+            engine.module.save_pretrained(final_dir)
+            tokenizer.save_pretrained(os.path.join(final_dir, "tokenizer"))
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    return final_dir

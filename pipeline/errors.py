@@ -1,0 +1,72 @@
+"""The errors a user can cause, and how an entry point reports them: one line, non-zero exit.
+
+Design: every mistake in what the user hands over (config, data, checkpoint, the setup a run is
+resumed with) raises one of :data:`USER_ERRORS` with a message that names the key, file or step
+at fault. ``launch/`` catches exactly these (:func:`exit_on_user_error`) and prints the message
+as one line; any other exception is a bug of ours and keeps its traceback. ``--debug`` shows the
+traceback for user errors too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Iterator
+
+from ops.config import ConfigError
+
+__all__ = ["CheckpointError", "ResumeMismatchError", "NonFiniteError", "NonFiniteLossError",
+           "NonFiniteGradError", "PeerFailedError", "USER_ERRORS", "UserErrorExit", "exit_on_user_error"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used: a file is missing, empty, truncated or refused (it holds
+    objects other than tensors and plain values), the tag is incomplete, or it does not fit the
+    model. The message names the file or tag."""
+
+
+class ResumeMismatchError(ValueError):
+    """``--resume`` with a setup that would put the run at another data position (micro-batch,
+    world size, data sources, seeds, loader workers); the message lists what changed."""
+
+
+class NonFiniteError(FloatingPointError):
+    """Training produced NaN or infinity; the message names the step."""
+
+
+class NonFiniteLossError(NonFiniteError):
+    """The loss became NaN or infinite; the message names the step."""
+
+
+class NonFiniteGradError(NonFiniteError):
+    """The global gradient norm became NaN or infinite; the message names the step."""
+
+
+class PeerFailedError(RuntimeError):
+    """Another rank failed in a step all ranks take together; its own error is in its log."""
+
+
+#: What a user can cause and fix; launch/ reports these as one line.
+USER_ERRORS = (ConfigError, CheckpointError, ResumeMismatchError, NonFiniteError, PeerFailedError,
+               FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
+class UserErrorExit(SystemExit):
+    """Raised by :func:`exit_on_user_error`: the process exits with code 2 after the message."""
+
+
+@contextlib.contextmanager
+def exit_on_user_error(prog: str, debug: bool = False, errors: tuple = USER_ERRORS) -> Iterator[None]:
+    """Turn one of ``errors`` raised inside into ``prog: error: <message>`` on stderr and exit
+    code 2 (with ``debug``: re-raise, traceback and all). Other exceptions pass untouched."""
+    try:
+        yield
+    except errors as exc:
+        if debug:
+            raise
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        if isinstance(exc, OSError) and exc.filename is not None and str(exc.filename) not in message:
+            message = f"{message}: {exc.filename}"
+        sys.stderr.write(f"{prog}: error: {message} (--debug shows the traceback)\n")
+        sys.stderr.flush()
+        raise UserErrorExit(2) from None

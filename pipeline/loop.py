@@ -1,0 +1,236 @@
+"""The training loop: micro-batches through the engine, the step's checks, and when to log, eval, save.
+
+Design: :class:`TrainLoop` runs optimizer steps of ``gradient_accumulation_steps`` micro-batches
+from :class:`Batches` through :func:`pipeline.step.forward_backward`, and at step boundaries asks
+the :class:`~pipeline.metrics.TrainLogger`, the :class:`EvalSchedule` and the
+:class:`~pipeline.run_state.Checkpointer`. The host waits for the device once per micro-batch, to
+read the loss before ``engine.step()``, and that one read also carries the step's gradient norm:
+
+- ZeRO-0 with a plain torch optimizer (DeepSpeed computes no norm there): the norm of the reduced
+  gradients, computed on the device at the last micro-batch and read with its loss, so a
+  non-finite norm stops the run *before* the weights move.
+- Otherwise DeepSpeed's own norm from ``engine.step()`` (``get_global_grad_norm``), read with the
+  next micro-batch's loss (or after the last step): the run stops before that step is saved.
+- fp16: DeepSpeed's loss scaler skips overflowing steps itself; they are counted
+  (``train/skipped_steps``), not fatal.
+
+A non-finite loss or gradient norm raises :class:`~pipeline.errors.NonFiniteLossError` /
+:class:`~pipeline.errors.NonFiniteGradError` naming the step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+import torch.distributed as dist
+
+from .config import TrainConfig
+from .engine import TrainEngine
+from .errors import NonFiniteGradError, NonFiniteLossError
+from .metrics import TrainLogger
+from .run_state import Checkpointer, RunState
+from .step import forward_backward
+
+__all__ = ["Batches", "EvalSchedule", "TrainLoop"]
+
+logger = logging.getLogger(__name__)
+
+_ADVICE = "lower the learning rate, check the data, or use bf16 instead of fp16"
+
+
+class Batches:
+    """The data stream across epochs, with its (epoch, batch_in_epoch) position.
+
+    All ranks switch epochs together: if any rank's stream ends, every rank starts the next epoch
+    (a rank's unconsumed batch is dropped), so collectives never wait on a rank without data.
+    Loading runs under ``torch.random.fork_rng``: creating a DataLoader iterator draws from the
+    global torch RNG, and a resumed run creates one at a point where the uninterrupted run did
+    not, so the data stream must not touch the RNG that drives dropout (it seeds its own).
+    """
+
+    def __init__(self, build: Callable[[int, int], Any], state: RunState, max_epochs: Optional[int],
+                 device: torch.device) -> None:
+        self.build, self.state, self.max_epochs, self.device = build, state, max_epochs, device
+        with torch.random.fork_rng(devices=[]):
+            self._it = iter(self.build(state.epoch, state.batch_in_epoch))
+
+    def _all_have(self, have: bool) -> bool:
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return have
+        flag = torch.tensor([1 if have else 0], dtype=torch.int32,
+                            device=self.device if dist.get_backend() == "nccl" else "cpu")
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def next(self) -> Optional[dict]:
+        """The next micro-batch, or None when ``max_epochs`` epochs are done."""
+        with torch.random.fork_rng(devices=[]):
+            return self._next()
+
+    def _next(self) -> Optional[dict]:
+        state, fresh = self.state, False
+        while True:
+            batch = next(self._it, None)
+            if self._all_have(batch is not None):
+                state.batch_in_epoch += 1
+                state.skipped_samples += int(batch.get("num_skipped", 0))
+                return batch
+            if fresh:
+                raise RuntimeError(f"the training stream yielded no batch in epoch {state.epoch} on some rank; "
+                                   "too few samples for the micro-batch and world size?")
+            state.epoch += 1
+            state.batch_in_epoch = 0
+            if self.max_epochs is not None and state.epoch >= self.max_epochs:
+                return None
+            self._it = iter(self.build(state.epoch, 0))
+            fresh = True
+
+
+class EvalSchedule:
+    """When the evaluator runs: every ``evaluator.every`` steps (0 or absent: never) and after the
+    last step when ``evaluator.at_end`` (absent: true). The evaluator (``callable(model, step) ->
+    {name: value}``) is called on every rank (a ZeRO-3 forward needs all of them) with the
+    unwrapped model in eval mode under no_grad; rank 0 logs the values as ``eval/<name>``."""
+
+    def __init__(self, evaluator: Optional[Callable[[Any, int], Mapping[str, float]]], log: TrainLogger) -> None:
+        self.evaluator, self.log = evaluator, log
+        self.every = int(getattr(evaluator, "every", 0) or 0) if evaluator is not None else 0
+        self.at_end = bool(getattr(evaluator, "at_end", True)) if evaluator is not None else False
+        self.metrics: dict = {}
+
+    def due(self, step: int) -> bool:
+        return self.evaluator is not None and self.every > 0 and step % self.every == 0
+
+    def run(self, engine: Any, step: int) -> None:
+        module = engine.module
+        was_training = module.training
+        module.eval()
+        with torch.no_grad():
+            self.metrics = {k: float(v) for k, v in dict(self.evaluator(module, step) or {}).items()}
+        module.train(was_training)
+        self.log.log_eval(step, self.metrics)
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+
+    def finish(self, engine: Any, step: int) -> None:
+        if self.evaluator is not None and self.at_end and not self.due(step):
+            self.run(engine, step)
+
+
+def _grads_norm(engine: Any) -> Optional[torch.Tensor]:
+    """The 2-norm of the (reduced) gradients, on the device, no host wait."""
+    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads) if grads else None
+
+
+def _read(*values: Any) -> list[Optional[float]]:
+    """Host values of 0-dim tensors / floats / None, with one device read for all tensors."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    host: list = []
+    if tensors:
+        device = tensors[0].device
+        host = torch.stack([t.detach().reshape(()).float().to(device) for t in tensors]).tolist()
+    it = iter(host)
+    return [next(it) if isinstance(v, torch.Tensor) else (None if v is None else float(v)) for v in values]
+
+
+class TrainLoop:
+    """Runs the optimizer steps of one run (see the module docstring)."""
+
+    def __init__(self, te: TrainEngine, batches: Batches, state: RunState, tcfg: TrainConfig, log: TrainLogger,
+                 evals: EvalSchedule, checkpoints: Checkpointer) -> None:
+        self.te, self.batches, self.state, self.tcfg = te, batches, state, tcfg
+        self.log, self.evals, self.checkpoints = log, evals, checkpoints
+        engine = te.engine
+        self.fp16 = bool(engine.fp16_enabled())
+        self.own_norm = not hasattr(engine.optimizer, "_global_grad_norm")
+        self.pending_norm: Optional[tuple[Any, int]] = None  # DeepSpeed's norm of a step, not yet read
+        self.grad_norm: Optional[float] = None
+        self.scale: Any = None
+        self.losses: dict = {}
+
+    def run(self) -> dict:
+        """Train until ``train.steps`` (or the data's ``train.epochs``); returns {step: loss}."""
+        state, tcfg = self.state, self.tcfg
+        start = state.step
+        self.te.engine.train()
+        while state.step < tcfg.steps:
+            loss = self._step()
+            if loss is None:
+                break
+            state.step += 1
+            self.losses[state.step] = loss
+            self._after_step(state.step, loss)
+        self._check_pending_norm()
+        if tcfg.save_final and state.step > start:
+            self.checkpoints.save(self.te.engine, state)
+        return self.losses
+
+    def _after_step(self, step: int, loss: float) -> None:
+        tcfg, engine = self.tcfg, self.te.engine
+        if step % tcfg.log_every == 0 or step == tcfg.steps:
+            grad_norm = self.grad_norm
+            if not self.own_norm:
+                grad_norm = _read(engine.get_global_grad_norm())[0]
+            self.log.log_step(step, loss, lr=engine.get_lr()[0] if engine.get_lr() else float("nan"),
+                              scale=self.scale, grad_norm=grad_norm, skipped_samples=self.state.skipped_samples,
+                              skipped_steps=int(getattr(engine, "skipped_steps", 0)) if self.fp16 else 0,
+                              device=self.te.device)
+        if self.evals.due(step):
+            self.evals.run(engine, step)
+        if tcfg.save_every and step % tcfg.save_every == 0 and step < tcfg.steps:
+            self._check_pending_norm()
+            self.checkpoints.save(engine, self.state)
+
+    def _step(self) -> Optional[float]:
+        """One optimizer step; its mean loss, or None when the data ran out before it ended."""
+        te, engine, state = self.te, self.te.engine, self.state
+        gas = engine.gradient_accumulation_steps()
+        step_loss = 0.0
+        for micro_i in range(gas):
+            t_data = time.perf_counter()
+            batch = self.batches.next()
+            data_s = time.perf_counter() - t_data
+            if batch is None:
+                return None
+            pv = batch["pixel_values"].to(te.device, dtype=te.input_dtype, non_blocking=True)
+            ids = batch["input_ids"].to(te.device, non_blocking=True)
+            mask = batch["attention_mask"].to(te.device, non_blocking=True)
+            where = f"at step {state.step + 1} (micro-batch {micro_i}, epoch {state.epoch})"
+            try:
+                loss, loss_ms, self.scale = forward_backward(engine, pv, ids, mask, te.loss_fn, self.tcfg.chunk_size)
+            except FloatingPointError as exc:  # the loss op rejects NaN/Inf features
+                raise NonFiniteLossError(f"non-finite loss {where}: {exc}; {_ADVICE}") from exc
+            last = micro_i == gas - 1
+            own = _grads_norm(engine) if last and self.own_norm else None
+            pending, pending_step = self.pending_norm if self.pending_norm else (None, None)
+            value, own_value, pending_value = _read(loss, own, pending)  # the micro-step's one host read
+            self.pending_norm = None
+            if not math.isfinite(value):
+                raise NonFiniteLossError(f"non-finite loss ({value}) {where}; {_ADVICE}")
+            self._check_norm(pending_value, pending_step, "the optimizer step was taken; the run stops before "
+                                                          "it is saved")
+            if own_value is not None:
+                self._check_norm(own_value, state.step + 1, "stopped before the optimizer step")
+                self.grad_norm = own_value
+            engine.step()
+            if last and not self.own_norm and not self.fp16:
+                self.pending_norm = (engine.get_global_grad_norm(), state.step + 1)
+            step_loss += value / gas
+            self.log.micro_step(samples=pv.shape[0] * te.dp_world, data_s=data_s,
+                                worker_s=float(batch.get("worker_s", 0.0)), loss_ms=loss_ms)
+        return step_loss
+
+    def _check_norm(self, value: Optional[float], step: Optional[int], what: str) -> None:
+        if value is not None and not math.isfinite(value):
+            raise NonFiniteGradError(f"non-finite gradient norm ({value}) at step {step}: {what}; {_ADVICE}")
+
+    def _check_pending_norm(self) -> None:
+        if self.pending_norm is not None:
+            value, step = self.pending_norm
+            self.pending_norm = None
+            self._check_norm(_read(value)[0], step, "the optimizer step was taken; the run stops before it is saved")

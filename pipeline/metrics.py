@@ -1,0 +1,124 @@
+"""What the training run reports: TensorBoard scalars and the progress line (rank 0).
+
+Design: :class:`TrainLogger` accumulates a *window* (the micro-steps since the last log line:
+samples, time waiting for data, the loader workers' own time, loss-op times) and at each log step
+turns it into rates. Values that live on the device (the loss-op timer, the logit scale) are read
+only here, at log time, so the step itself never waits for the GPU. Every rank builds one (they
+all call it at the same steps); only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from typing import Any, Mapping, Optional
+
+import torch
+
+__all__ = ["TrainLogger", "fmt_time"]
+
+logger = logging.getLogger(__name__)
+
+
+def fmt_time(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _peak_mem_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+class TrainLogger:
+    """TensorBoard writer (rank 0) and the per-window rates.
+
+    Args:
+        tb_dir: TensorBoard folder, or None on ranks other than 0 (nothing written).
+        total_steps, start_step: for the ETA.
+        micro_batch: rows per micro-batch per rank; workers: loader workers (for data rates).
+    """
+
+    def __init__(self, tb_dir: Optional[str], *, total_steps: int, start_step: int, micro_batch: int,
+                 workers: int) -> None:
+        self.writer = None
+        if tb_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(tb_dir)
+        self.total_steps, self.start_step = total_steps, start_step
+        self.micro_batch, self.workers = micro_batch, max(workers, 1)
+        self.t_start = time.perf_counter()
+        self._new_window(first=True)
+
+    def _new_window(self, first: bool = False) -> None:
+        self.window = {"t": time.perf_counter(), "samples": 0, "data_s": 0.0, "worker_s": 0.0, "loss_ms": [],
+                       "n": 0, "first": first}
+
+    def micro_step(self, *, samples: int, data_s: float, worker_s: float, loss_ms: Any) -> None:
+        """One micro-batch done: ``samples`` over all ranks, ``data_s`` spent waiting for it,
+        ``worker_s`` its worker's time making it, ``loss_ms`` (read with ``float`` at log time)."""
+        w = self.window
+        w["samples"] += samples
+        w["data_s"] += data_s
+        w["worker_s"] += worker_s
+        w["loss_ms"].append(loss_ms)
+        w["n"] += 1
+
+    @property
+    def window_empty(self) -> bool:
+        return self.window["n"] == 0
+
+    def log_step(self, step: int, loss: float, *, lr: float, scale: Any, grad_norm: Optional[float],
+                 skipped_samples: int, skipped_steps: int, device: torch.device) -> None:
+        """Write the step's scalars and the progress line; start a new window."""
+        w = self.window
+        elapsed = max(time.perf_counter() - w["t"], 1e-9)
+        samples_per_s = w["samples"] / elapsed
+        # the loader: each worker's own rate (images over its time making them), all workers
+        # together, and the share of the step the loop waited for a batch (> 0.1: starved)
+        per_worker = w["n"] * self.micro_batch / w["worker_s"] if w["worker_s"] > 0 else float("nan")
+        images_per_s = per_worker * self.workers
+        wait_fraction = w["data_s"] / elapsed
+        peak = _peak_mem_gb(device)
+        loss_ms = sum(float(t) for t in w["loss_ms"]) / max(len(w["loss_ms"]), 1)
+        scale = float(scale) if scale is not None else None
+        if self.writer is not None:
+            scalars = {"train/loss": loss, "train/lr": lr, "train/samples_per_s": samples_per_s,
+                       "train/loss_op_ms": loss_ms, "train/peak_mem_gb": peak,
+                       "train/skipped_steps": skipped_steps, "data/skipped_samples": skipped_samples,
+                       "data/images_per_s": images_per_s, "data/images_per_s_per_worker": per_worker,
+                       "data/wait_fraction": wait_fraction}
+            if scale is not None:
+                scalars["train/logit_scale"] = scale
+            if grad_norm is not None:
+                scalars["train/grad_norm"] = float(grad_norm)
+            for tag, value in scalars.items():
+                self.writer.add_scalar(tag, value, step)
+            self.writer.flush()
+            rate = (time.perf_counter() - self.t_start) / max(step - self.start_step, 1)
+            logger.info("step %d/%d loss %.4f lr %.3g scale %s gnorm %s %.1f samples/s loss-op %.1f ms "
+                        "mem %.2f GB%s eta %s", step, self.total_steps, loss, lr,
+                        f"{scale:.2f}" if scale is not None else "-",
+                        f"{float(grad_norm):.3f}" if grad_norm is not None else "-", samples_per_s, loss_ms, peak,
+                        f" skipped-steps {skipped_steps}" if skipped_steps else "",
+                        fmt_time(rate * (self.total_steps - step)))
+            if wait_fraction > 0.1 and not w["first"]:
+                logger.warning("step %d: %.0f%% of the time went waiting for data (loader: %.0f images/s "
+                               "per worker, %d workers); raise data.workers", step, 100 * wait_fraction,
+                               per_worker, self.workers)
+        self._new_window()
+
+    def log_eval(self, step: int, metrics: Mapping[str, float]) -> None:
+        if self.writer is not None:
+            for k, v in metrics.items():
+                self.writer.add_scalar(f"eval/{k}", v, step)
+            self.writer.flush()
+            logger.info("eval at step %d: %s", step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+
+    def close(self, steps_done: int) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()
+        logger.info("done: %d steps in %s", steps_done, fmt_time(time.perf_counter() - self.t_start))
