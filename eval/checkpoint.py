@@ -2,9 +2,11 @@
 fp32 on the CPU, or an exported HF folder; and exporting a checkpoint as HF towers.
 
 Design: DeepSpeed's own ``zero_to_fp32`` unpickles every file with ``weights_only=False``; this
-module reads the same files with ``torch.load(weights_only=True)``, allowing only three plain
-DeepSpeed record types (the ZeRO stage enum, the loss-scaler record and the fragment address
-tuple) that its optimizer files hold, and rebuilds the full fp32 weights itself:
+module reads the same files with ``pipeline.checkpoint.safe_load`` (``torch.load(weights_only=True)``
+allowing only the plain DeepSpeed record types its optimizer files hold: the ZeRO stage enum, the
+loss-scaler records, the fragment address tuple), after checking the tag against the manifest
+``pipeline.checkpoint`` writes (a half-written tag is named, with its missing or empty files), and
+rebuilds the full fp32 weights itself:
 - ZeRO 0: the module weights in ``mp_rank_00_model_states.pt`` (in the training dtype: with bf16
   or fp16 and no ZeRO, DeepSpeed does not record which master tensor belongs to which name, so
   the low-precision copy that the forward pass used is taken; a warning says so);
@@ -33,6 +35,9 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
+from pipeline.checkpoint import check_tag, safe_load
+from pipeline.errors import CheckpointError
+
 __all__ = [
     "LoadedModel",
     "consolidate_fp32_state_dict",
@@ -57,36 +62,10 @@ RUN_CKPT_DIR = "ckpt"
 
 # --------------------------------------------------------------------------------- safe loading
 
-def _safe_globals() -> List[Any]:
-    """The DeepSpeed record types found in its checkpoint files (plain data, no behaviour on
-    load); imported lazily so reading a ZeRO-0 or HF checkpoint does not need them."""
-    out: List[Any] = []
-    try:
-        from deepspeed.runtime.zero.config import ZeroStageEnum
-        out.append(ZeroStageEnum)
-    except ImportError:
-        pass
-    try:
-        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-        out.extend([LossScaler, DynamicLossScaler])
-    except ImportError:
-        pass
-    try:
-        from deepspeed.utils.tensor_fragment import fragment_address
-        out.append(fragment_address)
-    except ImportError:
-        pass
-    return out
-
-
 def _load(path: Path) -> Dict[str, Any]:
-    """``torch.load(weights_only=True)`` on the CPU with DeepSpeed's record types allowed."""
-    try:
-        with torch.serialization.safe_globals(_safe_globals()):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises UnpicklingError or RuntimeError with the global's name
-        raise RuntimeError(f"cannot read {path} as a weights-only checkpoint (no other objects are "
-                           f"unpickled): {str(exc).splitlines()[0][:300]}") from None
+    """``pipeline.checkpoint.safe_load``: weights-only, DeepSpeed's record types allowed; a
+    missing, empty, truncated or refused file is a CheckpointError naming it."""
+    return safe_load(path, map_location="cpu")
 
 
 # ------------------------------------------------------------------------------ finding things
@@ -120,7 +99,12 @@ def find_tag_dir(checkpoint: PathLike, tag: Optional[str] = None) -> Path:
         raise FileNotFoundError(f"no DeepSpeed checkpoint in {path}: no '*_model_states.pt' files and no "
                                 f"'latest' file (pass the folder given to save_checkpoint, or a tag)")
     if not any(tag_dir.glob("*_model_states.pt")):
-        raise FileNotFoundError(f"{tag_dir} holds no '*_model_states.pt' file")
+        raise CheckpointError(f"{tag_dir} holds no '*_model_states.pt' file")
+    # written by pipeline.checkpoint: its manifest must be there and match; other writers (a bare
+    # engine.save_checkpoint) have none, and their files are only checked to be non-empty
+    latest = tag_dir.parent / "latest"
+    named = latest.is_file() and latest.read_text().strip() == tag_dir.name
+    check_tag(tag_dir, legacy_ok=named or not (tag_dir / "rng_rank0.pt").exists())
     return tag_dir
 
 
@@ -145,18 +129,18 @@ def _zero12_params(states: List[Dict[str, Any]], optims: List[Dict[str, Any]], w
         full = torch.cat([groups[r][g].float() for r in range(world)])
         pads = paddings[g] if paddings is not None else [0] * len(shapes)
         if len(pads) != len(shapes):
-            raise ValueError(f"{where}: group {g} has {len(shapes)} parameters but {len(pads)} paddings")
+            raise CheckpointError(f"{where}: group {g} has {len(shapes)} parameters but {len(pads)} paddings")
         offset = 0
         for (name, shape), pad in zip(shapes.items(), pads):
             numel = math.prod(shape)
             if offset + numel > full.numel():
-                raise ValueError(f"{where}: parameter '{name}' {tuple(shape)} runs past the end of fp32 "
+                raise CheckpointError(f"{where}: parameter '{name}' {tuple(shape)} runs past the end of fp32 "
                                  f"group {g} ({full.numel()} values): the checkpoint is incomplete")
             out[name] = full[offset:offset + numel].view(tuple(shape)).clone()
             offset += numel + pad
         align = 2 * world  # DeepSpeed pads each group to a multiple of 2 * world size
         if math.ceil(offset / align) != math.ceil(full.numel() / align):
-            raise ValueError(f"{where}: group {g} used {offset} of {full.numel()} fp32 values: the "
+            raise CheckpointError(f"{where}: group {g} used {offset} of {full.numel()} fp32 values: the "
                              "partition layout does not match the recorded parameter shapes")
     return out
 
@@ -173,13 +157,13 @@ def _zero3_params(states: List[Dict[str, Any]], optims: List[Dict[str, Any]], wh
         numel = math.prod(shape)
         part = math.ceil(numel / world)
         if offset + part > flats[0].numel():
-            raise ValueError(f"{where}: parameter '{name}' {tuple(shape)} runs past the end of the fp32 "
+            raise CheckpointError(f"{where}: parameter '{name}' {tuple(shape)} runs past the end of the fp32 "
                              "partitions: the checkpoint is incomplete")
         pieces = [flats[r][offset:offset + part] for r in range(world)]
         out[name] = torch.cat(pieces)[:numel].view(tuple(shape)).clone()
         offset += part
     if offset != flats[0].numel():
-        raise ValueError(f"{where}: used {offset} of {flats[0].numel()} fp32 values per rank: the partition "
+        raise CheckpointError(f"{where}: used {offset} of {flats[0].numel()} fp32 values per rank: the partition "
                          "layout does not match the recorded parameter shapes")
     return out
 
@@ -212,7 +196,7 @@ def consolidate_fp32_state_dict(checkpoint: PathLike, tag: Optional[str] = None)
     states = [_load(p) for p in model_files]
     first = states[0]
     if "module" not in first:
-        raise ValueError(f"{model_files[0]} is not a DeepSpeed model-state file (no 'module' entry)")
+        raise CheckpointError(f"{model_files[0]} is not a DeepSpeed model-state file (no 'module' entry)")
     optim_files = _rank_files(tag_dir, "*_optim_states.pt")
     optims = []
     for p in optim_files:
@@ -234,10 +218,10 @@ def consolidate_fp32_state_dict(checkpoint: PathLike, tag: Optional[str] = None)
     world = optims[0].get("partition_count")
     world = max(world) if isinstance(world, list) else int(world)
     if world != len(optims):
-        raise ValueError(f"{tag_dir}: the checkpoint was written by {world} ranks but {len(optims)} "
+        raise CheckpointError(f"{tag_dir}: the checkpoint was written by {world} ranks but {len(optims)} "
                          "'*_optim_states.pt' files are there (missing or extra rank files)")
     if stage == 3 and len(states) != world:
-        raise ValueError(f"{tag_dir}: ZeRO-3 needs {world} model-state files, found {len(states)}")
+        raise CheckpointError(f"{tag_dir}: ZeRO-3 needs {world} model-state files, found {len(states)}")
     info["world_size"] = world
     sd: Dict[str, Tensor] = {}
     for name, value in first["module"].items():
@@ -273,7 +257,7 @@ def load_state_dict_strict(model: nn.Module, state_dict: Mapping[str, Tensor], s
         problems.append(f"{len(unexpected)} unexpected parameter(s) in {source}: {unexpected[:5]}")
     if problems:
         shown = "; ".join(problems[:6]) + (f"; ... ({len(problems) - 6} more)" if len(problems) > 6 else "")
-        raise ValueError(f"{source} does not fit the model (was it trained with another model config?): {shown}")
+        raise CheckpointError(f"{source} does not fit the model (was it trained with another model config?): {shown}")
     with torch.no_grad():
         for name, tensor in expected.items():
             tensor.copy_(state_dict[name].to(tensor.dtype))

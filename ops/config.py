@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 from typing import Any, Mapping, Optional, TypeVar
 
@@ -68,6 +69,8 @@ def _check_type(value: Any, hint: Any, key: str, where: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: '{key}' must be a number, got {value!r}")
+        if not math.isfinite(value):  # JSON's Infinity/NaN parse, but no setting means them
+            raise ConfigError(f"{where}: '{key}' must be a finite number, got {value!r}")
         return float(value)
     if hint is str:
         if not isinstance(value, str):
@@ -135,9 +138,14 @@ class ContrastiveLossConfig:
     allow_tf32: bool = False
     """fp32 features: use TF32 tensor cores (faster, ~1e-3 relative) instead of exact fp32."""
     block_m: Optional[int] = None
-    """Row tile (None: the impl's default, autotuned for triton)."""
+    """Row tile of the torch impls; for triton, rows per GEMM band (None: the impl's default;
+    triton's bands then hold <= max(B D, 2^24) logits)."""
     block_n: Optional[int] = None
-    """Column tile (None: the impl's default)."""
+    """Column tile of the torch impls (None: the impl's default; unused by triton)."""
+    logits_budget_mb: float = 64.0
+    """triton: keep the whole B x B logit matrix (features' dtype) from forward to backward when
+    it fits in this many MiB: one GEMM less (6 B^2 D FLOPs instead of 8), B^2 elements of memory.
+    0: never (always recompute by row bands, O(B D) memory)."""
     distributed: typing.Literal["none", "gather", "disco", "ring", "hierarchical_ring"] = "none"
     """How the global batch is spread over the data-parallel group (ignored at world size 1)."""
     local_world_size: Optional[int] = None
@@ -153,6 +161,8 @@ class ContrastiveLossConfig:
         if self.label_smoothing and self.loss != "clip":
             raise ConfigError("'label_smoothing' applies to loss 'clip' only")
         require_at_least(self, 1, "block_m", "block_n", "local_world_size", optional=True)
+        if not self.logits_budget_mb >= 0:
+            raise ConfigError(f"'logits_budget_mb' must be >= 0, got {self.logits_budget_mb}")
 
     @classmethod
     def from_dict(cls, data: Optional[Mapping[str, Any]], source: Optional[str] = None

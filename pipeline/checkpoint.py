@@ -1,40 +1,59 @@
-"""Crash-safe DeepSpeed checkpoints: the ``latest`` pointer moves only after every rank is done.
+"""Crash-safe DeepSpeed checkpoints that load without running code from the files.
 
-Design: ``engine.save_checkpoint`` writes ``latest`` itself, from rank 0, as soon as rank 0's own
-files are written, before its closing barrier, while other ranks may still be writing their ZeRO
-shards, and with a plain ``open(..., 'w')`` (a kill mid-write leaves it empty). So we call it with
-``save_latest=False``, let each rank write its RNG state beside it, barrier, and only then rank 0
-writes ``latest`` to a temporary file and ``os.replace``s it (atomic on POSIX). A run killed at any
-point mid-save leaves ``latest`` naming the previous, complete tag; a half-written newer tag
-directory is ignored on resume and removed when that tag is saved again. Old tags beyond
-``keep_last`` are deleted after the pointer moved.
+Design, saving: ``engine.save_checkpoint`` writes ``latest`` itself, from rank 0, as soon as rank
+0's own files are written (other ranks may still be writing their ZeRO shards), with a plain
+``open(..., 'w')``. So we call it with ``save_latest=False``, let each rank write its RNG state
+beside it, barrier, and only then rank 0 writes ``manifest.json`` (every file of the tag with its
+size) and moves ``latest`` (temporary file + ``os.replace``, atomic on POSIX). A tag is *complete*
+when its manifest is there and every file it lists has the listed size; a run killed at any point
+mid-save leaves ``latest`` naming the previous complete tag. ``keep_last`` counts complete tags
+only; incomplete tag folders (an interrupted save) are removed at the next save.
+
+Design, loading: DeepSpeed's own loader unpickles with ``weights_only=False``, so a planted
+pickle in any checkpoint file would run code on ``--resume``. :func:`load_checkpoint` first checks
+the tag against its manifest (naming a missing, empty or truncated file), then lets DeepSpeed load
+through :func:`weights_only_loads`: its checkpoint engine reads every file with
+:func:`safe_load` (``torch.load(weights_only=True)`` allowing only DeepSpeed's plain record types,
+:func:`safe_globals`), and ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` covers any ``torch.load`` it makes
+outside that engine. A refused file raises :class:`~pipeline.errors.CheckpointError` naming it.
 
 RNG state is per rank (each rank's dropout stream differs) and DeepSpeed keeps ``client_state``
-from data-parallel rank 0 only, so each rank saves ``rng_rank{R}.pt`` itself (tensors and plain
-Python values only; read back with ``torch.load(weights_only=True)``). Limit: a resumed run with a
-different world size gets fresh per-rank RNG for the ranks that have no file (logged).
+from data-parallel rank 0 only, so each rank saves ``rng_rank{R}.pt`` itself. Limits: a resumed run
+with a different world size is refused by the training loop (its data position would be wrong);
+the manifest is written by rank 0, so the checkpoint folder must be shared by all ranks (as for
+DeepSpeed's own ``latest``). A tag written before manifests existed counts as complete only while
+``latest`` names it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Iterator, List, Optional, Union
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["capture_rng_state", "restore_rng_state", "save_checkpoint", "load_checkpoint",
-           "resolve_resume", "read_latest", "list_tags", "tag_for_step"]
+from .errors import CheckpointError
+
+__all__ = ["capture_rng_state", "restore_rng_state", "save_checkpoint", "load_checkpoint", "resolve_resume",
+           "read_latest", "list_tags", "tag_for_step", "check_tag", "is_complete", "safe_load", "safe_globals",
+           "weights_only_loads", "MANIFEST"]
 
 logger = logging.getLogger(__name__)
 
 LATEST = "latest"
+MANIFEST = "manifest.json"
 _TAG_RE = re.compile(r"^global_step(\d+)$")
+PathLike = Union[str, os.PathLike]
 
 
 def tag_for_step(step: int) -> str:
@@ -45,10 +64,95 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def _barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 
+
+# ------------------------------------------------------------------------------ safe loading
+
+def safe_globals() -> List[Any]:
+    """The DeepSpeed record types its checkpoint files hold besides tensors and plain values:
+    the ZeRO stage enum, the fp16 loss-scaler records and the fragment address tuple (data only,
+    no behaviour on load). Imported lazily: reading an HF folder does not need DeepSpeed."""
+    out: List[Any] = []
+    try:
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        out.append(ZeroStageEnum)
+    except ImportError:
+        pass
+    try:
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        out.extend([LossScaler, DynamicLossScaler])
+    except ImportError:
+        pass
+    try:
+        from deepspeed.utils.tensor_fragment import fragment_address
+        out.append(fragment_address)
+    except ImportError:
+        pass
+    return out
+
+
+def safe_load(path: PathLike, map_location: Any = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)`` with :func:`safe_globals` allowed.
+
+    Raises :class:`CheckpointError` naming the file when it is missing or empty, cut short or
+    not a torch file, or holds any other object (refused: unpickling it could run code)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} is missing")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint file {path} is empty (0 bytes): the save that wrote it was "
+                              "interrupted; use an earlier checkpoint")
+    try:
+        with torch.serialization.safe_globals(safe_globals()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        if "weights only load failed" in str(exc).lower() or "unsupported global" in str(exc).lower():
+            glob = re.search(r"GLOBAL ([\w.]+)", str(exc))
+            what = f" ({glob.group(1)})" if glob else ""
+            raise CheckpointError(f"refused to load {path}: it holds a Python object{what} that only a full "
+                                  "unpickle could build, and unpickling can run code from the file; only "
+                                  "tensors and plain values are loaded") from None
+        raise CheckpointError(f"cannot read checkpoint file {path}: {first} (truncated or not a torch file)") from None
+    except (EOFError, RuntimeError, OSError, ValueError, IndexError, KeyError, AttributeError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"cannot read checkpoint file {path}: {first} (truncated or not a torch file)") from None
+
+
+@contextlib.contextmanager
+def weights_only_loads(engine: Any = None) -> Iterator[None]:
+    """Every ``torch.load`` inside is weights-only: ``engine``'s checkpoint engine reads through
+    :func:`safe_load`, and ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` turns DeepSpeed's other
+    ``torch.load(weights_only=False)`` calls into weights-only ones (torch reads it per call)."""
+    saved = {k: os.environ.get(k) for k in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    ckpt_engine = getattr(engine, "checkpoint_engine", None) if engine is not None else None
+    # DeepSpeed's TorchCheckpointEngine.load is torch.load(weights_only=False): swap it for this
+    # load only (an instance attribute, removed again below)
+    if ckpt_engine is not None:
+        ckpt_engine.load = lambda path, map_location=None: safe_load(path, map_location or "cpu")
+    try:
+        with torch.serialization.safe_globals(safe_globals()):
+            yield
+    finally:
+        if ckpt_engine is not None:
+            del ckpt_engine.load
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+# ------------------------------------------------------------------------------------ RNG state
 
 def capture_rng_state() -> dict:
     """Python, numpy, torch CPU and CUDA generator states as tensors/plain values."""
@@ -64,12 +168,15 @@ def capture_rng_state() -> dict:
     return state
 
 
-def restore_rng_state(state: dict) -> None:
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    torch.set_rng_state(state["torch"])
+def restore_rng_state(state: dict, source: str = "RNG state") -> None:
+    try:
+        py = state["python"]
+        random.setstate((py[0], tuple(py[1]), py[2]))
+        n = state["numpy"]
+        np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+        torch.set_rng_state(state["torch"])
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as exc:
+        raise CheckpointError(f"{source} is not an RNG state written by this project ({exc})") from None
     if "cuda" in state and torch.cuda.is_available():
         cuda = state["cuda"]
         if len(cuda) == torch.cuda.device_count():
@@ -79,7 +186,9 @@ def restore_rng_state(state: dict) -> None:
                            len(cuda), torch.cuda.device_count())
 
 
-def read_latest(ckpt_dir: str) -> Optional[str]:
+# ------------------------------------------------------------------------------- tags and latest
+
+def read_latest(ckpt_dir: PathLike) -> Optional[str]:
     path = os.path.join(ckpt_dir, LATEST)
     if not os.path.isfile(path):
         return None
@@ -88,54 +197,129 @@ def read_latest(ckpt_dir: str) -> Optional[str]:
     return tag or None
 
 
-def list_tags(ckpt_dir: str) -> list[str]:
-    """``global_stepN`` directories under ``ckpt_dir``, oldest first."""
-    if not os.path.isdir(ckpt_dir):
-        return []
-    tags = [(int(m.group(1)), name) for name in os.listdir(ckpt_dir)
-            if (m := _TAG_RE.match(name)) and os.path.isdir(os.path.join(ckpt_dir, name))]
-    return [name for _, name in sorted(tags)]
-
-
-def _write_latest(ckpt_dir: str, tag: str) -> None:
-    tmp = os.path.join(ckpt_dir, f".{LATEST}.tmp{os.getpid()}")
+def _write_atomic(path: str, text: str) -> None:
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp{os.getpid()}")
     with open(tmp, "w") as f:
-        f.write(tag)
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(ckpt_dir, LATEST))
+    os.replace(tmp, path)
 
 
-def save_checkpoint(engine: Any, ckpt_dir: str, step: int, client_state: dict, keep_last: int = 0) -> str:
-    """Save ``tag_for_step(step)`` on every rank, then move ``latest`` to it; returns the tag.
+def check_tag(tag_dir: PathLike, *, legacy_ok: bool = False) -> dict:
+    """Check that ``tag_dir`` holds a complete checkpoint; returns its manifest.
+
+    Raises :class:`CheckpointError` naming what is wrong: no manifest (the save did not finish;
+    the files there and the empty ones are listed), a listed file missing, empty or of another
+    size. ``legacy_ok``: a tag without a manifest (written before manifests existed) passes when
+    it has a model-state file and none of its files is empty."""
+    tag_dir = Path(tag_dir)
+    if not tag_dir.is_dir():
+        raise CheckpointError(f"checkpoint {tag_dir} does not exist")
+    files = {p.name: p.stat().st_size for p in tag_dir.iterdir() if p.is_file()}
+    empty = sorted(n for n, size in files.items() if size == 0)
+    manifest_path = tag_dir / MANIFEST
+    if not manifest_path.is_file():
+        has_model = any(n.endswith("model_states.pt") for n in files)
+        if legacy_ok and has_model and not empty:
+            return {"files": files, "legacy": True}
+        detail = f"empty: {', '.join(empty)}; " if empty else ""
+        raise CheckpointError(f"checkpoint {tag_dir} is incomplete: no {MANIFEST} (its save did not finish); "
+                              f"{detail}files there: {', '.join(sorted(files)) or 'none'}. Resume from an "
+                              "earlier tag, or delete this folder")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        listed = {str(k): int(v) for k, v in manifest["files"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{manifest_path} is damaged ({exc}): the checkpoint cannot be checked") from None
+    problems = []
+    for name, size in sorted(listed.items()):
+        if name not in files:
+            problems.append(f"{name} is missing")
+        elif files[name] == 0 and size != 0:
+            problems.append(f"{name} is empty (0 of {size} bytes)")
+        elif files[name] != size:
+            problems.append(f"{name} has {files[name]} bytes, {size} were written")
+    if problems:
+        raise CheckpointError(f"checkpoint {tag_dir} is damaged: {'; '.join(problems)}")
+    return manifest
+
+
+def is_complete(tag_dir: PathLike, *, legacy_ok: bool = False) -> bool:
+    try:
+        check_tag(tag_dir, legacy_ok=legacy_ok)
+        return True
+    except CheckpointError:
+        return False
+
+
+def list_tags(ckpt_dir: PathLike, complete_only: bool = False) -> list[str]:
+    """``global_stepN`` directories under ``ckpt_dir``, oldest first (``complete_only``: those
+    that pass :func:`check_tag`, the one ``latest`` names also without a manifest)."""
+    if not os.path.isdir(ckpt_dir):
+        return []
+    tags = sorted((int(m.group(1)), name) for name in os.listdir(ckpt_dir)
+                  if (m := _TAG_RE.match(name)) and os.path.isdir(os.path.join(ckpt_dir, name)))
+    names = [name for _, name in tags]
+    if complete_only:
+        latest = read_latest(ckpt_dir)
+        names = [n for n in names if is_complete(os.path.join(ckpt_dir, n), legacy_ok=n == latest)]
+    return names
+
+
+# ------------------------------------------------------------------------------------- saving
+
+def save_checkpoint(engine: Any, ckpt_dir: PathLike, step: int, client_state: dict, keep_last: int = 0) -> str:
+    """Save ``tag_for_step(step)`` on every rank, then write its manifest and move ``latest`` to
+    it; returns the tag.
 
     ``client_state`` must hold only plain Python values (ints, floats, str, lists, dicts).
-    ``keep_last`` > 0 deletes older tags beyond the newest ``keep_last``.
+    ``keep_last`` > 0 deletes complete tags beyond the newest ``keep_last``; incomplete tag
+    folders (interrupted saves) are deleted whatever ``keep_last`` is.
     """
+    ckpt_dir = os.fspath(ckpt_dir)
     tag = tag_for_step(step)
     rank = _rank()
     tag_dir = os.path.join(ckpt_dir, tag)
+    previous = read_latest(ckpt_dir)
     if rank == 0:
         os.makedirs(ckpt_dir, exist_ok=True)
-        if os.path.isdir(tag_dir) and read_latest(ckpt_dir) != tag:
-            # leftovers of an interrupted save of the same tag: start it clean
-            logger.warning("removing incomplete checkpoint %s before saving it again", tag_dir)
+        if os.path.isdir(tag_dir) and previous != tag:
+            # leftovers of an interrupted save of the same tag (or an old run's): start it clean
+            logger.warning("removing checkpoint folder %s before saving it again", tag_dir)
             shutil.rmtree(tag_dir)
     _barrier()
     engine.save_checkpoint(ckpt_dir, tag=tag, client_state=client_state, save_latest=False)
     torch.save(capture_rng_state(), os.path.join(tag_dir, f"rng_rank{rank}.pt"))
     _barrier()
     if rank == 0:
-        _write_latest(ckpt_dir, tag)
-        if keep_last > 0:
-            for old in list_tags(ckpt_dir)[:-keep_last]:
-                if old != tag:
-                    shutil.rmtree(os.path.join(ckpt_dir, old), ignore_errors=True)
+        files = {p.name: p.stat().st_size for p in Path(tag_dir).iterdir() if p.is_file() and p.name != MANIFEST}
+        _write_atomic(os.path.join(tag_dir, MANIFEST),
+                      json.dumps({"tag": tag, "step": step, "world_size": _world(), "files": files}, indent=1))
+        _write_atomic(os.path.join(ckpt_dir, LATEST), tag)
+        _prune(ckpt_dir, tag, previous, keep_last)
     _barrier()
     return tag
 
 
-def resolve_resume(resume: Optional[str], ckpt_dir: str) -> Optional[tuple[str, str]]:
+def _prune(ckpt_dir: str, current: str, previous: Optional[str], keep_last: int) -> None:
+    complete = []
+    for name in list_tags(ckpt_dir):
+        path = os.path.join(ckpt_dir, name)
+        if name == current or is_complete(path, legacy_ok=name == previous):
+            complete.append(name)
+        else:
+            logger.warning("removing incomplete checkpoint %s (an interrupted save; never resumed from)", path)
+            shutil.rmtree(path, ignore_errors=True)
+    if keep_last > 0:
+        for old in complete[:-keep_last]:
+            if old != current:
+                shutil.rmtree(os.path.join(ckpt_dir, old), ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------ loading
+
+def resolve_resume(resume: Optional[str], ckpt_dir: PathLike) -> Optional[tuple[str, str]]:
     """Turn ``--resume`` into ``(load_dir, tag)``.
 
     ``None``: no resume. ``"latest"``: the tag ``ckpt_dir/latest`` names, or None when the run has
@@ -144,6 +328,7 @@ def resolve_resume(resume: Optional[str], ckpt_dir: str) -> Optional[tuple[str, 
     """
     if resume is None:
         return None
+    ckpt_dir = os.fspath(ckpt_dir)
     if resume == LATEST:
         tag = read_latest(ckpt_dir)
         if tag is None:
@@ -163,18 +348,24 @@ def resolve_resume(resume: Optional[str], ckpt_dir: str) -> Optional[tuple[str, 
                             "nor a tag directory inside one")
 
 
-def load_checkpoint(engine: Any, load_dir: str, tag: str) -> dict:
-    """Load model, optimizer and scheduler state and this rank's RNG; returns the client state."""
+def load_checkpoint(engine: Any, load_dir: PathLike, tag: str) -> dict:
+    """Load model, optimizer and scheduler state and this rank's RNG, weights-only; returns the
+    client state. Raises :class:`CheckpointError` naming the file or tag that cannot be used."""
+    load_dir = os.fspath(load_dir)
     tag_dir = os.path.join(load_dir, tag)
-    if not os.path.isdir(tag_dir):
-        raise FileNotFoundError(f"checkpoint tag directory not found: {tag_dir}")
-    path, client_state = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=True,
-                                                load_lr_scheduler_states=True)
+    check_tag(tag_dir, legacy_ok=read_latest(load_dir) == tag)
+    loads_universal = getattr(engine, "load_universal_checkpoint", None)
+    if callable(loads_universal) and loads_universal():
+        raise CheckpointError("DeepSpeed's universal checkpoints ('checkpoint.load_universal') are not supported "
+                              "by --resume: DeepSpeed reads them with full unpickling")
+    with weights_only_loads(engine):
+        path, client_state = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=True,
+                                                    load_lr_scheduler_states=True)
     if path is None:
-        raise RuntimeError(f"DeepSpeed could not load checkpoint {tag_dir}")
+        raise CheckpointError(f"DeepSpeed found no model-state file for this rank in {tag_dir}")
     rng_path = os.path.join(tag_dir, f"rng_rank{_rank()}.pt")
     if os.path.isfile(rng_path):
-        restore_rng_state(torch.load(rng_path, weights_only=True))
+        restore_rng_state(safe_load(rng_path), source=rng_path)
     else:
         logger.warning("%s missing: this rank's RNG is not restored", rng_path)
     return dict(client_state or {})
