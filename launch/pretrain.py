@@ -6,6 +6,10 @@ config has an ``eval`` section, train, close the process group. Also runs withou
 defaults are filled in so DeepSpeed does not go looking for MPI), under
 ``deepspeed --num_gpus N``, ``deepspeed --hostfile hostfile`` and ``--launcher openmpi`` (rank
 discovery through mpi4py).
+
+A user error (config, data, checkpoint, a changed setup on resume, a diverged run) ends the
+process with one line ``pretrain.py: error: ...`` and exit code 2; ``--debug`` shows its traceback.
+Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pipeline.config import load_config  # noqa: E402
+from pipeline.errors import exit_on_user_error  # noqa: E402
 from pipeline.train import single_process_env, train  # noqa: E402
 
 
@@ -42,16 +47,18 @@ def main(argv=None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set train.steps=20 (repeatable; value is JSON)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of user errors too")
     args = parser.parse_args(argv)
 
     single_process_env()
     rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"%(asctime)s [rank{rank}] %(name)s: %(message)s")
-    run_cfg = load_config(args.ds_config, args.overrides)
     import torch.distributed as dist
     try:
-        result = train(run_cfg, resume=args.resume, evaluator=_evaluator(run_cfg, args.ds_config))
+        with exit_on_user_error("pretrain.py", args.debug):
+            run_cfg = load_config(args.ds_config, args.overrides)
+            result = train(run_cfg, resume=args.resume, evaluator=_evaluator(run_cfg, args.ds_config))
         logging.getLogger("pretrain").info("finished at step %d; run directory %s", result.step, result.output_dir)
     finally:
         if dist.is_available() and dist.is_initialized():

@@ -5,6 +5,10 @@ CPU, or an exported HF folder), run zero-shot classification (``--images`` class
 ``--shards`` labelled shards) and/or retrieval (``--retrieval-shards``), print the table and write
 the JSON report (and the confusion PNG beside it). With no data flag, the run's own ``eval``
 section is used. ``--export-hf OUT`` writes the checkpoint as HF towers instead.
+
+Checkpoint files are read weights-only (a file holding any other object is refused, naming it). A
+user error (missing or half-written checkpoint, bad config or data) ends the process with one line
+``zeroshot.py: error: ...`` and exit code 2; ``--debug`` shows its traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from eval import EvalConfig, Evaluator, build_evaluator, export_hf, format_table, load_model  # noqa: E402
+from ops.config import ConfigError  # noqa: E402
+from pipeline.errors import exit_on_user_error  # noqa: E402
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,17 +44,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--out", default="zeroshot_report.json", help="JSON report path (PNG beside it)")
+    p.add_argument("--debug", action="store_true", help="show the traceback of user errors too")
     return p
 
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    with exit_on_user_error("zeroshot.py", args.debug):
+        return _run(args)
+
+
+def _run(args) -> int:
     if args.export_hf:
         export_hf(args.checkpoint, args.export_hf, args.tag, config=args.config, tokenizer=args.tokenizer)
         print(f"exported {args.checkpoint} -> {args.export_hf}")
         return 0
     import torch
+
+    from pipeline.config import load_config
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     loaded = load_model(args.checkpoint, args.tag, config=args.config, tokenizer=args.tokenizer, device=device)
@@ -59,22 +73,20 @@ def main(argv=None) -> int:
         cfg = EvalConfig.from_dict({k: v for k, v in section.items() if v is not None}, source="command line")
         evaluator = Evaluator(cfg, tokenizer=loaded.tokenizer, workers=args.workers)
         if loaded.run_config and loaded.run_config.get("data"):
-            data = loaded.run_config["data"]
-            evaluator.image_mean = data.get("image_mean", evaluator.image_mean)
-            evaluator.image_std = data.get("image_std", evaluator.image_std)
-            evaluator.image_key = data.get("image_key", evaluator.image_key)
-            evaluator.caption_key = data.get("caption_key", evaluator.caption_key)
+            from pipeline.data import DataConfig  # the run's preprocessing, parsed like training did
+
+            data = DataConfig.from_dict(loaded.run_config["data"], source=loaded.info.get("config"))
+            evaluator.image_mean, evaluator.image_std = list(data.image_mean), list(data.image_std)
+            evaluator.image_key, evaluator.caption_key = data.image_key, data.caption_key
     else:
         if not loaded.run_config or not loaded.run_config.get("eval"):
-            raise SystemExit("no eval data: pass --images, --shards or --retrieval-shards (the run config "
-                             "has no 'eval' section to fall back on)")
-        from pipeline.config import load_config
-
+            raise ConfigError("no eval data: pass --images, --shards or --retrieval-shards (the run config "
+                              "has no 'eval' section to fall back on)")
         run_cfg = load_config(data=loaded.run_config)
         evaluator = build_evaluator(run_cfg.eval, run_cfg, source=loaded.info.get("config"),
                                     tokenizer=loaded.tokenizer)
         if evaluator is None:
-            raise SystemExit("the run config's 'eval' section names no data")
+            raise ConfigError("the run config's 'eval' section names no data")
         evaluator.workers = args.workers
     evaluator.log_table = False  # printed below
     report = evaluator.evaluate(loaded.model, step=loaded.info.get("global_steps"), report_path=args.out,

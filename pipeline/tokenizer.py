@@ -20,15 +20,19 @@ a tokenizer without a pad token pads with EOS, as OpenAI's CLIP tokenizer does).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
 import tarfile
 import tempfile
+import zlib
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
+
+from ops.config import ConfigError
 
 __all__ = [
     "BOS_TOKEN",
@@ -151,33 +155,42 @@ def tokenize(tokenizer, texts: Sequence[str], context_length: int) -> Tuple[torc
     return input_ids, mask
 
 
-def iter_shard_captions(urls: Sequence[str], caption_key: str = "txt", max_captions: Optional[int] = None
-                        ) -> Iterator[str]:
+def iter_shard_captions(urls: Sequence[str], caption_key: str = "txt", max_captions: Optional[int] = None,
+                        broken: Optional[List[str]] = None) -> Iterator[str]:
     """Stream the caption members of tar shards, in order, without reading image bytes' content.
 
     Only members whose extension (after the first dot of the basename) is ``caption_key`` are
-    read; everything else is skipped over by the tar reader. Unreadable captions are skipped.
+    read; everything else is skipped over by the tar reader. Unreadable captions are skipped. A
+    shard that cannot be read as a tar (empty, cut short, not a tar, unreadable) is skipped with a
+    warning naming it, as the training loader skips it; its captions read before the damage are
+    kept. Each skipped shard's URL is appended to ``broken`` when given.
     """
     from webdataset.gopen import gopen
 
     count = 0
     for url in urls:
-        with gopen(url, "rb") as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:
-            for member in tar:
-                if not member.isreg():
-                    continue
-                base = member.name.rsplit("/", 1)[-1]
-                if "." not in base or base.split(".", 1)[1].lower() != caption_key:
-                    continue
-                try:
-                    text = tar.extractfile(member).read().decode("utf-8").strip()
-                except (UnicodeDecodeError, OSError):
-                    continue
-                if text:
-                    yield text
-                    count += 1
-                    if max_captions is not None and count >= max_captions:
-                        return
+        try:
+            with gopen(url, "rb") as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:
+                for member in tar:
+                    if not member.isreg():
+                        continue
+                    base = member.name.rsplit("/", 1)[-1]
+                    if "." not in base or base.split(".", 1)[1].lower() != caption_key:
+                        continue
+                    try:
+                        text = tar.extractfile(member).read().decode("utf-8").strip()
+                    except UnicodeDecodeError:
+                        continue
+                    if text:
+                        yield text
+                        count += 1
+                        if max_captions is not None and count >= max_captions:
+                            return
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+            logger.warning("tokenizer training: skipping broken shard %s (%s)", url,
+                           str(exc).strip() or type(exc).__name__)
+            if broken is not None:
+                broken.append(url)
 
 
 def ensure_tokenizer(data_cfg, shards: Optional[Union[str, Sequence[str]]], out_dir: Union[str, Path],
@@ -213,8 +226,18 @@ def ensure_tokenizer(data_cfg, shards: Optional[Union[str, Sequence[str]]], out_
     else:
         urls = resolve_shards(shards, generate_digits_split="train" if data_cfg.generate_digits else None,
                               digits_image_size=data_cfg.digits_image_size)
-    texts = iter_shard_captions(urls, data_cfg.caption_key, data_cfg.tokenizer_train_captions)
+    broken: List[str] = []
+    texts = iter_shard_captions(urls, data_cfg.caption_key, data_cfg.tokenizer_train_captions, broken)
+    first = next(texts, None)
+    if first is None:
+        detail = f" ({len(broken)} of them broken: {', '.join(broken[:3])})" if broken else ""
+        raise ConfigError(f"no '{data_cfg.caption_key}' captions to train the tokenizer on in the {len(urls)} "
+                          f"training shard(s){detail}")
     logger.info("training a byte-level BPE (vocab <= %d) on captions of %d shard(s) -> %s",
                 data_cfg.vocab_size, len(urls), out_dir)
-    tok = train_bpe_tokenizer(texts, out_dir, vocab_size=data_cfg.vocab_size, context_length=context_length)
+    tok = train_bpe_tokenizer(itertools.chain([first], texts), out_dir, vocab_size=data_cfg.vocab_size,
+                              context_length=context_length)
+    if broken:
+        logger.warning("tokenizer trained without %d broken shard(s) of %d: %s", len(broken), len(urls),
+                       ", ".join(broken[:5]) + (f" (+{len(broken) - 5} more)" if len(broken) > 5 else ""))
     return tok
