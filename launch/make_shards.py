@@ -33,6 +33,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--image-format", default="jpg", choices=["jpg", "png", "webp"],
                         help="--digits: encoding (folder images are copied as they are)")
     parser.add_argument("--prefix", default="shard", help="shard file name prefix")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of input errors too")
     scenes = parser.add_argument_group("--scenes")
     scenes.add_argument("--scene-size", type=int, default=256, help="image side in pixels")
     scenes.add_argument("--eval-samples", type=int, default=2000, help="pairs per zero-shot split")
@@ -64,4 +65,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from pipeline.errors import exit_on_user_error
+
+    # bad input (missing folder, uncaptioned or unreadable images, bad caption table) is one line
+    with exit_on_user_error("make_shards.py", "--debug" in sys.argv[1:], errors=(ValueError, OSError)):
+        main()
