@@ -23,6 +23,9 @@ Splits (:func:`write_scenes` writes them all under one folder):
   held out, labelled by count (two/three/four). Each folder holds ``classnames.txt`` and
   ``templates.txt`` (prompts in the caption grammar, marginalising the other attributes), the
   files ``launch/zeroshot.py --shards`` and the ``eval`` section take.
+* ``zeroshot_{shape,colour,count}_seen``: the same tasks on compositions seen in training (new
+  samples): whether the model learned the attribute at all, beside whether it generalises it to
+  unseen combinations.
 * ``retrieval``: groups of ``group_size`` two-group scenes (adjacent keys): a base scene and
   variants that each change exactly one attribute (a group's count, size, colour or shape, or the
   relation); their captions are one another's hard negatives. Allowed compositions only, from a
@@ -61,6 +64,7 @@ __all__ = [
     "SHAPES",
     "SIZES",
     "SPLITS",
+    "ZEROSHOT_SPLITS",
     "ZEROSHOT_TASKS",
     "Group",
     "Scene",
@@ -102,7 +106,8 @@ HELD_OUT_COUNT_SHAPE = frozenset((2 + i % 3, s) for i, s in enumerate(SHAPES))
 """(count, shape) pairs never drawn in training: 6 of 24, one count in 2..4 per shape."""
 
 ZEROSHOT_TASKS = ("shape", "colour", "count")
-SPLITS = ("train",) + tuple(f"zeroshot_{t}" for t in ZEROSHOT_TASKS) + ("retrieval",)
+ZEROSHOT_SPLITS = tuple(f"zeroshot_{t}{seen}" for seen in ("", "_seen") for t in ZEROSHOT_TASKS)
+SPLITS = ("train",) + ZEROSHOT_SPLITS + ("retrieval",)
 _ZS_COUNTS = [2, 3, 4]
 
 
@@ -189,14 +194,19 @@ def _train_scene(rng: random.Random) -> Scene:
     return Scene((_random_group(rng), _random_group(rng)), rng.choice(RELATIONS))
 
 
-def _zeroshot_scene(task: str, rng: random.Random) -> Tuple[Scene, int]:
-    """A one-group scene holding a held-out composition, and its label for ``task``."""
+def _zeroshot_scene(task: str, held_out: bool, rng: random.Random) -> Tuple[Scene, int]:
+    """A one-group scene and its label for ``task``; the group holds a held-out composition
+    (``held_out``) or only seen ones."""
     if task in ("shape", "colour"):
-        colour, shape = rng.choice(sorted(HELD_OUT_COLOUR_SHAPE))
+        pairs = sorted(HELD_OUT_COLOUR_SHAPE) if held_out else \
+            [(c, s) for c in _COLOUR_NAMES for s in SHAPES if (c, s) not in HELD_OUT_COLOUR_SHAPE]
+        colour, shape = rng.choice(pairs)
         g = Group(1, rng.choice(SIZES), colour, shape)
         label = SHAPES.index(shape) if task == "shape" else _COLOUR_NAMES.index(colour)
     elif task == "count":
-        count, shape = rng.choice(sorted(HELD_OUT_COUNT_SHAPE))
+        pairs = sorted(HELD_OUT_COUNT_SHAPE) if held_out else \
+            [(n, s) for n in _ZS_COUNTS for s in SHAPES if (n, s) not in HELD_OUT_COUNT_SHAPE]
+        count, shape = rng.choice(pairs)
         colour = rng.choice([c for c in _COLOUR_NAMES if (c, shape) not in HELD_OUT_COLOUR_SHAPE])
         g = Group(count, rng.choice(SIZES), colour, shape)
         label = _ZS_COUNTS.index(count)
@@ -332,14 +342,15 @@ def render_scene(scene: Scene, size: int, rng: random.Random) -> Tuple[Image.Ima
 
 def sample_scene(split: str, index: int, seed: int = 0, group_size: int = 5) -> Tuple[Scene, Dict[str, Any]]:
     """The scene of sample ``index`` of ``split`` (not rendered) and its split-specific meta:
-    ``{"label", "task"}`` for zero-shot, ``{"group", "variant", "changed"}`` for retrieval."""
+    ``{"label", "task", "held_out"}`` for zero-shot, ``{"group", "variant", "changed"}`` for
+    retrieval."""
     rng = random.Random(f"scenes/{seed}/{split}/{index}/scene")
     if split == "train":
         return _train_scene(rng), {}
-    if split.startswith("zeroshot_"):
-        task = split[len("zeroshot_"):]
-        scene, label = _zeroshot_scene(task, rng)
-        return scene, {"label": label, "task": task}
+    if split in ZEROSHOT_SPLITS:
+        task, held_out = split.split("_")[1], not split.endswith("_seen")
+        scene, label = _zeroshot_scene(task, held_out, rng)
+        return scene, {"label": label, "task": task, "held_out": held_out}
     if split == "retrieval":
         g, v = divmod(index, group_size)
         scene, changed = _retrieval_group(seed, g, group_size)[v]
@@ -352,7 +363,7 @@ def scene_sample(split: str, index: int, seed: int = 0, image_size: int = 256, j
     """Sample ``index`` of ``split``: ``(JPEG, caption, meta)``, a function of its arguments only.
 
     meta: ``{"split", "index", "groups": [{"count", "size", "colour", "shape"}], "relation",
-    "objects": [...]}`` (see :func:`render_scene`), plus ``"label"``/``"task"`` for the zero-shot
+    "objects": [...]}`` (see :func:`render_scene`), plus ``"label"``/``"task"``/``"held_out"`` for the zero-shot
     splits and ``"group"``/``"variant"``/``"changed"`` for retrieval.
     """
     scene, extra = sample_scene(split, index, seed, group_size)
@@ -413,7 +424,7 @@ def write_scenes(out_dir: Union[str, Path], num_train: int, num_eval: int = 2000
     processes (default: the cores this process may use), one shard per task, streamed.
 
     Args:
-        num_train: training pairs; num_eval: pairs per zero-shot task; num_retrieval: retrieval
+        num_train: training pairs; num_eval: pairs per zero-shot split; num_retrieval: retrieval
             pairs (rounded down to whole groups of ``group_size``, 2..9).
         samples_per_shard: pairs per tar (the last shard of a split holds the rest).
         splits: which of :data:`SPLITS` to write (the samples do not depend on this).
@@ -432,7 +443,7 @@ def write_scenes(out_dir: Union[str, Path], num_train: int, num_eval: int = 2000
         raise ValueError(f"unknown split(s) {unknown}; expected some of {SPLITS}")
     out = Path(out_dir)
     counts = {"train": num_train, "retrieval": num_retrieval // group_size * group_size,
-              **{f"zeroshot_{t}": num_eval for t in ZEROSHOT_TASKS}}
+              **{s: num_eval for s in ZEROSHOT_SPLITS}}
     jobs: List[_ShardJob] = []
     paths: Dict[str, List[str]] = {}
     for split in splits:
@@ -466,9 +477,9 @@ def write_scenes(out_dir: Union[str, Path], num_train: int, num_eval: int = 2000
             pool.close()
             pool.join()
     wall_s = time.perf_counter() - t0
-    for task in ZEROSHOT_TASKS:
-        if f"zeroshot_{task}" in splits:
-            folder = out / f"zeroshot_{task}"
+    for split in ZEROSHOT_SPLITS:
+        if split in splits:
+            task, folder = split.split("_")[1], out / split
             (folder / "classnames.txt").write_text("\n".join(zeroshot_classnames(task)) + "\n", encoding="utf-8")
             (folder / "templates.txt").write_text("\n".join(zeroshot_templates(task)) + "\n", encoding="utf-8")
     # the manifest's URLs are relative to out_dir, so that it too is the same wherever it is written

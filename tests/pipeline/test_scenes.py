@@ -57,7 +57,7 @@ def test_same_seed_gives_byte_identical_shards(made):
     root = made["root"]
     write_scenes(root / "b", N_TRAIN, N_EVAL, N_RETRIEVAL, workers=1, **KW)  # one process, not two
     a, b = _files(root / "a"), _files(root / "b")
-    assert len(a) == 4 + 3 + 1 + 3 * 2 + 1  # train, zero-shot, retrieval tars; class/template files; scenes.json
+    assert len(a) == 4 + 6 + 1 + 6 * 2 + 1  # train, zero-shot, retrieval tars; class/template files; scenes.json
     assert a == b
     # the samples do not depend on the shard size; another seed gives other samples
     write_scenes(root / "c", 70, 1, 5, workers=1, **{**KW, "samples_per_shard": 50}, splits=["train"])
@@ -166,17 +166,22 @@ def test_held_out_compositions_never_in_training(made):
         assert not any(is_held_out(g) for g in sample_scene("train", i, seed=KW["seed"])[0].groups)
     retrieval = _read(made["splits"]["retrieval"]["url"])
     assert not any(is_held_out(g) for _, _, text, _ in retrieval for g in parse_caption(text).groups)
-    # and every zero-shot sample holds one, labelled by its task's attribute
-    for task, attr in [("shape", "shape"), ("colour", "colour"), ("count", "count")]:
-        folder = made["dir"] / f"zeroshot_{task}"
+    # every zero-shot sample holds one (the _seen splits: none), labelled by its task's attribute
+    for split in scenes.ZEROSHOT_SPLITS:
+        task, held_out = split.split("_")[1], not split.endswith("_seen")
+        folder = made["dir"] / split
         classnames, templates = load_classnames(folder / "classnames.txt"), load_templates(folder / "templates.txt")
         assert classnames == scenes.zeroshot_classnames(task)
-        for _, _, text, meta in _read(made["splits"][f"zeroshot_{task}"]["url"]):
+        labels = set()
+        for _, _, text, meta in _read(made["splits"][split]["url"]):
             (g,) = parse_caption(text).groups
             pair = (g.count, g.shape) if task == "count" else (g.colour, g.shape)
-            assert pair in (HELD_OUT_COUNT_SHAPE if task == "count" else HELD_OUT_COLOUR_SHAPE)
-            word = scenes.COUNT_WORDS[g.count] if task == "count" else getattr(g, attr)
-            assert classnames[meta["label"]] == word
+            assert (pair in (HELD_OUT_COUNT_SHAPE if task == "count" else HELD_OUT_COLOUR_SHAPE)) == held_out
+            assert is_held_out(g) == held_out
+            word = scenes.COUNT_WORDS[g.count] if task == "count" else getattr(g, task)
+            assert classnames[meta["label"]] == word and meta["held_out"] == held_out
+            labels.add(meta["label"])
+        assert len(labels) > len(classnames) // 2
         # the prompts are captions of the grammar, so the text tower has seen their form
         for t in templates:
             for name in classnames:
