@@ -25,7 +25,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     source.add_argument("--digits", action="store_true", help="scikit-learn digits: OUT/train and OUT/test")
     source.add_argument("--image-dir", help="folder of images with captions (sidecar .txt or captions.tsv/jsonl)")
     source.add_argument("--scenes", type=int, metavar="N", help="rendered shape scenes, N training pairs: "
-                        "OUT/train, OUT/zeroshot_{shape,colour,count}, OUT/retrieval (docs/scenes.md)")
+                        "OUT/train, OUT/zeroshot_{shape,colour,count}[_seen], OUT/retrieval (docs/scenes.md)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--captions", help="--image-dir: caption table (.tsv filename<TAB>caption or .jsonl)")
     parser.add_argument("--image-size", type=int, default=32, help="--digits: image side in pixels")
@@ -36,7 +36,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--debug", action="store_true", help="show the traceback of input errors too")
     scenes = parser.add_argument_group("--scenes")
     scenes.add_argument("--scene-size", type=int, default=256, help="image side in pixels")
-    scenes.add_argument("--eval-samples", type=int, default=2000, help="pairs per zero-shot split")
+    scenes.add_argument("--eval-samples", type=int, default=2000, help="pairs per zero-shot split (6 splits)")
     scenes.add_argument("--retrieval-samples", type=int, default=5000, help="retrieval pairs (groups of 5)")
     scenes.add_argument("--seed", type=int, default=0, help="same seed -> byte-identical shards")
     scenes.add_argument("--workers", type=int, default=None, help="processes (default: all usable cores)")
