@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import importlib
 import logging
 import os
 import socket
@@ -120,10 +121,10 @@ def init_distributed() -> None:
         logger.warning("stale torch extension build lock %s (older than %d s): if no build is running, remove "
                        "it, or any DeepSpeed op built there waits on it forever", lock, _LOCK_AGE_S)
     if get_accelerator().device_name() == "cpu":
-        import deepspeed.comm.torch as ds_torch_comm
-
         # DeepSpeed builds deepspeed_shm_comm at process-group start on the CPU (~35 s once, and a
-        # hang on a killed build's lock); it serves inference_all_reduce only, never training
+        # hang on a killed build's lock); it serves inference_all_reduce only, never training.
+        # (importlib: the attribute deepspeed.comm.torch is the torch package, not this module)
+        ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
         ds_torch_comm.build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend=None, auto_mpi_discovery=True)
 
