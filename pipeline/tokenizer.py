@@ -155,6 +155,18 @@ def tokenize(tokenizer, texts: Sequence[str], context_length: int) -> Tuple[torc
     return input_ids, mask
 
 
+class _CountingReader:
+    """A read-only stream that counts the bytes it hands out."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.count = stream, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.count += len(data)
+        return data
+
+
 def iter_shard_captions(urls: Sequence[str], caption_key: str = "txt", max_captions: Optional[int] = None,
                         broken: Optional[List[str]] = None) -> Iterator[str]:
     """Stream the caption members of tar shards, in order, without reading image bytes' content.
@@ -170,7 +182,7 @@ def iter_shard_captions(urls: Sequence[str], caption_key: str = "txt", max_capti
     count = 0
     for url in urls:
         try:
-            with gopen(url, "rb") as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:
+            with gopen(url, "rb") as raw, tarfile.open(fileobj=(stream := _CountingReader(raw)), mode="r|*") as tar:
                 for member in tar:
                     if not member.isreg():
                         continue
@@ -186,6 +198,11 @@ def iter_shard_captions(urls: Sequence[str], caption_key: str = "txt", max_capti
                         count += 1
                         if max_captions is not None and count >= max_captions:
                             return
+                # tarfile's stream mode ends quietly at a cut; a whole tar ends with two zero blocks
+                stream.read()
+                if stream.count < tar.offset + 2 * tarfile.BLOCKSIZE:
+                    raise tarfile.ReadError(f"cut short: {stream.count} bytes, without the end-of-archive "
+                                            f"blocks after its members' {tar.offset}")
         except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
             logger.warning("tokenizer training: skipping broken shard %s (%s)", url,
                            str(exc).strip() or type(exc).__name__)
