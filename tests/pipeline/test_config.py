@@ -139,3 +139,51 @@ def test_docs_config_reference_lists_every_key_with_its_default():
         for key, f in fields.items():
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             assert rows[key] == repr(default), (name, key, rows[key], repr(default))
+
+
+@pytest.mark.parametrize("override, message", [
+    ('optimizer.params.lr="1e-3"', r"'optimizer\.params\.lr' is the string '1e-3'; write the number without quotes"),
+    ('zero_optimization.stage="2"', r"'zero_optimization\.stage' is the string '2'"),
+    ('optimizer.params.betas=[0.9, "0.98"]', r"'optimizer\.params\.betas\[1\]' is the string '0\.98'"),
+    ("train_micro_batch_size_per_gpu=2.5", r"'train_micro_batch_size_per_gpu' must be a whole number >= 1, got 2\.5"),
+    ("train_micro_batch_size_per_gpu=0", r"'train_micro_batch_size_per_gpu' must be a whole number >= 1, got 0"),
+    ('gradient_accumulation_steps="4"', r"'gradient_accumulation_steps' must be a whole number >= 1, got '4'"),
+    ("gradient_clipping=Infinity", r"'gradient_clipping' must be a finite number, got inf"),
+    ("model.max_logit_scale=Infinity", r"'model'.*'max_logit_scale' must be a finite number, got inf"),
+    ("contrastive_loss.label_smoothing=NaN", r"'contrastive_loss'.*'label_smoothing' must be a finite number"),
+])
+def test_values_deepspeed_or_the_project_would_take_wrongly(tmp_path, override, message):
+    """Quoted numbers in DeepSpeed's sections (a TypeError naming no key inside the optimizer), a
+    fractional micro-batch (trains at the floor), Infinity/NaN (disable the logit-scale clamp):
+    rejected at load, naming the key and the file."""
+    path = write(tmp_path, tiny(tmp_path))
+    with pytest.raises(ConfigError, match=message) as exc:
+        load_config(path, [override])
+    assert path in str(exc.value)
+
+
+def test_text_keys_in_deepspeed_sections_may_look_numeric(tmp_path):
+    cfg = load_config(write(tmp_path, tiny(tmp_path)), ['tensorboard={"enabled": false, "job_name": "2024"}'])
+    assert cfg.ds_config["tensorboard"]["job_name"] == "2024" and cfg.micro_batch_size == 64
+
+
+def test_no_import_circle_between_config_and_train():
+    """pipeline.config does not import pipeline.train (nor anything that does)."""
+    import ast
+
+    pipeline_dir = os.path.join(ROOT, "pipeline")
+
+    def imports(module):
+        with open(os.path.join(pipeline_dir, f"{module}.py")) as f:
+            tree = ast.parse(f.read())
+        return {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1
+                and n.module}
+
+    seen, todo = set(), ["config"]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        todo.extend(imports(module))
+    assert "train" not in seen and "loop" not in seen, sorted(seen)

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -34,25 +35,72 @@ def _sets(overrides):
 
 
 def test_plain_python_single_process(digits_shards, tmp_path):
-    """No launcher; DeepSpeed's own TensorBoard monitor section on: our scalars go beside its."""
+    """No launcher; DeepSpeed's own TensorBoard monitor section on: our scalars go beside its.
+    A fresh torch extensions folder holding a stale lock of the shm op (a killed build): the run
+    neither builds that op (~35 s) nor waits on the lock, and names the lock."""
     out, tb = tmp_path / "run", tmp_path / "tb_ds"
+    ext = tmp_path / "torch_extensions"
+    lock = ext / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")
+    os.utime(lock, (time.time() - 3600, time.time() - 3600))
     monitor = {"tensorboard": {"enabled": True, "output_path": str(tb), "job_name": "job"}}
     cmd = [sys.executable, LAUNCH, "--ds_config", TINY, *_sets(base_overrides(digits_shards, out, 4, **monitor))]
-    proc = subprocess.run(cmd, cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=str(tmp_path), env=dict(_env(), TORCH_EXTENSIONS_DIR=str(ext)),
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"stale torch extension build lock {lock}" in proc.stderr
+    assert sorted(os.listdir(ext)) == ["deepspeed_shm_comm"] and os.listdir(ext / "deepspeed_shm_comm") == ["lock"]
     assert sorted(tb_scalars(out, tb=tb / "job")) == [1, 2, 3, 4]
     assert tb_scalars(out, "Train/Samples/lr", tb=tb / "job")  # DeepSpeed's monitor wrote there too
     assert read_latest(str(out / "ckpt")) == "global_step4"
     assert "step 4/4" in proc.stderr + proc.stdout  # the rank-0 progress line
 
 
+def _one_line_error(proc, prog):
+    """The process failed with exit code 2 and one ``prog: error: ...`` line, no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith(f"{prog}: error: ")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    return errors[0]
+
+
 def test_bad_key_fails_before_any_work(tmp_path):
     cmd = [sys.executable, LAUNCH, "--ds_config", TINY, "--set", "zero_optimisation.stage=2"]
     proc = subprocess.run(cmd, cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
-    assert "unknown top-level key 'zero_optimisation'" in proc.stderr and TINY in proc.stderr
-    assert "did you mean 'zero_optimization'" in proc.stderr
+    line = _one_line_error(proc, "pretrain.py")
+    assert "unknown top-level key 'zero_optimisation'" in line and TINY in line
+    assert "did you mean 'zero_optimization'" in line
     assert not (tmp_path / "runs").exists()
+    proc = subprocess.run(cmd + ["--debug"], cwd=str(tmp_path), env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr and "ConfigError" in proc.stderr
+
+
+def test_half_written_checkpoint_is_one_line_in_pretrain_and_zeroshot(digits_shards, tmp_path):
+    """--resume of a tag whose save died (zero-byte model states, no manifest), and zeroshot of it."""
+    tag = tmp_path / "run" / "ckpt" / "global_step2"
+    tag.mkdir(parents=True)
+    (tag / "mp_rank_00_model_states.pt").write_bytes(b"")
+    (tmp_path / "run" / "ckpt" / "latest").write_text("global_step2")
+    cmd = [sys.executable, LAUNCH, "--ds_config", TINY, "--resume", "latest",
+           *_sets(base_overrides(digits_shards, tmp_path / "run", 4))]
+    proc = subprocess.run(cmd, cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300)
+    line = _one_line_error(proc, "pretrain.py")
+    assert f"checkpoint {tag} is incomplete: no manifest.json" in line and "empty: mp_rank_00_model_states.pt" in line
+    zeroshot = os.path.join(ROOT, "launch", "zeroshot.py")
+    proc = subprocess.run([sys.executable, zeroshot, "--checkpoint", str(tmp_path / "run")], cwd=str(tmp_path),
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    line = _one_line_error(proc, "zeroshot.py")
+    assert str(tag) in line and "mp_rank_00_model_states.pt" in line
+
+
+def test_make_shards_bad_input_is_one_line(tmp_path):
+    script = os.path.join(ROOT, "launch", "make_shards.py")
+    proc = subprocess.run([sys.executable, script, "--image-dir", str(tmp_path / "nope"), "--out", str(tmp_path / "o")],
+                          cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=120)
+    assert "image folder not found" in _one_line_error(proc, "make_shards.py")
 
 
 @pytest.mark.slow

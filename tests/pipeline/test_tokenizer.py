@@ -92,3 +92,36 @@ def test_ensure_tokenizer_trains_once_then_reuses(digits_shards, tmp_path):
     with pytest.raises(FileNotFoundError, match="no_such_folder"):
         ensure_tokenizer(DataConfig.from_dict({"train_shards": "x.tar", "tokenizer": str(tmp_path / "no_such_folder")}),
                          None, out)
+
+
+def test_broken_shards_are_skipped_and_named(digits_shards, tmp_path, caplog):
+    """A zero-byte shard, a tar cut short and a file that is not a tar: skipped and named in the
+    tokenizer pass (the loader skips them too), the good shards still train it."""
+    import logging
+    import shutil
+
+    from pipeline.data import expand_urls
+    from pipeline.tokenizer import iter_shard_captions
+
+    good = expand_urls(digits_shards["train"])[:2]
+    empty, cut, not_tar = tmp_path / "empty.tar", tmp_path / "cut.tar", tmp_path / "not_tar.tar"
+    empty.write_bytes(b"")
+    data = open(good[0], "rb").read()
+    cut.write_bytes(data[: len(data) // 2 + 300])
+    not_tar.write_bytes(b"this is not a tar archive\n" * 40)
+    shutil.copy(good[1], tmp_path / "good.tar")
+    urls = [str(empty), str(cut), str(not_tar), str(tmp_path / "good.tar")]
+    broken: list = []
+    with caplog.at_level(logging.WARNING, logger="pipeline.tokenizer"):
+        captions = list(iter_shard_captions(urls, broken=broken))
+    assert broken == [str(empty), str(cut), str(not_tar)]
+    assert len(captions) > 200  # the good shard's 200 plus what the cut one held before the cut
+    for path in broken:
+        assert any(path in r.getMessage() and "broken shard" in r.getMessage() for r in caplog.records), path
+    cfg = DataConfig.from_dict({"train_shards": urls, "vocab_size": 300})
+    tok = ensure_tokenizer(cfg, urls, tmp_path / "tok", context_length=16)
+    assert special_token_ids(tok)["eos_token_id"] == 1
+    from ops.config import ConfigError
+    with pytest.raises(ConfigError, match=r"no 'txt' captions .* in the 2 training shard\(s\) \(2 of them broken"):
+        ensure_tokenizer(DataConfig.from_dict({"train_shards": [str(empty), str(not_tar)]}),
+                         [str(empty), str(not_tar)], tmp_path / "tok2")

@@ -1,0 +1,158 @@
+"""Hardening (issue 12), with real files: planted pickles in every checkpoint file the resume path
+reads, half-written tags, stale incomplete tags and keep_last, a resume with another setup, a
+non-finite gradient norm. In-process runs on a gloo world of one (tests/pipeline/test_train.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from eval.checkpoint import load_model
+from pipeline.checkpoint import MANIFEST, check_tag, list_tags, read_latest
+from pipeline.errors import CheckpointError, NonFiniteGradError, ResumeMismatchError
+from pipeline.run_state import Checkpointer
+
+from .test_train import run_inproc, world_of_one  # noqa: F401  (fixture)
+
+
+class _Payload:
+    """Unpickling this creates a directory: proof that a loader ran code from the file."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+@pytest.fixture(scope="module")
+def zero1_run(world_of_one, digits_shards, tmp_path_factory):  # noqa: F811
+    """ZeRO-1 (optimizer states in their own file), 4 steps, a checkpoint every 2, keep 2; before
+    it starts, the checkpoint folder holds two incomplete tags of an earlier crashed run."""
+    out = tmp_path_factory.mktemp("z1") / "run"
+    stale_new, stale_old = out / "ckpt" / "global_step99", out / "ckpt" / "global_step1"
+    for stale in (stale_new, stale_old):
+        stale.mkdir(parents=True)
+        (stale / "mp_rank_00_model_states.pt").write_bytes(b"")
+    result = run_inproc(digits_shards, out, 4, **{"train.save_every": 2, "zero_optimization.stage": 1})
+    return out, result
+
+
+def _copy_ckpt(run, dest):
+    shutil.copytree(run / "ckpt", dest / "ckpt")
+    return dest / "ckpt", dest / "ckpt" / "global_step4"
+
+
+def _refresh_manifest(tag_dir):
+    """What an attacker who rewrote a file would also do: make the manifest match again."""
+    manifest = json.loads((tag_dir / MANIFEST).read_text())
+    manifest["files"] = {p.name: p.stat().st_size for p in tag_dir.iterdir() if p.is_file() and p.name != MANIFEST}
+    (tag_dir / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_incomplete_tags_are_not_counted_nor_kept(zero1_run):
+    out, result = zero1_run
+    ckpt = out / "ckpt"
+    assert sorted(result.losses) == [1, 2, 3, 4]
+    assert read_latest(ckpt) == "global_step4"
+    # keep_last_checkpoints = 2 counts complete tags only: 2 and 4 stay, the stale ones are gone
+    assert list_tags(ckpt) == ["global_step2", "global_step4"]
+    for tag in ("global_step2", "global_step4"):
+        manifest = check_tag(ckpt / tag)
+        assert {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                "rng_rank0.pt"} <= set(manifest["files"])
+
+
+@pytest.mark.parametrize("target", ["model", "optimizer", "rng", "client_state"])
+def test_planted_pickle_never_runs_on_resume(zero1_run, digits_shards, tmp_path, target):
+    out, _ = zero1_run
+    ckpt, tag = _copy_ckpt(out, tmp_path)
+    probe = tmp_path / "code_ran"
+    name = {"model": "mp_rank_00_model_states.pt", "optimizer": "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+            "rng": "rng_rank0.pt", "client_state": "mp_rank_00_model_states.pt"}[target]
+    if target == "client_state":  # a valid model-state file whose client entry is the payload
+        states = torch.load(tag / name, weights_only=True, map_location="cpu")
+        states["step"] = _Payload(probe)
+        torch.save(states, tag / name)
+    else:
+        torch.save({"payload": _Payload(probe)}, tag / name)
+    _refresh_manifest(tag)
+    with pytest.raises(CheckpointError, match=rf"refused to load .*{name}.*posix\.mkdir"):
+        run_inproc(digits_shards, tmp_path, 6, resume=str(ckpt), **{"train.save_every": 2,
+                                                                   "zero_optimization.stage": 1})
+    assert not probe.exists()
+    if target == "model":  # eval's loader (launch/zeroshot.py) refuses it too
+        with pytest.raises(CheckpointError, match=rf"refused to load .*{name}"):
+            load_model(ckpt, config=out / "config.json", tokenizer=digits_shards["tokenizer_dir"])
+        assert not probe.exists()
+    torch.load(tag / name, weights_only=False)  # the payload is live: a full unpickle runs it
+    assert probe.is_dir()
+
+
+def test_half_written_tag_is_named(zero1_run, digits_shards, tmp_path):
+    out, _ = zero1_run
+    ckpt, tag = _copy_ckpt(out, tmp_path)
+    sets = {"train.save_every": 2, "zero_optimization.stage": 1}
+    (tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"")  # cut to zero by a crash
+    with pytest.raises(CheckpointError, match=r"global_step4 is damaged: zero_pp_rank_0_mp_rank_00_optim_states"
+                                              r"\.pt is empty \(0 of \d+ bytes\)"):
+        run_inproc(digits_shards, tmp_path, 6, resume=str(tag), **sets)
+    (tag / MANIFEST).unlink()  # the save never got to its manifest
+    with pytest.raises(CheckpointError, match=r"global_step4 is incomplete: no manifest\.json .*empty: "
+                                              r"zero_pp_rank_0_mp_rank_00_optim_states\.pt"):
+        run_inproc(digits_shards, tmp_path, 6, resume=str(tag), **sets)
+    with pytest.raises(CheckpointError, match=r"global_step4 is incomplete"):  # eval names it too
+        load_model(tag, config=out / "config.json", tokenizer=digits_shards["tokenizer_dir"])
+    model_file = tag / "mp_rank_00_model_states.pt"
+    model_file.write_bytes(model_file.read_bytes()[:1000])  # truncated, with a manifest that says so
+    (tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt").unlink()
+    shutil.copy(out / "ckpt" / "global_step4" / MANIFEST, tag / MANIFEST)
+    with pytest.raises(CheckpointError, match=r"mp_rank_00_model_states\.pt has 1000 bytes, \d+ were written; "
+                                              r"zero_pp_rank_0_mp_rank_00_optim_states\.pt is missing"):
+        run_inproc(digits_shards, tmp_path, 6, resume=str(tag), **sets)
+
+
+def test_resume_with_another_setup_is_refused(zero1_run, digits_shards, tmp_path):
+    out, _ = zero1_run
+    ckpt, _ = _copy_ckpt(out, tmp_path)
+    fewer = digits_shards["train"].replace("{000000..000007}", "{000000..000005}")
+    assert fewer != digits_shards["train"]
+    with pytest.raises(ResumeMismatchError) as exc:
+        run_inproc(digits_shards, tmp_path, 6, resume="latest", **{
+            "train.save_every": 2, "zero_optimization.stage": 1, "train_micro_batch_size_per_gpu": 16,
+            "data.seed": 5, "data.train_shards": fewer})
+    msg = str(exc.value)
+    assert "micro-batch (train_micro_batch_size_per_gpu) 32 -> 16" in msg and "data.seed 0 -> 5" in msg
+    assert "data sources (data.train_shards) '8 shard(s)" in msg and "-> '6 shard(s)" in msg
+    assert "world size" not in msg and "train.seed" not in msg  # only what changed is listed
+    # the same setup resumes (and finishes the run where the uninterrupted one would)
+    result = run_inproc(digits_shards, tmp_path, 5, resume="latest", **{"train.save_every": 2,
+                                                                        "zero_optimization.stage": 1})
+    assert sorted(result.losses) == [5]
+
+
+def test_world_size_change_is_named(tmp_path):
+    """The data-parallel world size cannot change in one process: the comparison itself."""
+    from pipeline.config import load_config
+
+    from .test_train import TINY
+    cfg = load_config(TINY, [f"train.output_dir={tmp_path}"])
+    old = {"micro_batch": 64, "world_size": 2, "data_seed": 0}  # a client state from before data_setup
+    with pytest.raises(ResumeMismatchError, match=r"data-parallel world size 2 -> 1"):
+        Checkpointer(cfg, {"micro_batch": 64, "world_size": 1, "data_seed": 0})._check_setup(old, "x")
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_non_finite_gradient_norm_stops_the_run(world_of_one, digits_shards, tmp_path, stage):  # noqa: F811
+    """A logit scale of 5e34 keeps the loss finite but overflows the gradients: ZeRO-0 (our norm,
+    read with the loss) stops before the optimizer step, ZeRO-1 (DeepSpeed's norm) right after it,
+    and nothing is saved either way."""
+    with pytest.raises(NonFiniteGradError, match=r"non-finite gradient norm \((inf|nan)\) at step 1: "):
+        run_inproc(digits_shards, tmp_path / "run", 3, **{"zero_optimization.stage": stage,
+                                                            "model.init_logit_scale": 80.0,
+                                                            "model.max_logit_scale": 1e36})
+    assert read_latest(tmp_path / "run" / "ckpt") is None
