@@ -430,7 +430,8 @@ def write_scenes(out_dir: Union[str, Path], num_train: int, num_eval: int = 2000
         splits: which of :data:`SPLITS` to write (the samples do not depend on this).
     Returns ``{"splits": {split: {"url", "samples"}}, "seed", "image_size", "held_out": {...},
     ...}`` plus ``"cpu_s"`` (CPU seconds spent in the workers) and ``"wall_s"``; the same without
-    the timings and with URLs relative to ``out_dir`` is written as ``out_dir/scenes.json``. Zero-shot folders also get
+    the timings and with URLs relative to ``out_dir`` is written as ``out_dir/scenes.json`` (which
+    keeps listing the splits an earlier call with the same settings wrote). Zero-shot folders also get
     ``classnames.txt`` and ``templates.txt``.
     """
     if not 2 <= group_size <= 9:
@@ -491,6 +492,10 @@ def write_scenes(out_dir: Union[str, Path], num_train: int, num_eval: int = 2000
                      "count_shape": sorted(map(list, HELD_OUT_COUNT_SHAPE))},
     }
     out.mkdir(parents=True, exist_ok=True)
+    previous = json.loads((out / "scenes.json").read_text(encoding="utf-8")) if (out / "scenes.json").is_file() else {}
+    if {k: v for k, v in previous.items() if k != "splits"} == {k: v for k, v in manifest.items() if k != "splits"}:
+        # the same generator settings: splits written earlier stay listed beside these
+        manifest["splits"] = {**previous["splits"], **manifest["splits"]}
     (out / "scenes.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     splits_out = {s: {"url": brace_url(p), "samples": counts[s]} for s, p in paths.items()}
     return {**manifest, "splits": splits_out, "cpu_s": cpu_s, "wall_s": wall_s}

@@ -63,6 +63,9 @@ def test_same_seed_gives_byte_identical_shards(made):
     write_scenes(root / "c", 70, 1, 5, workers=1, **{**KW, "samples_per_shard": 50}, splits=["train"])
     assert [s[1:] for s in _read(made["splits"]["train"]["url"])[:70]] == \
         [s[1:] for s in _read(str(root / "c/train/shard-{000000..000001}.tar"))]
+    # a later call with the same settings adds its splits to the manifest
+    write_scenes(root / "c", 70, 1, 5, workers=1, **{**KW, "samples_per_shard": 50}, splits=["retrieval"])
+    assert set(json.loads((root / "c/scenes.json").read_text())["splits"]) == {"train", "retrieval"}
     other = scenes.scene_sample("train", 0, seed=4, image_size=SIZE)
     assert scenes.scene_sample("train", 0, seed=3, image_size=SIZE)[0].data != other[0].data
 
