@@ -241,3 +241,26 @@ def test_make_shards_cli(tmp_path):
     assert len(expand_urls(out["train"])) == 2 and len(_read(out["retrieval"])) == 10  # whole groups of 5
     manifest = json.loads((tmp_path / "s" / "scenes.json").read_text())
     assert manifest["splits"]["train"] == {"url": "train/shard-{000000..000001}.tar", "samples": 30}
+
+
+@pytest.mark.parametrize("name,train,sps,n_eval,n_retrieval", [
+    ("scenes_vitb32", 100_000, 1000, 2000, 5000),  # the commands in the presets' _comment and docs/scenes.md
+    ("scenes_tiny_cpu", 20_000, 1000, 1000, 1000),
+])
+def test_presets_name_the_shards_make_shards_writes(name, train, sps, n_eval, n_retrieval):
+    from eval.config import EvalConfig
+    from pipeline.config import load_config
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(str(root / "ds_configs" / f"{name}.json"))
+    ev = EvalConfig.from_dict(cfg.eval)
+    assert cfg.data.crop_scale == [1.0, 1.0]  # a crop could cut a shape off and falsify the count
+    folder = Path(cfg.data.train_shards).parent.parent
+    expected = {"train": -(-train // sps), "zeroshot": -(-n_eval // sps), "retrieval": -(-n_retrieval // sps)}
+    for url, split in [(cfg.data.train_shards, "train"), (ev.shards, "zeroshot"), (ev.retrieval_shards, "retrieval")]:
+        urls = expand_urls(url)
+        assert len(urls) == expected[split] and Path(urls[0]).parent.parent == folder
+        assert urls == [str(Path(urls[0]).parent / f"shard-{k:06d}.tar") for k in range(len(urls))]
+    zs = Path(ev.shards).parent
+    assert zs.name in scenes.ZEROSHOT_SPLITS
+    assert ev.classnames == str(zs / "classnames.txt") and ev.templates == str(zs / "templates.txt")
