@@ -3,10 +3,12 @@
 Design: :func:`load_config` reads the file, applies ``--set section.key=value`` overrides, checks
 every TOP-LEVEL key against DeepSpeed's keys (listed once below) and the project's sections, and
 parses the project sections into their dataclasses (``model``, ``data``, ``contrastive_loss``,
-``train``). DeepSpeed's keys stay a plain dict for ``deepspeed.initialize`` (which validates its
-own sections' contents, but ignores unknown top-level keys: this module is where a typo such
-as ``zero_optimisation`` gets caught). ``eval`` stays a raw dict: ``pipeline`` never imports
-``eval``; ``launch/`` parses it.
+and ``train``, whose dataclass lives here because every part of the training run reads it, so
+this module imports no part of the run). DeepSpeed's keys stay a plain dict for
+``deepspeed.initialize`` (which validates its own sections' contents, but ignores unknown
+top-level keys: this module is where a typo such as ``zero_optimisation`` gets caught). ``eval``
+stays a raw dict: ``pipeline`` never imports ``eval``; ``launch/`` parses it once (into
+``eval.EvalConfig``, carried by the evaluator it hands to the training loop).
 
 Limit: the DeepSpeed key list is the one of deepspeed 0.19.x (collected from
 ``deepspeed/runtime/config.py``, ``runtime/constants.py``, ``monitor/config.py``,
