@@ -11,35 +11,47 @@ Math (I, T: B x D features, s: logit scale, S = s * I T^T, S' = I T^T):
 The work is split into *block primitives* over a pair of feature blocks (rows A, columns Bm).
 They return results that merge by plain addition, which is what the distributed schemes
 (ops/distributed.py) send round the ring:
-    clip_stats    -> row/col sums of exp(S - shift) and of exp(S - shift) * S'
+    clip_stats    -> row/col sums of exp(S - shift) and of exp(S - shift) (S' - ref), without
+                     the positive pairs
     clip_grads    -> P @ Bm and P^T @ A, with P = exp(S - r) + exp(S - c) for final LSEs r, c,
                      less the label terms (taken inside the tile, before any rounding)
     siglip_stats  -> per-row sums of softplus(-z x)
     siglip_grads  -> G @ Bm, G^T @ A, sum(G), sum(G * S') with G = -z sigmoid(-z x)
-Shifts: every LSE is taken relative to a fixed per-row/column shift instead of a running max,
-so partial sums add with no rescaling. The shift is the diagonal logit S_ii (exact for the
-loss: LSE_i - S_ii = log(sum_i)); if any sum overflows or underflows (an off-diagonal logit more
-than ~88 above its diagonal) the stats are recomputed relative to the exact row/column max.
+Shifts and assembly (:func:`clip_shifts`, :func:`clip_terms`). Every LSE is taken relative to a
+fixed per-row/column shift instead of a running max, so partial sums add with no rescaling.
+The shift is the diagonal logit d_i = S_ii unless the Cauchy-Schwarz bound s |I_i| max_j |T_j|
+exceeds it by more than 64; then it is that bound - 64. So no term exceeds e^64 (no overflow,
+no recompute, no host sync). The positive pair is left out of the sums and added analytically:
+with off_i = sum_{j != i} exp(S_ij - shift_i) and delta_i = shift_i - d_i >= 0,
+    loss_i = LSE_i - d_i = log1p(off_i)                  (delta_i = 0, the normal case)
+                         = softplus(log(off_i) + delta_i) (otherwise),
+so a loss of 1e-3 keeps fp32's relative precision (LSE - d would cancel it away); the d-scale
+term E_i[S'] - S'_ii likewise comes from sums weighted by (S' - S'_ii). Limit: a row all of
+whose logits lie more than ~150 below its bound (e.g. every cosine < -0.5 at s = 100) loses its
+sum to underflow.
 
 Implementations (same numbers within the tolerances of tests/ops): ``naive`` (one tile: the
 whole matrix), ``chunked_torch`` (tiles of block_m x block_n in plain torch; any device),
-``triton`` (ops/contrastive_loss_triton.py). ``contrastive_loss_reference`` is an independent
-full-matrix statement through torch autograd, the ground truth for tests.
+``triton`` (ops/contrastive_loss_triton.py: cuBLAS GEMMs on row bands + Triton reductions;
+keeps the whole B x B logit matrix from forward to backward when it fits in
+``logits_budget_mb``). ``contrastive_loss_reference`` is an independent full-matrix statement
+through torch autograd, the ground truth for tests.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
-from typing import Optional
+import warnings
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .config import ConfigError, ContrastiveLossConfig
+from .precision import matmul_precision
 
 __all__ = [
     "contrastive_loss",
@@ -48,18 +60,23 @@ __all__ = [
     "resolve_impl",
     "clip_stats",
     "clip_grads",
-    "clip_max",
+    "clip_terms",
     "siglip_stats",
     "siglip_grads",
     "clip_shifts",
     "rowdot",
+    "SHIFT_MARGIN",
 ]
 
 log = logging.getLogger(__name__)
 
 IMPLS = ("naive", "chunked_torch", "triton")
+SCHEMES = ("none", "gather", "disco", "ring", "hierarchical_ring")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _DEFAULT_TORCH_BLOCK = 1024
+SHIFT_MARGIN = 64.0
+"""No exponent exceeds this (e^64 * B stays finite in fp32 for B < 2^28)."""
+DEFAULT_LOGITS_BUDGET_MB = 64.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -91,26 +108,24 @@ def contrastive_loss_reference(image_features: Tensor, text_features: Tensor, lo
 # ----------------------------------------------------------------------------------------------
 # Block primitives, plain torch (tiles of block_m x block_n; block >= size gives `naive`)
 # ----------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _matmul_precision(allow_tf32: bool):
-    """fp32 matmuls exact (ieee) unless TF32 is allowed; restores the global flags."""
-    old_cuda = torch.backends.cuda.matmul.allow_tf32
-    old_cudnn = torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
-    torch.backends.cudnn.allow_tf32 = allow_tf32
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old_cuda
-        torch.backends.cudnn.allow_tf32 = old_cudnn
-
-
 def _tiles(n: int, block: int):
     for start in range(0, n, block):
         yield start, min(start + block, n)
 
 
-def _torch_clip_stats(a, b, scale, row_shift, col_shift, bm, bn):
+def _positives(i0, i1, j0, j1, diag, device):
+    """True where row i - column j == diag (the positive pairs of this tile)."""
+    rows = torch.arange(i0, i1, device=device)[:, None]
+    cols = torch.arange(j0, j1, device=device)[None, :]
+    return rows - cols == diag
+
+
+def _pair_signs(i0, i1, j0, j1, diag, device):
+    """+1 on the positive pairs of this tile, -1 elsewhere."""
+    return torch.where(_positives(i0, i1, j0, j1, diag, device), 1.0, -1.0)
+
+
+def _torch_clip_stats(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag, bm, bn):
     a32, b32 = a.float(), b.float()
     row_sum = a32.new_zeros(a.shape[0])
     row_wsum = a32.new_zeros(a.shape[0])
@@ -120,28 +135,17 @@ def _torch_clip_stats(a, b, scale, row_shift, col_shift, bm, bn):
         for j0, j1 in _tiles(b.shape[0], bn):
             dots = a32[i0:i1] @ b32[j0:j1].T
             logits = scale * dots
-            p = torch.exp(logits - row_shift[i0:i1, None])
+            off = ~_positives(i0, i1, j0, j1, diag, a.device)
+            p = torch.exp(logits - row_shift[i0:i1, None]) * off
             row_sum[i0:i1] += p.sum(1)
-            row_wsum[i0:i1] += (p * dots).sum(1)
-            p = torch.exp(logits - col_shift[None, j0:j1])
+            row_wsum[i0:i1] += (p * (dots - row_ref[i0:i1, None])).sum(1)
+            p = torch.exp(logits - col_shift[None, j0:j1]) * off
             col_sum[j0:j1] += p.sum(0)
-            col_wsum[j0:j1] += (p * dots).sum(0)
+            col_wsum[j0:j1] += (p * (dots - col_ref[None, j0:j1])).sum(0)
     return row_sum, col_sum, row_wsum, col_wsum
 
 
-def _torch_clip_max(a, b, scale, bm, bn):
-    a32, b32 = a.float(), b.float()
-    row_max = a32.new_full((a.shape[0],), -math.inf)
-    col_max = a32.new_full((b.shape[0],), -math.inf)
-    for i0, i1 in _tiles(a.shape[0], bm):
-        for j0, j1 in _tiles(b.shape[0], bn):
-            logits = scale * (a32[i0:i1] @ b32[j0:j1].T)
-            row_max[i0:i1] = torch.maximum(row_max[i0:i1], logits.amax(1))
-            col_max[j0:j1] = torch.maximum(col_max[j0:j1], logits.amax(0))
-    return row_max, col_max
-
-
-def _torch_clip_grads(a, b, scale, row_lse, col_lse, bm, bn, diag, diag_value, offset,
+def _torch_clip_grads(a, b, scale, row_lse, col_lse, row_ref, bm, bn, diag, diag_value, offset,
                       sink_a=None):
     a32, b32 = a.float(), b.float()
     grad_a = torch.zeros_like(a32) if sink_a is None else None
@@ -150,9 +154,11 @@ def _torch_clip_grads(a, b, scale, row_lse, col_lse, bm, bn, diag, diag_value, o
         rows = a32.new_zeros(i1 - i0, a.shape[1])
         for j0, j1 in _tiles(b.shape[0], bn):
             logits = scale * (a32[i0:i1] @ b32[j0:j1].T)
+            pos = _positives(i0, i1, j0, j1, diag, a.device)
+            logits = torch.where(pos, scale * row_ref[i0:i1, None], logits)
             p = torch.exp(logits - row_lse[i0:i1, None]) + torch.exp(logits - col_lse[None, j0:j1])
             if diag_value:
-                p -= diag_value * (_pair_signs(i0, i1, j0, j1, diag, a.device) > 0)
+                p -= diag_value * pos
             if offset:
                 p -= offset
             rows += p @ b32[j0:j1]
@@ -167,13 +173,6 @@ def _emit(rows, i0, i1, out, sink):
         out[i0:i1] = rows
     else:
         sink(i0, i1, rows)
-
-
-def _pair_signs(i0, i1, j0, j1, diag, device):
-    """+1 where row i - column j == diag (the positive pairs of this tile), -1 elsewhere."""
-    rows = torch.arange(i0, i1, device=device)[:, None]
-    cols = torch.arange(j0, j1, device=device)[None, :]
-    return torch.where(rows - cols == diag, 1.0, -1.0)
 
 
 def _torch_siglip_stats(a, b, scale, bias, diag, bm, bn):
@@ -223,40 +222,37 @@ def _triton():
     return contrastive_loss_triton
 
 
-def clip_stats(a: Tensor, b: Tensor, scale: Tensor, row_shift: Tensor, col_shift: Tensor, *,
-               impl: str = "chunked_torch", block_m: int = 0, block_n: int = 0,
-               allow_tf32: bool = False):
-    """Partial CLIP statistics of the block S = scale * a b^T.
+def clip_stats(a: Tensor, b: Tensor, scale: Tensor, row_shift: Tensor, col_shift: Tensor,
+               row_ref: Tensor, col_ref: Tensor, diag: int = 0, *, impl: str = "chunked_torch",
+               block_m: int = 0, block_n: int = 0, allow_tf32: bool = False):
+    """Partial CLIP statistics of the block S = scale * a b^T, without its positive pairs.
 
-    a: [M, D], b: [N, D] (same dtype); scale: [] fp32; row_shift: [M], col_shift: [N] fp32.
+    a: [M, D], b: [N, D] (same dtype); scale: [] fp32; row_shift, row_ref: [M], col_shift,
+    col_ref: [N] fp32 (shifts from :func:`clip_shifts`; refs: the diagonal S'_ii of each row /
+    column). Pairs with i - j == diag are left out (out of range: a block with no positives).
     Returns fp32 (row_sum [M], col_sum [N], row_wsum [M], col_wsum [N]):
-    row_sum_i = sum_j exp(S_ij - row_shift_i), row_wsum_i = sum_j exp(S_ij - row_shift_i) * S'_ij,
-    and the same over i for columns. Partials over column (row) blocks add up.
+    row_sum_i = sum_j exp(S_ij - row_shift_i), row_wsum_i = sum_j exp(S_ij - row_shift_i)
+    (S'_ij - row_ref_i), and the same over i for columns. Partials over blocks add up.
+    For triton, block_m is the rows per GEMM band (0: by memory) and block_n is unused.
     """
     if impl == "triton":
-        return _triton().clip_stats_triton(a, b, scale, row_shift, col_shift, block_m=block_m,
-                                           block_n=block_n, allow_tf32=allow_tf32)
+        return _triton().clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref,
+                                           diag, band=block_m, allow_tf32=allow_tf32)[:4]
     bm, bn = _blocks(impl, a, b, block_m, block_n)
-    with _matmul_precision(allow_tf32):
-        return _torch_clip_stats(a, b, scale, row_shift, col_shift, bm, bn)
+    with matmul_precision(allow_tf32):
+        return _torch_clip_stats(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag, bm, bn)
 
 
-def clip_max(a: Tensor, b: Tensor, scale: Tensor, *, block_m: int = 0, block_n: int = 0,
-             allow_tf32: bool = False):
-    """Exact row and column maxima of S = scale * a b^T (fp32 [M], [N]); the overflow fallback."""
-    bm, bn = _blocks("chunked_torch", a, b, block_m, block_n)
-    with _matmul_precision(allow_tf32):
-        return _torch_clip_max(a, b, scale, bm, bn)
-
-
-def clip_grads(a: Tensor, b: Tensor, scale: Tensor, row_lse: Tensor, col_lse: Tensor, *,
-               diag: int = 0, diag_value: float = 0.0, offset: float = 0.0,
+def clip_grads(a: Tensor, b: Tensor, scale: Tensor, row_lse: Tensor, col_lse: Tensor,
+               row_ref: Tensor, *, diag: int = 0, diag_value: float = 0.0, offset: float = 0.0,
                impl: str = "chunked_torch",
                block_m: int = 0, block_n: int = 0, allow_tf32: bool = False, sink_a=None):
     """(P @ b, P^T @ a) in fp32 for P = exp(S - row_lse[:, None]) + exp(S - col_lse[None, :])
     - diag_value [i - j == diag] - offset.
 
-    a: [M, D], b: [N, D]; row_lse: [M], col_lse: [N] fp32 (final, global LSEs). The label terms
+    a: [M, D], b: [N, D]; row_lse: [M], col_lse: [N] fp32 (final, global LSEs); row_ref: [M]
+    the positives' S' as the forward took them (:func:`clip_shifts`), used on the pairs
+    i - j == diag instead of the tile's own rounding of them. The label terms
     ``diag_value`` (2 (1 - eps) for the block holding the positives) and ``offset`` (2 eps / B,
     label smoothing) are subtracted inside the tile, before P is rounded to the features'
     dtype: P is close to them once the model learns, and subtracting after rounding would
@@ -266,13 +262,13 @@ def clip_grads(a: Tensor, b: Tensor, scale: Tensor, row_lse: Tensor, col_lse: Te
     so the caller can write its final gradient without an [M, D] fp32 buffer.
     """
     if impl == "triton":
-        return _triton().clip_grads_triton(a, b, scale, row_lse, col_lse, diag=diag,
-                                           diag_value=diag_value, offset=offset, block_m=block_m,
-                                           block_n=block_n, allow_tf32=allow_tf32, sink_a=sink_a)
+        return _triton().clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, diag=diag,
+                                           diag_value=diag_value, offset=offset, band=block_m,
+                                           allow_tf32=allow_tf32, sink_a=sink_a)
     bm, bn = _blocks(impl, a, b, block_m, block_n)
-    with _matmul_precision(allow_tf32):
-        return _torch_clip_grads(a, b, scale, row_lse, col_lse, bm, bn, diag, diag_value, offset,
-                                 sink_a)
+    with matmul_precision(allow_tf32):
+        return _torch_clip_grads(a, b, scale, row_lse, col_lse, row_ref, bm, bn, diag, diag_value,
+                                 offset, sink_a)
 
 
 def siglip_stats(a: Tensor, b: Tensor, scale: Tensor, bias: Tensor, diag: int = 0, *,
@@ -284,10 +280,10 @@ def siglip_stats(a: Tensor, b: Tensor, scale: Tensor, bias: Tensor, diag: int = 
     diagonal; out of range for a block with no positives). Returns fp32 [M].
     """
     if impl == "triton":
-        return _triton().siglip_stats_triton(a, b, scale, bias, diag, block_m=block_m,
-                                             block_n=block_n, allow_tf32=allow_tf32)
+        return _triton().siglip_stats_triton(a, b, scale, bias, diag, band=block_m,
+                                             allow_tf32=allow_tf32)[0]
     bm, bn = _blocks(impl, a, b, block_m, block_n)
-    with _matmul_precision(allow_tf32):
+    with matmul_precision(allow_tf32):
         return _torch_siglip_stats(a, b, scale, bias, diag, bm, bn)
 
 
@@ -298,10 +294,10 @@ def siglip_grads(a: Tensor, b: Tensor, scale: Tensor, bias: Tensor, diag: int = 
 
     ``sink_a`` as in :func:`clip_grads`."""
     if impl == "triton":
-        return _triton().siglip_grads_triton(a, b, scale, bias, diag, block_m=block_m,
-                                             block_n=block_n, allow_tf32=allow_tf32, sink_a=sink_a)
+        return _triton().siglip_grads_triton(a, b, scale, bias, diag, band=block_m,
+                                             allow_tf32=allow_tf32, sink_a=sink_a)
     bm, bn = _blocks(impl, a, b, block_m, block_n)
-    with _matmul_precision(allow_tf32):
+    with matmul_precision(allow_tf32):
         return _torch_siglip_grads(a, b, scale, bias, diag, bm, bn, sink_a)
 
 
@@ -314,75 +310,152 @@ def rowdot(a: Tensor, b: Tensor, chunk_elems: int = 1 << 22) -> Tensor:
     return out
 
 
-def clip_shifts(a: Tensor, b: Tensor, scale: Tensor) -> Tensor:
-    """The default LSE shift: the diagonal logits scale * <a_i, b_i> in fp32 ([B])."""
-    return scale * rowdot(a, b)
+def rownorm(a: Tensor) -> Tensor:
+    """|a_i| in fp32 ([B]) without an fp32 copy of a (torch's norm accumulates in fp32)."""
+    return torch.linalg.vector_norm(a, dim=-1, dtype=torch.float32)
 
 
-def _needs_exact_shift(*sums: Tensor) -> bool:
-    return any(bool(((s <= 0) | ~torch.isfinite(s)).any()) for s in sums)
+def clip_shifts(a: Tensor, b: Tensor, scale: Tensor, a_max: Optional[Tensor] = None,
+                b_max: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The LSE shifts of the rows of a and the columns b (pairs a_i, b_i), fp32 [B] each.
+
+    ref_i = <a_i, b_i>, d_i = scale ref_i (the positive logit). row_shift_i = max(d_i,
+    scale |a_i| max|b| - SHIFT_MARGIN), col_shift_i = max(d_i, scale |b_i| max|a| - SHIFT_MARGIN),
+    so no exp(S - shift) exceeds e^SHIFT_MARGIN (Cauchy-Schwarz). ``a_max`` / ``b_max``: the
+    largest row norm of all of a / b when these are one rank's rows (default: of these rows).
+    Returns (row_shift, col_shift, ref). A non-finite feature or scale makes its shifts
+    non-finite (the callers fold that into the loss).
+    """
+    ref = rowdot(a, b)
+    d = scale * ref
+    na, nb = rownorm(a), rownorm(b)
+    a_max = na.max() if a_max is None else a_max
+    b_max = nb.max() if b_max is None else b_max
+    row_shift = torch.maximum(d, scale * na * b_max - SHIFT_MARGIN)
+    col_shift = torch.maximum(d, scale * nb * a_max - SHIFT_MARGIN)
+    return row_shift, col_shift, ref
+
+
+def clip_terms(off: Tensor, wsum: Tensor, shift: Tensor, ref: Tensor, scale: Tensor):
+    """Per-row (or per-column) CLIP terms from complete sums (see the module docstring).
+
+    off, wsum: [n] fp32 sums of :func:`clip_stats` over all blocks; shift: [n]; ref: [n] the
+    positive's S'. Returns (loss [n] = LSE - d, lse [n], e [n] = E[S'] - S'_ii), fp32.
+    """
+    delta = shift - scale * ref  # >= 0, exactly 0 in the normal case
+    loss = torch.where(delta == 0, torch.log1p(off), F.softplus(torch.log(off) + delta))
+    total = torch.exp(-delta) + off
+    e = torch.where(total > 0, wsum / total, torch.zeros_like(wsum))
+    return loss, scale * ref + loss, e
+
+
+def _finite(*values: Tensor) -> Tensor:
+    """A device bool: all values finite (no host sync)."""
+    return torch.stack([torch.isfinite(v).all() for v in values]).all()
 
 
 # ----------------------------------------------------------------------------------------------
 # Single-device loss: forward and backward in terms of the primitives
 # ----------------------------------------------------------------------------------------------
-def _clip_forward(img, txt, scale, eps, impl, bm, bn, tf32):
-    n = img.shape[0]
-    diag = clip_shifts(img, txt, scale)
-    kw = dict(impl=impl, block_m=bm, block_n=bn, allow_tf32=tf32)
-    row_shift = col_shift = diag
-    row_sum, col_sum, row_wsum, col_wsum = clip_stats(img, txt, scale, row_shift, col_shift, **kw)
-    if _needs_exact_shift(row_sum, col_sum):
-        log.warning("contrastive_loss: a logit exceeds its diagonal by > 80; recomputing with exact maxima")
-        row_shift, col_shift = clip_max(img, txt, scale, block_m=bm, block_n=bn, allow_tf32=tf32)
-        row_sum, col_sum, row_wsum, col_wsum = clip_stats(img, txt, scale, row_shift, col_shift, **kw)
-    row_lse = row_shift + torch.log(row_sum)
-    col_lse = col_shift + torch.log(col_sum)
-    loss = 0.5 * (row_lse.mean() + col_lse.mean()) - (1.0 - eps) * diag.mean()
-    if eps:
-        # sum_ij S_ij = s <sum_i I_i, sum_j T_j>: the smoothing term in O(BD)
-        loss = loss - eps / n**2 * scale * torch.dot(_colsum(img), _colsum(txt))
-    # d loss / d s needs E_row[S'] and E_col[S']: kept from the forward (wsum / sum), O(B)
-    expect = torch.stack([(row_wsum / row_sum).sum(), (col_wsum / col_sum).sum()])
-    return loss, row_lse, col_lse, expect
+def _keep_logits(impl: str, n: int, dtype: torch.dtype, block_m: int, budget_mb: float) -> bool:
+    """The triton impl keeps the whole [B, B] S' (features' dtype) from forward to backward
+    when it and the backward's [B, B] gradient block fit in ``budget_mb`` MiB together and no
+    band height is forced (block_m)."""
+    itemsize = torch.finfo(dtype).bits // 8
+    return impl == "triton" and not block_m and 2 * n * n * itemsize <= budget_mb * 2**20
 
 
 def _colsum(x: Tensor) -> Tensor:
     return x.sum(0, dtype=torch.float32)
 
 
-def _clip_backward(grad, img, txt, scale, row_lse, col_lse, expect, eps, impl, bm, bn, tf32):
-    """Returns (d_img in img's dtype, d_txt fp32, d_scale fp32 [])."""
+def _clip_forward(img, txt, scale, eps, impl, bm, bn, tf32, keep):
+    n = img.shape[0]
+    row_shift, col_shift, ref = clip_shifts(img, txt, scale)
+    logits = None
+    if impl == "triton":
+        r_off, c_off, r_w, c_w, logits = _triton().clip_stats_triton(
+            img, txt, scale, row_shift, col_shift, ref, ref, 0, keep_logits=keep, band=bm,
+            allow_tf32=tf32)
+    else:
+        r_off, c_off, r_w, c_w = clip_stats(img, txt, scale, row_shift, col_shift, ref, ref, 0,
+                                            impl=impl, block_m=bm, block_n=bn, allow_tf32=tf32)
+    r_loss, row_lse, r_e = clip_terms(r_off, r_w, row_shift, ref, scale)
+    c_loss, col_lse, c_e = clip_terms(c_off, c_w, col_shift, ref, scale)
+    loss = 0.5 * (r_loss.mean() + c_loss.mean())
+    if eps:
+        # t_i = S_ii - eps (S_ii - mean_j S_ij); sum_ij S_ij = s <sum_i I_i, sum_j T_j> in O(BD)
+        loss = loss + eps * scale * (ref.mean() - torch.dot(_colsum(img), _colsum(txt)) / n**2)
+    # non-finite features or scale make the shifts non-finite: the loss says so (no host sync)
+    loss = torch.where(_finite(row_shift, col_shift), loss, torch.full_like(loss, math.nan))
+    # d loss / d s needs sum_i (E_row_i[S'] - S'_ii) + sum_j (E_col_j[S'] - S'_jj), and sum S'_ii
+    expect = torch.stack([r_e.sum() + c_e.sum(), ref.sum()])
+    if logits is None:
+        logits = img.new_empty(0)
+    return loss, row_lse, col_lse, expect, logits
+
+
+def _clip_backward(grad, img, txt, scale, row_lse, col_lse, expect, logits, eps, impl, bm, bn,
+                   tf32):
+    """Returns (d_img, d_txt in the features' dtype, d_scale fp32 [])."""
     n = img.shape[0]
     coef = grad / (2 * n)
     k = coef * scale
-    d_img = torch.empty_like(img)
+    labels = dict(diag=0, diag_value=2 * (1 - eps), offset=2 * eps / n)
+    ref = rowdot(img, txt)
+    if impl == "triton":
+        # k folded into P before its rounding: the GEMMs write the final gradients. Not for
+        # fp16, whose range would flush k P (~1e-9) to zero: there k multiplies fp32 results.
+        fold = img.dtype != torch.float16
+        d_img, d_txt = _triton().clip_grads_triton(
+            img, txt, scale, row_lse, col_lse, ref, **labels, coef=k if fold else None,
+            logits=logits if logits.numel() else None, band=bm,
+            out_dtype=img.dtype if fold else torch.float32, allow_tf32=tf32)
+        if not fold:
+            d_img, d_txt = d_img.mul_(k), d_txt.mul_(k)
+    else:
+        # dI is finished band by band (no [B, D] fp32 buffer), dT in place on its fp32 sum.
+        d_img = torch.empty_like(img)
 
-    # dI = s dS T with dS = g/(2B) (P - 2(1-eps) Id - 2 eps/B); likewise dT with dS^T. The label
-    # terms are taken inside the tiles (clip_grads' diag_value, offset); dI is finished band by
-    # band (no [B, D] fp32 buffer), dT in place on its fp32 sum.
-    def finish_img(i0, i1, rows):
-        d_img[i0:i1] = rows.mul_(k)
+        def finish_img(i0, i1, rows):
+            d_img[i0:i1] = rows.mul_(k)
 
-    _, d_txt = clip_grads(img, txt, scale, row_lse, col_lse, diag=0, diag_value=2 * (1 - eps),
-                          offset=2 * eps / n, impl=impl, block_m=bm, block_n=bn, allow_tf32=tf32,
-                          sink_a=finish_img)
-    d_scale = coef * (expect.sum() - 2 * (1 - eps) * rowdot(img, txt).sum())
+        _, d_txt = clip_grads(img, txt, scale, row_lse, col_lse, ref, **labels, impl=impl, block_m=bm,
+                              block_n=bn, allow_tf32=tf32, sink_a=finish_img)
+        d_txt.mul_(k)
+    d_scale = coef * expect[0]
     if eps:
-        d_scale = d_scale - coef * 2 * eps / n * torch.dot(_colsum(img), _colsum(txt))
-    d_txt.mul_(k)
+        d_scale = d_scale + coef * 2 * eps * (expect[1] - torch.dot(_colsum(img), _colsum(txt)) / n)
     return d_img, d_txt, d_scale
 
 
-def _siglip_forward(img, txt, scale, bias, impl, bm, bn, tf32):
-    row_loss = siglip_stats(img, txt, scale, bias, 0, impl=impl, block_m=bm, block_n=bn,
-                            allow_tf32=tf32)
-    return row_loss.sum() / img.shape[0]
+def _siglip_forward(img, txt, scale, bias, impl, bm, bn, tf32, keep):
+    logits = None
+    if impl == "triton":
+        row_loss, logits = _triton().siglip_stats_triton(img, txt, scale, bias, 0,
+                                                         keep_logits=keep, band=bm,
+                                                         allow_tf32=tf32)
+    else:
+        row_loss = siglip_stats(img, txt, scale, bias, 0, impl=impl, block_m=bm, block_n=bn,
+                                allow_tf32=tf32)
+    loss = row_loss.sum() / img.shape[0]
+    ok = _finite(rownorm(img), rownorm(txt), scale, bias)
+    loss = torch.where(ok, loss, torch.full_like(loss, math.nan))
+    return loss, (logits if logits is not None else img.new_empty(0))
 
 
-def _siglip_backward(grad, img, txt, scale, bias, impl, bm, bn, tf32):
+def _siglip_backward(grad, img, txt, scale, bias, logits, impl, bm, bn, tf32):
     coef = grad / img.shape[0]
     k = coef * scale
+    if impl == "triton":
+        fold = img.dtype != torch.float16  # see _clip_backward
+        d_img, d_txt, gsum, gwsum = _triton().siglip_grads_triton(
+            img, txt, scale, bias, 0, coef=k if fold else None,
+            logits=logits if logits.numel() else None, band=bm,
+            out_dtype=img.dtype if fold else torch.float32, allow_tf32=tf32)
+        if not fold:
+            d_img, d_txt = d_img.mul_(k), d_txt.mul_(k)
+        return d_img, d_txt, coef * gwsum, coef * gsum
     d_img = torch.empty_like(img)
 
     def finish_img(i0, i1, rows):
@@ -400,55 +473,64 @@ def _siglip_backward(grad, img, txt, scale, bias, impl, bm, bn, tf32):
 def _contrastive_loss_op(image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
                          logit_bias: Optional[Tensor], loss: str, impl: str,
                          label_smoothing: float, block_m: int, block_n: int,
-                         allow_tf32: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Returns (loss [], row_lse [B], col_lse [B], expect [2]); the last three feed the backward
-    (empty for siglip)."""
+                         allow_tf32: bool, logits_budget_mb: float = 0.0
+                         ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Returns (loss [], row_lse [B], col_lse [B], expect [2], logits [B, B] or [0]); the last
+    four feed the backward (row_lse, col_lse, expect empty for siglip; logits: the kept S' of
+    the triton impl when it fits in ``logits_budget_mb``)."""
     scale = logit_scale.detach().float().reshape(())
+    n = image_features.shape[0]
+    keep = _keep_logits(impl, n, image_features.dtype, block_m, logits_budget_mb)
     if loss == "clip":
         return _clip_forward(image_features, text_features, scale, label_smoothing, impl,
-                             block_m, block_n, allow_tf32)
+                             block_m, block_n, allow_tf32, keep)
     bias = logit_bias.detach().float().reshape(())
-    value = _siglip_forward(image_features, text_features, scale, bias, impl, block_m, block_n,
-                            allow_tf32)
-    return value, value.new_zeros(0), value.new_zeros(0), value.new_zeros(0)
+    value, logits = _siglip_forward(image_features, text_features, scale, bias, impl, block_m,
+                                    block_n, allow_tf32, keep)
+    return value, value.new_zeros(0), value.new_zeros(0), value.new_zeros(0), logits
 
 
 @_contrastive_loss_op.register_fake
 def _(image_features, text_features, logit_scale, logit_bias, loss, impl, label_smoothing,
-      block_m, block_n, allow_tf32):
-    n = image_features.shape[0] if loss == "clip" else 0
+      block_m, block_n, allow_tf32, logits_budget_mb=0.0):
+    n = image_features.shape[0]
+    keep = _keep_logits(impl, n, image_features.dtype, block_m, logits_budget_mb)
+    m = n if loss == "clip" else 0
     new = image_features.new_empty
-    return (new((), dtype=torch.float32), new((n,), dtype=torch.float32),
-            new((n,), dtype=torch.float32), new((2 if loss == "clip" else 0,), dtype=torch.float32))
+    return (new((), dtype=torch.float32), new((m,), dtype=torch.float32),
+            new((m,), dtype=torch.float32), new((2 if loss == "clip" else 0,), dtype=torch.float32),
+            new((n, n) if keep else (0,)))
 
 
 @torch.library.custom_op("infclip::contrastive_loss_backward", mutates_args=())
 def _contrastive_loss_backward_op(grad: Tensor, image_features: Tensor, text_features: Tensor,
                                   logit_scale: Tensor, logit_bias: Optional[Tensor],
-                                  row_lse: Tensor, col_lse: Tensor, expect: Tensor, loss: str,
-                                  impl: str, label_smoothing: float, block_m: int, block_n: int,
-                                  allow_tf32: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                                  row_lse: Tensor, col_lse: Tensor, expect: Tensor,
+                                  logits: Tensor, loss: str, impl: str, label_smoothing: float,
+                                  block_m: int, block_n: int, allow_tf32: bool
+                                  ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Returns (d_image [B, D], d_text [B, D], d_scale like logit_scale, d_bias like logit_bias
-    or empty)."""
+    or empty). A kept ``logits`` matrix replaces the recompute of S' (read only)."""
     scale = logit_scale.detach().float().reshape(())
     g = grad.float().reshape(())
     if loss == "clip":
         d_img, d_txt, d_scale = _clip_backward(g, image_features, text_features, scale, row_lse,
-                                               col_lse, expect, label_smoothing, impl, block_m,
-                                               block_n, allow_tf32)
+                                               col_lse, expect, logits, label_smoothing, impl,
+                                               block_m, block_n, allow_tf32)
         d_bias = logit_scale.new_zeros(0)
     else:
         bias = logit_bias.detach().float().reshape(())
         d_img, d_txt, d_scale, d_bias = _siglip_backward(g, image_features, text_features, scale,
-                                                         bias, impl, block_m, block_n, allow_tf32)
+                                                         bias, logits, impl, block_m, block_n,
+                                                         allow_tf32)
         d_bias = d_bias.reshape(logit_bias.shape).to(logit_bias.dtype)
     return (d_img.to(image_features.dtype), d_txt.to(text_features.dtype),
             d_scale.reshape(logit_scale.shape).to(logit_scale.dtype), d_bias)
 
 
 @_contrastive_loss_backward_op.register_fake
-def _(grad, image_features, text_features, logit_scale, logit_bias, row_lse, col_lse, expect, loss,
-      impl, label_smoothing, block_m, block_n, allow_tf32):
+def _(grad, image_features, text_features, logit_scale, logit_bias, row_lse, col_lse, expect,
+      logits, loss, impl, label_smoothing, block_m, block_n, allow_tf32):
     d_bias = (torch.empty_like(logit_bias) if loss == "siglip" and logit_bias is not None
               else logit_scale.new_empty(0))
     return (torch.empty_like(image_features), torch.empty_like(text_features),
@@ -457,19 +539,21 @@ def _(grad, image_features, text_features, logit_scale, logit_bias, row_lse, col
 
 def _setup_context(ctx, inputs, output):
     (image_features, text_features, logit_scale, logit_bias, loss, impl, label_smoothing, block_m,
-     block_n, allow_tf32) = inputs
-    _, row_lse, col_lse, expect = output
+     block_n, allow_tf32, *_budget) = inputs
+    _, row_lse, col_lse, expect, logits = output
     ctx.save_for_backward(image_features, text_features, logit_scale, logit_bias, row_lse, col_lse,
-                          expect)
+                          expect, logits)
     ctx.options = (loss, impl, label_smoothing, block_m, block_n, allow_tf32)
 
 
-def _backward(ctx, grad_loss, _grad_row, _grad_col, _grad_expect):
-    image_features, text_features, logit_scale, logit_bias, row_lse, col_lse, expect = ctx.saved_tensors
+def _backward(ctx, grad_loss, _grad_row, _grad_col, _grad_expect, _grad_logits):
+    (image_features, text_features, logit_scale, logit_bias, row_lse, col_lse, expect,
+     logits) = ctx.saved_tensors
     d_img, d_txt, d_scale, d_bias = torch.ops.infclip.contrastive_loss_backward(
         grad_loss, image_features, text_features, logit_scale, logit_bias, row_lse, col_lse, expect,
-        *ctx.options)
-    return d_img, d_txt, d_scale, (d_bias if logit_bias is not None else None), None, None, None, None, None, None
+        logits, *ctx.options)
+    return (d_img, d_txt, d_scale, (d_bias if logit_bias is not None else None), None, None, None,
+            None, None, None, None)
 
 
 _contrastive_loss_op.register_autograd(_backward, setup_context=_setup_context)
@@ -496,8 +580,28 @@ def resolve_impl(impl: str, device: torch.device, triton_interpret: bool = False
     return impl, "as configured"
 
 
+def _validate_options(loss: str, label_smoothing: float, block_m: int, block_n: int,
+                      distributed: str, grad_reduction: str, logits_budget_mb: float) -> None:
+    """The scalar options, checked whether or not a process group is there."""
+    if loss not in ("clip", "siglip"):
+        raise ValueError(f"unknown loss {loss!r}; choose 'clip' or 'siglip'")
+    if not 0.0 <= label_smoothing < 1.0:  # also rejects NaN
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    if label_smoothing and loss != "clip":
+        raise ValueError("label_smoothing applies to loss 'clip' only")
+    for name, value in (("block_m", block_m), ("block_n", block_n)):
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0 (0: the impl's default), got {value}")
+    if distributed not in SCHEMES:
+        raise ValueError(f"unknown distributed scheme {distributed!r}; choose from {SCHEMES}")
+    if grad_reduction not in ("mean", "sum"):
+        raise ValueError(f"grad_reduction must be 'mean' or 'sum', got {grad_reduction!r}")
+    if not logits_budget_mb >= 0:
+        raise ValueError(f"logits_budget_mb must be >= 0, got {logits_budget_mb}")
+
+
 def _validate(image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
-              logit_bias: Optional[Tensor], loss: str, check_finite: bool) -> None:
+              logit_bias: Optional[Tensor], loss: str, check_finite: Union[bool, str]) -> None:
     if not isinstance(image_features, Tensor) or not isinstance(text_features, Tensor):
         raise TypeError("image_features and text_features must be tensors")
     if image_features.dim() != 2 or text_features.dim() != 2:
@@ -526,12 +630,17 @@ def _validate(image_features: Tensor, text_features: Tensor, logit_scale: Tensor
             raise ValueError(f"{name} is on {value.device} but the features are on {image_features.device}")
     if loss == "siglip" and logit_bias is None:
         raise ValueError("loss 'siglip' needs logit_bias")
-    if check_finite:  # one host-device sync for all three
-        named = (("image_features", image_features), ("text_features", text_features), ("logit_scale", logit_scale))
+    if check_finite == "raise":  # one host-device sync for all inputs
+        named = [("image_features", image_features), ("text_features", text_features),
+                 ("logit_scale", logit_scale)]
+        if loss == "siglip":
+            named.append(("logit_bias", logit_bias))
         finite = torch.stack([torch.isfinite(value).all() for _, value in named])
         if not bool(finite.all()):
             bad = [name for (name, _), ok in zip(named, finite.tolist()) if not ok]
             raise FloatingPointError(f"{bad[0]} contains NaN or Inf")
+    elif not isinstance(check_finite, bool):
+        raise ValueError(f"check_finite must be True, False or 'raise', got {check_finite!r}")
 
 
 def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
@@ -539,7 +648,8 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
                      label_smoothing: float = 0.0, allow_tf32: bool = False, block_m: int = 0,
                      block_n: int = 0, triton_interpret: bool = False, distributed: str = "none",
                      process_group=None, local_world_size: Optional[int] = None,
-                     grad_reduction: str = "mean", check_finite: bool = True) -> Tensor:
+                     grad_reduction: str = "mean", check_finite: Union[bool, str] = True,
+                     logits_budget_mb: float = DEFAULT_LOGITS_BUDGET_MB) -> Tensor:
     """CLIP (or SigLIP) loss over the batch without materialising the B x B logits.
 
     image_features, text_features: [B, D] fp32/bf16/fp16 (L2-normalised by the caller);
@@ -547,29 +657,37 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
     logit_bias: [] or [1] (siglip only). Returns a 0-dim fp32 loss: CLIP = mean of the two
     cross-entropy directions (OpenCLIP's convention); SigLIP = sum of pair losses / B.
 
+    check_finite: True (default) folds the check into the result on the device: NaN or Inf in
+    the features, scale or bias give a NaN loss (no host sync: capturable in a CUDA graph and
+    compiled without a graph break); "raise" raises FloatingPointError naming the input (one
+    host sync); False skips it. logits_budget_mb: the triton impl keeps the whole [B, B]
+    logit matrix between forward and backward when it fits (6 B^2 D FLOPs instead of 8);
+    0 never keeps it. block_m: torch impls' row tile; triton's rows per GEMM band (0: by memory).
+
     With ``distributed`` != "none" and a process group of more than one rank, the features are
     this rank's local batch and the loss is over the global batch (ops/distributed.py).
     """
+    _validate_options(loss, label_smoothing, block_m, block_n, distributed, grad_reduction,
+                      logits_budget_mb)
+    _validate(image_features, text_features, logit_scale, logit_bias, loss, check_finite)
+    impl_run, why = resolve_impl(impl, image_features.device, triton_interpret)
+    if impl == "triton" and impl_run != "triton":
+        warnings.warn(f"contrastive_loss: {why}", stacklevel=2)
     if distributed != "none":
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1:
             from .distributed import distributed_contrastive_loss
 
-            _validate(image_features, text_features, logit_scale, logit_bias, loss, check_finite)
-            impl_run, _ = resolve_impl(impl, image_features.device, triton_interpret)
             return distributed_contrastive_loss(
                 image_features, text_features, logit_scale, logit_bias, scheme=distributed,
                 loss=loss, impl=impl_run, label_smoothing=label_smoothing, allow_tf32=allow_tf32,
                 block_m=block_m, block_n=block_n, process_group=process_group,
                 local_world_size=local_world_size, grad_reduction=grad_reduction)
-    if loss not in ("clip", "siglip"):
-        raise ValueError(f"unknown loss {loss!r}; choose 'clip' or 'siglip'")
-    _validate(image_features, text_features, logit_scale, logit_bias, loss, check_finite)
-    impl_run, _ = resolve_impl(impl, image_features.device, triton_interpret)
     out = torch.ops.infclip.contrastive_loss(
         image_features, text_features, logit_scale, logit_bias if loss == "siglip" else None, loss,
-        impl_run, float(label_smoothing), int(block_m), int(block_n), bool(allow_tf32))
+        impl_run, float(label_smoothing), int(block_m), int(block_n), bool(allow_tf32),
+        float(logits_budget_mb))
     return out[0]
 
 
@@ -605,7 +723,8 @@ class ContrastiveLoss(torch.nn.Module):
             block_m=cfg.block_m or 0, block_n=cfg.block_n or 0,
             triton_interpret=cfg.triton_interpret, distributed=cfg.distributed,
             process_group=process_group if process_group is not None else self.process_group,
-            local_world_size=cfg.local_world_size, grad_reduction=cfg.grad_reduction)
+            local_world_size=cfg.local_world_size, grad_reduction=cfg.grad_reduction,
+            logits_budget_mb=cfg.logits_budget_mb)
 
     def extra_repr(self) -> str:
         cfg = self.config

@@ -54,11 +54,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .contrastive_loss import (
-    _needs_exact_shift,
     clip_grads,
-    clip_max,
     clip_shifts,
     clip_stats,
+    clip_terms,
+    rownorm,
     siglip_grads,
     siglip_stats,
 )
@@ -369,99 +369,71 @@ def _sum_over_group(values: Tensor, topo: Topology) -> Tensor:
     return out
 
 
-def _clip_stats_pass(img, txt, s, row_shift, col_shift, o: _Options, gathered=None):
-    """Stats of rank r's rows and columns over the global batch: (row_sum, col_sum, row_wsum,
-    col_wsum) [b] each, plus whatever was gathered (disco / gather reuse it in backward)."""
+def _clip_stats_pass(img, txt, s, row_shift, col_params, ref, o: _Options, gathered=None):
+    """Stats of rank r's rows and columns over the global batch, positives left out:
+    (row_sum, col_sum, row_wsum, col_wsum) [b] each, plus whatever was gathered (disco / gather
+    reuse it in backward). col_params: [b, 2] (column shift, ref) of rank r's columns."""
     topo, kw = o.topo, o.kw
+    rank_offset = topo.rank * img.shape[0]
     if o.scheme == "gather":
-        img_all, txt_all, shift_all = gathered
+        img_all, txt_all, params_all = gathered  # params_all [B, 3]: row shift, col shift, ref
         # own rows: I_r x T_all; own columns as the rows of S^T = s T I^T: T_r x I_all (both
-        # b x B, row sums, the kernels' cheap direction); the other direction's output unused
-        rs, _, rws, _ = clip_stats(img, txt_all, s, row_shift, shift_all, **kw)
-        cs, _, cws, _ = clip_stats(txt, img_all, s, col_shift, shift_all, **kw)
+        # b x B, row sums, the kernels' cheap direction); the other direction's output unused.
+        # Positives at i - j == -rank_offset in both.
+        rs, _, rws, _ = clip_stats(img, txt_all, s, row_shift, params_all[:, 1], ref,
+                                   params_all[:, 2], -rank_offset, **kw)
+        cs, _, cws, _ = clip_stats(txt, img_all, s, col_params[:, 0], params_all[:, 0], ref,
+                                   params_all[:, 2], -rank_offset, **kw)
         return (rs, cs, rws, cws), gathered
     rows = [torch.zeros_like(row_shift), torch.zeros_like(row_shift)]
 
-    def step(_off, held):
-        r_sum, c_sum, r_wsum, c_wsum = clip_stats(img, held[0], s, row_shift, held[1], **kw)
+    def step(col_offset, held):
+        cols = held[1]
+        r_sum, c_sum, r_wsum, c_wsum = clip_stats(img, held[0], s, row_shift, cols[:, 0], ref,
+                                                  cols[:, 1], col_offset - rank_offset, **kw)
         rows[0] += r_sum
         rows[1] += r_wsum
         return [torch.stack([c_sum, c_wsum], 1)]
 
     if o.scheme == "disco":
-        (cols,), full = _gathered_sweep(topo, [txt, col_shift], step, "sum",
-                                        [gathered, None] if gathered is not None else None)
+        (cols,), full = _gathered_sweep(topo, [txt, col_params], step, "sum")
         kept = full[0]
     else:
-        (cols,) = sweep(topo, [txt, col_shift], step, "sum")
+        (cols,) = sweep(topo, [txt, col_params], step, "sum")
         kept = None
     return (rows[0], cols[:, 0], rows[1], cols[:, 1]), kept
-
-
-def _clip_max_pass(img, txt, s, o: _Options, gathered=None):
-    """Exact row maxima of rank r's rows and column maxima of its columns over the global batch."""
-    topo = o.topo
-    mm = dict(block_m=o.block_m, block_n=o.block_n, allow_tf32=o.allow_tf32)
-    if o.scheme == "gather":
-        img_all, txt_all, _ = gathered
-        return clip_max(img, txt_all, s, **mm)[0], clip_max(txt, img_all, s, **mm)[0]
-    row_max = torch.full((img.shape[0],), -math.inf, device=img.device)
-
-    def step(_off, held):
-        r_max, c_max = clip_max(img, held[0], s, **mm)
-        torch.maximum(row_max, r_max, out=row_max)
-        return [c_max]
-
-    if o.scheme == "disco":
-        (col_max,), _ = _gathered_sweep(topo, [txt], step, "max", [gathered])
-    else:
-        (col_max,) = sweep(topo, [txt], step, "max")
-    return row_max, col_max
 
 
 def _clip_forward(img, txt, s, o: _Options):
     topo, eps = o.topo, o.eps
     n_global = topo.world * img.shape[0]
-    diag = clip_shifts(img, txt, s)
+    # the shift bounds need the largest feature norms of the whole batch (one tiny all-reduce)
+    norms = torch.stack([rownorm(img).max(), rownorm(txt).max()])
+    dist.all_reduce(norms, op=dist.ReduceOp.MAX, group=topo.group)
+    row_shift, col_shift, ref = clip_shifts(img, txt, s, a_max=norms[0], b_max=norms[1])
+    col_params = torch.stack([col_shift, ref], 1)
     gathered = None
     if o.scheme == "gather":
-        img_all, txt_all = _all_gather(img, topo), _all_gather(txt, topo)
-        gathered = (img_all, txt_all, clip_shifts(img_all, txt_all, s))
-    row_shift = col_shift = diag
-    stats, kept = _clip_stats_pass(img, txt, s, row_shift, col_shift, o, gathered)
-    row_sum, col_sum, row_wsum, col_wsum = stats
-
-    def local_terms():
-        row_lse = row_shift + torch.log(row_sum)
-        col_lse = col_shift + torch.log(col_sum)
-        share = 0.5 * (row_lse.sum() + col_lse.sum()) / n_global - (1.0 - eps) * diag.sum() / n_global
-        return row_lse, col_lse, share
-
-    def reduce(flag: bool):
-        row_lse, col_lse, share = local_terms()
-        pieces = [torch.tensor([float(flag)], device=img.device), share.reshape(1)]
-        if eps:
-            pieces += [img.sum(0, dtype=torch.float32), txt.sum(0, dtype=torch.float32)]
-        return row_lse, col_lse, _sum_over_group(torch.cat([p.double() for p in pieces]), topo)
-
-    row_lse, col_lse, total = reduce(_needs_exact_shift(row_sum, col_sum))
-    if total[0] > 0:
-        # some rank's sum over- or underflowed: every rank redoes its stats with exact maxima
-        log.warning("contrastive_loss (%s): a logit exceeds its diagonal by > 80; recomputing with "
-                    "exact maxima", o.scheme)
-        row_shift, col_shift = _clip_max_pass(img, txt, s, o, gathered if o.scheme == "gather" else kept)
-        stats, kept = _clip_stats_pass(img, txt, s, row_shift, col_shift, o,
-                                       gathered if o.scheme == "gather" else kept)
-        row_sum, col_sum, row_wsum, col_wsum = stats
-        row_lse, col_lse, total = reduce(False)
-    loss = total[1].float()
+        gathered = (_all_gather(img, topo), _all_gather(txt, topo),
+                    _all_gather(torch.stack([row_shift, col_shift, ref], 1), topo))
+    stats, kept = _clip_stats_pass(img, txt, s, row_shift, col_params, ref, o, gathered)
+    r_off, c_off, r_wsum, c_wsum = stats
+    r_loss, row_lse, r_e = clip_terms(r_off, r_wsum, row_shift, ref, s)
+    c_loss, col_lse, c_e = clip_terms(c_off, c_wsum, col_shift, ref, s)
+    share = 0.5 * (r_loss.sum() + c_loss.sum()) / n_global
+    pieces = [share.reshape(1)]
+    if eps:
+        share = share + eps * s * ref.sum() / n_global
+        pieces = [share.reshape(1), img.sum(0, dtype=torch.float32), txt.sum(0, dtype=torch.float32)]
+    total = _sum_over_group(torch.cat([p.double() for p in pieces]), topo)
+    loss = total[0].float()
     img_sum = txt_sum = None
     if eps:
         d = img.shape[1]
-        img_sum, txt_sum = total[2:2 + d].float(), total[2 + d:].float()
+        img_sum, txt_sum = total[1:1 + d].float(), total[1 + d:].float()
         loss = loss - eps / n_global**2 * s * torch.dot(img_sum, txt_sum)
-    expect = (row_wsum / row_sum).sum() + (col_wsum / col_sum).sum()
-    saved = dict(row_lse=row_lse, col_lse=col_lse, expect=expect, img_sum=img_sum, txt_sum=txt_sum,
+    saved = dict(row_lse=row_lse, col_lse=col_lse, expect=r_e.sum() + c_e.sum(), ref=ref,
+                 ref_sum=ref.sum(), img_sum=img_sum, txt_sum=txt_sum,
                  gathered=gathered if o.scheme == "gather" else kept)
     return loss, saved
 
@@ -478,8 +450,8 @@ def _clip_backward(g, img, txt, s, saved, o: _Options):
         # rows of S^T) only the column-softmax term
         # label terms of one direction each, taken inside the tiles (see clip_grads)
         lab = dict(diag=-topo.rank * b, diag_value=1 - eps, offset=eps / n_global)
-        d_img, d_txt_all = clip_grads(img, txt_all, s, row_lse, none, **lab, **kw)
-        d_txt, d_img_all = clip_grads(txt, img_all, s, col_lse, none, **lab, **kw)
+        d_img, d_txt_all = clip_grads(img, txt_all, s, row_lse, none, saved["ref"], **lab, **kw)
+        d_txt, d_img_all = clip_grads(txt, img_all, s, col_lse, none, saved["ref"], **lab, **kw)
         d_img += _reduce_scatter(d_img_all, topo)
         del d_img_all
         d_txt += _reduce_scatter(d_txt_all, topo)
@@ -489,7 +461,7 @@ def _clip_backward(g, img, txt, s, saved, o: _Options):
         def step(col_offset, held):
             # positives (global row == global column) at i - j == col_offset - row_offset; the
             # label terms are taken inside the tiles, before rounding (see clip_grads)
-            grad_a, grad_b = clip_grads(img, held[0], s, row_lse, held[1],
+            grad_a, grad_b = clip_grads(img, held[0], s, row_lse, held[1], saved["ref"],
                                         diag=col_offset - topo.rank * b, diag_value=2 * (1 - eps),
                                         offset=2 * eps / n_global, **kw)
             rows[0] += grad_a
@@ -501,12 +473,13 @@ def _clip_backward(g, img, txt, s, saved, o: _Options):
             (d_txt,) = sweep(topo, [txt, col_lse], step, "sum")
         d_img = rows[0]
     coef = g / (2 * n_global)
-    diag_dots = clip_shifts(img, txt, torch.ones((), device=img.device)).sum()
-    d_scale = coef * (saved["expect"] - 2 * (1 - eps) * diag_dots)
+    # this rank's share: sum over its rows and columns of E[S'] - S'_ii (see clip_terms)
+    d_scale = coef * saved["expect"]
     if eps:
         img_sum, txt_sum = saved["img_sum"], saved["txt_sum"]
-        # a global term: each rank takes 1/N of it
-        d_scale = d_scale - coef * 2 * eps / n_global * torch.dot(img_sum, txt_sum) / topo.world
+        # the global term -2 eps / B <sum I, sum T>: each rank takes 1/N of it
+        d_scale = d_scale + coef * 2 * eps * (
+            saved["ref_sum"] - torch.dot(img_sum, txt_sum) / n_global / topo.world)
     d_img.mul_(coef * s * o.factor)
     d_txt.mul_(coef * s * o.factor)
     return d_img, d_txt, d_scale * o.factor

@@ -117,18 +117,38 @@ def test_chunked_tiles_equal_untiled(block, loss, eps):
         torch.testing.assert_close(tiled[key], untiled[key], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("block", [16, 32])
+@pytest.mark.parametrize("band", [1, 16, 32])
 @pytest.mark.parametrize("loss", ["clip", "siglip"])
-def test_triton_explicit_tiles_and_several_bands(monkeypatch, block, loss):
-    """Explicit tile sizes with an uneven last tile, and a backward split into 4+ row bands."""
-    monkeypatch.setattr(triton_impl, "_band_rows", lambda m, n, d: 16)
-    _check("triton", 70, 36, torch.float32, loss, 0.05 if loss == "clip" else 0.0, block=block)
+def test_triton_row_bands(band, loss):
+    """Rows per GEMM band (block_m) of 1, 16 (an uneven last band) and 32: the banded forward
+    and backward (column sums and dT accumulated over bands) give the reference."""
+    _check("triton", 70, 36, torch.float32, loss, 0.05 if loss == "clip" else 0.0, block=band)
 
 
-def test_triton_block_must_be_power_of_two():
-    img, txt, scale, _ = _inputs(8, 8, torch.float32)
-    with pytest.raises(ValueError, match="power of two"):
-        contrastive_loss(img, txt, scale, impl="triton", triton_interpret=True, block_m=24)
+@pytest.mark.parametrize("loss", ["clip", "siglip"])
+def test_triton_kept_logits_and_memory_bands_agree(monkeypatch, loss):
+    """The whole-matrix path (logits kept from forward to backward) and the recompute path
+    with bands chosen by the memory rule (forced small here) give the same numbers."""
+    img, txt, scale, bias = _inputs(53, 24, torch.float32, seed=11)
+    run = lambda **kw: _run(lambda i, t, s, b: contrastive_loss(  # noqa: E731
+        i, t, s, b, loss=loss, impl="triton", triton_interpret=True, **kw),
+        img, txt, scale, bias, loss == "siglip")
+    kept = run()
+    monkeypatch.setattr(triton_impl, "band_rows", lambda m, n, d: 10)
+    banded = run(logits_budget_mb=0)
+    for key in kept:
+        torch.testing.assert_close(banded[key], kept[key], rtol=1e-5, atol=1e-7)
+    _assert_close(banded, _reference(img, txt, scale, bias, loss, 0.0), what="banded")
+
+
+def test_kept_logits_only_when_they_fit():
+    from ops.contrastive_loss import _keep_logits
+
+    assert _keep_logits("triton", 4096, torch.bfloat16, 0, 64.0)  # 2 x 32 MiB (S' and dS)
+    assert not _keep_logits("triton", 4097, torch.bfloat16, 0, 64.0)
+    assert not _keep_logits("triton", 10, torch.float32, 0, 0.0)
+    assert not _keep_logits("triton", 10, torch.float32, 16, 64.0)  # a band height was asked for
+    assert not _keep_logits("chunked_torch", 10, torch.float32, 0, 64.0)
 
 
 def test_matches_handwritten_openclip_loss():
@@ -151,19 +171,80 @@ def test_matches_handwritten_openclip_loss():
 
 
 @pytest.mark.parametrize("impl", ["chunked_torch", "triton"])
-def test_exact_max_fallback_on_overflowing_shift(impl, caplog):
-    """Unnormalised features whose off-diagonal logits exceed the diagonal by >> 88 overflow the
-    diagonal shift; the op must notice and recompute with exact maxima."""
-    img, txt, scale, bias = _inputs(20, 8, torch.float32, seed=5, scale=30.0, normalise=False)
-    img[3] = 4 * txt[7]  # S_3,7 = 30 * 16 |t7|^2, far above S_3,3
-    with caplog.at_level(logging.WARNING):
-        ours = _run(lambda i, t, s, b: contrastive_loss(i, t, s, impl=impl, triton_interpret=True),
-                    img, txt, scale, bias, False)
-    assert "exact maxima" in caplog.text
+def test_overflowing_logits_stay_exact(impl):
+    """An off-diagonal logit 100 above its diagonal (s = 100, cosines 1 and 0) would overflow
+    exp at a shift on the diagonal; the Cauchy-Schwarz bound keeps every exponent <= 64, with
+    no recompute and no host sync."""
+    img, txt, scale, bias = _inputs(20, 8, torch.float32, seed=5, scale=100.0)
+    txt[7] = img[3]  # cos(I_3, T_7) = 1
+    txt[3] = F.normalize(txt[3] - (txt[3] @ img[3]) * img[3], dim=0)  # cos(I_3, T_3) = 0
+    ours = _run(lambda i, t, s, b: contrastive_loss(i, t, s, impl=impl, triton_interpret=True),
+                img, txt, scale, bias, False)
     ref = _reference(img, txt, scale, bias, "clip", 0.0)
+    assert ref["loss"].item() > 100 / 40  # row 3 alone contributes ~100 / (2 B)
     for key in ref:
         torch.testing.assert_close(ours[key], ref[key], rtol=1e-4, atol=1e-4)
-    assert math.isfinite(ours["loss"].item())
+
+
+@pytest.mark.parametrize("impl", ["chunked_torch", "triton"])
+def test_scale_gradient_finite_when_only_the_weighted_sum_overflows(impl):
+    """An off-diagonal logit ~88.5 above its diagonal: exp of it still fits in fp32, but
+    exp(.) * S' (S' = 1.5, unnormalised features) does not. The d-scale sums must not
+    overflow (they are weighted by S' - S'_ii, under a shift that bounds every exponent)."""
+    b, d = 6, 6  # one pair per axis
+    img = torch.zeros(b, d, dtype=torch.float64)
+    txt = torch.zeros(b, d, dtype=torch.float64)
+    for i in range(b):  # pair i: image and text on axis i
+        img[i, i] = 1.0
+        txt[i, i] = 1.0
+    img[2] = torch.tensor([0.0, 0.0, 0.05, 1.5, 0.0, 0.0], dtype=torch.float64)  # <I2, T3> = 1.5
+    txt[2] = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0, 0.0], dtype=torch.float64)   # <I2, T2> = 0.05
+    scale = torch.tensor([61.0])  # S_23 - S_22 = 61 * 1.45 = 88.45
+    ours = _run(lambda i, t, s, bb: contrastive_loss(i, t, s, impl=impl, triton_interpret=True),
+                img.float(), txt.float(), scale, torch.zeros(1), False)
+    ref = _reference(img.float(), txt.float(), scale, torch.zeros(1), "clip", 0.0)
+    assert math.isfinite(ours["d_scale"].item())
+    for key in ref:
+        torch.testing.assert_close(ours[key], ref[key], rtol=1e-4, atol=1e-5)
+
+
+def _confident_pairs(b, d, seed, noise):
+    """Features whose positives are far above every negative (a model late in training)."""
+    g = torch.Generator().manual_seed(seed)
+    img = F.normalize(torch.randn(b, d, generator=g, dtype=torch.float64), dim=-1)
+    txt = F.normalize(img + noise * torch.randn(b, d, generator=g, dtype=torch.float64), dim=-1)
+    return img.float(), txt.float()
+
+
+@pytest.mark.parametrize("impl", ["chunked_torch", "triton"])
+def test_small_clip_loss_keeps_relative_precision(impl):
+    """Loss ~1e-3 at s = 100: assembled as LSE - diagonal it loses ~3 digits to cancellation
+    (terms of size ~s); log1p of the off-diagonal sum keeps fp32's relative precision. Same
+    for the d-scale term (E[S'] - S'_ii, weights taken relative to S'_ii)."""
+    img, txt = _confident_pairs(300, 32, seed=2, noise=0.16)
+    scale = torch.tensor([100.0])
+    ours = _run(lambda i, t, s, b: contrastive_loss(i, t, s, impl=impl, triton_interpret=True),
+                img, txt, scale, torch.zeros(1), False)
+    ref = _reference(img, txt, scale, torch.zeros(1), "clip", 0.0)
+    assert 1e-5 < ref["loss"].item() < 1e-1
+    for key in ("loss", "d_scale"):
+        rel = ((ours[key] - ref[key]).abs() / ref[key].abs()).item()
+        assert rel < 2e-5, f"{key}: relative error {rel:.2e}"
+
+
+@pytest.mark.parametrize("impl", ["chunked_torch", "triton"])
+def test_small_siglip_loss_keeps_relative_precision(impl):
+    """Every pair confidently right: each softplus term is ~exp(t) << 6e-8, where
+    log(1 + exp(t)) rounds to 0 in fp32 and log1p(exp(t)) does not."""
+    img, txt = _confident_pairs(40, 64, seed=3, noise=0.01)
+    scale, bias = torch.tensor([100.0]), torch.tensor([-60.0])
+    ours = _run(lambda i, t, s, bb: contrastive_loss(i, t, s, bb, loss="siglip", impl=impl,
+                                                    triton_interpret=True),
+                img, txt, scale, bias, True)
+    ref = _reference(img, txt, scale, bias, "siglip", 0.0)
+    assert ref["loss"].item() < 1e-4
+    rel = ((ours["loss"] - ref["loss"]).abs() / ref["loss"]).item()
+    assert rel < 1e-4, f"relative error {rel:.2e}"
 
 
 def test_zero_dim_and_shape_one_scale_both_work():
@@ -191,14 +272,24 @@ def test_bad_input_errors(bad, match):
         contrastive_loss(*bad(img, txt, scale))
 
 
-@pytest.mark.parametrize("which", ["image_features", "text_features", "logit_scale"])
-def test_non_finite_input_is_named(which):
-    img, txt, scale, _ = _inputs(6, 4, torch.float32)
-    args = {"image_features": img, "text_features": txt, "logit_scale": scale}
+@pytest.mark.parametrize("which", ["image_features", "text_features", "logit_scale", "logit_bias"])
+@pytest.mark.parametrize("impl", ["chunked_torch", "triton"])
+def test_non_finite_input(which, impl):
+    """Default: folded into the result on the device (a NaN loss, no host sync); "raise":
+    an error naming the input. The SigLIP bias is checked like the rest."""
+    img, txt, scale, bias = _inputs(6, 4, torch.float32)
+    args = {"image_features": img, "text_features": txt, "logit_scale": scale, "logit_bias": bias}
     args[which] = args[which].clone()
     args[which].view(-1)[0] = float("nan")
+    loss = "siglip" if which == "logit_bias" else "clip"
+    call = lambda check: contrastive_loss(*args.values(), loss=loss, impl=impl,  # noqa: E731
+                                          triton_interpret=True, check_finite=check)
+    assert torch.isnan(call(True))
     with pytest.raises(FloatingPointError, match=which):
-        contrastive_loss(args["image_features"], args["text_features"], args["logit_scale"])
+        call("raise")
+    if which != "logit_bias":  # an infinite feature or scale too
+        args[which].view(-1)[0] = float("inf")
+        assert not torch.isfinite(call(True))
 
 
 def test_siglip_needs_bias_and_unknown_names_fail():
@@ -209,6 +300,33 @@ def test_siglip_needs_bias_and_unknown_names_fail():
         contrastive_loss(img, txt, scale, impl="cuda_magic")
     with pytest.raises(ValueError, match="unknown loss"):
         contrastive_loss(img, txt, scale, loss="triplet")
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(block_m=-4), "block_m must be >= 0"),
+    (dict(block_n=-1), "block_n must be >= 0"),
+    (dict(label_smoothing=1.0), r"label_smoothing must be in \[0, 1\)"),
+    (dict(label_smoothing=-0.1), r"label_smoothing must be in \[0, 1\)"),
+    (dict(label_smoothing=float("nan")), r"label_smoothing must be in \[0, 1\)"),
+    (dict(distributed="rign"), "unknown distributed scheme 'rign'"),
+    (dict(grad_reduction="avg"), "grad_reduction must be 'mean' or 'sum'"),
+    (dict(logits_budget_mb=-1.0), "logits_budget_mb must be >= 0"),
+    (dict(check_finite="yes"), "check_finite must be"),
+])
+def test_bad_options_fail_without_a_process_group(kw, match):
+    """Checked on every call, not only where a process group makes them matter."""
+    img, txt, scale, _ = _inputs(6, 4, torch.float32)
+    with pytest.raises(ValueError, match=match):
+        contrastive_loss(img, txt, scale, **kw)
+
+
+def test_functional_triton_on_cpu_says_what_ran():
+    """Without triton_interpret, impl="triton" on CPU runs chunked_torch and warns so (as the
+    module does); with it, the interpreter runs the kernels."""
+    img, txt, scale, _ = _inputs(12, 8, torch.float32)
+    with pytest.warns(UserWarning, match="not on CUDA: ran chunked_torch"):
+        loss = contrastive_loss(img, txt, scale, impl="triton")
+    torch.testing.assert_close(loss, contrastive_loss_reference(img, txt, scale), rtol=1e-5, atol=1e-6)
 
 
 def test_config_section_errors_name_key_and_file():
@@ -246,6 +364,11 @@ def test_registered_op_passes_opcheck_and_compiles():
     torch.library.opcheck(torch.ops.infclip.contrastive_loss.default, args)
     sig_args = (img, txt, scale, bias.requires_grad_(), "siglip", "naive", 0.0, 0, 0, False)
     torch.library.opcheck(torch.ops.infclip.contrastive_loss.default, sig_args)
+    # triton with the logits kept (an extra [B, B] output, read by the backward op)
+    kept = (img, txt, scale, None, "clip", "triton", 0.1, 0, 0, False, 1.0)
+    assert torch.ops.infclip.contrastive_loss(*kept)[4].shape == (10, 10)
+    torch.library.opcheck(torch.ops.infclip.contrastive_loss.default, kept,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
     def step(i, t, s):
         return torch.ops.infclip.contrastive_loss(i, t, s, None, "clip", "chunked_torch", 0.0, 4, 4, False)[0]
@@ -255,3 +378,18 @@ def test_registered_op_passes_opcheck_and_compiles():
     out.backward()
     torch.testing.assert_close(out, contrastive_loss_reference(img, txt, scale), rtol=1e-5, atol=1e-6)
     assert img.grad is not None and scale.grad is not None
+
+
+@pytest.mark.parametrize("loss,impl", [("clip", "auto"), ("siglip", "auto"), ("clip", "triton")])
+def test_functional_api_compiles_fullgraph_with_default_args(loss, impl):
+    """The default check_finite no longer reads a device value on the host, so the functional
+    API compiles as one graph (the same property lets it be captured in a CUDA graph)."""
+    img, txt, scale, bias = _inputs(9, 8, torch.float32)
+    kw = dict(impl=impl, triton_interpret=True) if impl == "triton" else {}
+
+    def fn(i, t, s, b):
+        return contrastive_loss(i, t, s, b if loss == "siglip" else None, loss=loss, **kw)
+
+    ours = _run(torch.compile(fn, fullgraph=True, backend="aot_eager"), img, txt, scale, bias,
+                loss == "siglip")
+    _assert_close(ours, _reference(img, txt, scale, bias, loss, 0.0), what="compiled")

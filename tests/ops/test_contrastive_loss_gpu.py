@@ -48,13 +48,13 @@ def _torch_lowp(loss, eps):
     return fn
 
 
-def _check(b, d, dtype, loss="clip", eps=0.0, tf32=False):
+def _check(b, d, dtype, loss="clip", eps=0.0, tf32=False, **kw):
     img, txt = _inputs(b, d, dtype, seed=b + d)
     scale = torch.full((1,), 17.0, device="cuda")
     bias = torch.full((1,), -4.0, device="cuda") if loss == "siglip" else None
     upstream = 1.37
     ours = _grads(lambda i, t, s, bb: contrastive_loss(i, t, s, bb, loss=loss, impl="triton",
-                                                        label_smoothing=eps, allow_tf32=tf32),
+                                                        label_smoothing=eps, allow_tf32=tf32, **kw),
                   img, txt, scale, bias, upstream)
     ref = _grads(lambda i, t, s, bb: contrastive_loss_reference(
         i.double(), t.double(), s.double(), bb.double() if bb is not None else None, loss=loss,
@@ -75,8 +75,8 @@ def _check(b, d, dtype, loss="clip", eps=0.0, tf32=False):
         err = (o - r).abs().max().item()
         torch_err = (lo - r).abs().max().item()
         # fp32 accumulation-order differences on logits of size ~scale (B = 1: torch's loss is exactly 0);
-        # TF32 mode: Triton's tf32 dot truncates its inputs to 10 mantissa bits (cuBLAS rounds), a
-        # one-sided error that does not average out the way torch's does: allow 2^-10 of the value
+        # TF32 mode: allow 2^-10 of the value (the GEMMs are cuBLAS's now, as torch's, but the two
+        # sums may still round differently)
         atol = (2.0**-10 if tf32 else 1e-5) * max(r.abs().max().item(), 1.0)
         assert err <= 2 * torch_err + atol, f"{name}: ours {err:.3e} vs torch {torch_err:.3e}"
 
@@ -93,6 +93,58 @@ def test_grid_clip(b, d, dtype):
 def test_siglip_and_smoothing(b, d, dtype):
     _check(b, d, dtype, loss="siglip")
     _check(b, d, dtype, eps=0.1)
+
+
+@pytest.mark.parametrize("loss,eps", [("clip", 0.0), ("clip", 0.1), ("siglip", 0.0)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("path", ["kept", "banded", "memory_bands"])
+def test_paths(path, dtype, loss, eps):
+    """The three triton paths at awkward shapes: the whole matrix kept from forward to backward,
+    forced row bands (an uneven last band), and the recompute with bands by the memory rule."""
+    kw = {"kept": dict(logits_budget_mb=1024.0), "banded": dict(block_m=1000),
+          "memory_bands": dict(logits_budget_mb=0.0)}[path]
+    _check(4097, 640, dtype, loss=loss, eps=eps, **kw)
+
+
+@pytest.mark.parametrize("loss", ["clip", "siglip"])
+@pytest.mark.parametrize("b", [1024, 8192])
+def test_cuda_graph_capture(b, loss):
+    """Default arguments, no host sync: forward + backward captured in a CUDA graph and replayed
+    on new inputs give the eager numbers (b = 1024 keeps the logits, 8192 recomputes bands)."""
+    img, txt = _inputs(b, 768, torch.bfloat16, seed=3)
+    img, txt = img.requires_grad_(), txt.requires_grad_()
+    scale = torch.full((1,), 20.0, device="cuda", requires_grad=True)
+    bias = torch.full((1,), -8.0, device="cuda", requires_grad=True) if loss == "siglip" else None
+    leaves = [x for x in (img, txt, scale, bias) if x is not None]
+
+    def step():
+        out = contrastive_loss(img, txt, scale, bias, loss=loss)
+        out.backward()
+        return out
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up (kernel compilation) off the capture
+            step()
+            for x in leaves:
+                x.grad = None
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    new_img, new_txt = _inputs(b, 768, torch.bfloat16, seed=4)
+    with torch.no_grad():
+        img.copy_(new_img)
+        txt.copy_(new_txt)
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = [captured.clone()] + [x.grad.clone() for x in leaves]
+    for x in leaves:
+        x.grad = None
+    eager = [step()] + [x.grad for x in leaves]
+    for r, e in zip(replayed, eager):
+        torch.testing.assert_close(r.float(), e.float(), rtol=1e-3, atol=1e-5 * max(e.abs().max().item(), 1))
 
 
 def test_tf32_mode():
