@@ -35,7 +35,7 @@ from .metrics import TrainLogger
 from .run_state import Checkpointer, RunState
 from .step import forward_backward
 
-__all__ = ["Batches", "EvalSchedule", "TrainLoop"]
+__all__ = ["Batches", "EvalSchedule", "FiniteChecks", "TrainLoop"]
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +138,47 @@ def _read(*values: Any) -> list[Optional[float]]:
     return [next(it) if isinstance(v, torch.Tensor) else (None if v is None else float(v)) for v in values]
 
 
+class FiniteChecks:
+    """The loss of every micro-step and the gradient norm of every step must be finite, checked
+    with one host read per micro-step: :meth:`push` reads the loss together with the norm queued
+    by :meth:`queue_norm` (this step's own norm before ``engine.step()``, or DeepSpeed's norm of
+    the previous step). :meth:`flush` reads a norm still queued; the loop calls it before anything
+    leaves the process (checkpoint, evaluation, export)."""
+
+    def __init__(self) -> None:
+        self._norm: Optional[tuple[Any, int, str]] = None
+        self.last_norm: Optional[float] = None
+        """The last gradient norm read (for the log)."""
+
+    def queue_norm(self, norm: Any, step: int, before_update: bool) -> None:
+        what = ("stopped before the optimizer step" if before_update
+                else "the optimizer step was taken; the run stops before it is saved")
+        self._norm = (norm, step, what) if norm is not None else None
+
+    def push(self, loss: torch.Tensor, where: str) -> float:
+        """The host value of micro-step ``loss`` (0-dim) after checking it and the queued norm."""
+        norm, step, what = self._norm or (None, None, "")
+        self._norm = None
+        value, norm_value = _read(loss, norm)  # the micro-step's one host read
+        if not math.isfinite(value):
+            raise NonFiniteLossError(f"non-finite loss ({value}) {where}; {_ADVICE}")
+        self._check_norm(norm_value, step, what)
+        return value
+
+    def flush(self) -> None:
+        if self._norm is not None:
+            norm, step, what = self._norm
+            self._norm = None
+            self._check_norm(_read(norm)[0], step, what)
+
+    def _check_norm(self, value: Optional[float], step: Optional[int], what: str) -> None:
+        if value is None:
+            return
+        if not math.isfinite(value):
+            raise NonFiniteGradError(f"non-finite gradient norm ({value}) at step {step}: {what}; {_ADVICE}")
+        self.last_norm = value
+
+
 class TrainLoop:
     """Runs the optimizer steps of one run (see the module docstring)."""
 
@@ -147,9 +188,8 @@ class TrainLoop:
         self.log, self.evals, self.checkpoints = log, evals, checkpoints
         engine = te.engine
         self.fp16 = bool(engine.fp16_enabled())
-        self.own_norm = not hasattr(engine.optimizer, "_global_grad_norm")
-        self.pending_norm: Optional[tuple[Any, int]] = None  # DeepSpeed's norm of a step, not yet read
-        self.grad_norm: Optional[float] = None
+        self.own_norm = not hasattr(engine.optimizer, "_global_grad_norm")  # DeepSpeed computes none
+        self.checks = FiniteChecks()
         self.scale: Any = None
         self.losses: dict = {}
 
@@ -165,7 +205,7 @@ class TrainLoop:
             state.step += 1
             self.losses[state.step] = loss
             self._after_step(state.step, loss)
-        self._check_pending_norm()
+        self.checks.flush()
         if tcfg.save_final and state.step > start:
             self.checkpoints.save(self.te.engine, state)
         return self.losses
@@ -173,17 +213,16 @@ class TrainLoop:
     def _after_step(self, step: int, loss: float) -> None:
         tcfg, engine = self.tcfg, self.te.engine
         if step % tcfg.log_every == 0 or step == tcfg.steps:
-            grad_norm = self.grad_norm
-            if not self.own_norm:
-                grad_norm = _read(engine.get_global_grad_norm())[0]
+            grad_norm = self.checks.last_norm if self.own_norm else _read(engine.get_global_grad_norm())[0]
             self.log.log_step(step, loss, lr=engine.get_lr()[0] if engine.get_lr() else float("nan"),
                               scale=self.scale, grad_norm=grad_norm, skipped_samples=self.state.skipped_samples,
                               skipped_steps=int(getattr(engine, "skipped_steps", 0)) if self.fp16 else 0,
                               device=self.te.device)
         if self.evals.due(step):
+            self.checks.flush()
             self.evals.run(engine, step)
         if tcfg.save_every and step % tcfg.save_every == 0 and step < tcfg.steps:
-            self._check_pending_norm()
+            self.checks.flush()
             self.checkpoints.save(engine, self.state)
 
     def _step(self) -> Optional[float]:
@@ -206,31 +245,12 @@ class TrainLoop:
             except FloatingPointError as exc:  # the loss op rejects NaN/Inf features
                 raise NonFiniteLossError(f"non-finite loss {where}: {exc}; {_ADVICE}") from exc
             last = micro_i == gas - 1
-            own = _grads_norm(engine) if last and self.own_norm else None
-            pending, pending_step = self.pending_norm if self.pending_norm else (None, None)
-            value, own_value, pending_value = _read(loss, own, pending)  # the micro-step's one host read
-            self.pending_norm = None
-            if not math.isfinite(value):
-                raise NonFiniteLossError(f"non-finite loss ({value}) {where}; {_ADVICE}")
-            self._check_norm(pending_value, pending_step, "the optimizer step was taken; the run stops before "
-                                                          "it is saved")
-            if own_value is not None:
-                self._check_norm(own_value, state.step + 1, "stopped before the optimizer step")
-                self.grad_norm = own_value
+            if last and self.own_norm:
+                self.checks.queue_norm(_grads_norm(engine), state.step + 1, before_update=True)
+            step_loss += self.checks.push(loss, where) / gas
             engine.step()
-            if last and not self.own_norm and not self.fp16:
-                self.pending_norm = (engine.get_global_grad_norm(), state.step + 1)
-            step_loss += value / gas
+            if last and not self.own_norm and not self.fp16:  # fp16: DeepSpeed skips overflows itself
+                self.checks.queue_norm(engine.get_global_grad_norm(), state.step + 1, before_update=False)
             self.log.micro_step(samples=pv.shape[0] * te.dp_world, data_s=data_s,
                                 worker_s=float(batch.get("worker_s", 0.0)), loss_ms=loss_ms)
         return step_loss
-
-    def _check_norm(self, value: Optional[float], step: Optional[int], what: str) -> None:
-        if value is not None and not math.isfinite(value):
-            raise NonFiniteGradError(f"non-finite gradient norm ({value}) at step {step}: {what}; {_ADVICE}")
-
-    def _check_pending_norm(self) -> None:
-        if self.pending_norm is not None:
-            value, step = self.pending_norm
-            self.pending_norm = None
-            self._check_norm(_read(value)[0], step, "the optimizer step was taken; the run stops before it is saved")
