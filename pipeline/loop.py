@@ -4,7 +4,8 @@ Design: :class:`TrainLoop` runs optimizer steps of ``gradient_accumulation_steps
 from :class:`Batches` through :func:`pipeline.step.forward_backward`, and at step boundaries asks
 the :class:`~pipeline.metrics.TrainLogger`, the :class:`EvalSchedule` and the
 :class:`~pipeline.run_state.Checkpointer`. The host waits for the device once per micro-batch, to
-read the loss before ``engine.step()``, and that one read also carries the step's gradient norm:
+read the loss before ``engine.step()``, and that one read also carries the step's gradient norm
+(:class:`FiniteChecks`; a lagged read that keeps the host ahead of the GPU would change only it):
 
 - ZeRO-0 with a plain torch optimizer (DeepSpeed computes no norm there): the norm of the reduced
   gradients, computed on the device at the last micro-batch and read with its loss, so a
