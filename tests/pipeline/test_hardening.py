@@ -156,3 +156,48 @@ def test_non_finite_gradient_norm_stops_the_run(world_of_one, digits_shards, tmp
                                                             "model.init_logit_scale": 80.0,
                                                             "model.max_logit_scale": 1e36})
     assert read_latest(tmp_path / "run" / "ckpt") is None
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_repeats_the_uninterrupted_losses(digits_shards, tmp_path):
+    """A real SIGKILL of launch/pretrain.py while it checkpoints every step: ``latest`` names a
+    complete tag, and the run resumed from it logs the uninterrupted run's losses, bitwise."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from .test_launch import _env, _sets
+    from .test_train import LAUNCH, TINY, base_overrides, tb_scalars
+
+    steps, extra = 12, {"train.save_every": 1, "model.vision.attention_dropout": 0.1}
+
+    def cmd(out, *args):
+        return [sys.executable, LAUNCH, "--ds_config", TINY, *args, *_sets(base_overrides(digits_shards, out, steps,
+                                                                                           **extra))]
+
+    full = tmp_path / "full"
+    proc = subprocess.run(cmd(full), cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    killed = tmp_path / "killed"
+    child = subprocess.Popen(cmd(killed), cwd=str(tmp_path), env=_env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while int((read_latest(killed / "ckpt") or "global_step0").removeprefix("global_step")) < 4 \
+            and time.time() < deadline:
+        time.sleep(0.01)  # the kill then lands within a step or its save
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=60)
+    tag = read_latest(killed / "ckpt")
+    assert tag is not None and child.returncode == -signal.SIGKILL
+    check_tag(killed / "ckpt" / tag)
+    at = int(tag.removeprefix("global_step"))
+    assert at < steps, "the run ended before the kill"
+    resumed = tmp_path / "resumed"
+    proc = subprocess.run(cmd(resumed, "--resume", str(killed / "ckpt")), cwd=str(tmp_path), env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    want, got = tb_scalars(full), tb_scalars(resumed)
+    assert sorted(got) == list(range(at + 1, steps + 1))
+    for step, value in got.items():
+        assert value == want[step], (step, value, want[step])
