@@ -15,7 +15,7 @@ from libm's sin/cos, so another platform may differ in the last pixel).
 
 Splits (:func:`write_scenes` writes them all under one folder):
 
-* ``train``: one-group (30%) or two-group scenes, never containing a *held-out composition*:
+* ``train``: one-group (10%) or two-group scenes, never containing a *held-out composition*:
   a (colour, shape) pair of :data:`HELD_OUT_COLOUR_SHAPE` or a (count, shape) pair of
   :data:`HELD_OUT_COUNT_SHAPE`.
 * ``zeroshot_shape`` / ``zeroshot_colour``: one shape whose (colour, shape) pair is held out,
@@ -32,8 +32,9 @@ Splits (:func:`write_scenes` writes them all under one folder):
   seed stream disjoint from training.
 
 Limit: captions that say the same thing two ways ("A left of B" / "B right of A") are different
-strings, and the caption space is finite (about 0.5M two-group captions), so a very large batch
-holds some identical captions (false negatives) as well as the near-duplicates.
+strings, and the caption space is finite (420 one-group and 705,600 two-group training captions),
+so a large batch holds some identical captions (false negatives) as well as the near-duplicates
+(rates by batch size in docs/scenes.md).
 """
 
 from __future__ import annotations
@@ -81,16 +82,18 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SHAPES = ["circle", "square", "triangle", "star", "hexagon", "cross"]
+SHAPES = ["circle", "square", "triangle", "star", "hexagon", "cross", "diamond", "semicircle"]
 """Shape names (singular), index = zero-shot shape label."""
 _PLURALS = {"circle": "circles", "square": "squares", "triangle": "triangles", "star": "stars",
-            "hexagon": "hexagons", "cross": "crosses"}
+            "hexagon": "hexagons", "cross": "crosses", "diamond": "diamonds", "semicircle": "semicircles"}
 COLOURS: Dict[str, Tuple[int, int, int]] = {
     "red": (220, 30, 30), "green": (30, 160, 50), "blue": (30, 70, 230), "yellow": (245, 215, 20),
     "purple": (130, 40, 170), "orange": (250, 135, 10), "pink": (250, 130, 200), "cyan": (20, 210, 220),
+    "white": (250, 250, 250), "black": (15, 15, 15),
 }
 """Colour names and their RGB fill, insertion order = zero-shot colour label. Backgrounds are
-neutral greys, never one of these."""
+neutral greys 90-190, 60 or more from white and black per channel. No colour is a blend of
+another with grey (brown was: red's edge on dark grey looked brown)."""
 SIZES = ["small", "large"]
 COUNT_WORDS = {1: "a", 2: "two", 3: "three", 4: "four"}
 RELATIONS = ["left of", "right of", "above", "below"]
@@ -100,10 +103,10 @@ _GAP = 0.03  # and at least this much (or 3 px) apart, and from the other group'
 
 _COLOUR_NAMES = list(COLOURS)
 HELD_OUT_COLOUR_SHAPE = frozenset((c, SHAPES[i % len(SHAPES)]) for i, c in enumerate(_COLOUR_NAMES))
-"""(colour, shape) pairs never drawn in training: 8 of 48, every colour once, every shape at
+"""(colour, shape) pairs never drawn in training: 10 of 80, every colour once, every shape at
 least once (each colour and shape is still seen with other partners)."""
 HELD_OUT_COUNT_SHAPE = frozenset((2 + i % 3, s) for i, s in enumerate(SHAPES))
-"""(count, shape) pairs never drawn in training: 6 of 24, one count in 2..4 per shape."""
+"""(count, shape) pairs never drawn in training: 8 of 32, one count in 2..4 per shape."""
 
 ZEROSHOT_TASKS = ("shape", "colour", "count")
 ZEROSHOT_SPLITS = tuple(f"zeroshot_{t}{seen}" for seen in ("", "_seen") for t in ZEROSHOT_TASKS)
@@ -189,7 +192,9 @@ def _random_group(rng: random.Random) -> Group:
 
 
 def _train_scene(rng: random.Random) -> Scene:
-    if rng.random() < 0.3:
+    # one group in 10% of scenes only: the 420 one-group captions repeat within a batch far more
+    # than the 705,600 two-group ones (identical captions are false negatives; docs/scenes.md)
+    if rng.random() < 0.1:
         return Scene((_random_group(rng),))
     return Scene((_random_group(rng), _random_group(rng)), rng.choice(RELATIONS))
 
@@ -257,13 +262,23 @@ def _retrieval_group(seed: int, group_index: int, group_size: int) -> List[Tuple
 
 def _polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> List[Tuple[float, float]]:
     """Vertices of ``shape`` with circumradius ``r``, centred on (cx, cy), turned by ``angle``."""
+    ca, sa = math.cos(angle), math.sin(angle)
     if shape == "star":
         radii, n = [r if k % 2 == 0 else 0.45 * r for k in range(10)], 10
+    elif shape == "diamond":  # a rhombus, its short diagonal 0.55 of the long one (a square's is 1)
+        pts = [(r, 0), (0, 0.55 * r), (-r, 0), (0, -0.55 * r)]
+        return [(cx + x * ca - y * sa, cy + x * sa + y * ca) for x, y in pts]
+    elif shape == "semicircle":
+        # a half disc of radius R whose centroid (4R/3pi from the chord) is the centre, so the
+        # centre is inside; R such that the chord's ends are r from the centre
+        d = 4 / (3 * math.pi)
+        big = r / math.hypot(1, d)
+        pts = [(big * math.cos(math.pi * k / 16), big * (math.sin(math.pi * k / 16) - d)) for k in range(17)]
+        return [(cx + x * ca - y * sa, cy + x * sa + y * ca) for x, y in pts]
     elif shape == "cross":
         w = 0.38  # arm half-width over the arm length
         pts = [(w, 1), (w, w), (1, w), (1, -w), (w, -w), (w, -1), (-w, -1), (-w, -w), (-1, -w), (-1, w),
                (-w, w), (-w, 1)]
-        ca, sa = math.cos(angle), math.sin(angle)
         s = r / math.hypot(1, w)
         return [(cx + s * (x * ca - y * sa), cy + s * (x * sa + y * ca)) for x, y in pts]
     else:
@@ -324,7 +339,7 @@ def render_scene(scene: Scene, size: int, rng: random.Random) -> Tuple[Image.Ima
     Returns the image and its objects: ``{"group", "shape", "colour", "size", "cx", "cy", "r",
     "angle"}`` (pixel centre, circumradius, rotation in radians); the centre is inside the shape.
     """
-    grey = rng.randint(70, 200)
+    grey = rng.randint(90, 190)
     objects = _layout(scene, size, rng)
     img = Image.new("RGB", (size, size), (grey, grey, grey))
     draw = ImageDraw.Draw(img)
@@ -384,7 +399,7 @@ def zeroshot_classnames(task: str) -> List[str]:
 
 def zeroshot_templates(task: str) -> List[str]:
     """Prompts in the caption grammar with ``{}`` for the class, one per value of the other
-    attributes (CLIP's prompt ensembling marginalises them): shape 16, colour 12, count 96."""
+    attributes (CLIP's prompt ensembling marginalises them): shape 20, colour 16, count 160."""
     if task == "shape":
         return [f"a {s} {c} {{}}" for s in SIZES for c in _COLOUR_NAMES]
     if task == "colour":
