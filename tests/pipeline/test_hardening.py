@@ -201,3 +201,13 @@ def test_kill_9_then_resume_repeats_the_uninterrupted_losses(digits_shards, tmp_
     assert sorted(got) == list(range(at + 1, steps + 1))
     for step, value in got.items():
         assert value == want[step], (step, value, want[step])
+
+
+def test_deepspeed_section_error_is_one_config_error(world_of_one, digits_shards, tmp_path):  # noqa: F811
+    """A misspelt key inside a DeepSpeed section: DeepSpeed's pydantic error (a screen long)
+    becomes one ConfigError naming the file and the key."""
+    from ops.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"tiny_cpu\.json: DeepSpeed rejected the config: .*stagee") as exc:
+        run_inproc(digits_shards, tmp_path, 2, **{"zero_optimization.stagee": 2})
+    assert "\n" not in str(exc.value)

@@ -139,3 +139,19 @@ def test_openmpi_launcher(digits_shards, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(tb_scalars(out)) == [1, 2, 3, 4]
     assert (out / "ckpt" / "global_step4" / "rng_rank1.pt").is_file()
+
+
+def test_two_ranks_stop_together_when_rank_0_fails_first(digits_shards, tmp_path):
+    """Rank 0 fails inside "rank 0 first" (its shards are missing): rank 1, waiting for it, stops
+    too with one line naming rank 0, instead of waiting forever; the launcher exits non-zero."""
+    missing = os.path.join(digits_shards["dir"], "gone-{000000..000001}.tar")
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
+           LAUNCH, "--ds_config", TINY, *_sets(base_overrides(digits_shards, tmp_path / "run", 2,
+                                                              **{"data.train_shards": missing}))]
+    proc = subprocess.run(cmd, cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out, out[-3000:]
+    errors = [line for line in out.splitlines() if "pretrain.py: error: " in line]
+    assert len(errors) == 2, out[-3000:]
+    assert any("2 of 2 shard file(s) not found" in line and "gone-000000.tar" in line for line in errors)
+    assert any("rank 0 failed during data and tokenizer preparation" in line for line in errors)
