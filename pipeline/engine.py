@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import traceback
 from typing import Any, Callable
 
 import torch
@@ -77,7 +78,13 @@ def _initialize(model: torch.nn.Module, groups: list, ds_config: dict, source: s
         pass
     try:
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config)
-    except errors as exc:
+    except (*errors, AssertionError) as exc:
+        # DeepSpeed checks batch-size arithmetic and similar with asserts in its config module;
+        # an assert anywhere else is a bug and keeps its traceback
+        frames = traceback.extract_tb(exc.__traceback__)
+        if isinstance(exc, AssertionError) and not (frames and frames[-1].filename.endswith(
+                os.path.join("deepspeed", "runtime", "config.py"))):
+            raise
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.strip().startswith("For further")]
         raise ConfigError(f"{source}: DeepSpeed rejected the config: {'; '.join(lines[:4])[:600]}") from None
     return engine

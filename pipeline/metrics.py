@@ -117,8 +117,10 @@ class TrainLogger:
             self.writer.flush()
             logger.info("eval at step %d: %s", step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
 
-    def close(self, steps_done: int) -> None:
+    def close(self) -> None:
         if self.writer is not None:
             self.writer.flush()
             self.writer.close()
+
+    def done(self, steps_done: int) -> None:
         logger.info("done: %d steps in %s", steps_done, fmt_time(time.perf_counter() - self.t_start))

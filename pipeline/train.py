@@ -119,6 +119,7 @@ def train(run_cfg: RunConfig, *, resume: Optional[str] = None,
         final_dir = export_final(te.engine, tokenizer, os.path.join(tcfg.output_dir, "final")) \
             if tcfg.export_final else None
     finally:
-        log.close(state.step - start_step)
+        log.close()
+    log.done(state.step - start_step)
     return TrainResult(step=state.step, losses=losses, output_dir=tcfg.output_dir, final_dir=final_dir,
                        eval_metrics=evals.metrics)

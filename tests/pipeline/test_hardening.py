@@ -211,3 +211,12 @@ def test_deepspeed_section_error_is_one_config_error(world_of_one, digits_shards
     with pytest.raises(ConfigError, match=r"tiny_cpu\.json: DeepSpeed rejected the config: .*stagee") as exc:
         run_inproc(digits_shards, tmp_path, 2, **{"zero_optimization.stagee": 2})
     assert "\n" not in str(exc.value)
+
+
+def test_deepspeed_batch_arithmetic_is_one_config_error(world_of_one, digits_shards, tmp_path):  # noqa: F811
+    """train_batch_size that is not micro-batch x accumulation x world: DeepSpeed's assert in its
+    config module becomes a ConfigError naming the file."""
+    from ops.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"tiny_cpu\.json: DeepSpeed rejected the config: .*train_batch_size"):
+        run_inproc(digits_shards, tmp_path, 2, **{"train_batch_size": 48})
