@@ -4,11 +4,15 @@ Design: the batches are random tensors already on the GPU, so data loading is no
 each step is exactly what ``pipeline.train`` runs (``pipeline.step.forward_backward`` then
 ``engine.step()``). Two studies, one JSONL row per measurement in bench/results/pipeline.jsonl:
 
-  throughput  ViT-B/32 at micro-batch 256, bf16, gradient checkpointing, ZeRO-2 and ZeRO-3,
-              tiled loss (impl triton) vs naive (full B x B matrix) vs the anchor "hf_plain"
-              (transformers' CLIPModel with its own loss under the same DeepSpeed config),
-              samples/s after warm-up (BENCHMARKS.md: a plain DeepSpeed smoke of the same towers
-              did 1,060 / 539 samples/s at ZeRO-2 / ZeRO-3 on an H200).
+  throughput  ViT-B/32 (or --throughput_model) at micro-batch 256, bf16, ZeRO-2 and ZeRO-3, the
+              pipeline with its preset settings (compiled blocks, SDPA, checkpointing "auto") and
+              the variants asked for (--grad_ckpt, --compile), tiled loss (impl triton) or naive;
+              against anchors in the same process: "torch_eager" and "torch_compile" (the plain
+              PyTorch loop a user writes: transformers' CLIPModel with its own loss, autocast
+              bf16, fused AdamW, no DeepSpeed, no checkpointing; compiled with torch.compile) and
+              "hf_plain" (that CLIPModel under the pipeline's DeepSpeed config). Every row has
+              samples/s and MFU = 3 x forward FLOPs per sample (pipeline.model.forward_flops,
+              docs/mfu.md) x samples/s / the bf16 matmul rate measured in the same run.
   max_batch   the chunked backbone (GradCache) at per-GPU batches 8192 ... 65536 for ViT-B/32
               and ViT-L/14, chunk 256: one warm-up step at two chunks, then one timed step per
               size; stops at the first OOM and skips sizes whose predicted step time exceeds
@@ -49,6 +53,7 @@ PRESETS = {
 }
 EOS, PAD, BOS = 1, 0, 2
 PLAIN = "hf_plain"
+LOOPS = ("torch_eager", "torch_compile")
 
 
 def synthetic_batch(n: int, cfg, device, dtype):
@@ -65,27 +70,37 @@ def synthetic_batch(n: int, cfg, device, dtype):
     return pv, ids, mask
 
 
-def build(preset: str, zero: int, micro: int, grad_ckpt: bool, impl: str, zero_extra=None, leaf: bool = False):
+def model_config(preset: str, grad_ckpt="auto", compile="auto"):
+    from pipeline.model import ModelConfig
+
+    return ModelConfig.from_dict({**PRESETS[preset], "gradient_checkpointing": grad_ckpt, "compile": compile})
+
+
+def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=None, leaf: bool = False,
+          compile="auto", bf16_overflow_check: bool = False):
     import deepspeed
 
     from ops import ContrastiveLoss, ContrastiveLossConfig
-    from pipeline.model import CLIPTowers, ModelConfig, mark_zero3_leaf_layers
+    from pipeline.model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
 
-    cfg = ModelConfig.from_dict({**PRESETS[preset], "gradient_checkpointing": grad_ckpt})
+    cfg = model_config(preset, grad_ckpt, compile)
     torch.manual_seed(0)
     if impl == PLAIN:
         model = plain_hf_clip(cfg, grad_ckpt)
     else:
         model = CLIPTowers(cfg, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=BOS)
     ds = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
-          "gradient_clipping": 1.0, "bf16": {"enabled": True},
-          "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1, "torch_adam": True}},
+          "gradient_clipping": 1.0, "bf16": {"enabled": True, "check_grad_overflow": bf16_overflow_check},
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1}},
           "zero_optimization": {"stage": zero, "overlap_comm": True, "contiguous_gradients": True,
                                 **((zero_extra or {}) if zero == 3 else {})}}
     if zero == 3 and leaf:
         mark_zero3_leaf_layers(model)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
     engine.train()
+    bad = misaligned_parameters(engine.module)
+    if bad:
+        print(f"# {len(bad)} parameters not 16-byte aligned, e.g. {bad[:3]}", flush=True)
     if impl == PLAIN:
         return engine, cfg, None
     crit = ContrastiveLoss(ContrastiveLossConfig(impl=impl))
@@ -102,12 +117,73 @@ def plain_hf_clip(cfg, grad_ckpt: bool):
 
     vision, text = _hf_configs(cfg, cfg.text.vocab_size, {"eos_token_id": EOS, "pad_token_id": PAD,
                                                           "bos_token_id": BOS})
-    model = CLIPModel(CLIPConfig(text_config=text.to_dict(), vision_config=vision.to_dict(),
-                                 projection_dim=cfg.embed_dim))
+    clip_cfg = CLIPConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=cfg.embed_dim)
+    clip_cfg._attn_implementation = "sdpa"
+    model = CLIPModel(clip_cfg)
     # DeepSpeed broadcasts parameters as byte views, which a 0-dim tensor cannot take
     model.logit_scale = torch.nn.Parameter(model.logit_scale.detach().reshape(1))
-    _set_checkpointing(model, grad_ckpt)
+    _set_checkpointing(model, grad_ckpt is True)
     return model
+
+
+def plain_loop(preset: str, micro: int, compiled: bool, warmup: int, steps: int):
+    """The anchor a user writes first: transformers' CLIPModel (its own loss, ``return_loss``),
+    fp32 weights, autocast bf16, fused AdamW, no DeepSpeed, no checkpointing; ``compiled``:
+    the model under ``torch.compile``. Returns (s/step, peak GiB above the floor, loss)."""
+    cfg = model_config(preset, False, False)
+    torch.manual_seed(0)
+    model = plain_hf_clip(cfg, False).cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
+    fwd = torch.compile(model) if compiled else model
+    pv, ids, mask = synthetic_batch(micro, cfg, "cuda", torch.float32)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fwd(input_ids=ids, pixel_values=pv, attention_mask=mask, return_loss=True).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    torch.cuda.synchronize()
+    out = (time.perf_counter() - t0) / steps, torch.cuda.max_memory_allocated() / 2**30, float(loss)
+    del model, opt, fwd
+    return out
+
+
+def matmul_tflops() -> float:
+    """The dense bf16 matmul rate of this GPU, now (8192^3, median of 10 after warm-up)."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * 8192**3 / sorted(times)[len(times) // 2] / 1e12
+
+
+def mfu(row: dict, args) -> None:
+    """Add model FLOPs per sample and MFU to a row with samples_per_s."""
+    from pipeline.model import forward_flops
+
+    flops = 3 * forward_flops(model_config(row["model"]))
+    row["model_gflop_per_sample"] = flops / 1e9
+    row["matmul_tflops"] = args.tflops
+    if isinstance(row.get("samples_per_s"), float):
+        row["mfu"] = flops * row["samples_per_s"] / (args.tflops * 1e12)
 
 
 def release(engine) -> None:
@@ -119,21 +195,25 @@ def release(engine) -> None:
 
 
 def timed_steps(engine, loss_fn, batch, steps: int, chunk):
-    from pipeline.step import forward_backward
+    """``steps`` training steps as pipeline.train runs them (the loss checked by a LossGuard)."""
+    from pipeline.step import LossGuard, forward_backward
 
     torch.cuda.synchronize()
+    guard = LossGuard(engine.device)
     loss_ms, t0 = [], time.perf_counter()
-    for _ in range(steps):
+    for i in range(steps):
         if loss_fn is None:  # the plain HF anchor: loss inside the model's forward
             pv, ids, mask = batch
             loss, ms = engine(input_ids=ids, pixel_values=pv, attention_mask=mask, return_loss=True).loss, float("nan")
             engine.backward(loss)
         else:
             loss, ms, _ = forward_backward(engine, *batch, loss_fn, chunk)
+        guard.push(loss, i, 1.0, f"at bench step {i}")
         engine.step()
         loss_ms.append(ms)
+    guard.flush()
     torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / steps, sum(float(t) for t in loss_ms) / steps, float(loss)
+    return (time.perf_counter() - t0) / steps, sum(float(t) for t in loss_ms) / steps, guard.losses[steps - 1]
 
 
 def base_row(args) -> dict:
@@ -146,11 +226,30 @@ def base_row(args) -> dict:
 
 
 def throughput(args, rows):
-    runs = [(zero, leaf, impl) for zero in args.zero for leaf in (args.zero3_leaf if zero == 3 else [0])
-            for impl in args.impls]
-    for zero, leaf, impl in runs:
-        row = {**base_row(args), "study": "throughput", "model": args.throughput_model, "zero": zero,
-               "loss_impl": impl, "micro_batch": args.micro_batch, "chunk": None, "grad_ckpt": True}
+    base = {"study": "throughput", "model": args.throughput_model, "micro_batch": args.micro_batch, "chunk": None}
+    for loop in [a for a in args.anchors if a in LOOPS]:
+        row = {**base_row(args), **base, "zero": None, "loss_impl": loop, "grad_ckpt": False,
+               "compile": loop == "torch_compile"}
+        gc.collect()
+        torch.cuda.empty_cache()
+        floor = torch.cuda.memory_allocated()
+        try:
+            step_s, peak, loss = plain_loop(args.throughput_model, args.micro_batch, loop == "torch_compile",
+                                            args.warmup, args.steps)
+            row.update(status="ok", step_ms=step_s * 1e3, samples_per_s=args.micro_batch / step_s,
+                       peak_mem_gb=peak - floor / 2**30, loss=loss)
+        except torch.OutOfMemoryError:
+            row.update(status="oom")
+        mfu(row, args)
+        report(row, rows, args)
+    impls = list(args.impls) + ([PLAIN] if PLAIN in args.anchors else [])
+    runs = [(zero, leaf, impl, ckpt, comp) for zero in args.zero
+            for leaf in (args.zero3_leaf if zero == 3 else [0]) for impl in impls
+            for ckpt in args.grad_ckpt for comp in args.compile]
+    for zero, leaf, impl, ckpt, comp in runs:
+        ckpt_v, comp_v = _flag(ckpt), _flag(comp)
+        row = {**base_row(args), **base, "zero": zero, "loss_impl": impl, "grad_ckpt": ckpt_v, "compile": comp_v,
+               "bf16_check_grad_overflow": args.bf16_overflow_check}
         if zero == 3:
             row["zero3_leaf_layers"] = bool(leaf)
         if zero == 3 and args.zero3_extra != "{}":
@@ -163,14 +262,17 @@ def throughput(args, rows):
         floor = torch.cuda.memory_allocated()
         row["leftover_gb"] = floor / 2**30
         try:
-            engine, cfg, loss_fn = build(args.throughput_model, zero, args.micro_batch, True, impl,
-                                         json.loads(args.zero3_extra), bool(leaf))
+            engine, cfg, loss_fn = build(args.throughput_model, zero, args.micro_batch, ckpt_v, impl,
+                                         json.loads(args.zero3_extra), bool(leaf), comp_v, args.bf16_overflow_check)
             batch = synthetic_batch(args.micro_batch, cfg, engine.device, torch.bfloat16)
             timed_steps(engine, loss_fn, batch, args.warmup, None)
             torch.cuda.reset_peak_memory_stats()
             step_s, loss_ms, loss = timed_steps(engine, loss_fn, batch, args.steps, None)
             if args.profile:
-                profile(engine, loss_fn, batch, args.profile, f"zero{zero} leaf{leaf} {impl}")
+                profile(engine, loss_fn, batch, args.profile, f"zero{zero} leaf{leaf} {impl} ckpt={ckpt} compile={comp}")
+            if impl != PLAIN:
+                row["grad_ckpt_resolved"] = bool(engine.module.vision.vision_model.encoder.gradient_checkpointing)
+                row["compiled"] = engine.module.compiled
             row.update(status="ok", step_ms=step_s * 1e3, samples_per_s=args.micro_batch / step_s,
                        loss_op_ms=loss_ms, peak_mem_gb=(torch.cuda.max_memory_allocated() - floor) / 2**30,
                        loss=loss)
@@ -179,7 +281,12 @@ def throughput(args, rows):
         finally:
             if engine is not None:
                 release(engine)
+        mfu(row, args)
         report(row, rows, args)
+
+
+def _flag(text: str):
+    return {"on": True, "off": False, "auto": "auto"}[text]
 
 
 def profile(engine, loss_fn, batch, steps: int, label: str) -> None:
@@ -193,6 +300,7 @@ def profile(engine, loss_fn, batch, steps: int, label: str) -> None:
     device_us = sum(e.self_device_time_total for e in events)
     print(f"# profile {label}: {steps} steps, device busy {device_us / 1e3 / steps:.1f} ms/step", flush=True)
     print(events.table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=60), flush=True)
+    print(events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60), flush=True)
 
 
 def max_batch(args, rows):
@@ -201,9 +309,10 @@ def max_batch(args, rows):
         sizes = [int(s) for s in sizes.split(",")]
         engine = None
         try:
-            engine, cfg, loss_fn = build(preset, args.max_batch_zero, args.chunk, args.max_batch_grad_ckpt, "triton")
+            engine, cfg, loss_fn = build(preset, args.max_batch_zero, args.chunk,
+                                         True if args.max_batch_grad_ckpt else "auto", "triton")
             warm = synthetic_batch(2 * args.chunk, cfg, engine.device, torch.bfloat16)
-            timed_steps(engine, loss_fn, warm, 1, args.chunk)
+            timed_steps(engine, loss_fn, warm, 2, args.chunk)
             del warm
             last = None
             for n in sizes:
@@ -222,6 +331,7 @@ def max_batch(args, rows):
                     last = (n, step_s)
                     row.update(status="ok", step_ms=step_s * 1e3, samples_per_s=n / step_s, loss_op_ms=loss_ms,
                                peak_mem_gb=torch.cuda.max_memory_allocated() / 2**30, loss=loss)
+                    mfu(row, args)
                     report(row, rows, args)
                 except torch.OutOfMemoryError:
                     row.update(status="oom")
@@ -247,9 +357,10 @@ def fmt(r) -> str:
     num = (lambda k, f: format(r[k], f) if isinstance(r.get(k), (int, float)) else "-")
     leaf = {True: "+leaf", False: "-leaf"}.get(r.get("zero3_leaf_layers"), "")
     return (f"{r['study']:<10} {r['model']:<7} zero{r['zero']}{leaf:<5} {r['loss_impl']:<8} B={r['micro_batch']:<6} "
-            f"chunk={str(r['chunk']):<5} ckpt={int(r['grad_ckpt'])} {r['status']:<7} "
+            f"chunk={str(r['chunk']):<5} ckpt={r['grad_ckpt']!s:<5} {r['status']:<7} "
             f"{num('samples_per_s', '9.1f')} samples/s  step {num('step_ms', '10.1f')} ms  "
-            f"loss-op {num('loss_op_ms', '8.2f')} ms  peak {num('peak_mem_gb', '6.2f')} GiB")
+            f"loss-op {num('loss_op_ms', '8.2f')} ms  peak {num('peak_mem_gb', '6.2f')} GiB  "
+            f"MFU {num('mfu', '.1%')} compile={r.get('compile', '-')}")
 
 
 def main(argv=None) -> int:
@@ -258,12 +369,21 @@ def main(argv=None) -> int:
     p.add_argument("--throughput_model", default="vitb32", choices=sorted(PRESETS))
     p.add_argument("--micro_batch", type=int, default=256)
     p.add_argument("--zero", type=int, nargs="+", default=[2, 3])
-    p.add_argument("--impls", nargs="+", default=["triton", "naive", PLAIN],
-                   help=f"loss impls for the throughput study; {PLAIN!r}: transformers' CLIPModel anchor")
+    p.add_argument("--impls", nargs="+", default=["triton"], help="loss impls of the pipeline rows")
+    p.add_argument("--anchors", nargs="*", default=list(LOOPS), choices=list(LOOPS) + [PLAIN],
+                   help="anchors in the same run: the plain PyTorch loop eager/compiled, and "
+                   f"{PLAIN!r} (CLIPModel under the pipeline's DeepSpeed config)")
+    p.add_argument("--grad_ckpt", nargs="+", default=["auto"], choices=["auto", "on", "off"],
+                   help="model.gradient_checkpointing of the pipeline rows")
+    p.add_argument("--compile", nargs="+", default=["auto"], choices=["auto", "off"],
+                   help="model.compile of the pipeline rows (auto: on, on a GPU)")
     p.add_argument("--zero3_extra", default="{}", help="JSON merged into zero_optimization at stage 3, e.g. "
                    "'{\"stage3_module_granularity_threshold\": 12000}'")
     p.add_argument("--zero3_leaf", type=int, nargs="+", default=[1], choices=[0, 1],
                    help="ZeRO-3: gather each transformer block as one unit (1, the pipeline's default) or not (0)")
+    p.add_argument("--bf16_overflow_check", action="store_true",
+                   help="DeepSpeed's bf16.check_grad_overflow (a per-parameter scan and a host sync each step; "
+                   "the presets turn it off)")
     p.add_argument("--profile", type=int, default=0, help="profile this many extra steps per throughput row")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
@@ -288,6 +408,8 @@ def main(argv=None) -> int:
 
     deepspeed.init_distributed(dist_backend="nccl")
     torch.backends.cuda.matmul.allow_tf32 = True
+    args.tflops = matmul_tflops()
+    print(f"# bf16 matmul rate now: {args.tflops:.0f} TFLOP/s", flush=True)
     rows: list = []
     if args.only in (None, "throughput"):
         throughput(args, rows)

@@ -21,6 +21,7 @@ the logit parameters, which live on this top module, are gathered; ``encode_imag
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -33,7 +34,8 @@ from torch import Tensor, nn
 
 from ops.config import ConfigError, parse_section, require_at_least
 
-__all__ = ["VisionTowerConfig", "TextTowerConfig", "ModelConfig", "CLIPTowers", "mark_zero3_leaf_layers"]
+__all__ = ["VisionTowerConfig", "TextTowerConfig", "ModelConfig", "CLIPTowers", "mark_zero3_leaf_layers",
+           "activation_bytes", "forward_flops", "param_groups", "misaligned_parameters"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,8 +123,27 @@ class ModelConfig:
     pretrained: Optional[str] = None
     """Local folder written by CLIPTowers.save_pretrained (or a training run's export) to start
     from; the tower sizes above are then ignored."""
-    gradient_checkpointing: bool = False
-    """Recompute each transformer block in backward (the towers' own activation checkpointing)."""
+    gradient_checkpointing: typing.Union[bool, typing.Literal["auto"]] = "auto"
+    """Recompute each transformer block in backward (the towers' own activation checkpointing).
+    ``"auto"``: decided at the first training forward from the rows it carries (the micro-batch,
+    or the chunk of the chunked backbone) and the memory then free on the device: on only when
+    the estimated activations (:func:`activation_bytes`) would take more than
+    ``checkpointing_memory_fraction`` of it. Checkpointing costs a second forward of every block
+    (about a third more FLOPs, and more on the host), so it should be on only where it is needed."""
+    checkpointing_memory_fraction: float = 0.6
+    """With ``gradient_checkpointing: "auto"``: the share of the free device memory the stored
+    activations may take before checkpointing switches on."""
+    compile: typing.Union[bool, typing.Literal["auto"]] = "auto"
+    """``torch.compile`` the towers (fused layer norms, bias/GELU/residual epilogues, far fewer
+    launches): each tower as one graph, or each transformer block alone under ZeRO-3 or
+    checkpointing (their hooks stay outside the compiled code). ``"auto"``: on when the towers
+    run on a CUDA device. Compiling takes ~1 minute at the first step."""
+    compile_backend: str = "inductor"
+    """The ``torch.compile`` backend for ``compile`` (``"aot_eager"`` traces without generating
+    kernels: a quick check that a setup compiles)."""
+    attn_implementation: typing.Literal["sdpa", "eager"] = "sdpa"
+    """Attention kernel of the towers: torch's scaled_dot_product_attention (flash / memory-
+    efficient kernels, no stored attention matrix) or transformers' eager softmax(QK^T)V."""
     checkpointing_impl: typing.Literal["torch", "deepspeed"] = "torch"
     """With gradient_checkpointing: torch's checkpoint, or DeepSpeed's (configured by DeepSpeed's
     ``activation_checkpointing`` section: partition_activations, cpu_checkpointing, ...)."""
@@ -141,6 +162,9 @@ class ModelConfig:
         require_at_least(self, 1, "embed_dim")
         if self.max_logit_scale <= 0:
             raise ConfigError(f"'max_logit_scale' must be > 0, got {self.max_logit_scale}")
+        if not 0.0 < self.checkpointing_memory_fraction <= 1.0:
+            raise ConfigError(f"'checkpointing_memory_fraction' must be in (0, 1], got "
+                              f"{self.checkpointing_memory_fraction}")
         if math.exp(self.init_logit_scale) > self.max_logit_scale * (1 + 1e-6):
             raise ConfigError(f"exp('init_logit_scale') = {math.exp(self.init_logit_scale):.4g} "
                               f"exceeds 'max_logit_scale' {self.max_logit_scale}")
@@ -181,6 +205,8 @@ def _hf_configs(cfg: ModelConfig, vocab_size: int, token_ids: Mapping[str, Optio
         num_hidden_layers=t.layers, num_attention_heads=t.heads,
         max_position_embeddings=t.context_length, attention_dropout=t.attention_dropout,
         hidden_act="gelu", **ids)
+    for hf in (vision, text):
+        hf._attn_implementation = cfg.attn_implementation
     return vision, text
 
 
@@ -205,6 +231,15 @@ def _set_checkpointing(model: nn.Module, enable: bool, function: Optional[Any] =
             model.activation_checkpointing_disable()
         else:
             model.gradient_checkpointing_disable()
+
+
+def _free_bytes(device: torch.device) -> int:
+    """Memory a new allocation can still take on ``device``: the device's free memory plus what
+    torch's caching allocator holds unused; on the CPU, the available RAM."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _no_init_weights():
@@ -278,13 +313,89 @@ def _init_tower_weights(tower: nn.Module, zero3: bool) -> None:
     visit(tower, tower)
 
 
+def _tower_tokens(cfg: ModelConfig) -> tuple[int, int]:
+    v = cfg.vision
+    return (v.image_size // v.patch_size) ** 2 + 1, cfg.text.context_length
+
+
+def _tower_dims(cfg: ModelConfig):
+    """(tokens, width, MLP width, heads, blocks) of the vision and the text tower."""
+    v, t = cfg.vision, cfg.text
+    nv, nt = _tower_tokens(cfg)
+    return ((nv, v.hidden_size, v.intermediate_size or 4 * v.hidden_size, v.heads, v.layers),
+            (nt, t.hidden_size, t.intermediate_size or 4 * t.hidden_size, t.heads, t.layers))
+
+
+def activation_bytes(cfg: ModelConfig, rows: int, element_bytes: int = 2) -> int:
+    """Activations a training forward of ``rows`` samples keeps for backward, without
+    checkpointing: per block and sample 9 s d + 2 s f elements (layer-norm inputs and outputs,
+    Q, K, V, the attention output, the MLP's two wide tensors), plus the s x s attention
+    probabilities twice per head with eager attention (SDPA keeps only a row statistic)."""
+    total = 0
+    for s, d, f, heads, blocks in _tower_dims(cfg):
+        per_block = (9 * s * d + 2 * s * f) * element_bytes
+        if cfg.attn_implementation == "eager":
+            per_block += 2 * heads * s * s * element_bytes
+        total += blocks * per_block
+    return rows * total
+
+
+def forward_flops(cfg: ModelConfig) -> int:
+    """Matrix FLOPs (2 x multiply-adds) of one sample's forward through both towers: the patch
+    embedding, each block's Q/K/V/output projections, attention scores and weighted sum, and
+    MLP, and the two output projections. Training is 3x this (the backward is twice the forward;
+    recomputation by checkpointing or the chunked backbone is not counted). Formula in docs/mfu.md."""
+    v = cfg.vision
+    patches = (v.image_size // v.patch_size) ** 2
+    flops = 2 * patches * 3 * v.patch_size ** 2 * v.hidden_size
+    for s, d, f, _heads, blocks in _tower_dims(cfg):
+        flops += blocks * (2 * s * (4 * d * d + 2 * d * f) + 4 * s * s * d)
+        flops += 2 * d * cfg.embed_dim
+    return flops
+
+
+def param_groups(model: nn.Module, decay_1d: bool = False) -> list[dict]:
+    """The optimizer's parameter groups: weight decay on matrices (>= 2-D), none on 1-D
+    parameters (biases, norms, logit scale/bias) unless ``decay_1d``.
+
+    Within each group, parameters whose size is not a multiple of 8 elements come last.
+    DeepSpeed (bf16 / ZeRO 1-2) packs each group into one flat buffer in this order, and every
+    parameter is a view into it: two 1-element parameters (the logit scale and bias) at the
+    front left every tower weight 4 bytes off 16-byte alignment, which sends cuBLAS to its slow
+    unaligned GEMM kernels and the norm/elementwise kernels to their scalar paths (a ViT-B/32
+    step ran 3-4x slower on an H200)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            shape = getattr(p, "ds_shape", p.shape)  # a zero.Init parameter's own data is its shard
+            (decay if len(shape) >= 2 or decay_1d else no_decay).append(p)
+
+    def aligned_first(params: list) -> list:
+        return sorted(params, key=lambda p: math.prod(getattr(p, "ds_shape", p.shape)) % 8 != 0)
+
+    groups = [{"params": aligned_first(decay)}]
+    if no_decay:
+        groups.append({"params": aligned_first(no_decay), "weight_decay": 0.0})
+    return groups
+
+
+def misaligned_parameters(model: nn.Module, alignment: int = 16) -> list[str]:
+    """Names of parameters of more than one element whose storage does not start on an
+    ``alignment``-byte boundary (slow kernels; see :func:`param_groups`)."""
+    return [n for n, p in model.named_parameters() if p.numel() > 1 and p.data_ptr() % alignment]
+
+
+def _encoder_layers(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if type(m).__name__.endswith("EncoderLayer")]
+
+
 def mark_zero3_leaf_layers(model: nn.Module) -> int:
     """Flag each HF transformer block (``*EncoderLayer``) in ``model`` as a DeepSpeed ZeRO-3 leaf
     module: its parameters are gathered and released as one unit (call before
     ``deepspeed.initialize``). Returns how many were flagged."""
     from deepspeed.utils import set_z3_leaf_module
 
-    blocks = [m for m in model.modules() if type(m).__name__.endswith("EncoderLayer")]
+    blocks = _encoder_layers(model)
     for block in blocks:
         set_z3_leaf_module(block, True)
     return len(blocks)
@@ -331,7 +442,11 @@ class CLIPTowers(nn.Module):
             self.logit_scale.data = self.logit_scale.data.to(dtype)
             self.logit_bias.data = self.logit_bias.data.to(dtype)
         self.max_logit_scale = float(cfg.max_logit_scale)
-        self.set_gradient_checkpointing(cfg.gradient_checkpointing)
+        self._checkpoint_function: Optional[Any] = None
+        self._planned = False
+        self.compiled: Optional[str] = None
+        """What :meth:`_plan` compiled: None, "towers" or "blocks"."""
+        self.set_gradient_checkpointing(cfg.gradient_checkpointing is True)
 
     # ------------------------------------------------------------------ towers
     def set_gradient_checkpointing(self, enable: bool, function: Optional[Any] = None) -> None:
@@ -339,8 +454,42 @@ class CLIPTowers(nn.Module):
         with torch's reentrant checkpoint, or with ``function`` (e.g.
         ``deepspeed.checkpointing.checkpoint``, configured by the ``activation_checkpointing``
         section: partitioned or CPU-offloaded activations)."""
+        self._checkpoint_function = function
+        if self.cfg.gradient_checkpointing == "auto" and not self._planned:
+            return  # decided at the first training forward (see _plan)
         for tower in (self.vision, self.text):
             _set_checkpointing(tower, enable, function)
+
+    def _plan(self, rows: int, device: torch.device) -> None:
+        """At the first training forward: resolve ``gradient_checkpointing: "auto"`` and
+        ``compile`` for the device and the rows per forward (micro-batch or chunk), once."""
+        self._planned = True
+        cfg = self.cfg
+        if cfg.gradient_checkpointing == "auto":
+            need = activation_bytes(cfg, rows, element_bytes=next(self.parameters()).element_size())
+            free = _free_bytes(device) - 8 * sum(p.numel() for p in self.parameters() if p.requires_grad)
+            enable = need > cfg.checkpointing_memory_fraction * free
+            logger.info("gradient_checkpointing auto: %s (activations of %d rows ~%.2f GiB, free ~%.2f GiB "
+                        "after optimizer state)", "on" if enable else "off", rows, need / 2**30, free / 2**30)
+            self.set_gradient_checkpointing(enable, self._checkpoint_function)
+        if cfg.compile is True or (cfg.compile == "auto" and device.type == "cuda"):
+            self._compile()
+
+    def _compile(self) -> None:
+        """Whole towers as one graph each (encode_image / encode_text), or, where hooks run inside
+        the towers (ZeRO-3's per-block parameter fetch, checkpointed blocks), each block's forward
+        alone, so that the hooks stay outside the compiled code."""
+        compile_fn = functools.partial(torch.compile, backend=self.cfg.compile_backend)
+        zero3 = any(hasattr(p, "ds_id") for p in self.parameters())
+        if zero3 or self.vision.vision_model.encoder.gradient_checkpointing:
+            for block in _encoder_layers(self):
+                block.forward = compile_fn(block.forward)
+            self.compiled = "blocks"
+        else:
+            self.encode_image = compile_fn(self.encode_image)
+            self.encode_text = compile_fn(self.encode_text)
+            self.compiled = "towers"
+        logger.info("torch.compile (%s): %s", self.cfg.compile_backend, self.compiled)
 
     @property
     def image_size(self) -> int:
@@ -384,6 +533,9 @@ class CLIPTowers(nn.Module):
 
     def forward(self, pixel_values: Optional[Tensor] = None, input_ids: Optional[Tensor] = None,
                 attention_mask: Optional[Tensor] = None):
+        if not self._planned and self.training and torch.is_grad_enabled():
+            lead = pixel_values if pixel_values is not None else input_ids
+            self._plan(lead.shape[0], lead.device)
         img = self.encode_image(pixel_values) if pixel_values is not None else None
         txt = self.encode_text(input_ids, attention_mask) if input_ids is not None else None
         scale, bias = self.logit_params()
@@ -422,8 +574,9 @@ class CLIPTowers(nn.Module):
             stored = dict(meta.get("model_config") or {})
             stored["pretrained"] = None
             cfg = ModelConfig.from_dict(stored, source=meta_path)
-        vision = CLIPVisionModelWithProjection.from_pretrained(os.path.join(directory, "vision"))
-        text = CLIPTextModelWithProjection.from_pretrained(os.path.join(directory, "text"))
+        attn = {"attn_implementation": cfg.attn_implementation}
+        vision = CLIPVisionModelWithProjection.from_pretrained(os.path.join(directory, "vision"), **attn)
+        text = CLIPTextModelWithProjection.from_pretrained(os.path.join(directory, "text"), **attn)
         if vision.config.projection_dim != text.config.projection_dim:
             raise ValueError(f"{directory}: vision projection {vision.config.projection_dim} != "
                              f"text projection {text.config.projection_dim}")

@@ -3,12 +3,14 @@
 Design: the towers run forward, the loss runs on detached feature leaves (so it is timed on its
 own) and its feature gradients go back through the towers with a linear surrogate via
 ``engine.backward``; with a chunk size below the micro-batch the chunked backbone runs instead
-(:mod:`pipeline.chunked`). Nothing here waits for the GPU: the caller reads the loss once, to
-check it is finite, before ``engine.step()``.
+(:mod:`pipeline.chunked`). Nothing here waits for the GPU: :class:`LossGuard` checks each loss is
+finite one micro-step later, so the host stays ahead of the device (a wait per micro-step left the
+GPU idle while DeepSpeed's optimizer step was being launched).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable, Optional
 
@@ -16,7 +18,67 @@ import torch
 
 from .chunked import chunked_forward_backward
 
-__all__ = ["OpTimer", "forward_backward", "grad_norm_zero0"]
+__all__ = ["OpTimer", "LossGuard", "NonFiniteLossError", "forward_backward", "grad_norm_zero0"]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss became NaN or infinite; the message names the step."""
+
+
+class LossGuard:
+    """Checks that every micro-step's loss is finite and sums the step losses, without making the
+    host wait for the device inside the step.
+
+    On a GPU, :meth:`push` copies the loss into pinned host memory behind an event and checks the
+    loss pushed before it, waiting only for that copy: by then the host has queued the previous
+    optimizer step and this micro-step's forward and backward, so the device never idles on the
+    host. A non-finite loss therefore stops the run one micro-step after it happened (the error
+    names the step where it happened), after that step's update reached the weights in memory;
+    the caller calls :meth:`flush` before anything leaves the process (checkpoint, evaluation,
+    export, logging), so no state after a non-finite loss is ever written. On the CPU every loss
+    is checked as it is pushed.
+
+    ``losses`` maps step -> the sum of its micro-steps' weighted losses, for the checked steps.
+    """
+
+    ADVICE = "lower the learning rate, check the data, or use bf16 instead of fp16"
+
+    def __init__(self, device: torch.device) -> None:
+        self._lag = device.type == "cuda"
+        self._pending: Optional[tuple] = None
+        self.losses: dict = {}
+
+    def push(self, loss: torch.Tensor, step: int, weight: float, where: str) -> None:
+        """Queue micro-step ``loss`` (0-dim) of optimizer step ``step``, counted as ``weight`` x
+        its value in ``losses[step]``; check the previously pushed one (on the CPU: this one)."""
+        if self._lag:
+            host = torch.empty((), dtype=torch.float32, pin_memory=True)
+            host.copy_(loss.detach().float(), non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+            entry = (host, ready, step, weight, where)
+        else:
+            entry = (loss.detach().float(), None, step, weight, where)
+        previous, self._pending = self._pending, entry
+        if previous is not None:
+            self._check(previous)
+        if not self._lag:
+            self.flush()
+
+    def flush(self) -> None:
+        """Check the loss still pending (waits for it)."""
+        if self._pending is not None:
+            entry, self._pending = self._pending, None
+            self._check(entry)
+
+    def _check(self, entry: tuple) -> None:
+        value_t, ready, step, weight, where = entry
+        if ready is not None:
+            ready.synchronize()
+        value = float(value_t)
+        if not math.isfinite(value):
+            raise NonFiniteLossError(f"non-finite loss ({value}) {where}; {self.ADVICE}")
+        self.losses[step] = self.losses.get(step, 0.0) + weight * value
 
 
 class OpTimer:

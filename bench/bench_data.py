@@ -1,0 +1,114 @@
+"""The data side alone: how many training images per second the shard loader delivers.
+
+Design: writes real img2dataset-layout JPEG shards on local disk (256 x 256 pictures with
+smooth colour fields and shapes, 90% quality, ~20-30 KB each: the size of a web image cut to
+256 px), trains the project's BPE tokenizer on their captions, then times
+``pipeline.data.build_train_loader`` (decode + random resized crop to 224 + normalise +
+tokenise, in DataLoader workers) at several worker counts. Each row gives images/s in all and
+per worker, so the number of cores a GPU needs follows: (samples/s of the training step) /
+(images/s per worker). One JSONL row per worker count in bench/results/data.jsonl.
+
+Limit: the page cache holds the shards after the first pass (a cold network file system is
+slower); the rows measure decode and transform, which is what the cores spend.
+
+Run: ``python bench/bench_data.py --workers 1 4 8 14`` (CPU only; no GPU needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from PIL import Image, ImageDraw  # noqa: E402
+
+WORDS = ("red green blue small large circle square triangle left right above below two three a the of "
+         "photo picture drawing bright dark striped dotted").split()
+
+
+def picture(rng: np.random.Generator, size: int) -> Image.Image:
+    """A smooth colour field (bilinear upsampling of a 4 x 4 grid) with a few filled shapes."""
+    grid = rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)
+    img = Image.fromarray(grid, "RGB").resize((size, size), Image.BILINEAR)
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(2, 6))):
+        x0, y0 = (int(v) for v in rng.integers(0, size - 40, 2))
+        w, h = (int(v) for v in rng.integers(20, 120, 2))
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)((x0, y0, x0 + w, y0 + h), fill=colour)
+    return img
+
+
+def write_jpeg_shards(out_dir: str, shards: int, per_shard: int, size: int = 256) -> str:
+    """``shards`` tar files of ``per_shard`` JPEG + caption pairs under ``out_dir``; returns the brace URL."""
+    from pipeline.shards import write_shards
+
+    rng = np.random.default_rng(0)
+
+    def samples():
+        for _ in range(shards * per_shard):
+            caption = " ".join(rng.choice(WORDS, size=int(rng.integers(4, 12))))
+            yield picture(rng, size), caption, None
+
+    paths = write_shards(samples(), out_dir, samples_per_shard=per_shard, image_format="jpg")
+    from pipeline.shards import brace_url
+
+    return brace_url(paths)
+
+
+def measure(url: str, tokenizer, workers: int, batch: int, batches: int) -> dict:
+    from pipeline.data import DataConfig, build_train_loader, measure_loader_throughput
+
+    cfg = DataConfig(train_shards=url, resampled=True, samples_per_epoch=10**9, workers=workers,
+                     shuffle_buffer=1000, prefetch_factor=4)
+    loader = build_train_loader(cfg, tokenizer, image_size=224, context_length=77, batch_size=batch)
+    rate = measure_loader_throughput(loader, batches, warmup=max(2, workers))
+    return {"workers": workers, "images_per_s": rate, "images_per_s_per_worker": rate / max(workers, 1)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 4, 8, 14])
+    p.add_argument("--shards", type=int, default=16)
+    p.add_argument("--per_shard", type=int, default=512)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--batches", type=int, default=20, help="timed batches per worker count (after warm-up)")
+    p.add_argument("--dir", default=None, help="where to write the shards (default: a temporary folder)")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "data.jsonl"))
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    from pipeline.tokenizer import iter_shard_captions, train_bpe_tokenizer
+
+    work = args.dir or tempfile.mkdtemp(prefix="bench_data_")
+    t0 = time.perf_counter()
+    url = write_jpeg_shards(os.path.join(work, "shards"), args.shards, args.per_shard)
+    made = args.shards * args.per_shard / (time.perf_counter() - t0)
+    from pipeline.data import expand_urls
+
+    sizes = [os.path.getsize(u) for u in expand_urls(url)]
+    tokenizer = train_bpe_tokenizer(iter_shard_captions(expand_urls(url)), os.path.join(work, "tok"), vocab_size=512)
+    base = {"bench": "data", "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "cpu_count": os.cpu_count(), "image_px": 256, "crop_px": 224, "batch": args.batch,
+            "kb_per_sample": sum(sizes) / 1024 / (args.shards * args.per_shard)}
+    print(f"# wrote {args.shards} x {args.per_shard} samples ({base['kb_per_sample']:.1f} KB each, "
+          f"{made:.0f} samples/s one core) to {work}", flush=True)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    for w in args.workers:
+        row = {**base, **measure(url, tokenizer, w, args.batch, args.batches)}
+        with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"workers {w:>3}: {row['images_per_s']:9.0f} images/s, {row['images_per_s_per_worker']:7.0f} per worker",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

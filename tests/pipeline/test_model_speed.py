@@ -1,0 +1,112 @@
+"""The step's speed features, checked for what they must not change: FLOP count against torch's
+own counter, "auto" checkpointing's decision, compiled towers == eager towers (gradients), and
+parameter alignment inside a real DeepSpeed engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.model import (CLIPTowers, ModelConfig, activation_bytes, forward_flops, misaligned_parameters,
+                            param_groups)
+
+
+def cfg(**over) -> ModelConfig:
+    data = {"embed_dim": 24,
+            "vision": {"image_size": 40, "patch_size": 8, "hidden_size": 32, "layers": 2, "heads": 2,
+                       "intermediate_size": 48},
+            "text": {"context_length": 12, "hidden_size": 16, "layers": 3, "heads": 2, "vocab_size": 100},
+            "compile": False, "gradient_checkpointing": False}
+    data.update(over)
+    return ModelConfig.from_dict(data, source="test.json")
+
+
+def batch(n: int = 3):
+    g = torch.Generator().manual_seed(1)
+    pv = torch.randn(n, 3, 40, 40, generator=g)
+    ids = torch.randint(3, 100, (n, 12), generator=g)
+    mask = torch.ones(n, 12, dtype=torch.long)
+    ids[0, 6], mask[0, 7:] = 1, 0  # one caption with EOS and padding
+    return pv, ids, mask
+
+
+def grads_after_step(model: CLIPTowers) -> dict:
+    pv, ids, mask = batch()
+    img, txt, scale, _ = model(pv, ids, mask)
+    (scale * (img @ txt.T).logsumexp(dim=1).sum()).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_forward_flops_equals_torch_flop_counter():
+    """The MFU numerator: every matrix FLOP of a forward, counted by torch itself (eager attention
+    so that QK^T and the weighted sum are plain matmuls the counter sees)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    c = cfg(attn_implementation="eager")
+    model = CLIPTowers(c, eos_token_id=1, pad_token_id=0)
+    pv, ids, mask = batch(3)
+    with FlopCounterMode(display=False) as counter:
+        model(pv, ids, mask)
+    assert counter.get_total_flops() == 3 * forward_flops(c)
+
+
+def test_activation_bytes_counts_attention_only_for_eager():
+    sdpa, eager = cfg(), cfg(attn_implementation="eager")
+    assert activation_bytes(sdpa, 10) == 10 * activation_bytes(sdpa, 1)
+    # eager keeps the attention scores and probabilities: 2 h s^2 elements per block
+    extra = 2 * (2 * 2 * 26 ** 2 + 3 * 2 * 12 ** 2) * 2
+    assert activation_bytes(eager, 1) - activation_bytes(sdpa, 1) == extra
+
+
+@pytest.mark.parametrize("fraction, expect", [(1.0, False), (1e-12, True)])
+def test_auto_checkpointing_decides_at_first_training_forward(fraction, expect):
+    model = CLIPTowers(cfg(gradient_checkpointing="auto", checkpointing_memory_fraction=fraction),
+                       eos_token_id=1, pad_token_id=0).train()
+    encoder = model.vision.vision_model.encoder
+    assert encoder.gradient_checkpointing is False
+    with torch.no_grad():  # a no-grad forward (the chunked backbone's feature pass) decides nothing
+        model(*batch())
+    assert not model._planned
+    model(*batch())
+    assert encoder.gradient_checkpointing is expect
+    assert model.text.text_model.encoder.gradient_checkpointing is expect
+
+
+@pytest.mark.parametrize("grad_ckpt, compiled", [(False, "towers"), (True, "blocks")])
+def test_compiled_towers_give_the_eager_gradients(grad_ckpt, compiled):
+    """torch.compile (aot_eager: traced graphs, autograd through AOTAutograd, no kernel generation)
+    of whole towers, or of each block under checkpointing, changes no gradient."""
+    torch.manual_seed(0)
+    eager = CLIPTowers(cfg(gradient_checkpointing=grad_ckpt), eos_token_id=1, pad_token_id=0).train()
+    fast = CLIPTowers(cfg(gradient_checkpointing=grad_ckpt, compile=True, compile_backend="aot_eager"),
+                      eos_token_id=1, pad_token_id=0).train()
+    fast.load_state_dict(eager.state_dict())
+    want, got = grads_after_step(eager), grads_after_step(fast)
+    assert fast.compiled == compiled and eager.compiled is None
+    assert want.keys() == got.keys() and len(want) == len(list(eager.parameters())) - 1  # all but the bias
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert list(fast.state_dict()) == list(eager.state_dict())  # no _orig_mod keys
+
+
+def test_param_groups_keep_tower_weights_aligned_in_deepspeed(tmp_path):
+    """DeepSpeed (bf16, ZeRO-2) packs each group into one flat buffer: with the 1-element logit
+    scale and bias first, every tower weight starts 4 bytes off 16-byte alignment (slow cuBLAS
+    and elementwise kernels on a GPU); param_groups puts them last."""
+    deepspeed = pytest.importorskip("deepspeed")
+    from pipeline.train import single_process_env
+
+    single_process_env()
+    ds = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True, "check_grad_overflow": False},
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+          "zero_optimization": {"stage": 2}}
+    misaligned = {}
+    for name, groups in (("plain order", lambda m: m.parameters()), ("param_groups", param_groups)):
+        model = CLIPTowers(cfg(), eos_token_id=1, pad_token_id=0)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=groups(model), config=ds)
+        misaligned[name] = misaligned_parameters(engine.module)
+        engine.destroy()
+    assert "vision.vision_model.encoder.layers.0.mlp.fc1.weight" in misaligned["plain order"]
+    assert misaligned["param_groups"] == []
+    groups = param_groups(CLIPTowers(cfg(), eos_token_id=1, pad_token_id=0))
+    assert groups[1]["weight_decay"] == 0.0 and groups[1]["params"][-1].numel() == 1
