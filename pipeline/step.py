@@ -17,12 +17,9 @@ from typing import Any, Callable, Optional
 import torch
 
 from .chunked import chunked_forward_backward
+from .errors import NonFiniteLossError
 
-__all__ = ["OpTimer", "LossGuard", "NonFiniteLossError", "forward_backward", "grad_norm_zero0"]
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN or infinite; the message names the step."""
+__all__ = ["OpTimer", "LossGuard", "forward_backward", "grad_norm_zero0"]
 
 
 class LossGuard:
