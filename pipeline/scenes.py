@@ -116,7 +116,8 @@ _ZS_COUNTS = [2, 3, 4]
 
 @dataclass(frozen=True)
 class Group:
-    """``count`` identical-looking shapes: one caption phrase ("two small red triangles")."""
+    """``count`` shapes of one size class, colour and shape: one caption phrase ("two small red
+    triangles"); each is drawn with its own radius within the size class and its own rotation."""
 
     count: int
     size: str
@@ -224,18 +225,16 @@ _FLIP = {"left of": "right of", "right of": "left of", "above": "below", "below"
 _VARY = [("relation", None)] + [(attr, i) for i in (0, 1) for attr in ("count", "size", "colour", "shape")]
 
 
-def _vary(scene: Scene, attr: str, which: Optional[int], rng: random.Random) -> Optional[Scene]:
-    """``scene`` with one attribute changed (None if the change would make a held-out group)."""
+def _vary(scene: Scene, attr: str, which: Optional[int], rng: random.Random) -> Scene:
+    """``scene`` with one attribute changed: the relation flipped, or group ``which``'s ``attr``
+    set to another value that makes no held-out group (there always is one)."""
     if attr == "relation":
         return Scene(scene.groups, _FLIP[scene.relation])
     g = scene.groups[which]
-    choices = {"count": list(COUNT_WORDS), "size": SIZES, "colour": _COLOUR_NAMES, "shape": SHAPES}[attr]
-    new = rng.choice([v for v in choices if v != getattr(g, attr)])
-    g2 = Group(**{**g.__dict__, attr: new})
-    if is_held_out(g2):
-        return None
+    values = {"count": list(COUNT_WORDS), "size": SIZES, "colour": _COLOUR_NAMES, "shape": SHAPES}[attr]
+    changed = [Group(**{**g.__dict__, attr: v}) for v in values if v != getattr(g, attr)]
     groups = list(scene.groups)
-    groups[which] = g2
+    groups[which] = rng.choice([c for c in changed if not is_held_out(c)])
     return Scene(tuple(groups), scene.relation)
 
 
@@ -247,14 +246,8 @@ def _retrieval_group(seed: int, group_index: int, group_size: int) -> List[Tuple
     out = [(base, "base")]
     options = list(_VARY)
     rng.shuffle(options)
-    for attr, which in options:
-        if len(out) == group_size:
-            break
-        varied = _vary(base, attr, which, rng)
-        if varied is not None:
-            out.append((varied, attr if which is None else f"{attr}{which}"))
-    if len(out) < group_size:  # cannot happen for group_size <= 8: only colour/shape changes fail
-        raise ValueError(f"retrieval group {group_index}: only {len(out)} variants")
+    for attr, which in options[:group_size - 1]:
+        out.append((_vary(base, attr, which, rng), attr if which is None else f"{attr}{which}"))
     return out
 
 
@@ -378,8 +371,7 @@ def scene_sample(split: str, index: int, seed: int = 0, image_size: int = 256, j
     """Sample ``index`` of ``split``: ``(JPEG, caption, meta)``, a function of its arguments only.
 
     meta: ``{"split", "index", "groups": [{"count", "size", "colour", "shape"}], "relation",
-    "objects": [...]}`` (see :func:`render_scene`), plus ``"label"``/``"task"``/``"held_out"`` for the zero-shot
-    splits and ``"group"``/``"variant"``/``"changed"`` for retrieval.
+    "objects": [...]}`` (see :func:`render_scene`) and the split's own keys (:func:`sample_scene`).
     """
     scene, extra = sample_scene(split, index, seed, group_size)
     img, objects = render_scene(scene, image_size, random.Random(f"scenes/{seed}/{split}/{index}/render"))
@@ -394,7 +386,8 @@ def scene_sample(split: str, index: int, seed: int = 0, image_size: int = 256, j
 
 def zeroshot_classnames(task: str) -> List[str]:
     """Class names of a zero-shot task, index = the shards' ``label``."""
-    return {"shape": list(SHAPES), "colour": list(_COLOUR_NAMES), "count": [COUNT_WORDS[c] for c in _ZS_COUNTS]}[task]
+    names = {"shape": list(SHAPES), "colour": list(_COLOUR_NAMES), "count": [COUNT_WORDS[c] for c in _ZS_COUNTS]}
+    return names[task]
 
 
 def zeroshot_templates(task: str) -> List[str]:
@@ -440,17 +433,18 @@ def write_scenes(out_dir: Union[str, Path], num_train: int, num_eval: int = 2000
 
     Args:
         num_train: training pairs; num_eval: pairs per zero-shot split; num_retrieval: retrieval
-            pairs (rounded down to whole groups of ``group_size``, 2..9).
+            pairs (rounded down to whole groups of ``group_size``, 2..10).
         samples_per_shard: pairs per tar (the last shard of a split holds the rest).
         splits: which of :data:`SPLITS` to write (the samples do not depend on this).
     Returns ``{"splits": {split: {"url", "samples"}}, "seed", "image_size", "held_out": {...},
     ...}`` plus ``"cpu_s"`` (CPU seconds spent in the workers) and ``"wall_s"``; the same without
     the timings and with URLs relative to ``out_dir`` is written as ``out_dir/scenes.json`` (which
-    keeps listing the splits an earlier call with the same settings wrote). Zero-shot folders also get
-    ``classnames.txt`` and ``templates.txt``.
+    keeps listing the splits an earlier call with the same settings wrote). Zero-shot folders also
+    get ``classnames.txt`` and ``templates.txt``.
     """
-    if not 2 <= group_size <= 9:
-        raise ValueError(f"group_size must be in 2..9 (1 base + up to 8 one-attribute variants), got {group_size}")
+    if not 2 <= group_size <= len(_VARY) + 1:
+        raise ValueError(f"group_size must be in 2..10 (a base and up to 9 one-attribute variants), "
+                         f"got {group_size}")
     if image_size < 32 or samples_per_shard < 1 or jpeg_quality not in range(1, 101):
         raise ValueError(f"need image_size >= 32, samples_per_shard >= 1, jpeg_quality in 1..100; got "
                          f"{image_size}, {samples_per_shard}, {jpeg_quality}")
@@ -507,10 +501,11 @@ def write_scenes(out_dir: Union[str, Path], num_train: int, num_eval: int = 2000
                      "count_shape": sorted(map(list, HELD_OUT_COUNT_SHAPE))},
     }
     out.mkdir(parents=True, exist_ok=True)
-    previous = json.loads((out / "scenes.json").read_text(encoding="utf-8")) if (out / "scenes.json").is_file() else {}
-    if {k: v for k, v in previous.items() if k != "splits"} == {k: v for k, v in manifest.items() if k != "splits"}:
+    path = out / "scenes.json"
+    previous = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if previous.get("splits") and {**previous, "splits": None} == {**manifest, "splits": None}:
         # the same generator settings: splits written earlier stay listed beside these
         manifest["splits"] = {**previous["splits"], **manifest["splits"]}
-    (out / "scenes.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     splits_out = {s: {"url": brace_url(p), "samples": counts[s]} for s, p in paths.items()}
     return {**manifest, "splits": splits_out, "cpu_s": cpu_s, "wall_s": wall_s}
