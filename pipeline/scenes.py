@@ -282,11 +282,12 @@ def _polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> List[T
 
 
 def _place(group: Group, gi: int, region: Tuple[float, float, float, float], objects: List[Dict[str, Any]],
-           size: int, gap: float, rng: random.Random) -> Optional[Dict[str, Any]]:
-    """One shape of ``group`` at a random free spot of ``region`` (None after 100 misses)."""
+           size: int, gap: float, shrink: float, rng: random.Random) -> Optional[Dict[str, Any]]:
+    """One shape of ``group`` at a random free spot of ``region`` (None after 100 misses); its
+    radius is drawn from the lower ``1 - shrink`` of its size range."""
     x0, y0, x1, y1 = region
     lo, hi = _RADIUS[group.size]
-    r = size * rng.uniform(lo, hi)
+    r = size * rng.uniform(lo, hi - shrink * (hi - lo))
     if x1 - x0 < 2 * r or y1 - y0 < 2 * r:
         return None
     for _ in range(100):
@@ -300,10 +301,14 @@ def _place(group: Group, gi: int, region: Tuple[float, float, float, float], obj
 
 def _layout(scene: Scene, size: int, rng: random.Random) -> List[Dict[str, Any]]:
     """Place every shape: each group inside its region (for two groups, the canvas cut across
-    the relation's axis with a gap between), no two shapes closer than the gap."""
+    the relation's axis with a gap between), no two shapes closer than the gap.
+
+    A failed attempt starts over; from the 50th on, the radii come from a shrinking upper part of
+    their range, down to its lower end by the 250th, where four large shapes fit in half the
+    canvas as a 2 x 2 grid (side >= 64 px), so a layout is always found."""
     gap = max(3.0, _GAP * size)
     lo, hi = _MARGIN * size, size - _MARGIN * size
-    for _attempt in range(1000):
+    for attempt in range(1000):
         if scene.relation is None:
             regions = [(lo, lo, hi, hi)]
         else:
@@ -317,7 +322,7 @@ def _layout(scene: Scene, size: int, rng: random.Random) -> List[Dict[str, Any]]
         objects: List[Dict[str, Any]] = []
         for gi, (group, region) in enumerate(zip(scene.groups, regions)):
             for _ in range(group.count):
-                obj = _place(group, gi, region, objects, size, gap, rng)
+                obj = _place(group, gi, region, objects, size, gap, min(1.0, max(0, attempt - 50) / 200), rng)
                 if obj is None:
                     break
                 objects.append(obj)
@@ -445,8 +450,8 @@ def write_scenes(out_dir: Union[str, Path], num_train: int, num_eval: int = 2000
     if not 2 <= group_size <= len(_VARY) + 1:
         raise ValueError(f"group_size must be in 2..10 (a base and up to 9 one-attribute variants), "
                          f"got {group_size}")
-    if image_size < 32 or samples_per_shard < 1 or jpeg_quality not in range(1, 101):
-        raise ValueError(f"need image_size >= 32, samples_per_shard >= 1, jpeg_quality in 1..100; got "
+    if image_size < 64 or samples_per_shard < 1 or jpeg_quality not in range(1, 101):
+        raise ValueError(f"need image_size >= 64, samples_per_shard >= 1, jpeg_quality in 1..100; got "
                          f"{image_size}, {samples_per_shard}, {jpeg_quality}")
     unknown = [s for s in splits if s not in SPLITS]
     if unknown:
@@ -476,15 +481,18 @@ def write_scenes(out_dir: Union[str, Path], num_train: int, num_eval: int = 2000
     else:
         pool = multiprocessing.get_context("fork").Pool(min(workers, len(jobs)))
         results = pool.imap_unordered(_write_job, jobs)
+    finished = False
     try:
         for _path, n, cpu in results:
             cpu_s += cpu
             done += n
             if len(jobs) > 10 and done % max(1, sum(counts[s] for s in splits) // 10) < n:
                 logger.info("scenes: %d samples written (%.0f/s)", done, done / (time.perf_counter() - t0))
+        finished = True
     finally:
         if pool is not None:
-            pool.close()
+            # on an error or Ctrl-C, stop the queued shards instead of waiting for them all
+            pool.close() if finished else pool.terminate()
             pool.join()
     wall_s = time.perf_counter() - t0
     for split in ZEROSHOT_SPLITS:
