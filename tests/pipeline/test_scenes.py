@@ -268,3 +268,14 @@ def test_presets_name_the_shards_make_shards_writes(name, train, sps, n_eval, n_
     zs = Path(ev.shards).parent
     assert zs.name in scenes.ZEROSHOT_SPLITS
     assert ev.classnames == str(zs / "classnames.txt") and ev.templates == str(zs / "templates.txt")
+
+
+def test_crowded_scenes_always_fit():
+    """Four large shapes on each side of a cut: a layout is found at the smallest side, 64 px."""
+    from pipeline.scenes import render_scene
+
+    crowded = Scene((Group(4, "large", "red", "circle"), Group(4, "large", "blue", "square")), "above")
+    for i in range(20):
+        _, objects = render_scene(crowded, 64, random.Random(i))
+        assert len(objects) == 8
+        assert all(scenes._RADIUS["large"][0] * 64 - 0.01 <= o["r"] for o in objects)
