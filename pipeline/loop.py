@@ -3,20 +3,21 @@
 Design: :class:`TrainLoop` runs optimizer steps of ``gradient_accumulation_steps`` micro-batches
 from :class:`Batches` through :func:`pipeline.step.forward_backward`, and at step boundaries asks
 the :class:`~pipeline.metrics.TrainLogger`, the :class:`EvalSchedule` and the
-:class:`~pipeline.run_state.Checkpointer`. The host waits for the device once per micro-batch, to
-read the loss before ``engine.step()``, and that one read also carries the step's gradient norm
-(:class:`FiniteChecks`; a lagged read that keeps the host ahead of the GPU would change only it):
+:class:`~pipeline.run_state.Checkpointer`. Nothing in the step waits for the device:
 
-- ZeRO-0 with a plain torch optimizer (DeepSpeed computes no norm there): the norm of the reduced
-  gradients, computed on the device at the last micro-batch and read with its loss, so a
-  non-finite norm stops the run *before* the weights move.
-- Otherwise DeepSpeed's own norm from ``engine.step()`` (``get_global_grad_norm``), read with the
-  next micro-batch's loss (or after the last step): the run stops before that step is saved.
-- fp16: DeepSpeed's loss scaler skips overflowing steps itself; they are counted
-  (``train/skipped_steps``), not fatal.
+- every micro-step's loss goes to :class:`pipeline.step.LossGuard` (on a GPU checked one
+  micro-step late, from a pinned copy; on the CPU at once);
+- every step's global gradient norm goes to :class:`GradNormWatch`, which notes on the device the
+  first step whose norm is NaN/inf: DeepSpeed's own norm from ``engine.step()``
+  (``get_global_grad_norm``) or, where DeepSpeed computes none (ZeRO-0 with a plain torch
+  optimizer), the norm of the reduced gradients before ``engine.step()``. With fp16 DeepSpeed's
+  loss scaler skips overflowing steps itself; they are counted (``train/skipped_steps``).
 
-A non-finite loss or gradient norm raises :class:`~pipeline.errors.NonFiniteLossError` /
-:class:`~pipeline.errors.NonFiniteGradError` naming the step.
+Both are read where the run's state leaves the process: at log steps, before an evaluation, a
+checkpoint and the export, and at the end. A non-finite loss or gradient norm raises
+:class:`~pipeline.errors.NonFiniteLossError` / :class:`~pipeline.errors.NonFiniteGradError` naming the
+step, so nothing computed after it is ever written. Limit: the run itself goes on until the next
+such point (at most ``train.log_every`` steps).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from .engine import TrainEngine
 from .errors import NonFiniteGradError, NonFiniteLossError
 from .metrics import TrainLogger
 from .run_state import Checkpointer, RunState
-from .step import forward_backward
+from .step import LossGuard, forward_backward
 
-__all__ = ["Batches", "EvalSchedule", "FiniteChecks", "TrainLoop"]
+__all__ = ["Batches", "EvalSchedule", "GradNormWatch", "TrainLoop"]
 
 logger = logging.getLogger(__name__)
 
@@ -128,56 +129,42 @@ def _grads_norm(engine: Any) -> Optional[torch.Tensor]:
     return torch.nn.utils.get_total_norm(grads) if grads else None
 
 
-def _read(*values: Any) -> list[Optional[float]]:
-    """Host values of 0-dim tensors / floats / None, with one device read for all tensors."""
-    tensors = [v for v in values if isinstance(v, torch.Tensor)]
-    host: list = []
-    if tensors:
-        device = tensors[0].device
-        host = torch.stack([t.detach().reshape(()).float().to(device) for t in tensors]).tolist()
-    it = iter(host)
-    return [next(it) if isinstance(v, torch.Tensor) else (None if v is None else float(v)) for v in values]
-
-
-class FiniteChecks:
-    """The loss of every micro-step and the gradient norm of every step must be finite, checked
-    with one host read per micro-step: :meth:`push` reads the loss together with the norm queued
-    by :meth:`queue_norm` (this step's own norm before ``engine.step()``, or DeepSpeed's norm of
-    the previous step). :meth:`flush` reads a norm still queued; the loop calls it before anything
-    leaves the process (checkpoint, evaluation, export)."""
+class GradNormWatch:
+    """The first step whose global gradient norm is NaN/inf, noted on the device (no host wait);
+    :meth:`check` reads it (one wait) and raises naming that step."""
 
     def __init__(self) -> None:
-        self._norm: Optional[tuple[Any, int, str]] = None
-        self.last_norm: Optional[float] = None
-        """The last gradient norm read (for the log)."""
+        self._first: Optional[tuple[Any, Any]] = None  # (step, norm) of the first bad step, or 0 steps
+        self.last: Any = None
+        """The last norm noted (tensor or float; for the log)."""
 
-    def queue_norm(self, norm: Any, step: int, before_update: bool) -> None:
-        what = ("stopped before the optimizer step" if before_update
-                else "the optimizer step was taken; the run stops before it is saved")
-        self._norm = (norm, step, what) if norm is not None else None
-
-    def push(self, loss: torch.Tensor, where: str) -> float:
-        """The host value of micro-step ``loss`` (0-dim) after checking it and the queued norm."""
-        norm, step, what = self._norm or (None, None, "")
-        self._norm = None
-        value, norm_value = _read(loss, norm)  # the micro-step's one host read
-        if not math.isfinite(value):
-            raise NonFiniteLossError(f"non-finite loss ({value}) {where}; {_ADVICE}")
-        self._check_norm(norm_value, step, what)
-        return value
-
-    def flush(self) -> None:
-        if self._norm is not None:
-            norm, step, what = self._norm
-            self._norm = None
-            self._check_norm(_read(norm)[0], step, what)
-
-    def _check_norm(self, value: Optional[float], step: Optional[int], what: str) -> None:
-        if value is None:
+    def note(self, norm: Any, step: int) -> None:
+        if norm is None:
             return
-        if not math.isfinite(value):
-            raise NonFiniteGradError(f"non-finite gradient norm ({value}) at step {step}: {what}; {_ADVICE}")
-        self.last_norm = value
+        self.last = norm
+        if not isinstance(norm, torch.Tensor):  # a host float already: no wait to check it
+            if not math.isfinite(norm) and self._first is None:
+                self._first = (step, norm)
+            return
+        norm = norm.detach().reshape(()).float()
+        bad = ~torch.isfinite(norm)
+        if self._first is None:
+            self._first = (torch.where(bad, step, 0), torch.where(bad, norm, 0.0))
+        elif isinstance(self._first[0], torch.Tensor):
+            seen, value = self._first
+            take = bad & (seen == 0)
+            self._first = (torch.where(take, step, seen), torch.where(take, norm, value))
+
+    def check(self) -> None:
+        if self._first is None:
+            return
+        step, value = (float(v) for v in self._first)
+        if step:
+            raise NonFiniteGradError(f"non-finite gradient norm ({value}) at step {int(step)}: the run stops "
+                                     f"before anything after it is saved; {_ADVICE}")
+
+    def last_value(self) -> Optional[float]:
+        return None if self.last is None else float(self.last)
 
 
 class TrainLoop:
@@ -190,9 +177,9 @@ class TrainLoop:
         engine = te.engine
         self.fp16 = bool(engine.fp16_enabled())
         self.own_norm = not hasattr(engine.optimizer, "_global_grad_norm")  # DeepSpeed computes none
-        self.checks = FiniteChecks()
+        self.guard = LossGuard(te.device)
+        self.norms = GradNormWatch()
         self.scale: Any = None
-        self.losses: dict = {}
 
     def run(self) -> dict:
         """Train until ``train.steps`` (or the data's ``train.epochs``); returns {step: loss}."""
@@ -200,43 +187,50 @@ class TrainLoop:
         start = state.step
         self.te.engine.train()
         while state.step < tcfg.steps:
-            loss = self._step()
-            if loss is None:
+            if not self._step():
                 break
             state.step += 1
-            self.losses[state.step] = loss
-            self._after_step(state.step, loss)
-        self.checks.flush()
+            self._after_step(state.step)
+        self._checked()
         if tcfg.save_final and state.step > start:
             self.checkpoints.save(self.te.engine, state)
-        return self.losses
+        return self.guard.losses
 
-    def _after_step(self, step: int, loss: float) -> None:
+    def _checked(self) -> None:
+        """Every loss and gradient norm so far is finite (waits for the last ones)."""
+        try:
+            self.guard.flush()
+        except NonFiniteLossError:
+            self.norms.check()  # a non-finite gradient before it is the cause: name that step
+            raise
+        self.norms.check()
+
+    def _after_step(self, step: int) -> None:
         tcfg, engine = self.tcfg, self.te.engine
         if step % tcfg.log_every == 0 or step == tcfg.steps:
-            grad_norm = self.checks.last_norm if self.own_norm else _read(engine.get_global_grad_norm())[0]
-            self.log.log_step(step, loss, lr=engine.get_lr()[0] if engine.get_lr() else float("nan"),
-                              scale=self.scale, grad_norm=grad_norm, skipped_samples=self.state.skipped_samples,
+            self._checked()
+            self.log.log_step(step, self.guard.losses[step],
+                              lr=engine.get_lr()[0] if engine.get_lr() else float("nan"), scale=self.scale,
+                              grad_norm=self.norms.last_value(), skipped_samples=self.state.skipped_samples,
                               skipped_steps=int(getattr(engine, "skipped_steps", 0)) if self.fp16 else 0,
                               device=self.te.device)
         if self.evals.due(step):
-            self.checks.flush()
+            self._checked()
             self.evals.run(engine, step)
         if tcfg.save_every and step % tcfg.save_every == 0 and step < tcfg.steps:
-            self.checks.flush()
+            self._checked()
             self.checkpoints.save(engine, self.state)
 
-    def _step(self) -> Optional[float]:
-        """One optimizer step; its mean loss, or None when the data ran out before it ended."""
+    def _step(self) -> bool:
+        """One optimizer step; False when the data ran out before it ended."""
         te, engine, state = self.te, self.te.engine, self.state
         gas = engine.gradient_accumulation_steps()
-        step_loss = 0.0
         for micro_i in range(gas):
             t_data = time.perf_counter()
             batch = self.batches.next()
             data_s = time.perf_counter() - t_data
             if batch is None:
-                return None
+                return False
             pv = batch["pixel_values"].to(te.device, dtype=te.input_dtype, non_blocking=True)
             ids = batch["input_ids"].to(te.device, non_blocking=True)
             mask = batch["attention_mask"].to(te.device, non_blocking=True)
@@ -244,14 +238,19 @@ class TrainLoop:
             try:
                 loss, loss_ms, self.scale = forward_backward(engine, pv, ids, mask, te.loss_fn, self.tcfg.chunk_size)
             except FloatingPointError as exc:  # the loss op rejects NaN/Inf features
+                self.norms.check()
                 raise NonFiniteLossError(f"non-finite loss {where}: {exc}; {_ADVICE}") from exc
+            try:
+                self.guard.push(loss, state.step + 1, 1.0 / gas, where)
+            except NonFiniteLossError:
+                self.norms.check()
+                raise
             last = micro_i == gas - 1
             if last and self.own_norm:
-                self.checks.queue_norm(_grads_norm(engine), state.step + 1, before_update=True)
-            step_loss += self.checks.push(loss, where) / gas
+                self.norms.note(_grads_norm(engine), state.step + 1)
             engine.step()
             if last and not self.own_norm and not self.fp16:  # fp16: DeepSpeed skips overflows itself
-                self.checks.queue_norm(engine.get_global_grad_norm(), state.step + 1, before_update=False)
+                self.norms.note(engine.get_global_grad_norm(), state.step + 1)
             self.log.micro_step(samples=pv.shape[0] * te.dp_world, data_s=data_s,
                                 worker_s=float(batch.get("worker_s", 0.0)), loss_ms=loss_ms)
-        return step_loss
+        return True

@@ -16,7 +16,7 @@ from pipeline.checkpoint import MANIFEST, check_tag, list_tags, read_latest
 from pipeline.errors import CheckpointError, NonFiniteGradError, ResumeMismatchError
 from pipeline.run_state import Checkpointer
 
-from .test_train import run_inproc, world_of_one  # noqa: F401  (fixture)
+from .test_train import run_inproc, tb_scalars, world_of_one  # noqa: F401  (fixture)
 
 
 class _Payload:
@@ -146,16 +146,21 @@ def test_world_size_change_is_named(tmp_path):
         Checkpointer(cfg, {"micro_batch": 64, "world_size": 1, "data_seed": 0})._check_setup(old, "x")
 
 
-@pytest.mark.parametrize("stage", [0, 1])
-def test_non_finite_gradient_norm_stops_the_run(world_of_one, digits_shards, tmp_path, stage):  # noqa: F811
-    """A logit scale of 5e34 keeps the loss finite but overflows the gradients: ZeRO-0 (our norm,
-    read with the loss) stops before the optimizer step, ZeRO-1 (DeepSpeed's norm) right after it,
-    and nothing is saved either way."""
+@pytest.mark.parametrize("stage, log_every, save_every", [(0, 1, 1), (1, 4, 0)])
+def test_non_finite_gradient_norm_stops_the_run(world_of_one, digits_shards, tmp_path, stage,  # noqa: F811
+                                                log_every, save_every):
+    """A logit scale of 5e34 keeps the first loss finite but overflows the gradients. ZeRO-0 (our
+    norm of the reduced gradients) and ZeRO-1 (DeepSpeed's norm) both name step 1, also when the
+    check comes at a later log step (the later non-finite loss is traced back to it), and nothing
+    is saved or logged after it."""
     with pytest.raises(NonFiniteGradError, match=r"non-finite gradient norm \((inf|nan)\) at step 1: "):
-        run_inproc(digits_shards, tmp_path / "run", 3, **{"zero_optimization.stage": stage,
+        run_inproc(digits_shards, tmp_path / "run", 6, **{"zero_optimization.stage": stage,
                                                             "model.init_logit_scale": 80.0,
-                                                            "model.max_logit_scale": 1e36})
+                                                            "model.max_logit_scale": 1e36,
+                                                            "train.log_every": log_every,
+                                                            "train.save_every": save_every})
     assert read_latest(tmp_path / "run" / "ckpt") is None
+    assert not os.path.exists(tmp_path / "run" / "tb") or not tb_scalars(tmp_path / "run")
 
 
 @pytest.mark.slow
