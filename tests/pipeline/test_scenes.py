@@ -116,12 +116,32 @@ def _components(pixels):
     return out
 
 
+def _best_shape(mask, o):
+    """The shape whose ideal outline at the object's centre, radius and angle overlaps the
+    pixels' region best (intersection over union)."""
+    from PIL import ImageDraw
+
+    def iou(shape):
+        ideal = Image.new("L", mask.shape[::-1], 0)
+        draw = ImageDraw.Draw(ideal)
+        cx, cy, r = o["cx"], o["cy"], o["r"]
+        if shape == "circle":
+            draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=1)
+        else:
+            draw.polygon(scenes._polygon(shape, cx, cy, r, o["angle"]), fill=1)
+        ideal = np.asarray(ideal).astype(bool)
+        return (ideal & mask).sum() / (ideal | mask).sum()
+
+    return max(SHAPES, key=iou)
+
+
 def test_captions_match_rendered_pixels(made):
     """Parse each caption back and check it against the pixels: per colour, as many shapes as
-    the caption counts; each shape's centre has its colour; its area fits its size word given
-    its shape; the groups' pixels lie on the sides the relation says."""
+    the caption counts; each shape's centre has its colour; a large shape's region matches the
+    caption's shape better than any other shape's outline; the area fits the size word;
+    the groups' pixels lie on the sides the relation says."""
     samples = _read(made["splits"]["train"]["url"]) + _read(made["splits"]["retrieval"]["url"])
-    checked_relations = set()
+    checked_relations, shapes_seen = set(), set()
     for key, jpg, text, meta in samples:
         scene = parse_caption(text)
         assert [Group(**g) for g in meta["groups"]] == list(scene.groups) and meta["relation"] == scene.relation
@@ -142,6 +162,9 @@ def test_captions_match_rendered_pixels(made):
             nearest = min(COLOURS, key=lambda c: ((np.array(COLOURS[c]) - centre) ** 2).sum())
             assert nearest == g.colour, (meta["split"], meta["index"], text, o)
             comp = next(c for c in comps[g.colour] if c[5][y, x])
+            if g.size == "large":  # 12-15 px radius here; a small one is blurred (a cross fills in)
+                assert _best_shape(comp[5], o) == g.shape, (meta["split"], meta["index"], text, o)
+                shapes_seen.add(g.shape)
             # the area over the shape's own area at unit radius is r^2: below the threshold
             # between the two size ranges for "small", above it for "large" (the JPEG blur and
             # rasterising add a rim, most for thin shapes: stars, small diamonds)
@@ -156,7 +179,7 @@ def test_captions_match_rendered_pixels(made):
             holds = {"left of": a_x1 < b_x0, "right of": a_x0 > b_x1, "above": a_y1 < b_y0, "below": a_y0 > b_y1}
             assert holds[scene.relation], (meta["split"], meta["index"], text)
             checked_relations.add(scene.relation)
-    assert checked_relations == set(scenes.RELATIONS)
+    assert checked_relations == set(scenes.RELATIONS) and shapes_seen == set(SHAPES)
 
 
 def test_held_out_compositions_never_in_training(made):
