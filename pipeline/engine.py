@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import traceback
 from typing import Any, Callable
@@ -23,9 +24,11 @@ from ops import ContrastiveLoss
 from ops.config import ConfigError
 
 from .config import RunConfig
-from .model import CLIPTowers, mark_zero3_leaf_layers
+from .model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
 
 __all__ = ["TrainEngine", "build_engine", "export_final", "param_groups"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -47,19 +50,6 @@ class TrainEngine:
     @property
     def device(self) -> torch.device:
         return self.engine.device
-
-
-def param_groups(model: torch.nn.Module, decay_1d: bool) -> list[dict]:
-    """The optimizer's parameter groups: weight decay on >= 2-D parameters only (unless ``decay_1d``)."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            shape = getattr(p, "ds_shape", p.shape)  # a zero.Init parameter's own data is its shard
-            (decay if len(shape) >= 2 or decay_1d else no_decay).append(p)
-    groups = [{"params": decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    return groups
 
 
 def _initialize(model: torch.nn.Module, groups: list, ds_config: dict, source: str):
@@ -108,6 +98,10 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
     if zero3 and model_cfg.zero3_leaf_layers:
         mark_zero3_leaf_layers(model)
     engine = _initialize(model, param_groups(model, tcfg.weight_decay_1d), ds_config, str(run_cfg.source))
+    misaligned = misaligned_parameters(engine.module)
+    if misaligned:
+        logger.warning("%d parameters do not start on a 16-byte boundary (slow GEMM and elementwise kernels), "
+                       "e.g. %s", len(misaligned), ", ".join(misaligned[:3]))
     if model_cfg.gradient_checkpointing and model_cfg.checkpointing_impl == "deepspeed":
         deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
         engine.module.set_gradient_checkpointing(True, deepspeed.checkpointing.checkpoint)
