@@ -358,9 +358,16 @@ def load_checkpoint(engine: Any, load_dir: PathLike, tag: str) -> dict:
     if callable(loads_universal) and loads_universal():
         raise CheckpointError("DeepSpeed's universal checkpoints ('checkpoint.load_universal') are not supported "
                               "by --resume: DeepSpeed reads them with full unpickling")
-    with weights_only_loads(engine):
-        path, client_state = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=True,
-                                                    load_lr_scheduler_states=True)
+    try:
+        with weights_only_loads(engine):
+            path, client_state = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=True,
+                                                        load_lr_scheduler_states=True)
+    except RuntimeError as exc:  # torch's strict load_state_dict: another model size or layout
+        if "state_dict" not in str(exc):
+            raise
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        raise CheckpointError(f"checkpoint {tag_dir} does not fit the model the config builds (another model "
+                              f"size?): {'; '.join(lines[1:3] or lines[:1])[:400]}") from None
     if path is None:
         raise CheckpointError(f"DeepSpeed found no model-state file for this rank in {tag_dir}")
     rng_path = os.path.join(tag_dir, f"rng_rank{_rank()}.pt")

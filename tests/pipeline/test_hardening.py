@@ -225,3 +225,12 @@ def test_deepspeed_batch_arithmetic_is_one_config_error(world_of_one, digits_sha
 
     with pytest.raises(ConfigError, match=r"tiny_cpu\.json: DeepSpeed rejected the config: .*train_batch_size"):
         run_inproc(digits_shards, tmp_path, 2, **{"train_batch_size": 48})
+
+
+def test_resume_into_another_model_size_is_named(zero1_run, digits_shards, tmp_path):
+    out, _ = zero1_run
+    ckpt, tag = _copy_ckpt(out, tmp_path)
+    with pytest.raises(CheckpointError, match=r"global_step4 does not fit the model the config builds .*size "
+                                              r"mismatch"):
+        run_inproc(digits_shards, tmp_path, 6, resume=str(ckpt), **{"zero_optimization.stage": 1,
+                                                                   "model.embed_dim": 32})
