@@ -70,20 +70,22 @@ def synthetic_batch(n: int, cfg, device, dtype):
     return pv, ids, mask
 
 
-def model_config(preset: str, grad_ckpt="auto", compile="auto"):
+def model_config(preset: str, grad_ckpt="auto", compile="auto", compile_mode="default"):
     from pipeline.model import ModelConfig
 
-    return ModelConfig.from_dict({**PRESETS[preset], "gradient_checkpointing": grad_ckpt, "compile": compile})
+    return ModelConfig.from_dict({**PRESETS[preset], "gradient_checkpointing": grad_ckpt, "compile": compile,
+                                  "compile_mode": compile_mode})
 
 
 def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=None, leaf: bool = False,
-          compile="auto", bf16_overflow_check: bool = False):
+          compile="auto", bf16_overflow_check: bool = False, distributed: str = "gather",
+          compile_mode: str = "default", overlap_comm: bool = True):
     import deepspeed
 
     from ops import ContrastiveLoss, ContrastiveLossConfig
     from pipeline.model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
 
-    cfg = model_config(preset, grad_ckpt, compile)
+    cfg = model_config(preset, grad_ckpt, compile, compile_mode)
     torch.manual_seed(0)
     if impl == PLAIN:
         model = plain_hf_clip(cfg, grad_ckpt)
@@ -92,7 +94,7 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
     ds = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
           "gradient_clipping": 1.0, "bf16": {"enabled": True, "check_grad_overflow": bf16_overflow_check},
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1}},
-          "zero_optimization": {"stage": zero, "overlap_comm": True, "contiguous_gradients": True,
+          "zero_optimization": {"stage": zero, "overlap_comm": overlap_comm, "contiguous_gradients": True,
                                 **((zero_extra or {}) if zero == 3 else {})}}
     if zero == 3 and leaf:
         mark_zero3_leaf_layers(model)
@@ -103,8 +105,10 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
         print(f"# {len(bad)} parameters not 16-byte aligned, e.g. {bad[:3]}", flush=True)
     if impl == PLAIN:
         return engine, cfg, None
-    crit = ContrastiveLoss(ContrastiveLossConfig(impl=impl))
-    return engine, cfg, (lambda img, txt, scale, bias: crit(img, txt, scale))
+    world = torch.distributed.get_world_size()
+    crit = ContrastiveLoss(ContrastiveLossConfig(impl=impl, distributed=distributed if world > 1 else "none"))
+    group = engine.data_parallel_group if world > 1 else None
+    return engine, cfg, (lambda img, txt, scale, bias: crit(img, txt, scale, process_group=group))
 
 
 def plain_hf_clip(cfg, grad_ckpt: bool):
@@ -220,7 +224,9 @@ def base_row(args) -> dict:
     import deepspeed
     import triton
 
-    return {"bench": "pipeline", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+    world = torch.distributed.get_world_size()
+    return {"bench": "pipeline", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "world_size": world,
+            "distributed": args.distributed if world > 1 else "none",
             "triton": triton.__version__, "deepspeed": deepspeed.__version__,
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
@@ -249,7 +255,8 @@ def throughput(args, rows):
     for zero, leaf, impl, ckpt, comp in runs:
         ckpt_v, comp_v = _flag(ckpt), _flag(comp)
         row = {**base_row(args), **base, "zero": zero, "loss_impl": impl, "grad_ckpt": ckpt_v, "compile": comp_v,
-               "bf16_check_grad_overflow": args.bf16_overflow_check}
+               "bf16_check_grad_overflow": args.bf16_overflow_check, "compile_mode": args.compile_mode,
+               "overlap_comm": bool(args.overlap_comm)}
         if zero == 3:
             row["zero3_leaf_layers"] = bool(leaf)
         if zero == 3 and args.zero3_extra != "{}":
@@ -263,7 +270,8 @@ def throughput(args, rows):
         row["leftover_gb"] = floor / 2**30
         try:
             engine, cfg, loss_fn = build(args.throughput_model, zero, args.micro_batch, ckpt_v, impl,
-                                         json.loads(args.zero3_extra), bool(leaf), comp_v, args.bf16_overflow_check)
+                                         json.loads(args.zero3_extra), bool(leaf), comp_v, args.bf16_overflow_check,
+                                         args.distributed, args.compile_mode, bool(args.overlap_comm))
             batch = synthetic_batch(args.micro_batch, cfg, engine.device, torch.bfloat16)
             timed_steps(engine, loss_fn, batch, args.warmup, None)
             torch.cuda.reset_peak_memory_stats()
@@ -273,6 +281,7 @@ def throughput(args, rows):
             if impl != PLAIN:
                 row["grad_ckpt_resolved"] = bool(engine.module.vision.vision_model.encoder.gradient_checkpointing)
                 row["compiled"] = engine.module.compiled
+            # samples/s per GPU (the whole job does world_size times this)
             row.update(status="ok", step_ms=step_s * 1e3, samples_per_s=args.micro_batch / step_s,
                        loss_op_ms=loss_ms, peak_mem_gb=(torch.cuda.max_memory_allocated() - floor) / 2**30,
                        loss=loss)
@@ -346,6 +355,8 @@ def max_batch(args, rows):
 
 
 def report(row, rows, args) -> None:
+    if torch.distributed.get_rank() != 0:
+        return
     rows.append(row)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "a") as f:
@@ -356,6 +367,7 @@ def report(row, rows, args) -> None:
 def fmt(r) -> str:
     num = (lambda k, f: format(r[k], f) if isinstance(r.get(k), (int, float)) else "-")
     leaf = {True: "+leaf", False: "-leaf"}.get(r.get("zero3_leaf_layers"), "")
+    leaf += f" x{r['world_size']} {r['distributed']}" if r.get("world_size", 1) > 1 else ""
     return (f"{r['study']:<10} {r['model']:<7} zero{r['zero']}{leaf:<5} {r['loss_impl']:<8} B={r['micro_batch']:<6} "
             f"chunk={str(r['chunk']):<5} ckpt={r['grad_ckpt']!s:<5} {r['status']:<7} "
             f"{num('samples_per_s', '9.1f')} samples/s  step {num('step_ms', '10.1f')} ms  "
@@ -381,6 +393,11 @@ def main(argv=None) -> int:
                    "'{\"stage3_module_granularity_threshold\": 12000}'")
     p.add_argument("--zero3_leaf", type=int, nargs="+", default=[1], choices=[0, 1],
                    help="ZeRO-3: gather each transformer block as one unit (1, the pipeline's default) or not (0)")
+    p.add_argument("--distributed", default="gather", help="loss scheme with several ranks (the vitb32 preset's: "
+                   "gather); per-GPU samples/s against a one-GPU run of the same command is the scaling")
+    p.add_argument("--compile_mode", default="default", choices=["default", "reduce-overhead",
+                                                                   "max-autotune-no-cudagraphs"])
+    p.add_argument("--overlap_comm", type=int, default=1, choices=[0, 1], help="zero_optimization.overlap_comm")
     p.add_argument("--bf16_overflow_check", action="store_true",
                    help="DeepSpeed's bf16.check_grad_overflow (a per-parameter scan and a host sync each step; "
                    "the presets turn it off)")
@@ -407,6 +424,11 @@ def main(argv=None) -> int:
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="nccl")
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if torch.distributed.get_world_size() > 1 and args.anchors:
+        args.anchors = []  # the anchors are one-GPU loops: run them in a one-GPU call
+        if torch.distributed.get_rank() == 0:
+            print("# anchors skipped: several ranks (run them with one GPU)", flush=True)
     torch.backends.cuda.matmul.allow_tf32 = True
     args.tflops = matmul_tflops()
     print(f"# bf16 matmul rate now: {args.tflops:.0f} TFLOP/s", flush=True)

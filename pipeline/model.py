@@ -141,6 +141,9 @@ class ModelConfig:
     compile_backend: str = "inductor"
     """The ``torch.compile`` backend for ``compile`` (``"aot_eager"`` traces without generating
     kernels: a quick check that a setup compiles)."""
+    compile_mode: typing.Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
+    """``torch.compile``'s mode: ``"reduce-overhead"`` replays the compiled towers as CUDA graphs
+    (fewer launches on the host; more memory)."""
     attn_implementation: typing.Literal["sdpa", "eager"] = "sdpa"
     """Attention kernel of the towers: torch's scaled_dot_product_attention (flash / memory-
     efficient kernels, no stored attention matrix) or transformers' eager softmax(QK^T)V."""
@@ -479,7 +482,7 @@ class CLIPTowers(nn.Module):
         """Whole towers as one graph each (encode_image / encode_text), or, where hooks run inside
         the towers (ZeRO-3's per-block parameter fetch, checkpointed blocks), each block's forward
         alone, so that the hooks stay outside the compiled code."""
-        compile_fn = functools.partial(torch.compile, backend=self.cfg.compile_backend)
+        compile_fn = functools.partial(torch.compile, backend=self.cfg.compile_backend, mode=self.cfg.compile_mode)
         zero3 = any(hasattr(p, "ds_id") for p in self.parameters())
         if zero3 or self.vision.vision_model.encoder.gradient_checkpointing:
             for block in _encoder_layers(self):

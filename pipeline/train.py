@@ -104,7 +104,8 @@ def train(run_cfg: RunConfig, *, resume: Optional[str] = None,
     def build(epoch: int, start: int):
         return build_train_loader(run_cfg.data, tokenizer, image_size=te.image_size, context_length=te.context_length,
                                   batch_size=run_cfg.micro_batch_size, rank=te.dp_rank, world_size=te.dp_world,
-                                  epoch=epoch, seed=run_cfg.data.seed, start_batch=start, shards=shards)
+                                  epoch=epoch, seed=run_cfg.data.seed, start_batch=start, shards=shards,
+                                  device=te.device, dtype=te.input_dtype)
 
     batches = Batches(build, state, tcfg.epochs, te.device)
     log = TrainLogger(run_cfg.tensorboard_dir if rank == 0 else None, total_steps=tcfg.steps, start_step=start_step,

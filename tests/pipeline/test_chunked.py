@@ -108,7 +108,9 @@ def test_chunk_sizes_one_and_larger_than_batch():
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         assert grads.keys() == ref_grads.keys()
         for n, g in ref_grads.items():
-            torch.testing.assert_close(grads[n], g, rtol=1e-4, atol=1e-6, msg=n)
+            # atol relative to the largest entry: the embedding gradients reach ~50, where one fp32
+            # rounding step is 4e-6, and chunking reorders their sums
+            torch.testing.assert_close(grads[n], g, rtol=1e-4, atol=1e-6 * max(1.0, g.abs().max().item()), msg=n)
     with pytest.raises(ValueError, match="chunk_size"):
         chunked_forward_backward(model, pv, ids, mask, loss_fn, 0)
 

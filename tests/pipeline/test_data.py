@@ -330,3 +330,38 @@ def test_same_shards_in_another_folder_give_the_same_batches(digits_shards, tok,
     for a, b in zip(here, moved):
         assert torch.equal(a["pixel_values"], b["pixel_values"]) and torch.equal(a["input_ids"], b["input_ids"])
     assert not all(torch.equal(a["pixel_values"], c["pixel_values"]) for a, c in zip(here, other))
+
+
+def test_training_crops_travel_as_uint8_and_are_normalised_where_asked(digits_shards, tok):
+    """The workers send uint8 crops; the loader normalises them (on the CPU by default, or in the
+    model's dtype on the device it is given): the same values either way, up to that dtype."""
+    from pipeline.data import normalize_pixels
+
+    cfg = DataConfig.from_dict({"train_shards": digits_shards["train"], "workers": 1, "shuffle_buffer": 8})
+    kw = dict(image_size=16, context_length=16, batch_size=8)
+    base = next(iter(build_train_loader(cfg, tok, **kw)))["pixel_values"]
+    low = next(iter(build_train_loader(cfg, tok, device=torch.device("cpu"), dtype=torch.bfloat16, **kw)))
+    assert base.dtype == torch.float32 and low["pixel_values"].dtype == torch.bfloat16
+    torch.testing.assert_close(low["pixel_values"].float(), base, rtol=1e-2, atol=1e-2)
+    raw = torch.tensor([[0, 255], [128, 64]], dtype=torch.uint8).expand(1, 3, 2, 2)
+    want = (raw.float() / 255 - torch.tensor(CLIP_MEAN).view(1, 3, 1, 1)) / torch.tensor(CLIP_STD).view(1, 3, 1, 1)
+    torch.testing.assert_close(normalize_pixels(raw, CLIP_MEAN, CLIP_STD), want)
+
+
+def test_uint8_training_crop_matches_a_reference_resize_of_the_same_box():
+    """The vectorised uint8 crop is the box _crop_box draws, resized bilinearly: within two grey
+    levels of PIL's bilinear resize of that box on a smooth image."""
+    import random
+
+    import numpy as np
+
+    from pipeline.data import _crop_box, _random_resized_crop_uint8
+
+    yy, xx = np.mgrid[0:96, 0:80]
+    arr = np.stack([xx * 3, yy * 2, (xx + yy)], axis=-1).clip(0, 255).astype(np.uint8)
+    img = Image.fromarray(arr, "RGB")
+    got = _random_resized_crop_uint8(img, 32, [0.5, 0.9], random.Random(7))
+    x, y, w, h = _crop_box(80, 96, [0.5, 0.9], random.Random(7))
+    ref = np.asarray(img.resize((32, 32), Image.BILINEAR, box=(x, y, x + w, y + h)), dtype=np.float32)
+    assert got.dtype == torch.uint8 and got.shape == (3, 32, 32)
+    assert np.abs(got.permute(1, 2, 0).numpy().astype(np.float32) - ref).max() <= 2.0
