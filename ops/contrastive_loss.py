@@ -370,39 +370,44 @@ def _colsum(x: Tensor) -> Tensor:
 
 
 def _clip_forward(img, txt, scale, eps, impl, bm, bn, tf32, keep):
+    """Returns (loss [], row_lse [B], col_lse [B], aux [B + 2], logits [B, B] or [0]) with
+    aux = (ref_1..ref_B, sum of the E[S'] - S'_ii terms, sum ref) for the backward."""
     n = img.shape[0]
-    row_shift, col_shift, ref = clip_shifts(img, txt, scale)
     logits = None
-    if impl == "triton":
-        r_off, c_off, r_w, c_w, logits = _triton().clip_stats_triton(
-            img, txt, scale, row_shift, col_shift, ref, ref, 0, keep_logits=keep, band=bm,
-            allow_tf32=tf32)
+    if impl == "triton":  # the same steps as below in four launches around the GEMM
+        tri = _triton()
+        row_shift, col_shift, aux, sums = tri.clip_prologue_triton(img, txt, scale, SHIFT_MARGIN)
+        ref = aux[:n]
+        logits = tri.clip_stats_triton(img, txt, scale, row_shift, col_shift, ref, ref, 0,
+                                       keep_logits=keep, band=bm, allow_tf32=tf32, out=sums)[4]
+        loss, row_lse, col_lse = tri.clip_epilogue_triton(scale, sums, row_shift, col_shift, aux)
     else:
+        row_shift, col_shift, ref = clip_shifts(img, txt, scale)
         r_off, c_off, r_w, c_w = clip_stats(img, txt, scale, row_shift, col_shift, ref, ref, 0,
                                             impl=impl, block_m=bm, block_n=bn, allow_tf32=tf32)
-    r_loss, row_lse, r_e = clip_terms(r_off, r_w, row_shift, ref, scale)
-    c_loss, col_lse, c_e = clip_terms(c_off, c_w, col_shift, ref, scale)
-    loss = 0.5 * (r_loss.mean() + c_loss.mean())
+        r_loss, row_lse, r_e = clip_terms(r_off, r_w, row_shift, ref, scale)
+        c_loss, col_lse, c_e = clip_terms(c_off, c_w, col_shift, ref, scale)
+        loss = 0.5 * (r_loss.mean() + c_loss.mean())
+        # non-finite features or scale make the shifts non-finite: the loss says so (no sync)
+        loss = torch.where(_finite(row_shift, col_shift), loss, torch.full_like(loss, math.nan))
+        # d loss / d s needs sum_i (E_row_i[S'] - S'_ii) + sum_j (E_col_j[S'] - S'_jj)
+        aux = torch.cat([ref, (r_e.sum() + c_e.sum()).reshape(1), ref.sum().reshape(1)])
     if eps:
         # t_i = S_ii - eps (S_ii - mean_j S_ij); sum_ij S_ij = s <sum_i I_i, sum_j T_j> in O(BD)
-        loss = loss + eps * scale * (ref.mean() - torch.dot(_colsum(img), _colsum(txt)) / n**2)
-    # non-finite features or scale make the shifts non-finite: the loss says so (no host sync)
-    loss = torch.where(_finite(row_shift, col_shift), loss, torch.full_like(loss, math.nan))
-    # d loss / d s needs sum_i (E_row_i[S'] - S'_ii) + sum_j (E_col_j[S'] - S'_jj), and sum S'_ii
-    expect = torch.stack([r_e.sum() + c_e.sum(), ref.sum()])
+        loss = loss + eps * scale * (aux[n + 1] / n - torch.dot(_colsum(img), _colsum(txt)) / n**2)
     if logits is None:
         logits = img.new_empty(0)
-    return loss, row_lse, col_lse, expect, logits
+    return loss, row_lse, col_lse, aux, logits
 
 
-def _clip_backward(grad, img, txt, scale, row_lse, col_lse, expect, logits, eps, impl, bm, bn,
+def _clip_backward(grad, img, txt, scale, row_lse, col_lse, aux, logits, eps, impl, bm, bn,
                    tf32):
     """Returns (d_img, d_txt in the features' dtype, d_scale fp32 [])."""
     n = img.shape[0]
     coef = grad / (2 * n)
     k = coef * scale
     labels = dict(diag=0, diag_value=2 * (1 - eps), offset=2 * eps / n)
-    ref = rowdot(img, txt)
+    ref = aux[:n]
     if impl == "triton":
         # k folded into P before its rounding: the GEMMs write the final gradients. Not for
         # fp16, whose range would flush k P (~1e-9) to zero: there k multiplies fp32 results.
@@ -423,9 +428,9 @@ def _clip_backward(grad, img, txt, scale, row_lse, col_lse, expect, logits, eps,
         _, d_txt = clip_grads(img, txt, scale, row_lse, col_lse, ref, **labels, impl=impl, block_m=bm,
                               block_n=bn, allow_tf32=tf32, sink_a=finish_img)
         d_txt.mul_(k)
-    d_scale = coef * expect[0]
+    d_scale = coef * aux[n]
     if eps:
-        d_scale = d_scale + coef * 2 * eps * (expect[1] - torch.dot(_colsum(img), _colsum(txt)) / n)
+        d_scale = d_scale + coef * 2 * eps * (aux[n + 1] - torch.dot(_colsum(img), _colsum(txt)) / n)
     return d_img, d_txt, d_scale
 
 
@@ -439,8 +444,9 @@ def _siglip_forward(img, txt, scale, bias, impl, bm, bn, tf32, keep):
         row_loss = siglip_stats(img, txt, scale, bias, 0, impl=impl, block_m=bm, block_n=bn,
                                 allow_tf32=tf32)
     loss = row_loss.sum() / img.shape[0]
-    ok = _finite(rownorm(img), rownorm(txt), scale, bias)
-    loss = torch.where(ok, loss, torch.full_like(loss, math.nan))
+    if impl != "triton":  # (the triton kernel folds this into the sums itself)
+        ok = _finite(rownorm(img), rownorm(txt), scale, bias)
+        loss = torch.where(ok, loss, torch.full_like(loss, math.nan))
     return loss, (logits if logits is not None else img.new_empty(0))
 
 
@@ -475,9 +481,9 @@ def _contrastive_loss_op(image_features: Tensor, text_features: Tensor, logit_sc
                          label_smoothing: float, block_m: int, block_n: int,
                          allow_tf32: bool, logits_budget_mb: float = 0.0
                          ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Returns (loss [], row_lse [B], col_lse [B], expect [2], logits [B, B] or [0]); the last
-    four feed the backward (row_lse, col_lse, expect empty for siglip; logits: the kept S' of
-    the triton impl when it fits in ``logits_budget_mb``)."""
+    """Returns (loss [], row_lse [B], col_lse [B], aux [B + 2], logits [B, B] or [0]); the last
+    four feed the backward (row_lse, col_lse, aux empty for siglip; aux: see _clip_forward;
+    logits: the kept S' of the triton impl when it fits in ``logits_budget_mb``)."""
     scale = logit_scale.detach().float().reshape(())
     n = image_features.shape[0]
     keep = _keep_logits(impl, n, image_features.dtype, block_m, logits_budget_mb)
@@ -498,14 +504,14 @@ def _(image_features, text_features, logit_scale, logit_bias, loss, impl, label_
     m = n if loss == "clip" else 0
     new = image_features.new_empty
     return (new((), dtype=torch.float32), new((m,), dtype=torch.float32),
-            new((m,), dtype=torch.float32), new((2 if loss == "clip" else 0,), dtype=torch.float32),
+            new((m,), dtype=torch.float32), new((n + 2 if loss == "clip" else 0,), dtype=torch.float32),
             new((n, n) if keep else (0,)))
 
 
 @torch.library.custom_op("infclip::contrastive_loss_backward", mutates_args=())
 def _contrastive_loss_backward_op(grad: Tensor, image_features: Tensor, text_features: Tensor,
                                   logit_scale: Tensor, logit_bias: Optional[Tensor],
-                                  row_lse: Tensor, col_lse: Tensor, expect: Tensor,
+                                  row_lse: Tensor, col_lse: Tensor, aux: Tensor,
                                   logits: Tensor, loss: str, impl: str, label_smoothing: float,
                                   block_m: int, block_n: int, allow_tf32: bool
                                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -515,7 +521,7 @@ def _contrastive_loss_backward_op(grad: Tensor, image_features: Tensor, text_fea
     g = grad.float().reshape(())
     if loss == "clip":
         d_img, d_txt, d_scale = _clip_backward(g, image_features, text_features, scale, row_lse,
-                                               col_lse, expect, logits, label_smoothing, impl,
+                                               col_lse, aux, logits, label_smoothing, impl,
                                                block_m, block_n, allow_tf32)
         d_bias = logit_scale.new_zeros(0)
     else:
@@ -529,7 +535,7 @@ def _contrastive_loss_backward_op(grad: Tensor, image_features: Tensor, text_fea
 
 
 @_contrastive_loss_backward_op.register_fake
-def _(grad, image_features, text_features, logit_scale, logit_bias, row_lse, col_lse, expect,
+def _(grad, image_features, text_features, logit_scale, logit_bias, row_lse, col_lse, aux,
       logits, loss, impl, label_smoothing, block_m, block_n, allow_tf32):
     d_bias = (torch.empty_like(logit_bias) if loss == "siglip" and logit_bias is not None
               else logit_scale.new_empty(0))
@@ -540,17 +546,17 @@ def _(grad, image_features, text_features, logit_scale, logit_bias, row_lse, col
 def _setup_context(ctx, inputs, output):
     (image_features, text_features, logit_scale, logit_bias, loss, impl, label_smoothing, block_m,
      block_n, allow_tf32, *_budget) = inputs
-    _, row_lse, col_lse, expect, logits = output
+    _, row_lse, col_lse, aux, logits = output
     ctx.save_for_backward(image_features, text_features, logit_scale, logit_bias, row_lse, col_lse,
-                          expect, logits)
+                          aux, logits)
     ctx.options = (loss, impl, label_smoothing, block_m, block_n, allow_tf32)
 
 
-def _backward(ctx, grad_loss, _grad_row, _grad_col, _grad_expect, _grad_logits):
-    (image_features, text_features, logit_scale, logit_bias, row_lse, col_lse, expect,
+def _backward(ctx, grad_loss, _grad_row, _grad_col, _grad_aux, _grad_logits):
+    (image_features, text_features, logit_scale, logit_bias, row_lse, col_lse, aux,
      logits) = ctx.saved_tensors
     d_img, d_txt, d_scale, d_bias = torch.ops.infclip.contrastive_loss_backward(
-        grad_loss, image_features, text_features, logit_scale, logit_bias, row_lse, col_lse, expect,
+        grad_loss, image_features, text_features, logit_scale, logit_bias, row_lse, col_lse, aux,
         logits, *ctx.options)
     return (d_img, d_txt, d_scale, (d_bias if logit_bias is not None else None), None, None, None,
             None, None, None, None)

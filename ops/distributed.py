@@ -1,10 +1,11 @@
 """The contrastive loss over a batch spread across a process group: gather, disco, ring, hierarchical ring.
 
 Every scheme computes the loss of the GLOBAL batch (B = N * b rows for N ranks of b rows each)
-from the block primitives of ops/contrastive_loss.py, whose partial results merge by addition
-(or max, for the overflow fallback). Rank r owns rows I_r and columns T_r. The LSE shift of row
-or column i is its diagonal logit s <I_i, T_i>, known to the owner of both, so partial sums from
-other ranks add with no rescaling.
+from the block primitives of ops/contrastive_loss.py, whose partial results merge by addition.
+Rank r owns rows I_r and columns T_r. The LSE shift of row or column i is its diagonal logit
+s <I_i, T_i> (raised to the Cauchy-Schwarz bound - 64 where that is higher: clip_shifts), known to
+the owner of both, so partial sums from other ranks add with no rescaling; the assembly
+(clip_terms) is the single-device one.
 
     gather             all-gather I and T; rank r computes its rows (I_r x T_all) and its
                        columns (I_all x T_r): 2 b x B blocks; backward reduce-scatters the
@@ -30,7 +31,7 @@ The upstream gradient of L is taken to be the same on every rank (it is under De
 scaling and gradient-accumulation division are global); it is not all-reduced.
 
 Design choice: one generic two-level ring (``sweep``) runs every pass of ring and
-hierarchical_ring (CLIP stats, exact maxima, gradients; SigLIP), parametrised by a step
+hierarchical_ring (CLIP stats, gradients; SigLIP), parametrised by a step
 function on a column block; the loss assembly above it mirrors the single-device code. The
 schedules and memory / traffic formulas are in docs/distributed.md.
 
