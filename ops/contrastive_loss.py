@@ -33,7 +33,7 @@ sum to underflow.
 Implementations (same numbers within the tolerances of tests/ops): ``naive`` (one tile: the
 whole matrix), ``chunked_torch`` (tiles of block_m x block_n in plain torch; any device),
 ``triton`` (ops/contrastive_loss_triton.py: cuBLAS GEMMs on row bands + Triton reductions;
-keeps the whole B x B logit matrix from forward to backward when it fits in
+keeps the whole B x B logit matrix, in fp32, from forward to backward when it fits in
 ``logits_budget_mb``). ``contrastive_loss_reference`` is an independent full-matrix statement
 through torch autograd, the ground truth for tests.
 """
@@ -358,11 +358,11 @@ def _finite(*values: Tensor) -> Tensor:
 # Single-device loss: forward and backward in terms of the primitives
 # ----------------------------------------------------------------------------------------------
 def _keep_logits(impl: str, n: int, dtype: torch.dtype, block_m: int, budget_mb: float) -> bool:
-    """The triton impl keeps the whole [B, B] S' (features' dtype) from forward to backward
-    when it and the backward's [B, B] gradient block fit in ``budget_mb`` MiB together and no
+    """The triton impl keeps the whole [B, B] S' (fp32) from forward to backward when it and the
+    backward's [B, B] gradient block (features' dtype) fit in ``budget_mb`` MiB together and no
     band height is forced (block_m)."""
-    itemsize = torch.finfo(dtype).bits // 8
-    return impl == "triton" and not block_m and 2 * n * n * itemsize <= budget_mb * 2**20
+    itemsize = 4 + torch.finfo(dtype).bits // 8
+    return impl == "triton" and not block_m and n * n * itemsize <= budget_mb * 2**20
 
 
 def _colsum(x: Tensor) -> Tensor:
@@ -505,7 +505,7 @@ def _(image_features, text_features, logit_scale, logit_bias, loss, impl, label_
     new = image_features.new_empty
     return (new((), dtype=torch.float32), new((m,), dtype=torch.float32),
             new((m,), dtype=torch.float32), new((n + 2 if loss == "clip" else 0,), dtype=torch.float32),
-            new((n, n) if keep else (0,)))
+            new((n, n) if keep else (0,), dtype=torch.float32 if keep else None))
 
 
 @torch.library.custom_op("infclip::contrastive_loss_backward", mutates_args=())

@@ -501,13 +501,31 @@ def clip_epilogue_triton(scale, sums, row_shift, col_shift, aux):
     return loss, row_lse, col_lse
 
 
+def _run_stats(a, b, keep_logits, band, allow_tf32, kernel: Callable):
+    """The forward's band loop: S' by GEMM, then ``kernel(s, r0, r1)``. A kept whole matrix is
+    fp32 (the GEMM's accumulator, not rounded: the small-B path is as exact as fp32 logits);
+    bands are in the features' dtype. Returns the kept matrix or None."""
+    m, d = a.shape
+    n = b.shape[0]
+    with matmul_precision(allow_tf32):
+        if keep_logits:
+            s = _mm(a, b.T, torch.float32)
+            kernel(s, 0, m)
+            return s
+        step = _step(m, n, d, False, band)
+        bands = list(_bands(m, step))
+        _pipeline(bands, a, lambda r0, r1, buf: _logits(a[r0:r1], b, buf[: r1 - r0]), kernel,
+                  None, _band_buffers(a, n, step, len(bands)))
+    return None
+
+
 def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=0, *,
                       keep_logits=False, band=0, allow_tf32=False, out=None):
     """Partial CLIP statistics of S = scale * a b^T (see ops/contrastive_loss.clip_stats).
 
     a: [M, D], b: [N, D]; scale: fp32 [] tensor; shifts and refs: fp32 [M] / [N]. Returns
     (row_sum, col_sum, row_wsum, col_wsum, logits): fp32 sums without the pairs i - j == diag;
-    logits is the kept [M, N] matrix S' (features' dtype) when ``keep_logits``, else None.
+    logits is the kept [M, N] matrix S' (fp32) when ``keep_logits``, else None.
     band: rows per GEMM band (0: by memory, :func:`band_rows`). out: a zeroed fp32
     [2 M + 2 N] buffer to add into (row_sum, row_wsum, col_sum, col_wsum, in that order).
     """
@@ -519,10 +537,6 @@ def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=
     col_sum, col_wsum = sums[2 * m:2 * m + n], sums[2 * m + n:]
     scale_t = _scalar(scale, a.device)
     shifts = [t.float().contiguous() for t in (row_shift, row_ref, col_shift, col_ref)]
-    step = _step(m, n, d, keep_logits, band)
-    bands = list(_bands(m, step))
-    bufs = _band_buffers(a, n, step, len(bands))
-
     def kernel(s, r0, r1):
         grid, cols = _row_grid(r1 - r0, n, a.device)
         _clip_row_stats_kernel[grid](
@@ -534,10 +548,8 @@ def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=
             s, s.stride(0), r1 - r0, n, rows, scale_t, shifts[2], shifts[3], col_sum, col_wsum,
             int(diag) - r0, BLOCK_M=_COLS_M, BLOCK_N=_COLS_N, num_warps=_COLS_WARPS)
 
-    with matmul_precision(allow_tf32):
-        _pipeline(bands, a, lambda r0, r1, buf: _logits(a[r0:r1], b, buf[: r1 - r0]), kernel,
-                  None, bufs)
-    return row_sum, col_sum, row_wsum, col_wsum, (bufs[0] if keep_logits else None)
+    logits = _run_stats(a, b, keep_logits, band, allow_tf32, kernel)
+    return row_sum, col_sum, row_wsum, col_wsum, logits
 
 
 def siglip_stats_triton(a, b, scale, bias, diag=0, *, keep_logits=False, band=0,
@@ -548,20 +560,13 @@ def siglip_stats_triton(a, b, scale, bias, diag=0, *, keep_logits=False, band=0,
     n = b.shape[0]
     row_loss = torch.zeros(m, device=a.device, dtype=torch.float32)
     scale_t, bias_t = _scalar(scale, a.device), _scalar(bias, a.device)
-    step = _step(m, n, d, keep_logits, band)
-    bands = list(_bands(m, step))
-    bufs = _band_buffers(a, n, step, len(bands))
-
     def kernel(s, r0, r1):
         grid, cols = _row_grid(r1 - r0, n, a.device)
         _siglip_stats_kernel[grid](s, s.stride(0), r1 - r0, n, cols, scale_t, bias_t,
                                    row_loss[r0:r1], int(diag) - r0, BLOCK_M=_STATS_M,
                                    BLOCK_N=_STATS_N, num_warps=_STATS_WARPS)
 
-    with matmul_precision(allow_tf32):
-        _pipeline(bands, a, lambda r0, r1, buf: _logits(a[r0:r1], b, buf[: r1 - r0]), kernel,
-                  None, bufs)
-    return row_loss, (bufs[0] if keep_logits else None)
+    return row_loss, _run_stats(a, b, keep_logits, band, allow_tf32, kernel)
 
 
 def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, out_dtype, sink_a):
@@ -578,7 +583,7 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, out_dtype, sink_
     with matmul_precision(allow_tf32):
         if step >= m:  # one band: two plain GEMMs, no fp32 accumulator
             s = logits if keep else _logits(a, b, torch.empty(m, n, device=a.device, dtype=a.dtype))
-            p = torch.empty_like(s) if keep else s
+            p = torch.empty(m, n, device=a.device, dtype=a.dtype) if keep else s
             fill(s, p, 0, m)
             s = p
             rows = _mm(s, b, out_dtype if sink_a is None else torch.float32)

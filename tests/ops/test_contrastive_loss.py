@@ -144,8 +144,9 @@ def test_triton_kept_logits_and_memory_bands_agree(monkeypatch, loss):
 def test_kept_logits_only_when_they_fit():
     from ops.contrastive_loss import _keep_logits
 
-    assert _keep_logits("triton", 4096, torch.bfloat16, 0, 64.0)  # 2 x 32 MiB (S' and dS)
-    assert not _keep_logits("triton", 4097, torch.bfloat16, 0, 64.0)
+    assert _keep_logits("triton", 3344, torch.bfloat16, 0, 64.0)  # S' fp32 + dS bf16: 64 MiB
+    assert not _keep_logits("triton", 3345, torch.bfloat16, 0, 64.0)
+    assert not _keep_logits("triton", 2897, torch.float32, 0, 64.0)
     assert not _keep_logits("triton", 10, torch.float32, 0, 0.0)
     assert not _keep_logits("triton", 10, torch.float32, 16, 64.0)  # a band height was asked for
     assert not _keep_logits("chunked_torch", 10, torch.float32, 0, 64.0)
