@@ -17,11 +17,13 @@ the features' dtype (bf16 logits, as autocast rounds them), then:
 FLOPs: 8 B^2 D in GEMMs (6 B^2 D when the whole matrix is kept from forward to backward), at
 cuBLAS's rate; the Triton kernels are memory-bound (2-3.5 TB/s on an H200). Bands hold
 <= _BAND_FACTOR max(N D, 2^24) elements, so the extra memory stays O(B D) at any batch size.
-Measured and not kept: one stats kernel for both directions (per-tile reductions: 0.3-0.6 TB/s)
-and overlapping a band's Triton kernel with the next band's GEMM on a second stream (no gain at
-B = 16k-65k: the GEMMs hold every SM; _OVERLAP, off).
-Limits: the logits are rounded to the features' dtype before the exponentials (as a dense
-bf16 loss does); the fp32 atomics make the last bits of the sums depend on the order in which
+Measured and not kept: one stats kernel for both directions (per-tile reductions both ways:
+0.3-0.6 TB/s; column strips with per-tile row reductions: 0.9-1.3 TB/s, 2-3% slower end to end
+at B = 32k-65k than two kernels) and overlapping a band's Triton kernel with the next band's GEMM
+on a second stream (no gain at B = 16k-65k: the GEMMs hold every SM; _OVERLAP, off).
+Limits: band logits are rounded to the features' dtype before the exponentials (as a dense bf16
+loss does; a kept whole matrix stays fp32); B = 1k-8k is bound by the host (~1 ms a call:
+Python, ~7 Triton launches, 3-4 cuBLAS calls, two registered-op dispatches); the fp32 atomics make the last bits of the sums depend on the order in which
 programs finish (not bitwise deterministic run to run).
 Under TRITON_INTERPRET=1 (CPU) the kernels run exactly for fp32/fp16 (the host side does the
 GEMMs in fp32 there); bf16 needs a GPU.
@@ -30,7 +32,7 @@ GEMMs in fp32 there); bf16 needs a GPU.
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 import triton
