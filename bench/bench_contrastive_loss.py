@@ -1,12 +1,16 @@
 """Forward+backward time and peak extra memory of the contrastive loss op against the anchors.
 
 Anchors, all in the same process and run: the dense bf16 matmul rate (for the roofline
-8 B^2 D FLOPs), a naive fp32 full-logit loss, open_clip's ClipLoss and inf_cl (two one-
-direction calls), the last two imported here only (wheels on the device machine).
+8 B^2 D FLOPs); ``compiled_dense``, torch.compile of the four-line dense CLIP loss (what a user
+writes first); ``dense_siglip``, the same for the sigmoid loss; open_clip's ClipLoss and
+SigLipLoss; optionally a naive fp32 full-logit loss and inf_cl (two one-direction calls).
+open_clip and inf_cl are imported here only (wheels on the device machine).
+This op runs as ``ours_bf16`` (CLIP, default settings), ``ours_bf16_banded`` (CLIP,
+logits_budget_mb=0: the recompute path at every B) and ``ours_siglip_bf16``.
 
     python bench/bench_contrastive_loss.py --out bench/results/contrastive_loss.jsonl
 
-Rows are appended as JSON lines; a table is printed last.
+Rows are appended as JSON lines; a table is printed last (each B: ms, and ours / anchor).
 """
 
 from __future__ import annotations
@@ -68,11 +72,43 @@ def make_inf_cl():
     return fn
 
 
-def ours(dtype_mode):
-    def fn(img, txt, scale):
-        return contrastive_loss(img, txt, scale, impl="triton", allow_tf32=(dtype_mode == "tf32"),
-                                check_finite=False)
+def ours(dtype_mode, loss="clip", **kw):
+    def fn(img, txt, scale, bias):
+        return contrastive_loss(img, txt, scale, bias if loss == "siglip" else None, loss=loss,
+                                impl="triton", allow_tf32=(dtype_mode == "tf32"), **kw)
     return fn
+
+
+def _dense_clip(img, txt, scale):
+    logits = scale * (img @ txt.T)
+    labels = torch.arange(img.shape[0], device=img.device)
+    return 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels))
+
+
+def _dense_siglip(img, txt, scale, bias):
+    logits = scale * (img @ txt.T) + bias
+    n = img.shape[0]
+    signs = 2 * torch.eye(n, device=img.device, dtype=logits.dtype) - 1
+    return -F.logsigmoid(signs * logits).sum() / n
+
+
+def make_compiled_dense():
+    """torch.compile of the dense CLIP loss: bf16 GEMM, times the fp32 [1] scale (fp32 logits, as
+    users write it; BENCHMARKS.md's anchor, 16 GiB at B = 65,536)."""
+    fn = torch.compile(_dense_clip, dynamic=False)
+    return lambda img, txt, scale, bias: fn(img, txt, scale)
+
+
+def make_dense_siglip():
+    fn = torch.compile(_dense_siglip, dynamic=False)
+    return fn
+
+
+def make_open_clip_siglip():
+    from open_clip.loss import SigLipLoss
+
+    crit = SigLipLoss()
+    return lambda img, txt, scale, bias: crit(img, txt, scale.to(img.dtype), bias.to(img.dtype))
 
 
 def measure(fn, b, d, dtype, reps, warmup=2):
@@ -83,20 +119,21 @@ def measure(fn, b, d, dtype, reps, warmup=2):
     img = F.normalize(torch.randn(b, d, device="cuda", generator=gen), dim=-1).to(dtype).requires_grad_()
     txt = F.normalize(torch.randn(b, d, device="cuda", generator=gen), dim=-1).to(dtype).requires_grad_()
     scale = torch.full((1,), 14.3, device="cuda", requires_grad=True)
+    bias = torch.full((1,), -10.0, device="cuda", requires_grad=True)
     try:
         for _ in range(warmup):
-            fn(img, txt, scale).backward()
-            img.grad = txt.grad = scale.grad = None
+            fn(img, txt, scale, bias).backward()
+            img.grad = txt.grad = scale.grad = bias.grad = None
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         times = []
         for _ in range(reps):
             timer = OpTimer(img.device)
-            loss = fn(img, txt, scale)
+            loss = fn(img, txt, scale, bias)
             loss.backward()
             times.append(float(timer.stop()))
-            img.grad = txt.grad = scale.grad = None
+            img.grad = txt.grad = scale.grad = bias.grad = None
         peak = (torch.cuda.max_memory_allocated() - base) / 2**30
         return statistics.median(times), peak, float(loss.detach())
     except torch.OutOfMemoryError:
@@ -105,21 +142,48 @@ def measure(fn, b, d, dtype, reps, warmup=2):
         print(f"# error: {type(exc).__name__}: {exc}", flush=True)
         return f"error: {type(exc).__name__}"
     finally:
-        del img, txt, scale
+        del img, txt, scale, bias
         torch.cuda.empty_cache()
+
+
+def profile(fn, b, d, dtype, path):
+    """Kernel-level table of one fwd+bwd (after warm-up) into ``path``: where the time goes."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    img = F.normalize(torch.randn(b, d, device="cuda", generator=gen), dim=-1).to(dtype).requires_grad_()
+    txt = F.normalize(torch.randn(b, d, device="cuda", generator=gen), dim=-1).to(dtype).requires_grad_()
+    scale = torch.full((1,), 14.3, device="cuda", requires_grad=True)
+    bias = torch.full((1,), -10.0, device="cuda", requires_grad=True)
+    for _ in range(3):
+        fn(img, txt, scale, bias).backward()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            fn(img, txt, scale, bias).backward()
+        torch.cuda.synchronize()
+    with open(path, "a") as f:
+        f.write(f"\n## B = {b}, 3 calls\n")
+        f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18,
+                                          max_name_column_width=70))
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default="4096,16384,32768,65536,262144")
-    p.add_argument("--big", default="1048576", help="sizes run for this project only")
+    p.add_argument("--sizes", default="1024,2048,4096,8192,16384,32768,65536")
+    p.add_argument("--big", default="262144", help="sizes run for this project only")
     p.add_argument("--dim", type=int, default=768)
-    p.add_argument("--anchor-max", type=int, default=65536, help="largest B for naive/open_clip/inf_cl")
-    p.add_argument("--fp32-max", type=int, default=65536, help="largest B for the fp32 modes")
-    p.add_argument("--anchors", default="naive,open_clip,inf_cl")
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--anchor-max", type=int, default=65536, help="largest B for the anchors")
+    p.add_argument("--fp32-max", type=int, default=0, help="largest B for the fp32 modes")
+    p.add_argument("--anchors", default="compiled_dense,dense_siglip,open_clip,open_clip_siglip",
+                   help="any of compiled_dense, dense_siglip, open_clip, open_clip_siglip, naive, inf_cl")
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--profile", default="", help="B values whose kernel table goes to --profile-out")
+    p.add_argument("--profile-out", default="contrastive_loss_profile.txt")
     p.add_argument("--out", default="bench/results/contrastive_loss.jsonl")
     args = p.parse_args(argv)
+    torch._dynamo.config.cache_size_limit = 64  # one compiled graph per B (dynamic=False)
 
     dev = torch.cuda.get_device_name()
     import triton
@@ -132,8 +196,12 @@ def main(argv=None):
     anchors = {}
     for name in [a for a in args.anchors.split(",") if a]:
         try:
-            anchors[name] = {"naive": lambda: naive_fp32, "open_clip": make_open_clip,
-                             "inf_cl": make_inf_cl}[name]()
+            anchors[name] = {"naive": lambda: (lambda i, t, s, b: naive_fp32(i, t, s)),
+                             "open_clip": lambda: (lambda f: lambda i, t, s, b: f(i, t, s))(make_open_clip()),
+                             "inf_cl": lambda: (lambda f: lambda i, t, s, b: f(i, t, s))(make_inf_cl()),
+                             "compiled_dense": make_compiled_dense,
+                             "dense_siglip": make_dense_siglip,
+                             "open_clip_siglip": make_open_clip_siglip}[name]()
         except Exception as exc:  # a missing wheel must not stop the run
             print(f"# anchor {name} unavailable: {exc}", flush=True)
 
@@ -141,7 +209,9 @@ def main(argv=None):
     sizes = [int(x) for x in args.sizes.split(",") if x] + [int(x) for x in args.big.split(",") if x]
     for b in sizes:
         roof = 8 * b * b * args.dim / (tflops * 1e12) * 1e3
-        runs = [("ours_bf16", ours("bf16"), torch.bfloat16)]
+        runs = [("ours_bf16", ours("bf16"), torch.bfloat16),
+                ("ours_bf16_banded", ours("bf16", logits_budget_mb=0), torch.bfloat16),
+                ("ours_siglip_bf16", ours("bf16", "siglip"), torch.bfloat16)]
         if b <= args.fp32_max:
             runs += [("ours_fp32", ours("ieee"), torch.float32), ("ours_tf32", ours("tf32"), torch.float32)]
         if b <= args.anchor_max:
@@ -165,13 +235,26 @@ def main(argv=None):
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
 
-    print("\n| B | impl | dtype | ms | x roofline | peak extra GiB |")
-    print("|---|---|---|---|---|---|")
+    for b in [int(x) for x in args.profile.split(",") if x]:
+        for name, fn in (("ours_bf16", ours("bf16")), ("ours_siglip_bf16", ours("bf16", "siglip"))):
+            with open(args.profile_out, "a") as f:
+                f.write(f"\n# {name}")
+            profile(fn, b, args.dim, torch.bfloat16, args.profile_out)
+
+    print("\n| B | impl | dtype | ms | x roofline | peak extra GiB | ours / this |")
+    print("|---|---|---|---|---|---|---|")
+    by_b = {}
     for r in rows:
         if r["status"] == "ok":
-            print(f"| {r['B']:,} | {r['impl']} | {r['dtype']} | {r['ms']:.1f} | {r['x_roofline']} | {r['peak_extra_gib']:.2f} |")
+            by_b.setdefault(r["B"], {})[r["impl"]] = r["ms"]
+    for r in rows:
+        if r["status"] == "ok":
+            mine = by_b[r["B"]].get("ours_siglip_bf16" if "siglip" in r["impl"] else "ours_bf16")
+            ratio = f"{mine / r['ms']:.2f}" if mine and not r["impl"].startswith("ours") else ""
+            print(f"| {r['B']:,} | {r['impl']} | {r['dtype']} | {r['ms']:.2f} | {r['x_roofline']} | "
+                  f"{r['peak_extra_gib']:.2f} | {ratio} |")
         else:
-            print(f"| {r['B']:,} | {r['impl']} | {r['dtype']} | {r['status']} | | |")
+            print(f"| {r['B']:,} | {r['impl']} | {r['dtype']} | {r['status']} | | | |")
 
 
 if __name__ == "__main__":
