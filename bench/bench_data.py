@@ -3,8 +3,8 @@
 Design: writes real img2dataset-layout JPEG shards on local disk (256 x 256 pictures with
 smooth colour fields and shapes, 90% quality, ~20-30 KB each: the size of a web image cut to
 256 px), trains the project's BPE tokenizer on their captions, then times
-``pipeline.data.build_train_loader`` (decode + random resized crop to 224 + normalise +
-tokenise, in DataLoader workers) at several worker counts. Each row gives images/s in all and
+``pipeline.data.build_train_loader`` (decode + random resized crop to 224 + tokenise in
+DataLoader workers, uint8 to the GPU and normalised there, as in training) at several worker counts. Each row gives images/s in all and
 per worker, so the number of cores a GPU needs follows: (samples/s of the training step) /
 (images/s per worker). One JSONL row per worker count in bench/results/data.jsonl.
 
@@ -69,8 +69,12 @@ def measure(url: str, tokenizer, workers: int, batch: int, batches: int) -> dict
 
     cfg = DataConfig(train_shards=url, resampled=True, samples_per_epoch=10**9, workers=workers,
                      shuffle_buffer=1000, prefetch_factor=4)
-    loader = build_train_loader(cfg, tokenizer, image_size=224, context_length=77, batch_size=batch)
-    rate = measure_loader_throughput(loader, batches, warmup=max(2, workers))
+    # as in training: uint8 crops from the workers, normalised on the GPU (on the CPU without one,
+    # where that single-threaded normalisation in this process can become the limit)
+    device = torch.device("cuda") if torch.cuda.is_available() else None
+    loader = build_train_loader(cfg, tokenizer, image_size=224, context_length=77, batch_size=batch, device=device,
+                                dtype=torch.bfloat16 if device is not None else torch.float32)
+    rate = measure_loader_throughput(loader, batches, warmup=2 * max(1, workers))
     return {"workers": workers, "images_per_s": rate, "images_per_s_per_worker": rate / max(workers, 1)}
 
 
