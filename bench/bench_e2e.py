@@ -64,6 +64,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "e2e.jsonl"))
     args = p.parse_args(argv)
     work = args.dir or tempfile.mkdtemp(prefix="bench_e2e_")
+    os.makedirs(work, exist_ok=True)
     with open(os.path.join(ROOT, args.preset)) as f:
         preset = json.load(f)
     micro = preset["train_micro_batch_size_per_gpu"]
