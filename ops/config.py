@@ -143,9 +143,10 @@ class ContrastiveLossConfig:
     block_n: Optional[int] = None
     """Column tile of the torch impls (None: the impl's default; unused by triton)."""
     logits_budget_mb: float = 64.0
-    """triton: keep the whole B x B logit matrix (features' dtype) from forward to backward when
-    it fits in this many MiB: one GEMM less (6 B^2 D FLOPs instead of 8), B^2 elements of memory.
-    0: never (always recompute by row bands, O(B D) memory)."""
+    """triton: keep the whole B x B logit matrix (fp32) from forward to backward when it and the
+    backward's B x B gradient (features' dtype) fit in this many MiB together (6 bytes a pair in
+    bf16: B <= 3,344 at 64): one GEMM less (6 B^2 D FLOPs instead of 8). 0: never (always
+    recompute by row bands, O(B D) memory)."""
     distributed: typing.Literal["none", "gather", "disco", "ring", "hierarchical_ring"] = "none"
     """How the global batch is spread over the data-parallel group (ignored at world size 1)."""
     local_world_size: Optional[int] = None
