@@ -470,7 +470,8 @@ class CLIPTowers(nn.Module):
         cfg = self.cfg
         if cfg.gradient_checkpointing == "auto":
             need = activation_bytes(cfg, rows, element_bytes=next(self.parameters()).element_size())
-            free = _free_bytes(device) - 8 * sum(p.numel() for p in self.parameters() if p.requires_grad)
+            adam_state = 8 * sum(getattr(p, "ds_numel", p.numel()) for p in self.parameters() if p.requires_grad)
+            free = _free_bytes(device) - adam_state  # Adam's moments appear at the first step
             enable = need > cfg.checkpointing_memory_fraction * free
             logger.info("gradient_checkpointing auto: %s (activations of %d rows ~%.2f GiB, free ~%.2f GiB "
                         "after optimizer state)", "on" if enable else "off", rows, need / 2**30, free / 2**30)

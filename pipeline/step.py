@@ -19,7 +19,7 @@ import torch
 from .chunked import chunked_forward_backward
 from .errors import NonFiniteLossError
 
-__all__ = ["OpTimer", "LossGuard", "forward_backward", "grad_norm_zero0"]
+__all__ = ["OpTimer", "LossGuard", "forward_backward"]
 
 
 class LossGuard:
@@ -141,12 +141,3 @@ def _plain_step(engine, pv, ids, mask, loss_fn):
             surrogate = surrogate + (out * leaf.grad.to(out.dtype)).sum().float()
     engine.backward(surrogate)
     return loss.detach(), timer, scale.detach().float().reshape(-1)[0]
-
-
-def grad_norm_zero0(engine) -> Optional[float]:
-    """Global gradient 2-norm before the optimizer step where DeepSpeed does not report one
-    (ZeRO-0 with a plain torch optimizer: the gradients are all-reduced, full, on every rank)."""
-    if engine.zero_optimization_stage() != 0 or engine.get_global_grad_norm() is not None:
-        return None
-    norms = [p.grad.detach().float().norm() for p in engine.module.parameters() if p.grad is not None]
-    return float(torch.stack(norms).norm()) if norms else None
