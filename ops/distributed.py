@@ -1,7 +1,7 @@
 """The contrastive loss over a batch spread across a process group: gather, disco, ring, hierarchical ring.
 
 Every scheme computes the loss of the GLOBAL batch (B = N * b rows for N ranks of b rows each)
-from the block primitives of ops/contrastive_loss.py, whose partial results merge by addition.
+from the block primitives of ops/blocks.py, whose partial results merge by addition.
 Rank r owns rows I_r and columns T_r. The LSE shift of row or column i is its diagonal logit
 s <I_i, T_i> (raised to the Cauchy-Schwarz bound - 64 where that is higher: clip_shifts), known to
 the owner of both, so partial sums from other ranks add with no rescaling; the assembly
@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .contrastive_loss import (
+from .blocks import (
     clip_grads,
     clip_shifts,
     clip_stats,
