@@ -36,17 +36,22 @@ def _evaluator(run_cfg, source):
         logging.getLogger("pretrain").warning("config has an 'eval' section but eval.build_evaluator is not "
                                               "available (%s): training without periodic evaluation", exc)
         return None
-    return build_evaluator(run_cfg.eval, run_cfg, source=source)
+    evaluator = build_evaluator(run_cfg.eval, run_cfg, source=source)
+    if evaluator is not None:
+        evaluator.log_table = False  # the training log has one line per evaluation; the report is a file
+    return evaluator
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--ds_config", "--deepspeed_config", dest="ds_config",
                         default="ds_configs/tiny_cpu.json", help="the run's JSON (DeepSpeed keys + project sections)")
     parser.add_argument("--resume", default=None, help="'latest' or a checkpoint directory")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set train.steps=20 (repeatable; value is JSON)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
+    parser.add_argument("--deepspeed", action="store_true",
+                        help="accepted as DeepSpeed documents it (DeepSpeed is always on here)")
     parser.add_argument("--debug", action="store_true", help="show the traceback of user errors too")
     args = parser.parse_args(argv)
 

@@ -10,6 +10,7 @@ all call it at the same steps); only rank 0 writes.
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import time
 from typing import Any, Mapping, Optional
@@ -50,6 +51,7 @@ class TrainLogger:
         self.total_steps, self.start_step = total_steps, start_step
         self.micro_batch, self.workers = micro_batch, max(workers, 1)
         self.t_start = time.perf_counter()
+        self._starved_warned = False
         self._new_window(first=True)
 
     def _new_window(self, first: bool = False) -> None:
@@ -104,10 +106,15 @@ class TrainLogger:
                         f"{float(grad_norm):.3f}" if grad_norm is not None else "-", samples_per_s, loss_ms, peak,
                         f" skipped-steps {skipped_steps}" if skipped_steps else "",
                         fmt_time(rate * (self.total_steps - step)))
-            if wait_fraction > 0.1 and not w["first"]:
+            if wait_fraction > 0.1 and not w["first"] and not self._starved_warned:
+                self._starved_warned = True  # once per run: the TensorBoard curve has the rest
+                cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+                advice = ("raise data.workers" if self.workers < cores - 1 else
+                          f"the workers and the trainer already fill the {cores} cores: the loader needs faster cores, "
+                          "smaller images on disk, or a smaller data.workers to leave the trainer a core")
                 logger.warning("step %d: %.0f%% of the time went waiting for data (loader: %.0f images/s "
-                               "per worker, %d workers); raise data.workers", step, 100 * wait_fraction,
-                               per_worker, self.workers)
+                               "per worker, %d workers); %s", step, 100 * wait_fraction, per_worker, self.workers,
+                               advice)
         self._new_window()
 
     def log_eval(self, step: int, metrics: Mapping[str, float]) -> None:

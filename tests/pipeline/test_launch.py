@@ -45,7 +45,9 @@ def test_plain_python_single_process(digits_shards, tmp_path):
     lock.write_text("")
     os.utime(lock, (time.time() - 3600, time.time() - 3600))
     monitor = {"tensorboard": {"enabled": True, "output_path": str(tb), "job_name": "job"}}
-    cmd = [sys.executable, LAUNCH, "--ds_config", TINY, *_sets(base_overrides(digits_shards, out, 4, **monitor))]
+    # --deepspeed: DeepSpeed's documented switch (argparse once took it for --deepspeed_config)
+    cmd = [sys.executable, LAUNCH, "--deepspeed", "--deepspeed_config", TINY,
+           *_sets(base_overrides(digits_shards, out, 4, **monitor))]
     proc = subprocess.run(cmd, cwd=str(tmp_path), env=dict(_env(), TORCH_EXTENSIONS_DIR=str(ext)),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
