@@ -16,6 +16,12 @@ the text, never the EOS). The model's ``CLIPTextConfig`` must get ``vocab_size``
 Limit: :func:`tokenize` builds ``[BOS] text [EOS] [PAD]...`` itself from the tokenizer's ids
 without special tokens, so it works for any HF tokenizer that has an EOS token (BOS is optional;
 a tokenizer without a pad token pads with EOS, as OpenAI's CLIP tokenizer does).
+
+Called the HF way (``tok(texts)``, ``CLIPProcessor``, transformers' pipelines) the saved BPE
+gives the same rows: :func:`with_clip_template` puts a ``TemplateProcessing`` post-processor
+(``[BOS] $A [EOS]``) and truncation/padding to the context length into ``tokenizer.json``, so
+``tok(texts, padding="max_length", truncation=True)`` equals :func:`tokenize` (transformers itself
+pads or truncates only when asked; the ``tokenizers`` library applies the saved settings always).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ __all__ = [
     "special_token_ids",
     "tokenize",
     "train_bpe_tokenizer",
+    "with_clip_template",
 ]
 
 logger = logging.getLogger(__name__)
@@ -85,8 +92,9 @@ def train_bpe_tokenizer(texts: Iterable[str], out_dir: Union[str, Path], vocab_s
     ids = [tok.token_to_id(t) for t in _SPECIALS]
     if ids != [0, 1, 2]:
         raise RuntimeError(f"special token ids came out as {ids}, expected [0, 1, 2]")
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN,
-                                   pad_token=PAD_TOKEN, model_max_length=context_length)
+    fast = with_clip_template(PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN,
+                                                      pad_token=PAD_TOKEN, model_max_length=context_length),
+                              context_length)
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
@@ -100,6 +108,40 @@ def train_bpe_tokenizer(texts: Iterable[str], out_dir: Union[str, Path], vocab_s
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return load_tokenizer(out_dir)
+
+
+def with_clip_template(tokenizer, context_length: int):
+    """A copy of ``tokenizer`` (a fast HF tokenizer) whose ``tokenizers`` backend adds the special
+    tokens, truncates and pads the way :func:`tokenize` does: a ``TemplateProcessing``
+    post-processor ``[BOS] $A [EOS]`` (``[BOS] $A [EOS] $B [EOS]`` for pairs; no BOS when the
+    tokenizer has none), truncation of the text to ``context_length`` tokens in all (the EOS is
+    kept) and padding with the pad token (EOS if none) to ``context_length``, all stored in its
+    ``tokenizer.json``; ``model_max_length`` is ``context_length``.
+
+    ``copy(texts, padding="max_length", truncation=True)`` then gives :func:`tokenize`'s ids and
+    mask, and ``copy(texts)`` the rows without padding; :func:`tokenize` itself encodes without
+    special tokens, so its output does not change.
+    """
+    from tokenizers import Tokenizer, processors
+    from transformers import PreTrainedTokenizerFast
+
+    if not getattr(tokenizer, "is_fast", False) or not hasattr(tokenizer, "backend_tokenizer"):
+        raise TypeError(f"with_clip_template needs a fast (tokenizers-backed) tokenizer, got {type(tokenizer).__name__}")
+    ids = special_token_ids(tokenizer)
+    eos, pad, bos = ids["eos_token_id"], ids["pad_token_id"], ids["bos_token_id"]
+    eos_tok, bos_tok = tokenizer.convert_ids_to_tokens(eos), tokenizer.convert_ids_to_tokens(bos) if bos is not None else None
+    pad_tok = tokenizer.convert_ids_to_tokens(pad)
+    if context_length < (3 if bos is not None else 2):
+        raise ValueError(f"context_length {context_length} leaves no room for text between BOS and EOS")
+    head = f"{bos_tok} " if bos is not None else ""
+    specials = [(eos_tok, eos)] + ([(bos_tok, bos)] if bos is not None else [])
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{head}$A {eos_tok}", pair=f"{head}$A {eos_tok} $B:1 {eos_tok}:1", special_tokens=specials)
+    backend.enable_truncation(max_length=context_length)
+    backend.enable_padding(length=context_length, pad_id=pad, pad_token=pad_tok)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos_tok, eos_token=eos_tok, pad_token=pad_tok,
+                                   model_max_length=context_length)
 
 
 def load_tokenizer(path: Union[str, Path]):
