@@ -1,5 +1,6 @@
 """Loading a trained model for evaluation: DeepSpeed checkpoints (any ZeRO stage) consolidated to
-fp32 on the CPU, or an exported HF folder; and exporting a checkpoint as HF towers.
+fp32 on the CPU, or an exported HF folder; and exporting a checkpoint as one folder that
+transformers loads as a ``CLIPModel`` / ``CLIPProcessor`` / zero-shot pipeline.
 
 Design: DeepSpeed's own ``zero_to_fp32`` unpickles every file with ``weights_only=False``; this
 module reads the same files with ``pipeline.checkpoint.safe_load`` (``torch.load(weights_only=True)``
@@ -43,6 +44,7 @@ __all__ = [
     "consolidate_fp32_state_dict",
     "export_hf",
     "find_tag_dir",
+    "image_normalization",
     "find_run_files",
     "load_model",
     "load_state_dict_strict",
@@ -372,14 +374,40 @@ def load_model(path: PathLike, tag: Optional[str] = None, *, config: Optional[Pa
     return LoadedModel(model, tok, info["tag_dir"], info, raw)
 
 
+def image_normalization(run_config: Optional[Mapping[str, Any]]) -> Tuple[Optional[List[float]], Optional[List[float]]]:
+    """``(image_mean, image_std)`` of a run's raw JSON config (its ``data`` section), None for
+    what it does not set (the exported image processor then uses CLIP's)."""
+    data = (run_config or {}).get("data") or {}
+    if not isinstance(data, dict):
+        return None, None
+    return data.get("image_mean"), data.get("image_std")
+
+
 def export_hf(checkpoint: PathLike, out_dir: PathLike, tag: Optional[str] = None, *,
               config: Optional[PathLike] = None, tokenizer: Optional[PathLike] = None) -> str:
-    """Write a DeepSpeed checkpoint as an HF folder: ``vision/`` and ``text/`` (loadable with
-    ``CLIPVisionModelWithProjection`` / ``CLIPTextModelWithProjection.from_pretrained``),
-    ``logit_params.json`` and ``tokenizer/``. Returns ``out_dir``."""
+    """Write a DeepSpeed checkpoint (or re-write an exported folder) as one folder that
+    transformers loads as a whole and this project as before (``CLIPTowers.save_pretrained``
+    with the tokenizer and the run's image normalisation):
+
+    - ``config.json`` + ``model.safetensors``: a ``transformers.CLIPModel`` whose
+      ``get_image_features`` / ``get_text_features`` equal ``encode_image`` / ``encode_text``
+      and whose ``logit_scale`` is the run's (clamped to ``max_logit_scale``);
+    - ``tokenizer.json`` / ``tokenizer_config.json`` (BOS/EOS added by the tokenizer's own
+      post-processor, truncation and padding to the context length) and ``processor_config.json``
+      (``CLIPImageProcessor``: the run's image size, the ``data`` section's mean/std), so that
+      ``CLIPProcessor.from_pretrained`` and the ``zero-shot-image-classification`` pipeline load it;
+    - ``vision/``, ``text/``, ``logit_params.json`` and ``tokenizer/``: the project's layout
+      (``CLIPTowers.from_pretrained``, ``model.pretrained``, ``--checkpoint``).
+
+    The mean/std come from the run's config (``config``, or ``config.json`` found beside the
+    checkpoint or up to three folders up); CLIP's when there is none. Returns ``out_dir``."""
     loaded = load_model(checkpoint, tag, config=config, tokenizer=tokenizer)
+    run_cfg = loaded.run_config
+    if run_cfg is None:
+        found, _ = find_run_files(checkpoint)
+        run_cfg = json.loads(found.read_text()) if found is not None else None
+    mean, std = image_normalization(run_cfg)
     out = Path(out_dir)
-    loaded.model.save_pretrained(str(out))
-    loaded.tokenizer.save_pretrained(str(out / TOKENIZER_DIR))
+    loaded.model.save_pretrained(str(out), tokenizer=loaded.tokenizer, image_mean=mean, image_std=std)
     logger.info("exported %s -> %s", loaded.source, out)
     return str(out)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import traceback
@@ -127,14 +128,26 @@ def _gathered(engine: Any):
     return contextlib.nullcontext()
 
 
-def export_final(engine: Any, tokenizer: Any, final_dir: str) -> str:
-    """Write the towers (``CLIPTowers.save_pretrained``) and the tokenizer to ``final_dir`` from
-    rank 0 (every rank must call: ZeRO-3 gathers the weights). Returns ``final_dir``."""
+def export_final(engine: Any, tokenizer: Any, final_dir: str, image_mean: Any = None, image_std: Any = None) -> str:
+    """Write ``final_dir`` from rank 0 (every rank must call: ZeRO-3 gathers the weights) with
+    ``CLIPTowers.save_pretrained(final_dir, tokenizer, image_mean, image_std)``: a
+    ``transformers.CLIPModel`` + ``CLIPProcessor`` folder that also keeps the project's
+    ``vision/``, ``text/``, ``logit_params.json`` and ``tokenizer/``. Without ``image_mean`` /
+    ``image_std`` they are read from the run's ``config.json`` beside ``final_dir`` (its ``data``
+    section; CLIP's when unset). Returns ``final_dir``."""
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    if rank == 0 and (image_mean is None or image_std is None):
+        run_config = os.path.join(os.path.dirname(os.path.abspath(final_dir)), "config.json")
+        try:
+            with open(run_config) as f:
+                data = json.load(f).get("data") or {}
+        except (OSError, ValueError, AttributeError):
+            data = {}
+        image_mean = image_mean if image_mean is not None else data.get("image_mean")
+        image_std = image_std if image_std is not None else data.get("image_std")
     with _gathered(engine):
         if rank == 0:
-            engine.module.save_pretrained(final_dir)
-            tokenizer.save_pretrained(os.path.join(final_dir, "tokenizer"))
+            engine.module.save_pretrained(final_dir, tokenizer=tokenizer, image_mean=image_mean, image_std=image_std)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     return final_dir

@@ -404,6 +404,15 @@ def mark_zero3_leaf_layers(model: nn.Module) -> int:
     return len(blocks)
 
 
+def _is_hf_clip_folder(directory: str) -> bool:
+    """A saved transformers ``CLIPModel``: ``config.json`` with ``model_type: clip``."""
+    try:
+        with open(os.path.join(directory, "config.json")) as f:
+            return json.load(f).get("model_type") == "clip"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 class CLIPTowers(nn.Module):
     """Image and text towers with a shared embedding width E and learnable logit scale/bias.
 
@@ -546,10 +555,25 @@ class CLIPTowers(nn.Module):
         return img, txt, scale, bias
 
     # ------------------------------------------------------------------ save / load
-    def save_pretrained(self, directory: str) -> None:
-        """Write ``vision/`` and ``text/`` (HF folders) and ``logit_params.json``.
+    def save_pretrained(self, directory: str, tokenizer: Any = None, image_mean: Optional[list] = None,
+                        image_std: Optional[list] = None) -> None:
+        """Write one folder that both this project and transformers load:
 
-        Under ZeRO-3 gather the parameters first (or use the engine's consolidated state dict)."""
+        - ``vision/`` and ``text/`` (each a HF tower folder) and ``logit_params.json`` (the raw
+          logit scale and bias, ``max_logit_scale``, the model section): the project's layout;
+        - at the root, a ``transformers.CLIPModel`` (``config.json``, ``model.safetensors``) with
+          ``logit_scale`` = the log scale training used (``min(logit_scale, log max_logit_scale)``:
+          HF does not clamp) and the text config's BOS/EOS/PAD ids, so HF pools the same EOS token
+          as :meth:`encode_text`. Not written (with a warning) when the EOS id is 2, for which
+          transformers falls back to its legacy argmax pooling;
+        - with ``tokenizer``: the tokenizer with its CLIP template (``pipeline.tokenizer.with_clip_template``)
+          at the root and in ``tokenizer/``, and a ``CLIPProcessor`` whose image processor resizes
+          the shorter side to ``image_size`` (bicubic), centre-crops, and normalises with
+          ``image_mean`` / ``image_std`` (default CLIP's): ``CLIPProcessor.from_pretrained`` and
+          transformers' ``zero-shot-image-classification`` pipeline then load the folder.
+
+        The weights are stored twice (towers and CLIPModel). Under ZeRO-3 gather the parameters
+        first (or use the engine's consolidated state dict)."""
         os.makedirs(directory, exist_ok=True)
         self.vision.save_pretrained(os.path.join(directory, "vision"))
         self.text.save_pretrained(os.path.join(directory, "text"))
@@ -559,16 +583,62 @@ class CLIPTowers(nn.Module):
                 "model_config": self.cfg.to_dict()}
         with open(os.path.join(directory, _LOGIT_FILE), "w") as f:
             json.dump(meta, f, indent=2)
+        if self.text.config.eos_token_id == 2:
+            logger.warning("%s: no transformers CLIPModel written at the root: the tokenizer's EOS id is 2, for which "
+                           "transformers' CLIPTextTransformer pools the highest token id instead of the EOS "
+                           "(vision/ and text/ are written)", directory)
+        else:
+            self.to_hf_clip_model().save_pretrained(directory)
+        if tokenizer is not None:
+            from transformers import CLIPImageProcessor, CLIPProcessor
+
+            from .data import CLIP_MEAN, CLIP_STD
+            from .tokenizer import with_clip_template
+
+            tok = with_clip_template(tokenizer, self.context_length)
+            size = self.image_size
+            images = CLIPImageProcessor(
+                do_resize=True, size={"shortest_edge": size}, resample=3, do_center_crop=True,
+                crop_size={"height": size, "width": size}, do_rescale=True, rescale_factor=1 / 255,
+                do_normalize=True, image_mean=list(image_mean or CLIP_MEAN), image_std=list(image_std or CLIP_STD),
+                do_convert_rgb=True)
+            CLIPProcessor(image_processor=images, tokenizer=tok).save_pretrained(directory)
+            tok.save_pretrained(os.path.join(directory, "tokenizer"))
+
+    def to_hf_clip_model(self):
+        """A ``transformers.CLIPModel`` (fp32, CPU) holding these towers' weights; its
+        ``logit_scale`` is the log of the multiplier training used (clamped to ``max_logit_scale``)."""
+        from transformers import CLIPConfig, CLIPModel
+
+        log_scale = min(float(self.logit_scale.detach().float().reshape(-1)[0]), math.log(self.max_logit_scale))
+        config = CLIPConfig(text_config=self.text.config.to_dict(), vision_config=self.vision.config.to_dict(),
+                            projection_dim=self.embed_dim, logit_scale_init_value=log_scale)
+        with _no_init_weights():
+            hf = CLIPModel(config)
+        state = {"logit_scale": torch.tensor(log_scale)}
+        for prefix, module in (("vision_model.", self.vision.vision_model), ("text_model.", self.text.text_model),
+                               ("visual_projection.", self.vision.visual_projection),
+                               ("text_projection.", self.text.text_projection)):
+            state.update({prefix + k: v.detach().float().cpu() for k, v in module.state_dict().items()})
+        hf.load_state_dict(state, strict=True)
+        return hf.float().eval()
 
     @classmethod
     def from_pretrained(cls, directory: str, cfg: Optional[ModelConfig] = None) -> "CLIPTowers":
-        """Load a folder written by :meth:`save_pretrained`. ``cfg`` overrides the stored model
-        section (only its non-size fields matter: checkpointing, logit limits)."""
+        """Load a folder written by :meth:`save_pretrained` (its ``vision/`` and ``text/``, also
+        from exports older than the root CLIPModel), or a standard transformers CLIP folder (a
+        saved ``CLIPModel``: ``config.json`` with ``model_type: clip`` and its weights), whose
+        ``logit_scale`` is kept. ``cfg`` overrides the stored model section (only its non-size
+        fields matter: checkpointing, logit limits)."""
         from transformers import CLIPTextModelWithProjection, CLIPVisionModelWithProjection
 
+        towers = all(os.path.isdir(os.path.join(directory, sub)) for sub in ("vision", "text"))
+        if not towers and _is_hf_clip_folder(directory):
+            return cls._from_hf_clip_folder(directory, cfg)
         for sub in ("vision", "text"):
             if not os.path.isdir(os.path.join(directory, sub)):
-                raise FileNotFoundError(f"{directory} is not a CLIPTowers folder: '{sub}/' is missing")
+                raise FileNotFoundError(f"{directory} is not a CLIPTowers folder: '{sub}/' is missing "
+                                        "(and there is no transformers CLIPModel config.json)")
         meta_path = os.path.join(directory, _LOGIT_FILE)
         meta = {}
         if os.path.exists(meta_path):
@@ -588,6 +658,55 @@ class CLIPTowers(nn.Module):
         with torch.no_grad():
             if "logit_scale" in meta:
                 model.logit_scale.fill_(meta["logit_scale"])
+            if "logit_bias" in meta:
+                model.logit_bias.fill_(meta["logit_bias"])
+        model.max_logit_scale = float(meta.get("max_logit_scale", cfg.max_logit_scale))
+        return model
+
+    @classmethod
+    def _from_hf_clip_folder(cls, directory: str, cfg: Optional[ModelConfig]) -> "CLIPTowers":
+        """A transformers ``CLIPModel`` folder split into the two towers; the logit scale comes from
+        ``logit_params.json`` when there (this project's export), else from the CLIPModel."""
+        from transformers import (AutoTokenizer, CLIPModel, CLIPTextModelWithProjection,
+                                  CLIPVisionModelWithProjection)
+
+        attn = {"attn_implementation": (cfg or ModelConfig()).attn_implementation}
+        hf = CLIPModel.from_pretrained(directory, **attn)
+        meta_path = os.path.join(directory, _LOGIT_FILE)
+        if os.path.exists(meta_path):
+            with open(meta_path) as f:
+                meta = json.load(f)
+        else:
+            meta = {"logit_scale": float(hf.logit_scale.detach().float())}
+        tc, vc = hf.config.text_config, hf.config.vision_config
+        tc.projection_dim = vc.projection_dim = hf.config.projection_dim  # the sub-configs keep their default
+        if tc.eos_token_id == 2 and os.path.isfile(os.path.join(directory, "tokenizer_config.json")):
+            # the legacy value (OpenAI's checkpoints): HF pools argmax(ids); pool at the tokenizer's EOS
+            eos = AutoTokenizer.from_pretrained(directory, local_files_only=True).eos_token_id
+            if eos is not None and eos != 2:
+                logger.info("%s: text eos_token_id 2 (legacy) replaced by the tokenizer's EOS id %d", directory, eos)
+                tc.eos_token_id = eos
+                hf.text_model.eos_token_id = eos
+        if cfg is None:
+            stored = dict(meta.get("model_config") or {})
+            if not stored:
+                stored = {"embed_dim": hf.config.projection_dim,
+                          "vision": {"image_size": vc.image_size, "patch_size": vc.patch_size,
+                                     "hidden_size": vc.hidden_size, "layers": vc.num_hidden_layers,
+                                     "heads": vc.num_attention_heads, "intermediate_size": vc.intermediate_size},
+                          "text": {"context_length": tc.max_position_embeddings, "hidden_size": tc.hidden_size,
+                                   "layers": tc.num_hidden_layers, "heads": tc.num_attention_heads,
+                                   "intermediate_size": tc.intermediate_size, "vocab_size": tc.vocab_size}}
+            stored["pretrained"] = None
+            cfg = ModelConfig.from_dict(stored, source=directory)
+        with _no_init_weights():
+            vision = CLIPVisionModelWithProjection(vc)
+            text = CLIPTextModelWithProjection(tc)
+        vision.vision_model, vision.visual_projection = hf.vision_model, hf.visual_projection
+        text.text_model, text.text_projection = hf.text_model, hf.text_projection
+        model = cls(cfg, _towers=(vision, text))
+        with torch.no_grad():
+            model.logit_scale.fill_(meta["logit_scale"])
             if "logit_bias" in meta:
                 model.logit_bias.fill_(meta["logit_bias"])
         model.max_logit_scale = float(meta.get("max_logit_scale", cfg.max_logit_scale))

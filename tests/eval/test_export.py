@@ -1,0 +1,159 @@
+"""The export as transformers sees it: one folder that CLIPModel, CLIPProcessor and the zero-shot
+pipeline load, with the project's features, logit scale, tokenization and image normalisation;
+and a standard transformers CLIP folder read back as the project's towers (``model.pretrained``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from eval.checkpoint import export_hf, load_model
+from pipeline.engine import export_final
+from pipeline.model import CLIPTowers, ModelConfig
+from pipeline.tokenizer import tokenize
+
+from .conftest import TINY_MODEL, make_model, write_run_files
+from .test_checkpoint import _train_and_save
+
+MEAN, STD = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
+TEXTS = ["a photo of the number five", "seven", "the digit nine written by hand with many more words"]
+
+
+def _unit(out):
+    """get_*_features gives a tensor (transformers 4) or an output with pooler_output (5)."""
+    return torch.nn.functional.normalize(getattr(out, "pooler_output", out), dim=-1)
+
+
+def _check_transformers_folder(folder, model, tokenizer):
+    """CLIPModel / CLIPProcessor / pipeline loaded from ``folder`` reproduce ``model`` (fp32)."""
+    from transformers import CLIPModel, CLIPProcessor, pipeline
+
+    hf = CLIPModel.from_pretrained(str(folder)).eval()
+    assert hf.config.text_config.eos_token_id == 1 and hf.config.text_config.bos_token_id == 2
+    assert hf.config.text_config.pad_token_id == 0
+    assert hf.logit_scale.item() == pytest.approx(model.logit_scale.item(), abs=1e-6)
+    pixels = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(3))
+    ids, mask = tokenize(tokenizer, TEXTS, 12)
+    assert mask[2].all() and ids[2, -1] == 1  # the long caption is truncated, EOS kept
+    with torch.no_grad():
+        img, txt = model.encode_image(pixels), model.encode_text(ids, mask)
+        torch.testing.assert_close(_unit(hf.get_image_features(pixel_values=pixels)), img, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(_unit(hf.get_text_features(input_ids=ids, attention_mask=mask)), txt,
+                                   rtol=1e-5, atol=1e-6)
+
+    processor = CLIPProcessor.from_pretrained(str(folder))
+    enc = processor(text=TEXTS, padding="max_length", truncation=True, return_tensors="pt")
+    assert torch.equal(enc["input_ids"], ids) and torch.equal(enc["attention_mask"], mask)
+    plain = processor.tokenizer(["seven"])["input_ids"][0]  # the HF way: BOS ... EOS from the tokenizer itself
+    assert plain == ids[1, : int(mask[1].sum())].tolist()
+    ip = processor.image_processor
+    assert ip.crop_size == {"height": 16, "width": 16} and ip.size == {"shortest_edge": 16}
+    assert list(ip.image_mean) == pytest.approx(MEAN) and list(ip.image_std) == pytest.approx(STD)
+
+    # the pipeline on a 16 px image (resize and crop are then the identity): the project's probabilities
+    rgb = (np.random.default_rng(0).random((16, 16, 3)) * 255).astype(np.uint8)
+    labels = ["five", "seven", "nine"]
+    result = pipeline("zero-shot-image-classification", model=str(folder))(
+        Image.fromarray(rgb), candidate_labels=labels, hypothesis_template="a photo of the number {}")
+    assert {r["label"] for r in result} == set(labels)
+    x = (torch.from_numpy(rgb).permute(2, 0, 1).float() / 255 - torch.tensor(MEAN).view(3, 1, 1)) \
+        / torch.tensor(STD).view(3, 1, 1)
+    with torch.no_grad():
+        t_ids, t_mask = tokenize(tokenizer, [f"a photo of the number {w}" for w in labels], 12)
+        logits = model.logit_params()[0] * model.encode_image(x[None]) @ model.encode_text(t_ids, t_mask).T
+    probs = dict(zip(labels, logits.softmax(-1)[0].tolist()))
+    for r in result:
+        assert r["score"] == pytest.approx(probs[r["label"]], abs=1e-5)
+
+
+def test_export_final_and_export_hf_load_in_transformers(tmp_path, tokenizer, tokenizer_dir, single_rank_env):
+    run = tmp_path / "run"
+    write_run_files(run, tokenizer_dir, TINY_MODEL)
+    (run / "config.json").write_text(json.dumps({"model": TINY_MODEL, "data": {"image_mean": MEAN, "image_std": STD}}))
+    model = make_model(tokenizer)
+    with torch.no_grad():
+        model.logit_scale.fill_(3.3)
+    engine = _train_and_save(model, 0, run / "ckpt", tokenizer, steps=1)
+    trained = engine.module.eval()
+    assert trained.logit_scale.item() != pytest.approx(3.3, abs=1e-4)  # the scale trained too
+
+    final = export_final(engine, tokenizer, str(run / "final"))  # mean/std from run/config.json
+    _check_transformers_folder(final, trained, tokenizer)
+    exported = export_hf(run, tmp_path / "hf")  # from the checkpoint
+    _check_transformers_folder(exported, trained, tokenizer)
+
+    # the project's own layout is still there: CLIPTowers, model.pretrained and --checkpoint read it
+    pixels = torch.randn(2, 3, 16, 16)
+    for folder in (final, exported):
+        again = load_model(folder)
+        assert again.model.logit_scale.item() == trained.logit_scale.item()
+        torch.testing.assert_close(again.model.encode_image(pixels), trained.encode_image(pixels))
+        tok_ids, _ = tokenize(again.tokenizer, TEXTS, 12)  # tokenizer/ has the template: tokenize() unchanged
+        assert torch.equal(tok_ids, tokenize(tokenizer, TEXTS, 12)[0])
+
+
+def test_saved_tokenizer_adds_bos_eos_and_pads_by_itself(tmp_path, tokenizer):
+    """tokenizers' own loader applies tokenizer.json's post-processor, truncation and padding."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    make_model(tokenizer).save_pretrained(str(tmp_path), tokenizer=tokenizer)
+    ids, mask = tokenize(tokenizer, TEXTS, 12)
+    for folder in (tmp_path, tmp_path / "tokenizer"):
+        raw = Tokenizer.from_file(str(folder / "tokenizer.json")).encode_batch(TEXTS)
+        assert [e.ids for e in raw] == ids.tolist() and [e.attention_mask for e in raw] == mask.tolist()
+        auto = AutoTokenizer.from_pretrained(str(folder))
+        assert auto(["seven"])["input_ids"][0] == ids[1, : int(mask[1].sum())].tolist()
+        assert auto.model_max_length == 12
+
+
+def test_hf_clip_folder_as_pretrained(tmp_path, tokenizer):
+    """A standard transformers CLIP folder (a small random CLIPModel + tokenizer) is read by
+    CLIPTowers.from_pretrained and model.pretrained with its logit scale and its features."""
+    from transformers import CLIPConfig, CLIPModel
+
+    torch.manual_seed(0)
+    text = {"vocab_size": len(tokenizer), "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "max_position_embeddings": 12, "eos_token_id": 1, "bos_token_id": 2,
+            "pad_token_id": 0}
+    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "image_size": 16, "patch_size": 8}
+    hf = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=8,
+                              logit_scale_init_value=4.605)).eval()
+    hf.save_pretrained(str(tmp_path / "clip"))
+    tokenizer.save_pretrained(str(tmp_path / "clip"))
+    pixels = torch.randn(2, 3, 16, 16)
+    ids, mask = tokenize(tokenizer, TEXTS, 12)
+    with torch.no_grad():
+        ref_img = _unit(hf.get_image_features(pixel_values=pixels))
+        ref_txt = _unit(hf.get_text_features(input_ids=ids, attention_mask=mask))
+    loaded = CLIPTowers.from_pretrained(str(tmp_path / "clip")).eval()
+    started = CLIPTowers.from_config(ModelConfig.from_dict({"pretrained": str(tmp_path / "clip")}), tokenizer).eval()
+    for model in (loaded, started):
+        assert model.logit_scale.item() == pytest.approx(4.605, abs=1e-6)  # not reset to init_logit_scale
+        assert model.image_size == 16 and model.context_length == 12 and model.embed_dim == 8
+        with torch.no_grad():
+            torch.testing.assert_close(model.encode_image(pixels), ref_img, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(model.encode_text(ids, mask), ref_txt, rtol=1e-5, atol=1e-6)
+    assert loaded.cfg.vision.hidden_size == 16 and loaded.cfg.text.vocab_size == len(tokenizer)
+
+    # OpenAI's legacy eos_token_id 2 in the config: the folder's tokenizer names the real EOS
+    legacy = CLIPModel(CLIPConfig(text_config={**text, "eos_token_id": 2}, vision_config=vision, projection_dim=8))
+    legacy.save_pretrained(str(tmp_path / "legacy"))
+    tokenizer.save_pretrained(str(tmp_path / "legacy"))
+    assert CLIPTowers.from_pretrained(str(tmp_path / "legacy")).eos_token_id == 1
+
+
+def test_eos_id_2_writes_no_clip_model(tmp_path, caplog):
+    """With EOS id 2 transformers would pool argmax(ids): no root CLIPModel, the towers still load."""
+    cfg = ModelConfig.from_dict(TINY_MODEL)
+    model = CLIPTowers(cfg, vocab_size=40, eos_token_id=2, pad_token_id=0, bos_token_id=1).eval()
+    with caplog.at_level(logging.WARNING, logger="pipeline.model"):
+        model.save_pretrained(str(tmp_path))
+    assert "EOS id is 2" in caplog.text and not (tmp_path / "config.json").exists()
+    assert CLIPTowers.from_pretrained(str(tmp_path)).eos_token_id == 2
