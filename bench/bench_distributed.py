@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ops import contrastive_loss  # noqa: E402
-from ops.distributed import SCHEMES, _all_gather, _reduce_scatter, sweep, topology  # noqa: E402
+from ops.sweeps import SCHEMES, make_sweep  # noqa: E402
 from pipeline.step import OpTimer  # noqa: E402  (CUDA events on a GPU, the wall clock on CPU)
 
 GPU_BATCHES = (32768, 65536, 131072, 262144, 524288)
@@ -83,33 +83,31 @@ def check(ours: dict, ref: dict, world: int, device) -> dict:
             "scale_grad_rel_err": scale_err}
 
 
-def comm_fn(scheme: str, topo, b: int, dim: int, dtype, device):
+def comm_fn(sweep, b: int, dim: int, dtype, device):
     """The scheme's communication alone, at the sizes of a real step (compute replaced by
-    zeros): forward and backward sweeps / collectives, the size check and the loss all-reduce."""
+    zeros): the size check, the forward and backward sweeps / collectives and the loss
+    all-reduce, through the same :class:`ops.sweeps.Sweep` the op uses."""
     f32 = dict(device=device, dtype=torch.float32)
     feats = torch.zeros(b, dim, device=device, dtype=dtype)
     vec = torch.zeros(b, **f32)
 
     def run():
-        _all_gather(torch.zeros(2, dtype=torch.int64, device=device), topo)
-        if scheme in ("ring", "hierarchical_ring"):
-            sweep(topo, [feats, vec], lambda off, held: [torch.zeros(b, 2, **f32)])
-            dist.all_reduce(torch.zeros(2, device=device, dtype=torch.float64), group=topo.group)
-            sweep(topo, [feats, vec], lambda off, held: [torch.zeros(b, dim, **f32)])
+        sweep.all_gather(torch.zeros(2, dtype=torch.int64, device=device))
+        if sweep.gathers_rows:  # gather: I and T gathered, the partials of both reduce-scattered
+            n = sweep.world * b
+            sweep.all_gather(feats)
+            sweep.all_gather(feats)
+            sweep.sum(torch.zeros(2, device=device, dtype=torch.float64))
+            sweep.reduce_scatter(torch.zeros(n, dim, **f32))
+            sweep.reduce_scatter(torch.zeros(n, dim, **f32))
             return
-        n = topo.world * b
-        if scheme == "gather":
-            _all_gather(feats, topo)
-        _all_gather(feats, topo)
-        if scheme == "disco":
-            _all_gather(vec, topo)
-            _reduce_scatter(torch.zeros(n, 2, **f32), topo)
-        dist.all_reduce(torch.zeros(2, device=device, dtype=torch.float64), group=topo.group)
-        if scheme == "disco":
-            _all_gather(vec, topo)
-        else:
-            _reduce_scatter(torch.zeros(n, dim, **f32), topo)
-        _reduce_scatter(torch.zeros(n, dim, **f32), topo)
+        # forward: column blocks with a per-column vector, [., 2] statistics partials home
+        _, kept = sweep.columns([feats, vec], lambda off, held: [torch.zeros(held[0].shape[0], 2, **f32)])
+        sweep.sum(torch.zeros(2, device=device, dtype=torch.float64))
+        # backward: the blocks with the final LSEs (a gathering sweep reuses its gathered
+        # features), [., D] gradient partials home
+        sweep.columns([feats, vec], lambda off, held: [torch.zeros(held[0].shape[0], dim, **f32)],
+                      "sum", [kept[0], None] if kept is not None else None)
     return run
 
 
@@ -256,14 +254,14 @@ def run(args, cuda: bool) -> None:
             fn = step_fn(img, txt, scale, **kw)
             times = measure(fn, device, args.warmup, args.reps, dist.group.WORLD)
             peak, extra = peak_run(fn, device)
-            topo = topology(None, scheme, args.local_world_size)
-            comm = measure(comm_fn(scheme, topo, b, dim, dtype, device), device, 1, args.reps,
+            sweep = make_sweep(scheme, None, args.local_world_size)
+            comm = measure(comm_fn(sweep, b, dim, dtype, device), device, 1, args.reps,
                            dist.group.WORLD)
             per_rank = all_values(statistics.median(times), device)
             t_n = max(per_rank)
             projected[scheme] = t_n
             comm_ms = slowest(statistics.median(comm), device)
-            rows.append(dict(meta, scheme=scheme, local_world_size=topo.local, global_batch=batch,
+            rows.append(dict(meta, scheme=scheme, local_world_size=sweep.topo.local, global_batch=batch,
                              local_batch=b, fwd_bwd_ms=t_n, fwd_bwd_ms_per_rank=per_rank,
                              single_gpu_ms=t1,
                              scaling_efficiency=(t1 / (world * t_n)) if t1 else None,

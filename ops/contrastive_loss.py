@@ -64,6 +64,8 @@ from .blocks import (
     siglip_stats,
 )
 from .config import ConfigError, ContrastiveLossConfig
+from .distributed import distributed_contrastive_loss
+from .sweeps import choose_scheme, sweep_class
 
 __all__ = [
     "contrastive_loss",
@@ -83,7 +85,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 IMPLS = ("naive", "chunked_torch", "triton")
-SCHEMES = ("none", "gather", "disco", "ring", "hierarchical_ring")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 DEFAULT_LOGITS_BUDGET_MB = 64.0
 
@@ -384,8 +385,7 @@ def _validate_options(loss: str, label_smoothing: float, block_m: int, block_n: 
     for name, value in (("block_m", block_m), ("block_n", block_n)):
         if value < 0:
             raise ValueError(f"{name} must be >= 0 (0: the impl's default), got {value}")
-    if distributed not in SCHEMES:
-        raise ValueError(f"unknown distributed scheme {distributed!r}; choose from {SCHEMES}")
+    sweep_class(distributed)  # raises on an unknown scheme
     if grad_reduction not in ("mean", "sum"):
         raise ValueError(f"grad_reduction must be 'mean' or 'sum', got {grad_reduction!r}")
     if not logits_budget_mb >= 0:
@@ -465,17 +465,12 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
     impl_run, why = resolve_impl(impl, image_features.device, triton_interpret)
     if impl == "triton" and impl_run != "triton":
         warnings.warn(f"contrastive_loss: {why}", stacklevel=2)
-    if distributed != "none":
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1:
-            from .distributed import distributed_contrastive_loss
-
-            return distributed_contrastive_loss(
-                image_features, text_features, logit_scale, logit_bias, scheme=distributed,
-                loss=loss, impl=impl_run, label_smoothing=label_smoothing, allow_tf32=allow_tf32,
-                block_m=block_m, block_n=block_n, process_group=process_group,
-                local_world_size=local_world_size, grad_reduction=grad_reduction)
+    scheme = choose_scheme(distributed, process_group, local_world_size)
+    if not scheme.local:
+        return distributed_contrastive_loss(
+            image_features, text_features, logit_scale, logit_bias, scheme=scheme, loss=loss,
+            impl=impl_run, label_smoothing=label_smoothing, allow_tf32=allow_tf32,
+            block_m=block_m, block_n=block_n, grad_reduction=grad_reduction)
     out = torch.ops.infclip.contrastive_loss(
         image_features, text_features, logit_scale, logit_bias if loss == "siglip" else None, loss,
         impl_run, float(label_smoothing), int(block_m), int(block_n), bool(allow_tf32),

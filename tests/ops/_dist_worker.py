@@ -164,7 +164,7 @@ def _schedules(world, group):
     """The order in which each rank meets the column blocks (block index = owner's rank), and
     the home partials: each rank adds 1 + its rank into every block's column partial, so the
     owner must get sum_r (1 + r) whatever the route."""
-    from ops.distributed import sweep, topology
+    from ops.sweeps import make_sweep, ring_sweep
 
     out = {}
     for name, scheme, local in (("ring", "ring", None), ("hier-L2", "hierarchical_ring", 2),
@@ -178,7 +178,7 @@ def _schedules(world, group):
         if name == "hier-env":  # the deepspeed launcher's variable: 2 nodes x 2
             os.environ["LOCAL_SIZE"] = "2"
         try:
-            topo = topology(group, scheme, local)
+            topo = make_sweep(scheme, group, local).topo
         finally:
             os.environ.pop("LOCAL_SIZE", None)
             os.environ.update(saved)
@@ -191,7 +191,7 @@ def _schedules(world, group):
             seen.append(int(held[0][0, 0]))
             return [torch.full((LOCAL_B,), 1.0 + topo.rank)]
 
-        (home,) = sweep(topo, block, step)
+        (home,) = ring_sweep(topo, block, step)
         out[name] = dict(seen=torch.tensor(seen[0::2]), data=torch.tensor(seen[1::2]), home=home,
                          local=topo.local)
     return out
@@ -216,6 +216,59 @@ def _world1_cases(group):
     return out
 
 
+def _compiled_cases(rank, world, group):
+    """torch.compile(fullgraph=True) of the functional API with ``distributed`` set (so a graph
+    break at the op is an error), against the same call in eager mode."""
+    out = {}
+    img_all, txt_all = global_batch(world * LOCAL_B, torch.float32)
+    rows = slice(rank * LOCAL_B, (rank + 1) * LOCAL_B)
+    variants = [(scheme, local, "clip_ls") for scheme, local in scheme_variants(world)]
+    variants += [("gather", None, "siglip"), ("ring", None, "siglip")]
+    for scheme, local, lname in variants:
+        loss_name, eps = LOSSES[lname]
+
+        def fn(i, t, s, b):
+            return contrastive_loss(i, t, s, b, loss=loss_name, impl="chunked_torch",
+                                    label_smoothing=eps, block_m=BLOCK_M, block_n=BLOCK_N,
+                                    distributed=scheme, process_group=group,
+                                    local_world_size=local)
+
+        torch._dynamo.reset()
+        res = {}
+        for mode, f in (("eager", fn), ("compiled", torch.compile(fn, fullgraph=True,
+                                                                  backend="aot_eager"))):
+            img = img_all[rows].clone().requires_grad_(True)
+            txt = txt_all[rows].clone().requires_grad_(True)
+            scale = torch.tensor([SCALE], requires_grad=True)
+            bias = torch.tensor([BIAS], requires_grad=True) if loss_name == "siglip" else None
+            loss = f(img, txt, scale, bias)
+            (loss * UPSTREAM).backward()
+            res[mode] = dict(loss=loss.detach(), img_grad=img.grad, txt_grad=txt.grad,
+                             scale_grad=scale.grad)
+            if bias is not None:
+                res[mode]["bias_grad"] = bias.grad
+        out[f"{scheme}-L{local}-{lname}"] = res
+    torch._dynamo.reset()
+    return out
+
+
+def _opcheck_cases(group):
+    """torch.library.opcheck of infclip::distributed_contrastive_loss on a 1-rank gloo group
+    (schema, fake kernel, autograd registration, AOT dispatch with dynamic shapes)."""
+    out = {}
+    img, txt = global_batch(LOCAL_B, torch.float32)
+    for scheme, loss, eps in (("gather", "clip", 0.1), ("gather", "siglip", 0.0),
+                              ("disco", "clip", 0.0), ("ring", "siglip", 0.0),
+                              ("hierarchical_ring", "clip", 0.1)):
+        bias = torch.tensor([BIAS], requires_grad=True) if loss == "siglip" else None
+        args = (img.clone().requires_grad_(True), txt.clone().requires_grad_(True),
+                torch.tensor([SCALE], requires_grad=True), bias, scheme, group.group_name, 0, loss,
+                "chunked_torch", eps, BLOCK_M, BLOCK_N, False, "mean")
+        torch.library.opcheck(torch.ops.infclip.distributed_contrastive_loss.default, args)
+        out[f"{scheme}-{loss}"] = "ok"
+    return out
+
+
 def _run_world(rank: int, n: int, group, extra, results: dict) -> None:
     """Fills ``results``; the first exception is recorded and ends the run (the other ranks
     then fail in their next collective at the group timeout, and stop too)."""
@@ -225,6 +278,9 @@ def _run_world(rank: int, n: int, group, extra, results: dict) -> None:
     jobs.append(("schedules", lambda: _schedules(n, group)))
     if n == 1:
         jobs.append(("world1", lambda: _world1_cases(group)))
+        jobs.append(("opcheck", lambda: _opcheck_cases(group)))
+    if n == 2:
+        jobs.append(("compiled", lambda: _compiled_cases(rank, n, group)))
     for name, job in jobs:
         try:
             results[name] = job()

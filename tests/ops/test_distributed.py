@@ -195,6 +195,70 @@ def test_world_size_1_is_the_single_process_op(tmp_path_factory):
                                        rtol=2e-6, atol=1e-7)
 
 
+def test_compiled_fullgraph_matches_eager(tmp_path_factory):
+    """torch.compile(fullgraph=True) of contrastive_loss(distributed=...) on 2 gloo ranks: the
+    registered op is one opaque node (a graph break would raise), and loss and gradients equal
+    eager's on every rank."""
+    per_rank = results(2, tmp_path_factory)
+    for r in range(2):
+        compiled = per_rank[r]["compiled"]
+        assert len(compiled) == len(W.scheme_variants(2)) + 2
+        for name, res in compiled.items():
+            for key, want in res["eager"].items():
+                torch.testing.assert_close(res["compiled"][key], want, rtol=1e-6, atol=1e-7,
+                                           msg=lambda m: f"rank {r} {name} {key}: {m}")
+
+
+def test_distributed_op_passes_opcheck(tmp_path_factory):
+    (res,) = results(1, tmp_path_factory)
+    assert set(res["opcheck"].values()) == {"ok"} and len(res["opcheck"]) == 5
+
+
+@pytest.mark.parametrize("loss,eps", [("clip", 0.0), ("clip", 0.1), ("siglip", 0.0)])
+def test_local_sweep_through_the_distributed_op_is_the_single_device_loss(loss, eps):
+    """Scheme "none" (the Local sweep: every block on this device, no process group) through
+    infclip::distributed_contrastive_loss gives the single-device op's loss and gradients, and
+    the op passes opcheck there."""
+    from ops.distributed import distributed_contrastive_loss
+
+    img_all, txt_all = W.global_batch(3 * W.LOCAL_B, torch.float32)
+
+    def run(fn):
+        img, txt = img_all.clone().requires_grad_(True), txt_all.clone().requires_grad_(True)
+        scale = torch.tensor([W.SCALE], requires_grad=True)
+        bias = torch.tensor([W.BIAS], requires_grad=True) if loss == "siglip" else None
+        out = fn(img, txt, scale, bias)
+        (out * W.UPSTREAM).backward()
+        grads = [out.detach(), img.grad, txt.grad, scale.grad]
+        return grads + ([bias.grad] if bias is not None else [])
+
+    kw = dict(loss=loss, impl="chunked_torch", label_smoothing=eps, block_m=W.BLOCK_M,
+              block_n=W.BLOCK_N)
+    want = run(lambda i, t, s, b: contrastive_loss(i, t, s, b, **kw))
+    got = run(lambda i, t, s, b: distributed_contrastive_loss(i, t, s, b, scheme="none", **kw))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=2e-6, atol=1e-7)
+    bias = torch.tensor([W.BIAS], requires_grad=True) if loss == "siglip" else None
+    args = (img_all.clone().requires_grad_(True), txt_all.clone().requires_grad_(True),
+            torch.tensor([W.SCALE], requires_grad=True), bias, "none", "", 0, loss,
+            "chunked_torch", eps, W.BLOCK_M, W.BLOCK_N, False, "mean")
+    torch.library.opcheck(torch.ops.infclip.distributed_contrastive_loss.default, args)
+
+
+def test_scheme_is_parsed_in_one_place():
+    """Every ``distributed`` value maps to one sweep class; unknown names fail there."""
+    from ops import sweeps
+
+    assert sweeps.SCHEMES == ("gather", "disco", "ring", "hierarchical_ring")
+    kinds = {name: sweeps.sweep_class(name) for name in ("none",) + sweeps.SCHEMES}
+    assert kinds["gather"].gathers_rows and kinds["gather"].gathers_columns
+    assert kinds["disco"].gathers_columns and not kinds["disco"].gathers_rows
+    assert not kinds["ring"].gathers_columns and issubclass(kinds["hierarchical_ring"], kinds["ring"])
+    assert sweeps.choose_scheme("ring").local  # no process group here: every block local
+    with pytest.raises(ValueError, match="unknown distributed scheme 'rign'"):
+        sweeps.sweep_class("rign")
+
+
 @pytest.mark.parametrize("world", WORLDS)
 def test_ring_schedules_visit_every_block_once_in_the_documented_order(world, tmp_path_factory):
     """docs/distributed.md: flat ring, rank r at step t holds block (r - t) mod N; hierarchical,
@@ -216,7 +280,7 @@ def test_ring_schedules_visit_every_block_once_in_the_documented_order(world, tm
 
 
 def test_launcher_local_world_size_precedence(monkeypatch):
-    from ops.distributed import launcher_local_world_size
+    from ops.sweeps import launcher_local_world_size
 
     for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
         monkeypatch.delenv(name, raising=False)
