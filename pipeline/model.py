@@ -8,10 +8,11 @@ its own). The logit scale is stored as its log (shape ``(1,)``: a 0-dim bf16 par
 ``deepspeed.initialize``'s broadcast) and handed to the loss as the clamped multiplier.
 
 Text pooling is done here, not by HF: HF's ``CLIPTextTransformer`` treats ``eos_token_id == 2``
-as a legacy checkpoint and pools the token with the largest id, and a tokenizer trained by the
-project often gives EOS the id 2. We pool the first EOS token of each row (HF's modern rule),
-falling back to the last attended token for rows with no EOS (truncated captions). Limit: a
-HF user loading ``text/`` alone with such an EOS id gets HF's legacy pooling, not ours.
+as a legacy checkpoint and pools the token with the largest id. We pool the first EOS token of
+each row (HF's modern rule), falling back to the last attended token for rows with no EOS. The
+project's tokenizer has EOS id 1, so HF pools the same token; :meth:`CLIPTowers.save_pretrained`
+also writes the towers as one ``transformers.CLIPModel`` (skipped for an EOS id of 2), and
+:meth:`CLIPTowers.from_pretrained` reads such a folder (any transformers CLIP checkpoint) too.
 
 Under ZeRO-3, call the model through its ``forward`` (the DeepSpeed engine's ``__call__``) so
 the logit parameters, which live on this top module, are gathered; ``encode_image`` and
