@@ -157,3 +157,32 @@ def test_eos_id_2_writes_no_clip_model(tmp_path, caplog):
         model.save_pretrained(str(tmp_path))
     assert "EOS id is 2" in caplog.text and not (tmp_path / "config.json").exists()
     assert CLIPTowers.from_pretrained(str(tmp_path)).eos_token_id == 2
+
+
+def test_export_hf_upgrades_an_older_export(tmp_path, tokenizer):
+    """A folder in the previous layout (vision/, text/, logit_params.json, tokenizer/ without the
+    template, no root CLIPModel) still loads, and export_hf turns it into a transformers folder."""
+    import shutil
+
+    from transformers import AutoTokenizer, CLIPModel
+
+    model = make_model(tokenizer)
+    old = tmp_path / "old"
+    model.save_pretrained(str(old))
+    for name in ("config.json", "model.safetensors"):
+        (old / name).unlink()
+    tokenizer.save_pretrained(str(old / "tokenizer"))
+    spec = json.loads((old / "tokenizer" / "tokenizer.json").read_text())
+    spec.update(post_processor=None, truncation=None, padding=None)  # as train_bpe_tokenizer used to save it
+    (old / "tokenizer" / "tokenizer.json").write_text(json.dumps(spec))
+    assert AutoTokenizer.from_pretrained(str(old / "tokenizer"))(["seven"])["input_ids"][0][0] != 2  # no BOS
+    loaded = load_model(old)
+    pixels = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(loaded.model.encode_image(pixels), model.encode_image(pixels))
+
+    (tmp_path / "config.json").write_text(json.dumps({"model": TINY_MODEL, "data": {"image_mean": MEAN,
+                                                                                     "image_std": STD}}))
+    new = export_hf(old, tmp_path / "new")  # the run's config.json one folder up gives the mean/std
+    _check_transformers_folder(new, model, tokenizer)
+    shutil.rmtree(old)
+    assert CLIPModel.from_pretrained(new).logit_scale.item() == pytest.approx(model.logit_scale.item())
