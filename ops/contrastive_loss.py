@@ -65,7 +65,7 @@ from .blocks import (
 )
 from .config import ConfigError, ContrastiveLossConfig
 from .distributed import distributed_contrastive_loss
-from .sweeps import choose_scheme, sweep_class
+from .sweeps import choose_scheme
 
 __all__ = [
     "contrastive_loss",
@@ -374,7 +374,7 @@ def resolve_impl(impl: str, device: torch.device, triton_interpret: bool = False
 
 
 def _validate_options(loss: str, label_smoothing: float, block_m: int, block_n: int,
-                      distributed: str, grad_reduction: str, logits_budget_mb: float) -> None:
+                      grad_reduction: str, logits_budget_mb: float) -> None:
     """The scalar options, checked whether or not a process group is there."""
     if loss not in ("clip", "siglip"):
         raise ValueError(f"unknown loss {loss!r}; choose 'clip' or 'siglip'")
@@ -385,7 +385,6 @@ def _validate_options(loss: str, label_smoothing: float, block_m: int, block_n: 
     for name, value in (("block_m", block_m), ("block_n", block_n)):
         if value < 0:
             raise ValueError(f"{name} must be >= 0 (0: the impl's default), got {value}")
-    sweep_class(distributed)  # raises on an unknown scheme
     if grad_reduction not in ("mean", "sum"):
         raise ValueError(f"grad_reduction must be 'mean' or 'sum', got {grad_reduction!r}")
     if not logits_budget_mb >= 0:
@@ -459,13 +458,14 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
     With ``distributed`` != "none" and a process group of more than one rank, the features are
     this rank's local batch and the loss is over the global batch (ops/distributed.py).
     """
-    _validate_options(loss, label_smoothing, block_m, block_n, distributed, grad_reduction,
-                      logits_budget_mb)
+    _validate_options(loss, label_smoothing, block_m, block_n, grad_reduction, logits_budget_mb)
+    # the scheme string is parsed here, once (an unknown name fails whether or not a group is
+    # there); Local unless a process group of more than one rank is given
+    scheme = choose_scheme(distributed, process_group, local_world_size)
     _validate(image_features, text_features, logit_scale, logit_bias, loss, check_finite)
     impl_run, why = resolve_impl(impl, image_features.device, triton_interpret)
     if impl == "triton" and impl_run != "triton":
         warnings.warn(f"contrastive_loss: {why}", stacklevel=2)
-    scheme = choose_scheme(distributed, process_group, local_world_size)
     if not scheme.local:
         return distributed_contrastive_loss(
             image_features, text_features, logit_scale, logit_bias, scheme=scheme, loss=loss,
