@@ -591,14 +591,22 @@ class CLIPTowers(nn.Module):
         else:
             self.to_hf_clip_model().save_pretrained(directory)
         if tokenizer is not None:
-            from transformers import CLIPImageProcessor, CLIPProcessor
+            import importlib.util
+
+            import transformers
+            from transformers import CLIPProcessor
 
             from .data import CLIP_MEAN, CLIP_STD
             from .tokenizer import with_clip_template
 
+            # without torchvision transformers 5 falls back to the PIL class with a warning; both
+            # save the same preprocessor_config.json ("CLIPImageProcessor")
+            image_cls = transformers.CLIPImageProcessor
+            if importlib.util.find_spec("torchvision") is None:
+                image_cls = getattr(transformers, "CLIPImageProcessorPil", image_cls)
             tok = with_clip_template(tokenizer, self.context_length)
             size = self.image_size
-            images = CLIPImageProcessor(
+            images = image_cls(
                 do_resize=True, size={"shortest_edge": size}, resample=3, do_center_crop=True,
                 crop_size={"height": size, "width": size}, do_rescale=True, rescale_factor=1 / 255,
                 do_normalize=True, image_mean=list(image_mean or CLIP_MEAN), image_std=list(image_std or CLIP_STD),
