@@ -601,9 +601,10 @@ class CLIPTowers(nn.Module):
 
             # without torchvision transformers 5 falls back to the PIL class with a warning; both
             # save the same preprocessor_config.json ("CLIPImageProcessor")
-            image_cls = transformers.CLIPImageProcessor
+            image_cls = None
             if importlib.util.find_spec("torchvision") is None:
-                image_cls = getattr(transformers, "CLIPImageProcessorPil", image_cls)
+                image_cls = getattr(transformers, "CLIPImageProcessorPil", None)
+            image_cls = image_cls or transformers.CLIPImageProcessor
             tok = with_clip_template(tokenizer, self.context_length)
             size = self.image_size
             images = image_cls(
