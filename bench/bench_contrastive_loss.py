@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from ops import contrastive_loss  # noqa: E402
-from pipeline.step import OpTimer  # noqa: E402  (CUDA events, read without a device-wide sync)
+from infclip.ops import contrastive_loss  # noqa: E402
+from infclip.pipeline.step import OpTimer  # noqa: E402  (CUDA events, read without a device-wide sync)
 
 
 def matmul_tflops(n: int = 8192, reps: int = 10) -> float:

@@ -49,7 +49,7 @@ def picture(rng: np.random.Generator, size: int) -> Image.Image:
 
 def write_jpeg_shards(out_dir: str, shards: int, per_shard: int, size: int = 256) -> str:
     """``shards`` tar files of ``per_shard`` JPEG + caption pairs under ``out_dir``; returns the brace URL."""
-    from pipeline.shards import write_shards
+    from infclip.pipeline.shards import write_shards
 
     rng = np.random.default_rng(0)
 
@@ -59,13 +59,13 @@ def write_jpeg_shards(out_dir: str, shards: int, per_shard: int, size: int = 256
             yield picture(rng, size), caption, None
 
     paths = write_shards(samples(), out_dir, samples_per_shard=per_shard, image_format="jpg")
-    from pipeline.shards import brace_url
+    from infclip.pipeline.shards import brace_url
 
     return brace_url(paths)
 
 
 def measure(url: str, tokenizer, workers: int, batch: int, batches: int) -> dict:
-    from pipeline.data import DataConfig, build_train_loader, measure_loader_throughput
+    from infclip.pipeline.data import DataConfig, build_train_loader, measure_loader_throughput
 
     cfg = DataConfig(train_shards=url, resampled=True, samples_per_epoch=10**9, workers=workers,
                      shuffle_buffer=1000, prefetch_factor=4)
@@ -89,13 +89,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "data.jsonl"))
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    from pipeline.tokenizer import iter_shard_captions, train_bpe_tokenizer
+    from infclip.pipeline.tokenizer import iter_shard_captions, train_bpe_tokenizer
 
     work = args.dir or tempfile.mkdtemp(prefix="bench_data_")
     t0 = time.perf_counter()
     url = write_jpeg_shards(os.path.join(work, "shards"), args.shards, args.per_shard)
     made = args.shards * args.per_shard / (time.perf_counter() - t0)
-    from pipeline.data import expand_urls
+    from infclip.pipeline.data import expand_urls
 
     sizes = [os.path.getsize(u) for u in expand_urls(url)]
     tokenizer = train_bpe_tokenizer(iter_shard_captions(expand_urls(url)), os.path.join(work, "tok"), vocab_size=512)

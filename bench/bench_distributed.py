@@ -33,9 +33,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from ops import contrastive_loss  # noqa: E402
-from ops.sweeps import SCHEMES, make_sweep  # noqa: E402
-from pipeline.step import OpTimer  # noqa: E402  (CUDA events on a GPU, the wall clock on CPU)
+from infclip.ops import contrastive_loss  # noqa: E402
+from infclip.ops.sweeps import SCHEMES, make_sweep  # noqa: E402
+from infclip.pipeline.step import OpTimer  # noqa: E402  (CUDA events on a GPU, the wall clock on CPU)
 
 GPU_BATCHES = (32768, 65536, 131072, 262144, 524288)
 SMOKE_BATCHES = (64, 192)

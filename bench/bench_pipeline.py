@@ -71,7 +71,7 @@ def synthetic_batch(n: int, cfg, device, dtype):
 
 
 def model_config(preset: str, grad_ckpt="auto", compile="auto", compile_mode="default"):
-    from pipeline.model import ModelConfig
+    from infclip.pipeline.model import ModelConfig
 
     return ModelConfig.from_dict({**PRESETS[preset], "gradient_checkpointing": grad_ckpt, "compile": compile,
                                   "compile_mode": compile_mode})
@@ -82,8 +82,8 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
           compile_mode: str = "default", overlap_comm: bool = True):
     import deepspeed
 
-    from ops import ContrastiveLoss, ContrastiveLossConfig
-    from pipeline.model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
+    from infclip.ops import ContrastiveLoss, ContrastiveLossConfig
+    from infclip.pipeline.model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
 
     cfg = model_config(preset, grad_ckpt, compile, compile_mode)
     torch.manual_seed(0)
@@ -117,7 +117,7 @@ def plain_hf_clip(cfg, grad_ckpt: bool):
     script gets, measured in the same run as the pipeline."""
     from transformers import CLIPConfig, CLIPModel
 
-    from pipeline.model import _hf_configs, _set_checkpointing
+    from infclip.pipeline.model import _hf_configs, _set_checkpointing
 
     vision, text = _hf_configs(cfg, cfg.text.vocab_size, {"eos_token_id": EOS, "pad_token_id": PAD,
                                                           "bos_token_id": BOS})
@@ -181,7 +181,7 @@ def matmul_tflops() -> float:
 
 def mfu(row: dict, args) -> None:
     """Add model FLOPs per sample and MFU to a row with samples_per_s."""
-    from pipeline.model import forward_flops
+    from infclip.pipeline.model import forward_flops
 
     flops = 3 * forward_flops(model_config(row["model"]))
     row["model_gflop_per_sample"] = flops / 1e9
@@ -200,7 +200,7 @@ def release(engine) -> None:
 
 def timed_steps(engine, loss_fn, batch, steps: int, chunk):
     """``steps`` training steps as pipeline.train runs them (the loss checked by a LossGuard)."""
-    from pipeline.step import LossGuard, forward_backward
+    from infclip.pipeline.step import LossGuard, forward_backward
 
     torch.cuda.synchronize()
     guard = LossGuard(engine.device)
@@ -418,7 +418,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_pipeline needs a CUDA GPU", file=sys.stderr)
         return 2
-    from pipeline.train import single_process_env
+    from infclip.pipeline.train import single_process_env
 
     single_process_env()
     import deepspeed

@@ -36,8 +36,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from pipeline.checkpoint import check_tag, safe_load
-from pipeline.errors import CheckpointError
+from infclip.pipeline.checkpoint import check_tag, safe_load
+from infclip.pipeline.errors import CheckpointError
 
 __all__ = [
     "LoadedModel",
@@ -329,8 +329,8 @@ def load_model(path: PathLike, tag: Optional[str] = None, *, config: Optional[Pa
         tokenizer: tokenizer folder (default: ``tokenizer/`` beside the config or checkpoint).
         device: where the model goes after loading on the CPU.
     """
-    from pipeline.model import CLIPTowers, ModelConfig
-    from pipeline.tokenizer import load_tokenizer
+    from infclip.pipeline.model import CLIPTowers, ModelConfig
+    from infclip.pipeline.tokenizer import load_tokenizer
 
     path = Path(path)
     if not path.exists():

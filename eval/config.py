@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, List, Literal, Mapping, Optional, Union
 
-from ops.config import ConfigError, parse_section, require_at_least
+from infclip.ops.config import ConfigError, parse_section, require_at_least
 
 from .templates import check_templates, load_classnames, load_templates
 

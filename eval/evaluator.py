@@ -23,8 +23,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
 
-from ops.config import ConfigError
-from pipeline.data import CLIP_MEAN, CLIP_STD
+from infclip.ops.config import ConfigError
+from infclip.pipeline.data import CLIP_MEAN, CLIP_STD
 
 from .config import EvalConfig
 from .distributed import RankSync
@@ -58,7 +58,7 @@ class Evaluator:
                  image_key: str = "jpg;png;webp;jpeg", caption_key: str = "txt",
                  out_dir: Optional[str] = None, workers: int = 0,
                  shards: Optional[Union[str, List[str]]] = None, classnames: Optional[Sequence[str]] = None) -> None:
-        from pipeline.data import check_shards_exist, expand_urls
+        from infclip.pipeline.data import check_shards_exist, expand_urls
 
         if not cfg.enabled:
             raise ValueError("the eval section names no data: set 'shards' or 'images' (zero-shot) "
@@ -102,7 +102,7 @@ class Evaluator:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from pipeline.tokenizer import load_tokenizer
+            from infclip.pipeline.tokenizer import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.tokenizer_dir)
         return self._tokenizer
@@ -156,7 +156,7 @@ class Evaluator:
 
     # ------------------------------------------------------------------------------ parts
     def _zeroshot(self, model, sync: RankSync, device, dtype):
-        from pipeline.data import build_eval_loader
+        from infclip.pipeline.data import build_eval_loader
 
         classifier = build_classifier(model, self.tokenizer, self.classnames, self.templates,
                                       int(model.context_length), self.cfg.batch_size, device)
@@ -179,7 +179,7 @@ class Evaluator:
         return metrics, counts.confusion
 
     def _retrieval(self, model, sync: RankSync, device, dtype) -> Dict[str, float]:
-        from pipeline.data import build_eval_loader
+        from infclip.pipeline.data import build_eval_loader
 
         batches = build_eval_loader(self.cfg.retrieval_shards, self.tokenizer, image_size=int(model.image_size),
                                     context_length=int(model.context_length), batch_size=self.cfg.batch_size,
@@ -217,8 +217,8 @@ def build_evaluator(eval_section: Optional[Union[Mapping[str, Any], EvalConfig]]
     if cfg.use_val_shards:
         if run_cfg is None or not run_cfg.data.val_shards:
             raise ConfigError(f"{source or 'config'}: 'eval.use_val_shards' is set but 'data.val_shards' is not")
-        from pipeline.data import prepare_shards
-        from pipeline.shards import DIGITS_CLASSNAMES
+        from infclip.pipeline.data import prepare_shards
+        from infclip.pipeline.shards import DIGITS_CLASSNAMES
 
         kwargs["shards"] = prepare_shards(run_cfg.data, "val")  # writes the digits split if asked to
         if not cfg.classnames:

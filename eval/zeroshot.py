@@ -137,7 +137,7 @@ def build_classifier(model, tokenizer, classnames: Sequence[str], templates: Seq
         tokenizer: a HF tokenizer; texts are tokenized with ``pipeline.tokenizer.tokenize``.
         classnames: C names; templates: T strings with ``{}``.
     """
-    from pipeline.tokenizer import tokenize
+    from infclip.pipeline.tokenizer import tokenize
 
     templates = check_templates(templates)
     if not classnames:

@@ -15,8 +15,8 @@ import logging
 import sys
 from typing import List, Optional
 
-from pipeline.shards import brace_url, folder_samples, write_digits_shards, write_shards
-from pipeline.scenes import write_scenes
+from infclip.pipeline.shards import brace_url, folder_samples, write_digits_shards, write_shards
+from infclip.pipeline.scenes import write_scenes
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
@@ -65,7 +65,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
 
 
 if __name__ == "__main__":
-    from pipeline.errors import exit_on_user_error
+    from infclip.pipeline.errors import exit_on_user_error
 
     # bad input (missing folder, uncaptioned or unreadable images, bad caption table) is one line
     with exit_on_user_error("make_shards.py", "--debug" in sys.argv[1:], errors=(ValueError, OSError)):

@@ -22,16 +22,16 @@ import sys
 # runs from a plain checkout too (the launcher puts launch/, not the repo root, on sys.path)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pipeline.config import load_config  # noqa: E402
-from pipeline.errors import exit_on_user_error  # noqa: E402
-from pipeline.train import single_process_env, train  # noqa: E402
+from infclip.pipeline.config import load_config  # noqa: E402
+from infclip.pipeline.errors import exit_on_user_error  # noqa: E402
+from infclip.pipeline.train import single_process_env, train  # noqa: E402
 
 
 def _evaluator(run_cfg, source):
     if run_cfg.eval is None:
         return None
     try:
-        from eval import build_evaluator
+        from infclip.eval import build_evaluator
     except ImportError as exc:
         logging.getLogger("pretrain").warning("config has an 'eval' section but eval.build_evaluator is not "
                                               "available (%s): training without periodic evaluation", exc)

@@ -20,9 +20,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from eval import EvalConfig, Evaluator, build_evaluator, export_hf, format_table, load_model  # noqa: E402
-from ops.config import ConfigError  # noqa: E402
-from pipeline.errors import exit_on_user_error  # noqa: E402
+from infclip.eval import EvalConfig, Evaluator, build_evaluator, export_hf, format_table, load_model  # noqa: E402
+from infclip.ops.config import ConfigError  # noqa: E402
+from infclip.pipeline.errors import exit_on_user_error  # noqa: E402
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,7 +62,7 @@ def _run(args) -> int:
         return 0
     import torch
 
-    from pipeline.config import load_config
+    from infclip.pipeline.config import load_config
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     loaded = load_model(args.checkpoint, args.tag, config=args.config, tokenizer=args.tokenizer, device=device)
@@ -73,7 +73,7 @@ def _run(args) -> int:
         cfg = EvalConfig.from_dict({k: v for k, v in section.items() if v is not None}, source="command line")
         evaluator = Evaluator(cfg, tokenizer=loaded.tokenizer, workers=args.workers)
         if loaded.run_config and loaded.run_config.get("data"):
-            from pipeline.data import DataConfig  # the run's preprocessing, parsed like training did
+            from infclip.pipeline.data import DataConfig  # the run's preprocessing, parsed like training did
 
             data = DataConfig.from_dict(loaded.run_config["data"], source=loaded.info.get("config"))
             evaluator.image_mean, evaluator.image_std = list(data.image_mean), list(data.image_std)

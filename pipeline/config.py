@@ -29,7 +29,7 @@ import math
 import os
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
-from ops.config import ConfigError, ContrastiveLossConfig, parse_section, require_at_least
+from infclip.ops.config import ConfigError, ContrastiveLossConfig, parse_section, require_at_least
 
 from .model import ModelConfig, ds_param_dtype
 

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ops.config import ConfigError, parse_section, require_at_least
+from infclip.ops.config import ConfigError, parse_section, require_at_least
 
 from .shards import digits_samples, write_shards_to_paths
 from .tokenizer import tokenize

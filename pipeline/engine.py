@@ -21,8 +21,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ops import ContrastiveLoss
-from ops.config import ConfigError
+from infclip.ops import ContrastiveLoss
+from infclip.ops.config import ConfigError
 
 from .config import RunConfig
 from .model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups

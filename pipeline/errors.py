@@ -13,7 +13,7 @@ import contextlib
 import sys
 from typing import Iterator
 
-from ops.config import ConfigError
+from infclip.ops.config import ConfigError
 
 __all__ = ["CheckpointError", "ResumeMismatchError", "NonFiniteError", "NonFiniteLossError",
            "NonFiniteGradError", "PeerFailedError", "USER_ERRORS", "UserErrorExit", "exit_on_user_error"]

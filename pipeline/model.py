@@ -33,7 +33,7 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import Tensor, nn
 
-from ops.config import ConfigError, parse_section, require_at_least
+from infclip.ops.config import ConfigError, parse_section, require_at_least
 
 __all__ = ["VisionTowerConfig", "TextTowerConfig", "ModelConfig", "CLIPTowers", "mark_zero3_leaf_layers",
            "activation_bytes", "forward_flops", "param_groups", "misaligned_parameters"]

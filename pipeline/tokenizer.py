@@ -38,7 +38,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Un
 
 import torch
 
-from ops.config import ConfigError
+from infclip.ops.config import ConfigError
 
 __all__ = [
     "BOS_TOKEN",

@@ -14,11 +14,11 @@ import torch
 def main(tokenizer_dir: str, shards: str, out: str, zero_stage: str) -> None:
     import deepspeed
 
-    from eval.config import EvalConfig
-    from eval.evaluator import Evaluator
-    from pipeline.model import CLIPTowers, ModelConfig
-    from pipeline.shards import DIGITS_CLASSNAMES
-    from pipeline.tokenizer import load_tokenizer
+    from infclip.eval.config import EvalConfig
+    from infclip.eval.evaluator import Evaluator
+    from infclip.pipeline.model import CLIPTowers, ModelConfig
+    from infclip.pipeline.shards import DIGITS_CLASSNAMES
+    from infclip.pipeline.tokenizer import load_tokenizer
     from tests.eval.conftest import TINY_MODEL
 
     deepspeed.init_distributed(dist_backend="gloo")

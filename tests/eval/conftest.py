@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.model import CLIPTowers, ModelConfig
-from pipeline.shards import DIGITS_CLASSNAMES, digits_samples, write_shards
-from pipeline.tokenizer import train_bpe_tokenizer
+from infclip.pipeline.model import CLIPTowers, ModelConfig
+from infclip.pipeline.shards import DIGITS_CLASSNAMES, digits_samples, write_shards
+from infclip.pipeline.tokenizer import train_bpe_tokenizer
 
 TINY_MODEL = {
     "embed_dim": 16,
@@ -37,7 +37,7 @@ def tokenizer_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tokenizer(tokenizer_dir):
-    from pipeline.tokenizer import load_tokenizer
+    from infclip.pipeline.tokenizer import load_tokenizer
 
     return load_tokenizer(tokenizer_dir)
 
@@ -54,7 +54,7 @@ def digits_test(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval_digits")
     samples = list(digits_samples("test", seed=0, image_size=16))
     paths = write_shards(samples, root / "shards", samples_per_shard=128, image_format="png")
-    from pipeline.shards import brace_url
+    from infclip.pipeline.shards import brace_url
 
     images = root / "images"
     for i, (img, _caption, meta) in enumerate(samples):
@@ -72,7 +72,7 @@ def single_rank_env():
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        from pipeline.train import single_process_env
+        from infclip.pipeline.train import single_process_env
 
         single_process_env()
     yield

@@ -12,10 +12,10 @@ import pytest
 import torch
 from PIL import Image
 
-from eval.checkpoint import export_hf, load_model
-from pipeline.engine import export_final
-from pipeline.model import CLIPTowers, ModelConfig
-from pipeline.tokenizer import tokenize
+from infclip.eval.checkpoint import export_hf, load_model
+from infclip.pipeline.engine import export_final
+from infclip.pipeline.model import CLIPTowers, ModelConfig
+from infclip.pipeline.tokenizer import tokenize
 
 from .conftest import TINY_MODEL, make_model, write_run_files
 from .test_checkpoint import _train_and_save
@@ -153,7 +153,7 @@ def test_eos_id_2_writes_no_clip_model(tmp_path, caplog):
     """With EOS id 2 transformers would pool argmax(ids): no root CLIPModel, the towers still load."""
     cfg = ModelConfig.from_dict(TINY_MODEL)
     model = CLIPTowers(cfg, vocab_size=40, eos_token_id=2, pad_token_id=0, bos_token_id=1).eval()
-    with caplog.at_level(logging.WARNING, logger="pipeline.model"):
+    with caplog.at_level(logging.WARNING, logger="infclip.pipeline.model"):
         model.save_pretrained(str(tmp_path))
     assert "EOS id is 2" in caplog.text and not (tmp_path / "config.json").exists()
     assert CLIPTowers.from_pretrained(str(tmp_path)).eos_token_id == 2

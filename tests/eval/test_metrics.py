@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from eval.report import format_table, save_confusion_png, scalar_metrics, write_report
-from eval.retrieval import ranks_to_metrics, retrieval_metrics, retrieval_ranks
-from eval.zeroshot import ZeroShotCounts, true_class_rank
+from infclip.eval.report import format_table, save_confusion_png, scalar_metrics, write_report
+from infclip.eval.retrieval import ranks_to_metrics, retrieval_metrics, retrieval_ranks
+from infclip.eval.zeroshot import ZeroShotCounts, true_class_rank
 
 # 4 images, 6 classes. Worked by hand:
 #   img0 label 0: class 0 is the max               -> pred 0, rank 0

@@ -78,7 +78,7 @@ def test_periodic_eval_logs_to_tensorboard_and_matches_offline(tmp_path, monkeyp
         assert offline["zeroshot"][key] == step6["zeroshot"][key], key
 
     # the exported final/ folder and the consolidated checkpoint are the same model
-    from eval.checkpoint import load_model
+    from infclip.eval.checkpoint import load_model
 
     ckpt, final = load_model(run), load_model(run / "final")
     x = torch.randn(2, 3, 32, 32)

@@ -9,12 +9,12 @@ import sys
 import pytest
 import torch
 
-from eval.config import EvalConfig
-from eval.templates import DEFAULT_TEMPLATES, load_classnames, load_templates
-from eval.zeroshot import ImageFolderData, build_classifier, image_folder_samples
-from ops.config import ConfigError
-from pipeline.data import CLIP_MEAN, CLIP_STD, build_eval_loader
-from pipeline.shards import DIGITS_CLASSNAMES
+from infclip.eval.config import EvalConfig
+from infclip.eval.templates import DEFAULT_TEMPLATES, load_classnames, load_templates
+from infclip.eval.zeroshot import ImageFolderData, build_classifier, image_folder_samples
+from infclip.ops.config import ConfigError
+from infclip.pipeline.data import CLIP_MEAN, CLIP_STD, build_eval_loader
+from infclip.pipeline.shards import DIGITS_CLASSNAMES
 
 from .conftest import make_model
 
@@ -49,7 +49,7 @@ def test_template_and_classname_file_errors(tmp_path):
 
 
 def test_missing_class_folder_is_named(digits_test, tokenizer):
-    from eval.evaluator import Evaluator
+    from infclip.eval.evaluator import Evaluator
 
     names = list(DIGITS_CLASSNAMES) + ["eleven"]
     with pytest.raises(FileNotFoundError, match=r"missing class folder\(s\) in .*: 'eleven'"):
@@ -77,7 +77,7 @@ def test_folder_and_shards_preprocess_identically(digits_test, tokenizer):
 
 
 def test_classifier_is_mean_of_normalised_template_features(tokenizer):
-    from pipeline.tokenizer import tokenize
+    from infclip.pipeline.tokenizer import tokenize
 
     model = make_model(tokenizer)
     templates = ["a photo of the number {}", "the digit {}"]
@@ -120,7 +120,7 @@ def test_command_line_end_to_end(digits_test, tokenizer, tmp_path):
 
 
 def test_max_samples_caps_the_count(digits_test, tokenizer):
-    from eval.evaluator import Evaluator
+    from infclip.eval.evaluator import Evaluator
 
     cfg = EvalConfig.from_dict({"shards": digits_test["shards"], "classnames": DIGITS_CLASSNAMES,
                                 "retrieval_shards": digits_test["shards"], "max_samples": 70, "batch_size": 32})
@@ -133,7 +133,7 @@ def test_sharded_eval_over_two_zero3_ranks_matches_one_process(digits_test, toke
     images): the ranks stay in step (dummy forwards) and both return the single-process metrics."""
     import subprocess
 
-    from eval.evaluator import Evaluator
+    from infclip.eval.evaluator import Evaluator
 
     root = os.path.join(os.path.dirname(__file__), "..", "..")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

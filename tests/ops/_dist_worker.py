@@ -18,8 +18,8 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from ops import contrastive_loss
-from ops.distributed import distributed_contrastive_loss
+from infclip.ops import contrastive_loss
+from infclip.ops.distributed import distributed_contrastive_loss
 
 WORLD = 4
 LOCAL_B = 5  # rows per rank: not a multiple of the tiles below
@@ -164,7 +164,7 @@ def _schedules(world, group):
     """The order in which each rank meets the column blocks (block index = owner's rank), and
     the home partials: each rank adds 1 + its rank into every block's column partial, so the
     owner must get sum_r (1 + r) whatever the route."""
-    from ops.sweeps import make_sweep, ring_sweep
+    from infclip.ops.sweeps import make_sweep, ring_sweep
 
     out = {}
     for name, scheme, local in (("ring", "ring", None), ("hier-L2", "hierarchical_ring", 2),

@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import ops
-import ops.contrastive_loss_triton as triton_impl
-from ops import ConfigError, ContrastiveLoss, ContrastiveLossConfig, contrastive_loss
-from ops import contrastive_loss_reference
+from infclip import ops
+import infclip.ops.contrastive_loss_triton as triton_impl
+from infclip.ops import ConfigError, ContrastiveLoss, ContrastiveLossConfig, contrastive_loss
+from infclip.ops import contrastive_loss_reference
 
 UPSTREAM = 1.7
 
@@ -142,7 +142,7 @@ def test_triton_kept_logits_and_memory_bands_agree(monkeypatch, loss):
 
 
 def test_kept_logits_only_when_they_fit():
-    from ops.contrastive_loss import _keep_logits
+    from infclip.ops.contrastive_loss import _keep_logits
 
     assert _keep_logits("triton", 3344, torch.bfloat16, 0, 64.0)  # S' fp32 + dS bf16: 64 MiB
     assert not _keep_logits("triton", 3345, torch.bfloat16, 0, 64.0)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ops import contrastive_loss, contrastive_loss_reference
+from infclip.ops import contrastive_loss, contrastive_loss_reference
 
 pytestmark = pytest.mark.gpu
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from ops import contrastive_loss, contrastive_loss_reference
+from infclip.ops import contrastive_loss, contrastive_loss_reference
 from tests.ops import _dist_worker as W
 
 WORLDS = tuple(range(1, W.WORLD + 1))
@@ -219,7 +219,7 @@ def test_local_sweep_through_the_distributed_op_is_the_single_device_loss(loss, 
     """Scheme "none" (the Local sweep: every block on this device, no process group) through
     infclip::distributed_contrastive_loss gives the single-device op's loss and gradients, and
     the op passes opcheck there."""
-    from ops.distributed import distributed_contrastive_loss
+    from infclip.ops.distributed import distributed_contrastive_loss
 
     img_all, txt_all = W.global_batch(3 * W.LOCAL_B, torch.float32)
 
@@ -247,7 +247,7 @@ def test_local_sweep_through_the_distributed_op_is_the_single_device_loss(loss, 
 
 def test_scheme_is_parsed_in_one_place():
     """Every ``distributed`` value maps to one sweep class; unknown names fail there."""
-    from ops import sweeps
+    from infclip.ops import sweeps
 
     assert sweeps.SCHEMES == ("gather", "disco", "ring", "hierarchical_ring")
     kinds = {name: sweeps.sweep_class(name) for name in ("none",) + sweeps.SCHEMES}
@@ -280,7 +280,7 @@ def test_ring_schedules_visit_every_block_once_in_the_documented_order(world, tm
 
 
 def test_launcher_local_world_size_precedence(monkeypatch):
-    from ops.sweeps import launcher_local_world_size
+    from infclip.ops.sweeps import launcher_local_world_size
 
     for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
         monkeypatch.delenv(name, raising=False)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops import ContrastiveLoss, ContrastiveLossConfig
-from pipeline.chunked import chunked_forward_backward
-from pipeline.model import CLIPTowers, ModelConfig, mark_zero3_leaf_layers
+from infclip.ops import ContrastiveLoss, ContrastiveLossConfig
+from infclip.pipeline.chunked import chunked_forward_backward
+from infclip.pipeline.model import CLIPTowers, ModelConfig, mark_zero3_leaf_layers
 
 B, CHUNK = 10, 4  # uneven last chunk (4, 4, 2)
 
@@ -123,7 +123,7 @@ def dist_world_of_one():
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        from pipeline.train import single_process_env
+        from infclip.pipeline.train import single_process_env
 
         single_process_env()
         deepspeed.init_distributed(dist_backend="gloo")

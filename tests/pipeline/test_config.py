@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from ops.config import ConfigError
-from pipeline.config import DEEPSPEED_TOP_LEVEL_KEYS, apply_overrides, load_config
+from infclip.ops.config import ConfigError
+from infclip.pipeline.config import DEEPSPEED_TOP_LEVEL_KEYS, apply_overrides, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PRESETS = ["tiny_cpu", "vitb32", "vitb16", "vitl14"]
@@ -120,11 +120,11 @@ def test_docs_config_reference_lists_every_key_with_its_default():
     import dataclasses
     import re
 
-    from eval.config import EvalConfig
-    from ops.config import ContrastiveLossConfig
-    from pipeline.data import DataConfig
-    from pipeline.model import ModelConfig, TextTowerConfig, VisionTowerConfig
-    from pipeline.train import TrainConfig
+    from infclip.eval.config import EvalConfig
+    from infclip.ops.config import ContrastiveLossConfig
+    from infclip.pipeline.data import DataConfig
+    from infclip.pipeline.model import ModelConfig, TextTowerConfig, VisionTowerConfig
+    from infclip.pipeline.train import TrainConfig
 
     path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "config.md")
     with open(path) as f:

@@ -15,11 +15,11 @@ import pytest
 import torch
 from PIL import Image
 
-from ops.config import ConfigError
-from pipeline.data import (CLIP_MEAN, CLIP_STD, DataConfig, build_eval_loader, build_train_loader, expand_urls,
+from infclip.ops.config import ConfigError
+from infclip.pipeline.data import (CLIP_MEAN, CLIP_STD, DataConfig, build_eval_loader, build_train_loader, expand_urls,
                            measure_loader_throughput, prepare_shards)
-from pipeline.shards import EncodedImage, brace_url, folder_samples, write_shards
-from pipeline.tokenizer import load_tokenizer
+from infclip.pipeline.shards import EncodedImage, brace_url, folder_samples, write_shards
+from infclip.pipeline.tokenizer import load_tokenizer
 
 MEAN = torch.tensor(CLIP_MEAN).view(1, 3)
 STD = torch.tensor(CLIP_STD).view(1, 3)
@@ -335,7 +335,7 @@ def test_same_shards_in_another_folder_give_the_same_batches(digits_shards, tok,
 def test_training_crops_travel_as_uint8_and_are_normalised_where_asked(digits_shards, tok):
     """The workers send uint8 crops; the loader normalises them (on the CPU by default, or in the
     model's dtype on the device it is given): the same values either way, up to that dtype."""
-    from pipeline.data import normalize_pixels
+    from infclip.pipeline.data import normalize_pixels
 
     cfg = DataConfig.from_dict({"train_shards": digits_shards["train"], "workers": 1, "shuffle_buffer": 8})
     kw = dict(image_size=16, context_length=16, batch_size=8)
@@ -355,7 +355,7 @@ def test_uint8_training_crop_matches_a_reference_resize_of_the_same_box():
 
     import numpy as np
 
-    from pipeline.data import _crop_box, _random_resized_crop_uint8
+    from infclip.pipeline.data import _crop_box, _random_resized_crop_uint8
 
     yy, xx = np.mgrid[0:96, 0:80]
     arr = np.stack([xx * 3, yy * 2, (xx + yy)], axis=-1).clip(0, 255).astype(np.uint8)

@@ -11,10 +11,10 @@ import shutil
 import pytest
 import torch
 
-from eval.checkpoint import load_model
-from pipeline.checkpoint import MANIFEST, check_tag, list_tags, read_latest
-from pipeline.errors import CheckpointError, NonFiniteGradError, ResumeMismatchError
-from pipeline.run_state import Checkpointer
+from infclip.eval.checkpoint import load_model
+from infclip.pipeline.checkpoint import MANIFEST, check_tag, list_tags, read_latest
+from infclip.pipeline.errors import CheckpointError, NonFiniteGradError, ResumeMismatchError
+from infclip.pipeline.run_state import Checkpointer
 
 from .test_train import run_inproc, tb_scalars, world_of_one  # noqa: F401  (fixture)
 
@@ -137,7 +137,7 @@ def test_resume_with_another_setup_is_refused(zero1_run, digits_shards, tmp_path
 
 def test_world_size_change_is_named(tmp_path):
     """The data-parallel world size cannot change in one process: the comparison itself."""
-    from pipeline.config import load_config
+    from infclip.pipeline.config import load_config
 
     from .test_train import TINY
     cfg = load_config(TINY, [f"train.output_dir={tmp_path}"])
@@ -211,7 +211,7 @@ def test_kill_9_then_resume_repeats_the_uninterrupted_losses(digits_shards, tmp_
 def test_deepspeed_section_error_is_one_config_error(world_of_one, digits_shards, tmp_path):  # noqa: F811
     """A misspelt key inside a DeepSpeed section: DeepSpeed's pydantic error (a screen long)
     becomes one ConfigError naming the file and the key."""
-    from ops.config import ConfigError
+    from infclip.ops.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"tiny_cpu\.json: DeepSpeed rejected the config: .*stagee") as exc:
         run_inproc(digits_shards, tmp_path, 2, **{"zero_optimization.stagee": 2})
@@ -221,7 +221,7 @@ def test_deepspeed_section_error_is_one_config_error(world_of_one, digits_shards
 def test_deepspeed_batch_arithmetic_is_one_config_error(world_of_one, digits_shards, tmp_path):  # noqa: F811
     """train_batch_size that is not micro-batch x accumulation x world: DeepSpeed's assert in its
     config module becomes a ConfigError naming the file."""
-    from ops.config import ConfigError
+    from infclip.ops.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"tiny_cpu\.json: DeepSpeed rejected the config: .*train_batch_size"):
         run_inproc(digits_shards, tmp_path, 2, **{"train_batch_size": 48})

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from pipeline.checkpoint import read_latest
+from infclip.pipeline.checkpoint import read_latest
 
 from .test_train import LAUNCH, ROOT, TINY, base_overrides, free_port, tb_scalars
 

@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from ops.config import ConfigError
-from pipeline.model import CLIPTowers, ModelConfig
+from infclip.ops.config import ConfigError
+from infclip.pipeline.model import CLIPTowers, ModelConfig
 
 
 def cfg(**over) -> ModelConfig:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.model import (CLIPTowers, ModelConfig, activation_bytes, forward_flops, misaligned_parameters,
+from infclip.pipeline.model import (CLIPTowers, ModelConfig, activation_bytes, forward_flops, misaligned_parameters,
                             param_groups)
 
 
@@ -94,7 +94,7 @@ def test_param_groups_keep_tower_weights_aligned_in_deepspeed(tmp_path):
     scale and bias first, every tower weight starts 4 bytes off 16-byte alignment (slow cuBLAS
     and elementwise kernels on a GPU); param_groups puts them last."""
     deepspeed = pytest.importorskip("deepspeed")
-    from pipeline.train import single_process_env
+    from infclip.pipeline.train import single_process_env
 
     single_process_env()
     ds = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True, "check_grad_overflow": False},

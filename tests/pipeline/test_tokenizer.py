@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel
 
-from pipeline.data import DataConfig
-from pipeline.tokenizer import (EOS_TOKEN, ensure_tokenizer, load_tokenizer, special_token_ids, tokenize,
+from infclip.pipeline.data import DataConfig
+from infclip.pipeline.tokenizer import (EOS_TOKEN, ensure_tokenizer, load_tokenizer, special_token_ids, tokenize,
                                 train_bpe_tokenizer)
 
 CORPUS = [f"a photo of the number {w}" for w in ("one", "two", "three", "seven")] * 5 + [
@@ -100,8 +100,8 @@ def test_broken_shards_are_skipped_and_named(digits_shards, tmp_path, caplog):
     import logging
     import shutil
 
-    from pipeline.data import expand_urls
-    from pipeline.tokenizer import iter_shard_captions
+    from infclip.pipeline.data import expand_urls
+    from infclip.pipeline.tokenizer import iter_shard_captions
 
     good = expand_urls(digits_shards["train"])[:2]
     empty, cut, not_tar = tmp_path / "empty.tar", tmp_path / "cut.tar", tmp_path / "not_tar.tar"
@@ -112,7 +112,7 @@ def test_broken_shards_are_skipped_and_named(digits_shards, tmp_path, caplog):
     shutil.copy(good[1], tmp_path / "good.tar")
     urls = [str(empty), str(cut), str(not_tar), str(tmp_path / "good.tar")]
     broken: list = []
-    with caplog.at_level(logging.WARNING, logger="pipeline.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="infclip.pipeline.tokenizer"):
         captions = list(iter_shard_captions(urls, broken=broken))
     assert broken == [str(empty), str(cut), str(not_tar)]
     assert len(captions) > 200  # the good shard's 200 plus what the cut one held before the cut
@@ -121,7 +121,7 @@ def test_broken_shards_are_skipped_and_named(digits_shards, tmp_path, caplog):
     cfg = DataConfig.from_dict({"train_shards": urls, "vocab_size": 300})
     tok = ensure_tokenizer(cfg, urls, tmp_path / "tok", context_length=16)
     assert special_token_ids(tok)["eos_token_id"] == 1
-    from ops.config import ConfigError
+    from infclip.ops.config import ConfigError
     with pytest.raises(ConfigError, match=r"no 'txt' captions .* in the 2 training shard\(s\) \(2 of them broken"):
         ensure_tokenizer(DataConfig.from_dict({"train_shards": [str(empty), str(not_tar)]}),
                          [str(empty), str(not_tar)], tmp_path / "tok2")

@@ -18,10 +18,10 @@ import sys
 import pytest
 import torch
 
-from ops.config import ConfigError
-from pipeline.checkpoint import list_tags, read_latest
-from pipeline.config import load_config
-from pipeline.train import NonFiniteLossError, train
+from infclip.ops.config import ConfigError
+from infclip.pipeline.checkpoint import list_tags, read_latest
+from infclip.pipeline.config import load_config
+from infclip.pipeline.train import NonFiniteLossError, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "ds_configs", "tiny_cpu.json")
@@ -133,7 +133,7 @@ def test_two_process_zero3_chunked_ring_follows_zero0(zero0_run, digits_shards, 
         assert abs(losses[step] - z0[step]) < 1e-4, (step, losses[step], z0[step])
     assert losses[2] != losses[1]  # the weights moved
     assert read_latest(str(out / "ckpt")) == f"global_step{steps}"
-    from pipeline.model import CLIPTowers  # the export (gathered from ZeRO-3 partitions) loads
+    from infclip.pipeline.model import CLIPTowers  # the export (gathered from ZeRO-3 partitions) loads
     model = CLIPTowers.from_pretrained(str(out / "final"))
     assert model.embed_dim == 64 and os.path.isfile(out / "final" / "tokenizer" / "tokenizer.json")
     assert all(p.numel() > 0 for p in model.parameters())

@@ -8,8 +8,8 @@ import sys
 
 import torch
 
-from pipeline.model import CLIPTowers, _hf_configs, _new_tower
-from pipeline.train import _param_groups
+from infclip.pipeline.model import CLIPTowers, _hf_configs, _new_tower
+from infclip.pipeline.train import _param_groups
 from tests.pipeline._zero3_init_worker import checksum as _checksum
 from tests.pipeline.test_chunked import tiny_model
 
