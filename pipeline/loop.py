@@ -57,15 +57,19 @@ class Batches:
     def __init__(self, build: Callable[[int, int], Any], state: RunState, max_epochs: Optional[int],
                  device: torch.device) -> None:
         self.build, self.state, self.max_epochs, self.device = build, state, max_epochs, device
+        self._flags: Any = None  # the CPU group for the per-batch agreement (made at first use)
         with torch.random.fork_rng(devices=[]):
             self._it = iter(self.build(state.epoch, state.batch_in_epoch))
 
     def _all_have(self, have: bool) -> bool:
+        """Whether every rank has a batch. Agreed over a CPU (gloo) group: over NCCL the flag's
+        ``item()`` would wait for all the GPU work queued before it, once per micro-batch."""
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return have
-        flag = torch.tensor([1 if have else 0], dtype=torch.int32,
-                            device=self.device if dist.get_backend() == "nccl" else "cpu")
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if self._flags is None:
+            self._flags = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+        flag = torch.tensor([1 if have else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._flags)
         return bool(flag.item())
 
     def next(self) -> Optional[dict]:
