@@ -93,6 +93,7 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
     zero3 = run_cfg.zero_stage == 3
     model = CLIPTowers.from_config(model_cfg, tokenizer,
                                    zero3_config=ds_config if zero3 and model_cfg.zero3_init else None)
+    model.lock_towers()  # LiT: frozen parameters get requires_grad=False and stay out of param_groups
     image_size, context_length = model_cfg.vision.image_size, model_cfg.text.context_length
     if model_cfg.pretrained:
         image_size, context_length = model.image_size, model.context_length

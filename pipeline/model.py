@@ -122,8 +122,27 @@ class ModelConfig:
     init_logit_bias: float = -10.0
     """Initial logit bias (used by loss 'siglip' only)."""
     pretrained: Optional[str] = None
-    """Local folder written by CLIPTowers.save_pretrained (or a training run's export) to start
-    from; the tower sizes above are then ignored."""
+    """Local folder written by CLIPTowers.save_pretrained (or a training run's export, or any
+    transformers CLIPModel folder), or an OpenCLIP state dict file (``.pt``/``.bin`` read
+    weights-only, or ``.safetensors``; see :mod:`pipeline.openclip`) to start from; the tower
+    sizes above are then ignored."""
+    hidden_act: Optional[typing.Literal["gelu", "quick_gelu"]] = None
+    """The towers' MLP activation. None: ``gelu`` for a new model, a folder's own for a
+    pretrained folder; required for an OpenCLIP file (``quick_gelu`` for OpenAI's weights and
+    OpenCLIP's ``-quickgelu`` models, ``gelu`` for its others: the weights do not say)."""
+    openclip_head_width: int = 64
+    """OpenCLIP import: attention heads = tower width / this (OpenCLIP's ``head_width``, 64 for
+    all its ViTs and text towers)."""
+    lock_image: bool = False
+    """Freeze the image tower (LiT): its parameters get ``requires_grad=False`` and stay out of
+    the optimizer (every ZeRO stage)."""
+    lock_image_unlocked_blocks: int = 0
+    """With ``lock_image``: leave the last N transformer blocks of the image tower, and what comes
+    after them (post-LN, projection), trainable. 0: the whole tower frozen."""
+    lock_text: bool = False
+    """Freeze the text tower (same rules as ``lock_image``)."""
+    lock_text_unlocked_blocks: int = 0
+    """With ``lock_text``: the last N text blocks (and final LN, projection) stay trainable."""
     gradient_checkpointing: typing.Union[bool, typing.Literal["auto"]] = "auto"
     """Recompute each transformer block in backward (the towers' own activation checkpointing).
     ``"auto"``: decided at the first training forward from the rows it carries (the micro-batch,
@@ -163,7 +182,12 @@ class ModelConfig:
     def __post_init__(self) -> None:
         self.vision = _sub(VisionTowerConfig, self.vision, "model.vision")
         self.text = _sub(TextTowerConfig, self.text, "model.text")
-        require_at_least(self, 1, "embed_dim")
+        require_at_least(self, 1, "embed_dim", "openclip_head_width")
+        for tower in ("image", "text"):
+            n = getattr(self, f"lock_{tower}_unlocked_blocks")
+            layers = (self.vision if tower == "image" else self.text).layers
+            if n < 0 or (n > layers and not self.pretrained):
+                raise ConfigError(f"'lock_{tower}_unlocked_blocks' must be in [0, {layers}] (the tower's blocks), got {n}")
         if self.max_logit_scale <= 0:
             raise ConfigError(f"'max_logit_scale' must be > 0, got {self.max_logit_scale}")
         if not 0.0 < self.checkpointing_memory_fraction <= 1.0:
@@ -201,14 +225,14 @@ def _hf_configs(cfg: ModelConfig, vocab_size: int, token_ids: Mapping[str, Optio
         hidden_size=v.hidden_size, intermediate_size=v.intermediate_size or 4 * v.hidden_size,
         projection_dim=cfg.embed_dim, num_hidden_layers=v.layers, num_attention_heads=v.heads,
         image_size=v.image_size, patch_size=v.patch_size, attention_dropout=v.attention_dropout,
-        hidden_act="gelu")
+        hidden_act=cfg.hidden_act or "gelu")
     ids = {k: val for k, val in token_ids.items() if val is not None}
     text = CLIPTextConfig(
         vocab_size=vocab_size, hidden_size=t.hidden_size,
         intermediate_size=t.intermediate_size or 4 * t.hidden_size, projection_dim=cfg.embed_dim,
         num_hidden_layers=t.layers, num_attention_heads=t.heads,
         max_position_embeddings=t.context_length, attention_dropout=t.attention_dropout,
-        hidden_act="gelu", **ids)
+        hidden_act=cfg.hidden_act or "gelu", **ids)
     for hf in (vision, text):
         hf._attn_implementation = cfg.attn_implementation
     return vision, text
@@ -473,6 +497,38 @@ class CLIPTowers(nn.Module):
         for tower in (self.vision, self.text):
             _set_checkpointing(tower, enable, function)
 
+    def lock_towers(self) -> list[str]:
+        """Apply ``lock_image`` / ``lock_text`` (LiT): ``requires_grad=False`` on the locked
+        tower's parameters except its last ``lock_*_unlocked_blocks`` blocks and the modules after
+        them (post/final LN, projection). Call before building the optimizer (``param_groups``
+        skips frozen parameters). Returns the names of the frozen parameters."""
+        frozen = []
+        for name, tower, lock, keep in (("image", self.vision, self.cfg.lock_image, self.cfg.lock_image_unlocked_blocks),
+                                        ("text", self.text, self.cfg.lock_text, self.cfg.lock_text_unlocked_blocks)):
+            if not lock:
+                continue
+            layers = _encoder_layers(tower)
+            if keep > len(layers):
+                raise ConfigError(f"'lock_{name}_unlocked_blocks' {keep} exceeds the {name} tower's {len(layers)} blocks")
+            trainable = set()
+            if keep:
+                for block in layers[-keep:]:
+                    trainable.update(id(p) for p in block.parameters())
+                inner = tower.vision_model if name == "image" else tower.text_model
+                after = inner.post_layernorm if name == "image" else inner.final_layer_norm
+                proj = tower.visual_projection if name == "image" else tower.text_projection
+                trainable.update(id(p) for p in (*after.parameters(), *proj.parameters()))
+            for pname, p in tower.named_parameters():
+                if id(p) not in trainable:
+                    p.requires_grad_(False)
+                    frozen.append(f"{'vision' if name == 'image' else 'text'}.{pname}")
+            if keep:
+                # reentrant checkpointing of an unlocked block needs an input that requires grad
+                tower.enable_input_require_grads()
+        if frozen:
+            logger.info("locked towers: %d parameters frozen", len(frozen))
+        return frozen
+
     def _plan(self, rows: int, device: torch.device) -> None:
         """At the first training forward: resolve ``gradient_checkpointing: "auto"`` and
         ``compile`` for the device and the rows per forward (micro-batch or chunk), once."""
@@ -642,6 +698,8 @@ class CLIPTowers(nn.Module):
         fields matter: checkpointing, logit limits)."""
         from transformers import CLIPTextModelWithProjection, CLIPVisionModelWithProjection
 
+        if os.path.isfile(directory):
+            return cls.from_openclip(directory, cfg)
         towers = all(os.path.isdir(os.path.join(directory, sub)) for sub in ("vision", "text"))
         if not towers and _is_hf_clip_folder(directory):
             return cls._from_hf_clip_folder(directory, cfg)
@@ -671,6 +729,41 @@ class CLIPTowers(nn.Module):
             if "logit_bias" in meta:
                 model.logit_bias.fill_(meta["logit_bias"])
         model.max_logit_scale = float(meta.get("max_logit_scale", cfg.max_logit_scale))
+        return model
+
+    @classmethod
+    def from_openclip(cls, path: str, cfg: Optional[ModelConfig] = None, tokenizer: Any = None) -> "CLIPTowers":
+        """An OpenCLIP state dict file converted to the HF towers (:mod:`pipeline.openclip`);
+        sizes from its shapes, ``cfg.hidden_act`` required, logit scale (and bias) carried over.
+        Token ids come from ``tokenizer`` (else EOS = the last vocabulary id, OpenAI's)."""
+        from transformers import CLIPTextModelWithProjection, CLIPVisionModelWithProjection
+
+        from .openclip import load_into, load_openclip_state_dict, openclip_hf_configs, openclip_to_hf
+
+        cfg = cfg or ModelConfig()
+        if cfg.hidden_act is None:
+            raise ConfigError(f"{path}: an OpenCLIP checkpoint needs model.hidden_act: 'quick_gelu' (OpenAI's weights, "
+                              "OpenCLIP's -quickgelu models) or 'gelu' (its other models); the weights do not say")
+        sd = load_openclip_state_dict(path)
+        ids = {}
+        if tokenizer is not None:
+            ids = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+                   "bos_token_id": tokenizer.bos_token_id}
+        vc, tc, section = openclip_hf_configs(sd, cfg.hidden_act, cfg.openclip_head_width, ids,
+                                              cfg.attn_implementation)
+        vision_sd, text_sd, extra = openclip_to_hf(sd)
+        with _no_init_weights():
+            vision = CLIPVisionModelWithProjection(vc)
+            text = CLIPTextModelWithProjection(tc)
+        load_into(vision, vision_sd, path)
+        load_into(text, text_sd, path)
+        keep = {k: v for k, v in cfg.to_dict().items() if k not in ("vision", "text", "embed_dim", "pretrained")}
+        model_cfg = ModelConfig.from_dict({**keep, **section, "pretrained": None}, source=path)
+        model = cls(model_cfg, _towers=(vision, text))
+        with torch.no_grad():
+            for key in ("logit_scale", "logit_bias"):
+                if key in extra:
+                    getattr(model, key).fill_(float(extra[key].float().reshape(-1)[0]))
         return model
 
     @classmethod
@@ -729,7 +822,10 @@ class CLIPTowers(nn.Module):
         ``cfg.pretrained`` if set. ``zero3_config``: the DeepSpeed config of a ZeRO-3 run, to build
         the towers partitioned (see ``ModelConfig.zero3_init``)."""
         if cfg.pretrained:
-            model = cls.from_pretrained(cfg.pretrained, cfg)
+            if os.path.isfile(cfg.pretrained):
+                model = cls.from_openclip(cfg.pretrained, cfg, tokenizer)
+            else:
+                model = cls.from_pretrained(cfg.pretrained, cfg)
             if tokenizer is not None and model.text.config.vocab_size < len(tokenizer):
                 raise ValueError(f"{cfg.pretrained}: text vocabulary {model.text.config.vocab_size} is "
                                  f"smaller than the tokenizer's {len(tokenizer)}")
