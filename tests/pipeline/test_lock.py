@@ -63,3 +63,21 @@ def test_locked_image_tower_stays_bitwise_frozen(world_of_one, digits_shards, tm
     for name in ("vision.vision_model.encoder.layers.1.mlp.fc1.weight", "vision.visual_projection.weight",
                  "vision.vision_model.post_layernorm.weight", "text.text_model.encoder.layers.0.mlp.fc1.weight"):
         assert not torch.equal(after[name].detach().float(), before[name][0]), name
+
+
+def test_unlocked_block_gets_gradients_with_reentrant_checkpointing():
+    """Behind frozen embeddings the checkpointed (reentrant) unlocked block still gets its gradient."""
+    from tests.pipeline.test_chunked import batch
+
+    model = tiny_model(0.0)
+    model.cfg.lock_image, model.cfg.lock_image_unlocked_blocks = True, 1
+    model.lock_towers()
+    model.cfg.gradient_checkpointing = True
+    model.set_gradient_checkpointing(True)
+    model.train()
+    pv, ids, mask = batch()
+    img, txt, scale, _ = model(pv, ids, mask)
+    (scale * img @ txt.T).logsumexp(-1).mean().backward()
+    block = model.vision.vision_model.encoder.layers[0]
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in block.parameters())
+    assert model.vision.vision_model.embeddings.patch_embedding.weight.grad is None
