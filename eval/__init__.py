@@ -5,6 +5,7 @@ Imports point one way: ``eval`` uses ``pipeline`` (model, data, tokenizer) and `
 result to ``pipeline.train.train``).
 """
 
+from .clip_benchmark import clip_benchmark_section
 from .checkpoint import LoadedModel, consolidate_fp32_state_dict, export_hf, find_tag_dir, load_model, load_state_dict_strict
 from .config import EvalConfig
 from .evaluator import Evaluator, build_evaluator
@@ -21,6 +22,7 @@ __all__ = [
     "ZeroShotCounts",
     "build_classifier",
     "build_evaluator",
+    "clip_benchmark_section",
     "consolidate_fp32_state_dict",
     "export_hf",
     "find_tag_dir",

@@ -29,8 +29,9 @@ class EvalConfig:
     """Evaluate every this many optimizer steps during training (0: never periodically)."""
     at_end: bool = True
     """Also evaluate once after the last training step."""
-    shards: Optional[str] = None
-    """Zero-shot data: brace URL of labelled webdataset shards (json member ``{"label": index}``)."""
+    shards: Optional[Union[str, List[str]]] = None
+    """Zero-shot data: brace URL (or list of paths) of labelled webdataset shards (json member
+    ``{"label": index}``, or CLIP_benchmark's ``.cls`` member holding the index as text)."""
     use_val_shards: bool = False
     """Zero-shot data: the ``data`` section's ``val_shards`` (written with the held-out digits
     split when ``data.generate_digits``; class names then default to the ten digit names).
@@ -42,8 +43,9 @@ class EvalConfig:
     """Class names: a file (one per line) or a list. Required for zero-shot."""
     templates: Optional[Union[str, List[str]]] = None
     """Prompt templates with ``{}``: a file (one per line) or a list; null: the default set."""
-    retrieval_shards: Optional[str] = None
-    """Brace URL of held-out image-text shards (one caption per image) for R@1/5/10."""
+    retrieval_shards: Optional[Union[str, List[str]]] = None
+    """Brace URL (or list of paths) of held-out image-text shards for R@1/5/10; a caption of
+    several lines is several captions of the image (CLIP_benchmark's layout)."""
     batch_size: int = 256
     """Images (or captions) per forward pass."""
     max_samples: Optional[int] = None

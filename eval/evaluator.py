@@ -169,7 +169,8 @@ class Evaluator:
                                         context_length=int(model.context_length), batch_size=self.cfg.batch_size,
                                         workers=self.workers, with_labels=True, image_key=self.image_key,
                                         caption_key=self.caption_key, image_mean=self.image_mean,
-                                        image_std=self.image_std, rank=sync.rank, world_size=sync.world)
+                                        image_std=self.image_std, rank=sync.rank, world_size=sync.world,
+                                        require_caption=False)  # CLIP_benchmark's sets: image + .cls only
         counts = zeroshot_eval(model, classifier, batches, sync, device=device, dtype=dtype,
                                max_samples=sync.share(self.cfg.max_samples))
         metrics = counts.metrics(self.classnames)
@@ -187,7 +188,8 @@ class Evaluator:
                                     caption_key=self.caption_key, image_mean=self.image_mean,
                                     image_std=self.image_std, rank=sync.rank, world_size=sync.world)
         return retrieval_eval(model, batches, sync, device=device, dtype=dtype,
-                              max_samples=sync.share(self.cfg.max_samples), chunk_size=self.cfg.retrieval_chunk)
+                              max_samples=sync.share(self.cfg.max_samples), chunk_size=self.cfg.retrieval_chunk,
+                              tokenizer=self.tokenizer, multi_caption=True)
 
 
 def build_evaluator(eval_section: Optional[Union[Mapping[str, Any], EvalConfig]], run_cfg: Any = None,

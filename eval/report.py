@@ -20,7 +20,7 @@ import torch
 __all__ = ["format_table", "save_confusion_png", "scalar_metrics", "write_report"]
 
 
-COUNT_KEYS = frozenset({"n", "n_pairs", "num_classes", "num_templates"})
+COUNT_KEYS = frozenset({"n", "n_pairs", "n_texts", "num_classes", "num_templates"})
 """Report entries that describe the data rather than the model (left out of the TensorBoard tags)."""
 
 

@@ -99,7 +99,9 @@ class ZeroShotCounts:
         return int(self.confusion.sum())
 
     def metrics(self, classnames: Optional[Sequence[str]] = None) -> Dict[str, object]:
-        """``{"top1", "top5", "mean_per_class", "n", "per_class": {name: acc | None}}``.
+        """``{"top1", "top5", "acc1", "acc5", "mean_per_class", "mean_per_class_recall", "n",
+        "per_class": {name: acc | None}}`` (``acc{k}`` / ``mean_per_class_recall``: the same values
+        under CLIP_benchmark's names).
 
         ``top{k}`` for every k in ``ks`` (k >= C counts every image as a hit). A class with no
         images has accuracy None and is left out of ``mean_per_class``.
@@ -108,6 +110,7 @@ class ZeroShotCounts:
         if n == 0:
             raise ValueError("no images were evaluated")
         out: Dict[str, object] = {f"top{k}": float(self.topk_hits[i]) / n for i, k in enumerate(self.ks)}
+        out.update({f"acc{k}": float(self.topk_hits[i]) / n for i, k in enumerate(self.ks)})  # CLIP_benchmark's names
         support = self.confusion.sum(dim=1)
         correct = self.confusion.diagonal()
         names = list(classnames) if classnames is not None else [str(i) for i in range(self.num_classes)]
@@ -121,6 +124,7 @@ class ZeroShotCounts:
                 per_class[name] = acc
                 accs.append(acc)
         out["mean_per_class"] = sum(accs) / len(accs)
+        out["mean_per_class_recall"] = out["mean_per_class"]  # CLIP_benchmark's name (balanced accuracy)
         out["n"] = n
         out["per_class"] = per_class
         return out
@@ -246,8 +250,8 @@ def zeroshot_eval(model, classifier: Tensor, batches: Iterable[Dict], sync: "Ran
         labels = batch["label"][:take]
         if (labels < 0).any():
             key = batch.get("key", ["?"] * take)[int((labels < 0).nonzero()[0])]
-            raise ValueError(f"sample {key!r} has no integer 'label' in its json member; zero-shot shards "
-                             "need {\"label\": class index}")
+            raise ValueError(f"sample {key!r} has no label: zero-shot shards need a json member "
+                             "{\"label\": class index} or a .cls member (the index as text)")
         feats = image_features(model, batch["pixel_values"][:take].to(device=device, dtype=dtype))
         counts.update(feats @ weights.T, labels.to(device))
     state = sync.sum_(counts.state)

@@ -1,8 +1,9 @@
 """Evaluate a trained CLIP offline: ``python launch/zeroshot.py --checkpoint RUN/ckpt --images DIR --classnames FILE``.
 
 Thin entry point: load the model (a DeepSpeed checkpoint of any ZeRO stage, consolidated on the
-CPU, or an exported HF folder), run zero-shot classification (``--images`` class folders or
-``--shards`` labelled shards) and/or retrieval (``--retrieval-shards``), print the table and write
+CPU, or an exported HF folder), run zero-shot classification (``--images`` class folders,
+``--shards`` labelled shards, or ``--wds-dir`` a CLIP_benchmark webdataset folder) and/or
+retrieval (``--retrieval-shards``, or a CLIP_benchmark retrieval folder), print the table and write
 the JSON report (and the confusion PNG beside it). With no data flag, the run's own ``eval``
 section is used. ``--export-hf OUT`` writes the checkpoint as HF towers instead.
 
@@ -20,7 +21,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from infclip.eval import EvalConfig, Evaluator, build_evaluator, export_hf, format_table, load_model  # noqa: E402
+from infclip.eval import (EvalConfig, Evaluator, build_evaluator, clip_benchmark_section, export_hf,  # noqa: E402
+                          format_table, load_model)
 from infclip.ops.config import ConfigError  # noqa: E402
 from infclip.pipeline.errors import exit_on_user_error  # noqa: E402
 
@@ -35,7 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--export-hf", default=None, metavar="OUT", help="write HF towers + tokenizer to OUT and exit")
     data = p.add_mutually_exclusive_group()
     data.add_argument("--images", default=None, help="image folder, one sub-folder per class")
-    data.add_argument("--shards", default=None, help="labelled webdataset shards (brace URL; json 'label')")
+    data.add_argument("--shards", default=None, help="labelled webdataset shards (brace URL; json 'label' or .cls)")
+    data.add_argument("--wds-dir", default=None, metavar="DIR",
+                      help="a CLIP_benchmark webdataset folder (DIR/test/*.tar; classnames.txt and "
+                           "zeroshot_classification_templates.txt for classification, else retrieval)")
+    p.add_argument("--split", default="test", help="sub-folder of --wds-dir holding the shards")
     p.add_argument("--classnames", default=None, help="class names file, one per line")
     p.add_argument("--templates", default=None, help="templates file, one per line with {} (default: built-in set)")
     p.add_argument("--retrieval-shards", default=None, help="held-out image-text shards (brace URL)")
@@ -66,11 +72,17 @@ def _run(args) -> int:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     loaded = load_model(args.checkpoint, args.tag, config=args.config, tokenizer=args.tokenizer, device=device)
-    if args.images or args.shards or args.retrieval_shards:
+    if args.images or args.shards or args.retrieval_shards or args.wds_dir:
         section = {"images": args.images, "shards": args.shards, "classnames": args.classnames,
                    "templates": args.templates, "retrieval_shards": args.retrieval_shards,
                    "batch_size": args.batch_size, "max_samples": args.max_samples}
-        cfg = EvalConfig.from_dict({k: v for k, v in section.items() if v is not None}, source="command line")
+        section = {k: v for k, v in section.items() if v is not None}
+        if args.wds_dir:  # the folder's own shards, class names and templates; flags given win
+            bench = clip_benchmark_section(args.wds_dir, args.split)
+            if "retrieval_shards" in bench and args.retrieval_shards:
+                raise ConfigError("--wds-dir is a retrieval set: leave out --retrieval-shards")
+            section = {**bench, **section}
+        cfg = EvalConfig.from_dict(section, source="command line")
         evaluator = Evaluator(cfg, tokenizer=loaded.tokenizer, workers=args.workers)
         if loaded.run_config and loaded.run_config.get("data"):
             from infclip.pipeline.data import DataConfig  # the run's preprocessing, parsed like training did
@@ -80,7 +92,7 @@ def _run(args) -> int:
             evaluator.image_key, evaluator.caption_key = data.image_key, data.caption_key
     else:
         if not loaded.run_config or not loaded.run_config.get("eval"):
-            raise ConfigError("no eval data: pass --images, --shards or --retrieval-shards (the run config "
+            raise ConfigError("no eval data: pass --images, --shards, --wds-dir or --retrieval-shards (the run config "
                               "has no 'eval' section to fall back on)")
         run_cfg = load_config(data=loaded.run_config)
         evaluator = build_evaluator(run_cfg.eval, run_cfg, source=loaded.info.get("config"),

@@ -312,6 +312,9 @@ class _StreamSpec:
     mean: List[float]
     std: List[float]
     drop_last: bool
+    require_caption: bool = True
+    """Skip samples without a caption ("missing_caption"); eval classification sets
+    (CLIP_benchmark's: image + ``.cls`` only) set False and get an empty caption."""
 
 
 class _Counter:
@@ -404,12 +407,12 @@ class _ShardStream(torch.utils.data.IterableDataset):
                 caption = caption_bytes.decode("utf-8").strip() if caption_bytes is not None else ""
             except UnicodeDecodeError:
                 caption = ""
-            if not caption:
+            if not caption and s.require_caption:
                 counter.add("missing_caption", where)
                 continue
             opened["since_valid"] = 0
             yield {"url": sample["__url__"], "key": sample["__key__"], "image": sample[image_ext],
-                   "caption": caption, "json": sample.get("json")}
+                   "caption": caption, "json": sample.get("json"), "cls": sample.get("cls")}
 
     def _decoded(self, raw: Iterable[Dict[str, Any]], counter: _Counter) -> Iterator[Dict[str, Any]]:
         s = self.spec
@@ -439,6 +442,11 @@ class _ShardStream(torch.utils.data.IterableDataset):
                     label = int(meta.get("label", -1)) if isinstance(meta, dict) else -1
                 except (ValueError, TypeError, UnicodeDecodeError):
                     counter.add("bad_json", f"{item['url']}:{item['key']}")
+            if s.with_labels and label < 0 and item.get("cls") is not None:
+                try:  # CLIP_benchmark's layout: the class index as text in a ``.cls`` member
+                    label = int(item["cls"].decode("utf-8").strip())
+                except (ValueError, UnicodeDecodeError):
+                    counter.add("bad_cls", f"{item['url']}:{item['key']}")
             yield {"pixels": pixels, "caption": item["caption"], "key": item["key"], "label": label}
 
     def _batch(self, items: List[Dict[str, Any]], counter: _Counter, t_start: float) -> Dict[str, Any]:
@@ -614,13 +622,17 @@ def build_eval_loader(shards: Union[str, Sequence[str]], tokenizer, *, image_siz
                       batch_size: int, workers: int = 0, with_labels: bool = True,
                       image_key: str = "jpg;png;webp;jpeg", caption_key: str = "txt",
                       image_mean: Sequence[float] = CLIP_MEAN, image_std: Sequence[float] = CLIP_STD,
-                      rank: int = 0, world_size: int = 1) -> ShardLoader:
+                      rank: int = 0, world_size: int = 1, require_caption: bool = True) -> ShardLoader:
     """A deterministic pass over ``shards`` (no shuffling; resize + centre crop), last batch kept.
 
     ``shards`` is a brace URL or list (checked to exist). With ``world_size > 1`` shards are
-    split by rank. Batches add ``caption`` and ``key`` (lists of str) and, with ``with_labels``,
-    ``label`` int64 [B] read from the json member's ``"label"`` (-1 when absent). With
-    ``workers > 1`` batches from different shards interleave, in a fixed order.
+    split by rank. Batches add ``caption`` and ``key`` (lists of str; a caption keeps its inner
+    newlines: CLIP_benchmark's retrieval sets put one caption per line) and, with
+    ``with_labels``, ``label`` int64 [B] read from the json member's ``"label"`` or else a
+    ``.cls`` member (the class index as text, CLIP_benchmark's layout); -1 when neither.
+    ``require_caption`` skips samples without a caption (counted as ``missing_caption``); the
+    zero-shot evaluator sets it False, keeping them with an empty caption. With ``workers > 1`` batches from
+    different shards interleave, in a fixed order.
     """
     urls = expand_urls(shards)
     check_shards_exist(urls)
@@ -631,7 +643,7 @@ def build_eval_loader(shards: Union[str, Sequence[str]], tokenizer, *, image_siz
         shard_shuffle=False, shuffle_buffer=0, resampled=False, batches_per_rank=None, start_batch=0,
         num_logical_workers=max(1, workers), image_keys=keys, caption_key=caption_key,
         with_labels=with_labels, crop_scale=[1.0, 1.0], mean=list(image_mean), std=list(image_std),
-        drop_last=False)
+        drop_last=False, require_caption=require_caption)
     return _make_loader(spec, workers, 2)
 
 
