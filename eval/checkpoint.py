@@ -231,6 +231,12 @@ def consolidate_fp32_state_dict(checkpoint: PathLike, tag: Optional[str] = None)
             sd[name] = (value.float() if value.is_floating_point() else value).clone()
     sd.update(_frozen_params(states, stage))
     sd.update(_zero3_params(states, optims, tag_dir) if stage == 3 else _zero12_params(states, optims, tag_dir))
+    if stage in (1, 2):
+        # frozen parameters (locked towers) have no optimizer partition, and DeepSpeed records
+        # them as frozen only from stage 2 on: at stage 1 they are only in the module state
+        for name, value in first["module"].items():
+            if name not in sd:
+                sd[name] = (value.float() if value.is_floating_point() else value).clone()
     for alias, target in (first.get("shared_params") or {}).items():
         if target in sd:
             sd[alias] = sd[target]

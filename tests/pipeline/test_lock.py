@@ -81,3 +81,19 @@ def test_unlocked_block_gets_gradients_with_reentrant_checkpointing():
     block = model.vision.vision_model.encoder.layers[0]
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in block.parameters())
     assert model.vision.vision_model.embeddings.patch_embedding.weight.grad is None
+
+
+def test_locked_zero1_checkpoint_consolidates_with_its_frozen_weights(world_of_one, digits_shards, tmp_path):
+    """ZeRO-1 keeps no record of frozen parameters beside the module state: consolidating its
+    checkpoint (what evaluation and export read) must still give every weight."""
+    from infclip.eval.checkpoint import consolidate_fp32_state_dict
+
+    out = tmp_path / "z1"
+    result = run_inproc(digits_shards, out, 2, **{
+        "zero_optimization.stage": 1, "model.lock_image": True, "model.lock_image_unlocked_blocks": 1,
+        "train.export_final": True, "train.save_final": True, "scheduler.params.warmup_min_ratio": 1.0})
+    sd, info = consolidate_fp32_state_dict(out / "ckpt")
+    exported = CLIPTowers.from_pretrained(result.final_dir).state_dict()
+    assert info["zero_stage"] == 1 and set(sd) == set(exported)
+    name = "vision.vision_model.embeddings.patch_embedding.weight"  # frozen
+    torch.testing.assert_close(sd[name], exported[name].float())
