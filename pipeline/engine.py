@@ -99,7 +99,10 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
         image_size, context_length = model.image_size, model.context_length
     if zero3 and model_cfg.zero3_leaf_layers:
         mark_zero3_leaf_layers(model)
-    engine = _initialize(model, param_groups(model, tcfg.weight_decay_1d), ds_config, str(run_cfg.source))
+    # DeepSpeed's `tensorboard` section only says where the run's one writer (pipeline.metrics)
+    # writes: DeepSpeed's own monitor would log the same quantities again under other names
+    engine_config = {k: v for k, v in ds_config.items() if k != "tensorboard"}
+    engine = _initialize(model, param_groups(model, tcfg.weight_decay_1d), engine_config, str(run_cfg.source))
     misaligned = misaligned_parameters(engine.module)
     if misaligned:
         logger.warning("%d parameters do not start on a 16-byte boundary (slow GEMM and elementwise kernels), "

@@ -119,6 +119,7 @@ class EvalSchedule:
             self.metrics = {k: float(v) for k, v in dict(self.evaluator(module, step) or {}).items()}
         module.train(was_training)
         self.log.log_eval(step, self.metrics)
+        self.log.log_eval_report(step, getattr(self.evaluator, "last_report", None))
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
 

@@ -43,11 +43,13 @@ class TrainLogger:
     """
 
     def __init__(self, tb_dir: Optional[str], *, total_steps: int, start_step: int, micro_batch: int,
-                 workers: int) -> None:
+                 workers: int, config: Optional[Mapping[str, Any]] = None) -> None:
         self.writer = None
         if tb_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(tb_dir)
+            if config is not None:
+                self._log_config(config)
         self.total_steps, self.start_step = total_steps, start_step
         self.micro_batch, self.workers = micro_batch, max(workers, 1)
         self.t_start = time.perf_counter()
@@ -116,6 +118,49 @@ class TrainLogger:
                                "per worker, %d workers); %s", step, 100 * wait_fraction, per_worker, self.workers,
                                advice)
         self._new_window()
+
+    def _log_config(self, config: Mapping[str, Any]) -> None:
+        """The resolved config as text (TEXT tab) and its scalar settings as hparams (HPARAMS tab),
+        in the run's one event file."""
+        import json
+
+        from torch.utils.tensorboard.summary import hparams
+
+        self.writer.add_text("config", "```json\n" + json.dumps(config, indent=2, default=str) + "\n```", 0)
+        flat: dict = {}
+
+        def walk(prefix: str, node: Any) -> None:
+            for key, value in node.items():
+                name = f"{prefix}{key}"
+                if isinstance(value, Mapping):
+                    walk(name + ".", value)
+                elif isinstance(value, (bool, int, float, str)) and not key.startswith("_"):
+                    flat[name] = value
+
+        walk("", config)
+        writer = self.writer._get_file_writer()
+        for summary in hparams(flat, {"train/loss": 0.0}):
+            writer.add_summary(summary)
+
+    def log_eval_report(self, step: int, report: Optional[Mapping[str, Any]]) -> None:
+        """An evaluator's full report: the zero-shot confusion matrix as an image (IMAGES tab) and
+        the per-class accuracy as a table (TEXT tab)."""
+        if self.writer is None or not report:
+            return
+        zeroshot = report.get("zeroshot") or {}
+        png = zeroshot.get("confusion_png")
+        if png and os.path.exists(png):
+            import numpy as np
+            from PIL import Image
+
+            with Image.open(png) as img:
+                self.writer.add_image("eval/zeroshot/confusion", np.asarray(img.convert("RGB")), step,
+                                      dataformats="HWC")
+        per_class = zeroshot.get("per_class") or {}
+        if per_class:
+            rows = "\n".join(f"| {name} | {'-' if acc is None else f'{acc:.4f}'} |" for name, acc in per_class.items())
+            self.writer.add_text("eval/zeroshot/per_class", "| class | top-1 |\n|---|---|\n" + rows, step)
+        self.writer.flush()
 
     def log_eval(self, step: int, metrics: Mapping[str, float]) -> None:
         if self.writer is not None:

@@ -109,7 +109,7 @@ def train(run_cfg: RunConfig, *, resume: Optional[str] = None,
 
     batches = Batches(build, state, tcfg.epochs, te.device)
     log = TrainLogger(run_cfg.tensorboard_dir if rank == 0 else None, total_steps=tcfg.steps, start_step=start_step,
-                      micro_batch=run_cfg.micro_batch_size, workers=run_cfg.data.workers)
+                      micro_batch=run_cfg.micro_batch_size, workers=run_cfg.data.workers, config=run_cfg.raw)
     if rank == 0:
         with open(os.path.join(tcfg.output_dir, "config.json"), "w") as f:
             json.dump(run_cfg.raw, f, indent=2)

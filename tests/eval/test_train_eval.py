@@ -64,6 +64,7 @@ def test_periodic_eval_logs_to_tensorboard_and_matches_offline(tmp_path, monkeyp
     step6 = json.loads((run / "eval" / "eval_step6.json").read_text())
     assert step6["zeroshot"]["n"] == 100 and (run / "eval" / "eval_step6_confusion.png").is_file()
     assert step6["zeroshot"]["top1"] == pytest.approx(top1[-1][1], abs=1e-6)
+    _check_tensorboard_media(run, step6)
 
     # offline, from the DeepSpeed checkpoint the run left: the run's own eval section is used
     sys.path.insert(0, str(ROOT))
@@ -83,6 +84,34 @@ def test_periodic_eval_logs_to_tensorboard_and_matches_offline(tmp_path, monkeyp
     ckpt, final = load_model(run), load_model(run / "final")
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(ckpt.model.encode_image(x), final.model.encode_image(x), rtol=1e-5, atol=1e-6)
+
+
+def _check_tensorboard_media(run: Path, report: dict) -> None:
+    """One event file holds the run's config (text + hparams), each evaluation's confusion matrix
+    (the PNG the report names, as an image) and its per-class accuracy (a text table)."""
+    import numpy as np
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = list((run / "tb").glob("events.out.tfevents.*"))
+    assert len(files) == 1, files
+    acc = EventAccumulator(str(files[0]), size_guidance={"images": 0, "tensors": 0})
+    acc.Reload()
+    images = acc.Images("eval/zeroshot/confusion")
+    assert [e.step for e in images] == [3, 6]
+    with Image.open(report["zeroshot"]["confusion_png"]) as png:
+        want = np.asarray(png.convert("RGB"))
+    import io
+
+    got = np.asarray(Image.open(io.BytesIO(images[-1].encoded_image_string)).convert("RGB"))
+    assert got.shape == want.shape and np.array_equal(got, want)
+    texts = {tag: acc.Tensors(tag) for tag in acc.Tags()["tensors"]}
+    table = texts["eval/zeroshot/per_class/text_summary"][-1].tensor_proto.string_val[0].decode()
+    for name, value in report["zeroshot"]["per_class"].items():
+        assert f"| {name} | {'-' if value is None else f'{value:.4f}'} |" in table
+    config = texts["config/text_summary"][0].tensor_proto.string_val[0].decode()
+    assert json.loads(config.strip("`").removeprefix("json"))["train"]["steps"] == 6
+    assert acc.PluginTagToContent("hparams"), "no hparams summary"
 
 
 @pytest.mark.slow
