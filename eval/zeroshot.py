@@ -19,9 +19,10 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 from torch import Tensor
+
+from infclip.pipeline.data import eval_pixels
 
 from .features import idle_forward, image_features, text_features
 from .templates import check_templates, fill_template
@@ -187,19 +188,9 @@ def image_folder_samples(root: Union[str, Path], classnames: Sequence[str]) -> L
     return samples
 
 
-def _center_square(img, size: int):
-    """Resize the shorter side to ``size`` and crop the centre (bicubic), as the eval shards are."""
-    from PIL import Image
-
-    w, h = img.size
-    side = min(w, h)
-    left, top = (w - side) // 2, (h - side) // 2
-    return img.resize((size, size), Image.BICUBIC, box=(left, top, left + side, top + side))
-
-
 class ImageFolderData(torch.utils.data.Dataset):
-    """Images of a class-per-folder tree, preprocessed as ``pipeline.data``'s eval loader does
-    (centre square, bicubic resize, ``(x/255 - mean)/std``). Items: ``(pixels [3,S,S], label)``."""
+    """Images of a class-per-folder tree, preprocessed by the eval loader's own function
+    (``pipeline.data.eval_pixels``). Items: ``(pixels [3,S,S], label)``."""
 
     def __init__(self, samples: Sequence[Tuple[Path, int]], image_size: int, mean: Sequence[float],
                  std: Sequence[float]) -> None:
@@ -217,12 +208,9 @@ class ImageFolderData(torch.utils.data.Dataset):
         path, label = self.samples[i]
         try:
             with Image.open(io.BytesIO(path.read_bytes())) as img:
-                rgb = _center_square(img.convert("RGB"), self.image_size)
+                return eval_pixels(img, self.image_size, self.mean, self.std), label
         except (OSError, ValueError, SyntaxError) as exc:
             raise ValueError(f"cannot read image {path}: {exc}") from None
-        arr = np.asarray(rgb, dtype=np.uint8)
-        pixels = torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
-        return pixels.sub_(self.mean).div_(self.std), label
 
     def batches(self, batch_size: int, rank: int = 0, world: int = 1, workers: int = 0) -> Iterator[Dict[str, Tensor]]:
         """Batches ``{"pixel_values", "label"}`` of this rank's share (every ``world``-th image)."""

@@ -65,6 +65,7 @@ __all__ = [
     "build_eval_loader",
     "build_train_loader",
     "check_shards_exist",
+    "eval_pixels",
     "expand_urls",
     "measure_loader_throughput",
     "normalize_pixels",
@@ -285,6 +286,13 @@ def _to_tensor(img: Image.Image, mean: torch.Tensor, std: torch.Tensor) -> torch
     return t.sub_(mean).div_(std)
 
 
+def eval_pixels(img: Image.Image, size: int, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """The evaluation preprocessing, shared by the eval loader and image folders: RGB, largest
+    centred square resized (bicubic) to ``size``, normalised: float32 [3, size, size]. ``mean``
+    and ``std`` are [3, 1, 1] tensors."""
+    return _to_tensor(_center_crop_resize(img.convert("RGB"), size), mean, std)
+
+
 # ------------------------------------------------------------------------------------ the stream
 
 @dataclasses.dataclass
@@ -431,7 +439,7 @@ class _ShardStream(torch.utils.data.IterableDataset):
                     rng = random.Random(_seed("crop", s.seed, s.epoch, _shard_name(item["url"]), item["key"]))
                     pixels = _random_resized_crop_uint8(rgb, s.image_size, s.crop_scale, rng)
                 else:
-                    pixels = _to_tensor(_center_crop_resize(rgb, s.image_size), mean, std)
+                    pixels = eval_pixels(rgb, s.image_size, mean, std)
             except _DECODE_ERRORS as exc:
                 counter.add("bad_image", f"{item['url']}:{item['key']}: {exc!r}"[:300])
                 continue
