@@ -1,0 +1,41 @@
+"""Fine-tuning from a standard transformers CLIP folder through the real pipeline: the run starts
+from the folder's weights and logit scale (not a fresh init) and trains them."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from infclip.pipeline.model import CLIPTowers
+from infclip.pipeline.tokenizer import load_tokenizer
+from tests.pipeline.test_train import run_inproc, world_of_one  # noqa: F401 (fixture)
+
+
+def test_finetune_from_a_transformers_clip_folder(world_of_one, digits_shards, tmp_path):
+    from transformers import CLIPConfig, CLIPModel
+
+    tokenizer = load_tokenizer(digits_shards["tokenizer_dir"])
+    text = {"vocab_size": len(tokenizer), "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "max_position_embeddings": 16, "eos_token_id": 1, "bos_token_id": 2,
+            "pad_token_id": 0}
+    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "image_size": 16, "patch_size": 8}
+    torch.manual_seed(0)
+    hf = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=8, logit_scale_init_value=4.0))
+    folder = tmp_path / "hf_clip"
+    hf.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    start = CLIPTowers.from_pretrained(str(folder))
+
+    result = run_inproc(digits_shards, tmp_path / "run", 3, **{
+        "model.pretrained": str(folder), "data.tokenizer": str(folder), "train.export_final": True,
+        "scheduler.params.warmup_min_ratio": 1.0})
+    tuned = CLIPTowers.from_pretrained(result.final_dir)
+    assert (tuned.image_size, tuned.context_length, tuned.embed_dim) == (16, 16, 8)
+    # started from the folder: the logit scale moved a little from its 4.0, not from the default log(1/0.07)
+    assert abs(tuned.logit_scale.item() - 4.0) < 0.05 and abs(tuned.logit_scale.item() - math.log(1 / 0.07)) > 0.5
+    name = "vision.vision_model.encoder.layers.0.mlp.fc1.weight"
+    before, after = start.state_dict()[name], tuned.state_dict()[name]
+    assert not torch.equal(before, after)  # trained
+    assert (after - before).abs().max() < 0.05 * before.abs().max()  # from these weights, a few small steps
