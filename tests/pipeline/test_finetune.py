@@ -39,3 +39,24 @@ def test_finetune_from_a_transformers_clip_folder(world_of_one, digits_shards, t
     before, after = start.state_dict()[name], tuned.state_dict()[name]
     assert not torch.equal(before, after)  # trained
     assert (after - before).abs().max() < 0.05 * before.abs().max()  # from these weights, a few small steps
+
+
+def test_finetune_from_an_openclip_state_dict(world_of_one, digits_shards, tmp_path):
+    """An OpenCLIP-named state dict (test_openclip's, with a vocabulary the size of this run's
+    tokenizer) trains through the pipeline from its own weights and logit scale (log 50)."""
+    from tests.pipeline.test_openclip import HEAD_WIDTH, _openclip_state_dict
+
+    tokenizer_dir = digits_shards["tokenizer_dir"]
+    sd = _openclip_state_dict()
+    sd["token_embedding.weight"] = torch.randn(len(load_tokenizer(tokenizer_dir)), 24) * 0.2
+    path = tmp_path / "open_clip.pt"
+    torch.save(sd, path)
+    result = run_inproc(digits_shards, tmp_path / "run", 3, **{
+        "model.pretrained": str(path), "model.hidden_act": "quick_gelu", "model.openclip_head_width": HEAD_WIDTH,
+        "data.tokenizer": tokenizer_dir, "train.export_final": True, "scheduler.params.warmup_min_ratio": 1.0})
+    tuned = CLIPTowers.from_pretrained(result.final_dir)
+    assert (tuned.image_size, tuned.context_length, tuned.embed_dim) == (12, 8, 12)
+    assert abs(tuned.logit_scale.item() - math.log(50.0)) < 0.05
+    before = sd["visual.transformer.resblocks.0.mlp.c_fc.weight"]
+    after = tuned.state_dict()["vision.vision_model.encoder.layers.0.mlp.fc1.weight"]
+    assert not torch.equal(before, after) and (after - before).abs().max() < 0.05 * before.abs().max()
