@@ -21,13 +21,19 @@ __all__ = ["format_table", "save_confusion_png", "scalar_metrics", "write_report
 
 
 COUNT_KEYS = frozenset({"n", "n_pairs", "n_texts", "num_classes", "num_templates"})
+#: CLIP_benchmark's names for values the report also holds under the project's own names
+#: (acc1 = top1, image_retrieval_recall@k = t2i_r{k}, ...): in the JSON report and the printed
+#: table, but written to TensorBoard once, under the project's name.
+ALIAS_KEYS = frozenset({"acc1", "acc5", "mean_per_class_recall",
+                        *(f"{d}_retrieval_recall@{k}" for d in ("image", "text") for k in (1, 5, 10))})
 """Report entries that describe the data rather than the model (left out of the TensorBoard tags)."""
 
 
-def scalar_metrics(report: Mapping[str, Any], counts: bool = False) -> Dict[str, float]:
+def scalar_metrics(report: Mapping[str, Any], counts: bool = False, aliases: bool = False) -> Dict[str, float]:
     """Flat ``{"zeroshot/top1": ..., "retrieval/i2t_r1": ...}`` of every float/int leaf one level
     down (per-class dicts and the confusion matrix are left out; so are the sample counts unless
-    ``counts``). These are the values the training loop writes to TensorBoard."""
+    ``counts``, and CLIP_benchmark's duplicate names, :data:`ALIAS_KEYS`, unless ``aliases``).
+    These are the values the training loop writes to TensorBoard."""
     out: Dict[str, float] = {}
     for section, values in report.items():
         if not isinstance(values, Mapping):
@@ -35,7 +41,7 @@ def scalar_metrics(report: Mapping[str, Any], counts: bool = False) -> Dict[str,
         for key, value in values.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
-            if key in COUNT_KEYS and not counts:
+            if (key in COUNT_KEYS and not counts) or (key in ALIAS_KEYS and not aliases):
                 continue
             out[f"{section}/{key}"] = float(value)
     return out
@@ -62,7 +68,7 @@ def _fmt(value: Any) -> str:
 def format_table(report: Mapping[str, Any], max_classes: int = 50) -> str:
     """A human-readable summary: one ``section/metric  value`` row per scalar, then per-class
     accuracy (the first ``max_classes`` classes) when present."""
-    scalars = scalar_metrics(report, counts=True)
+    scalars = scalar_metrics(report, counts=True, aliases=True)
     lines = []
     if scalars:
         width = max(len(k) for k in scalars)

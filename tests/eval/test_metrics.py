@@ -129,6 +129,11 @@ def test_report_outputs(tmp_path):
     assert scalars["retrieval/i2t_r1"] == pytest.approx(0.5)
     assert "zeroshot/per_class" not in scalars and "zeroshot/n" not in scalars
     assert scalar_metrics(report, counts=True)["zeroshot/n"] == 4
+    # CLIP_benchmark's names repeat the project's values: in the report and the table, once in TensorBoard
+    assert "zeroshot/acc1" not in scalars and "retrieval/text_retrieval_recall@1" not in scalars
+    both = scalar_metrics(report, aliases=True)
+    assert both["zeroshot/acc1"] == scalars["zeroshot/top1"]
+    assert both["retrieval/text_retrieval_recall@1"] == scalars["retrieval/i2t_r1"]
     table = format_table(report)
     assert "zeroshot/top5" in table and "0.7500" in table
     path = write_report(report, tmp_path / "r" / "report.json")
