@@ -16,7 +16,7 @@ from typing import Iterator
 from infclip.ops.config import ConfigError
 
 __all__ = ["CheckpointError", "ResumeMismatchError", "NonFiniteError", "NonFiniteLossError",
-           "NonFiniteGradError", "PeerFailedError", "USER_ERRORS", "UserErrorExit", "exit_on_user_error"]
+           "NonFiniteGradError", "NONFINITE_ADVICE", "PeerFailedError", "USER_ERRORS", "UserErrorExit", "exit_on_user_error"]
 
 
 class CheckpointError(ValueError):
@@ -28,6 +28,10 @@ class CheckpointError(ValueError):
 class ResumeMismatchError(ValueError):
     """``--resume`` with a setup that would put the run at another data position (micro-batch,
     world size, data sources, seeds, loader workers); the message lists what changed."""
+
+
+#: What the non-finite loss and gradient-norm errors advise.
+NONFINITE_ADVICE = "lower the learning rate, check the data, or use bf16 instead of fp16"
 
 
 class NonFiniteError(FloatingPointError):

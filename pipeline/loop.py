@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from .config import TrainConfig
 from .engine import TrainEngine
-from .errors import NonFiniteGradError, NonFiniteLossError
+from .errors import NONFINITE_ADVICE, NonFiniteGradError, NonFiniteLossError
 from .metrics import TrainLogger
 from .run_state import Checkpointer, RunState
 from .step import LossGuard, forward_backward
@@ -41,7 +41,6 @@ __all__ = ["Batches", "EvalSchedule", "GradNormWatch", "TrainLoop"]
 
 logger = logging.getLogger(__name__)
 
-_ADVICE = "lower the learning rate, check the data, or use bf16 instead of fp16"
 
 
 class Batches:
@@ -54,9 +53,8 @@ class Batches:
     not, so the data stream must not touch the RNG that drives dropout (it seeds its own).
     """
 
-    def __init__(self, build: Callable[[int, int], Any], state: RunState, max_epochs: Optional[int],
-                 device: torch.device) -> None:
-        self.build, self.state, self.max_epochs, self.device = build, state, max_epochs, device
+    def __init__(self, build: Callable[[int, int], Any], state: RunState, max_epochs: Optional[int]) -> None:
+        self.build, self.state, self.max_epochs = build, state, max_epochs
         self._flags: Any = None  # the CPU group for the per-batch agreement (made at first use)
         with torch.random.fork_rng(devices=[]):
             self._it = iter(self.build(state.epoch, state.batch_in_epoch))
@@ -166,7 +164,7 @@ class GradNormWatch:
         step, value = (float(v) for v in self._first)
         if step:
             raise NonFiniteGradError(f"non-finite gradient norm ({value}) at step {int(step)}: the run stops "
-                                     f"before anything after it is saved; {_ADVICE}")
+                                     f"before anything after it is saved; {NONFINITE_ADVICE}")
 
     def last_value(self) -> Optional[float]:
         return None if self.last is None else float(self.last)
@@ -244,7 +242,7 @@ class TrainLoop:
                 loss, loss_ms, self.scale = forward_backward(engine, pv, ids, mask, te.loss_fn, self.tcfg.chunk_size)
             except FloatingPointError as exc:  # the loss op rejects NaN/Inf features
                 self.norms.check()
-                raise NonFiniteLossError(f"non-finite loss {where}: {exc}; {_ADVICE}") from exc
+                raise NonFiniteLossError(f"non-finite loss {where}: {exc}; {NONFINITE_ADVICE}") from exc
             try:
                 self.guard.push(loss, state.step + 1, 1.0 / gas, where)
             except NonFiniteLossError:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .chunked import chunked_forward_backward
-from .errors import NonFiniteLossError
+from .errors import NONFINITE_ADVICE, NonFiniteLossError
 
 __all__ = ["OpTimer", "LossGuard", "forward_backward"]
 
@@ -37,8 +37,6 @@ class LossGuard:
 
     ``losses`` maps step -> the sum of its micro-steps' weighted losses, for the checked steps.
     """
-
-    ADVICE = "lower the learning rate, check the data, or use bf16 instead of fp16"
 
     def __init__(self, device: torch.device) -> None:
         self._lag = device.type == "cuda"
@@ -74,7 +72,7 @@ class LossGuard:
             ready.synchronize()
         value = float(value_t)
         if not math.isfinite(value):
-            raise NonFiniteLossError(f"non-finite loss ({value}) {where}; {self.ADVICE}")
+            raise NonFiniteLossError(f"non-finite loss ({value}) {where}; {NONFINITE_ADVICE}")
         self.losses[step] = self.losses.get(step, 0.0) + weight * value
 
 

@@ -107,7 +107,7 @@ def train(run_cfg: RunConfig, *, resume: Optional[str] = None,
                                   epoch=epoch, seed=run_cfg.data.seed, start_batch=start, shards=shards,
                                   device=te.device, dtype=te.input_dtype)
 
-    batches = Batches(build, state, tcfg.epochs, te.device)
+    batches = Batches(build, state, tcfg.epochs)
     log = TrainLogger(run_cfg.tensorboard_dir if rank == 0 else None, total_steps=tcfg.steps, start_step=start_step,
                       micro_batch=run_cfg.micro_batch_size, workers=run_cfg.data.workers, config=run_cfg.raw)
     if rank == 0:
