@@ -122,6 +122,11 @@ class DataConfig:
     """Per-channel normalisation mean (CLIP's by default)."""
     image_std: List[float] = dataclasses.field(default_factory=lambda: list(CLIP_STD))
     """Per-channel normalisation std (CLIP's by default)."""
+    device_cache: bool = False
+    """Decode every training sample once into device memory and serve batches from there
+    (``pipeline.data_cache``): for data sets that fit (at most half the free memory), when the
+    loader cannot keep up with a small model. Needs ``crop_scale`` [1, 1]; ignores ``resampled``
+    (an epoch is a seeded permutation of the cached set)."""
     generate_digits: bool = False
     """If local train/val shards are missing, write the scikit-learn digits data set (train split
     to ``train_shards``, held-out split with labels to ``val_shards``) at those exact paths."""
@@ -140,6 +145,9 @@ class DataConfig:
             raise ConfigError("'resampled': true needs 'samples_per_epoch' (a resampled stream never ends)")
         if len(self.crop_scale) != 2 or not 0.0 < self.crop_scale[0] <= self.crop_scale[1] <= 1.0:
             raise ConfigError(f"'crop_scale' must be [lo, hi] with 0 < lo <= hi <= 1, got {self.crop_scale}")
+        if self.device_cache and list(self.crop_scale) != [1.0, 1.0]:
+            raise ConfigError(f"'device_cache' decodes each image once, so it cannot take random crops: set "
+                              f"'crop_scale' to [1, 1] (got {list(self.crop_scale)})")
         if len(self.image_mean) != 3 or len(self.image_std) != 3 or min(self.image_std) <= 0:
             raise ConfigError("'image_mean' and 'image_std' must hold 3 numbers, std > 0")
         if not self.image_keys():

@@ -55,6 +55,7 @@ def data_setup(run_cfg: RunConfig, shards: Sequence[str], dp_world: int) -> dict
         "shard_shuffle": data.shard_shuffle,
         "resampled": data.resampled,
         "samples_per_epoch": data.samples_per_epoch,
+        "device_cache": data.device_cache,
     }
 
 
@@ -62,7 +63,7 @@ _LABELS = {"micro_batch": "micro-batch (train_micro_batch_size_per_gpu)", "world
            "shards": "data sources (data.train_shards)", "data_seed": "data.seed", "train_seed": "train.seed",
            "loader_workers": "loader workers (data.workers)", "shuffle_buffer": "data.shuffle_buffer",
            "shard_shuffle": "data.shard_shuffle", "resampled": "data.resampled",
-           "samples_per_epoch": "data.samples_per_epoch"}
+           "samples_per_epoch": "data.samples_per_epoch", "device_cache": "data.device_cache"}
 # client states written before the data setup was recorded kept these three
 _LEGACY_KEYS = {"micro_batch": "micro_batch", "world_size": "world_size", "data_seed": "data_seed"}
 

@@ -87,6 +87,7 @@ def train(run_cfg: RunConfig, *, resume: Optional[str] = None,
         ResumeMismatchError, CheckpointError: a resume that cannot continue the run exactly.
     """
     from .data import build_train_loader
+    from .data_cache import DeviceCache
 
     tcfg = run_cfg.train
     init_distributed()
@@ -101,7 +102,13 @@ def train(run_cfg: RunConfig, *, resume: Optional[str] = None,
         torch.manual_seed(tcfg.seed + 1000 + rank)  # per-rank dropout stream
     start_step = state.step
 
+    cache = DeviceCache.load(run_cfg.data, tokenizer, shards, image_size=te.image_size,
+                             context_length=te.context_length, device=te.device) if run_cfg.data.device_cache else None
+
     def build(epoch: int, start: int):
+        if cache is not None:
+            return cache.loader(batch_size=run_cfg.micro_batch_size, rank=te.dp_rank, world_size=te.dp_world,
+                                epoch=epoch, start_batch=start, dtype=te.input_dtype)
         return build_train_loader(run_cfg.data, tokenizer, image_size=te.image_size, context_length=te.context_length,
                                   batch_size=run_cfg.micro_batch_size, rank=te.dp_rank, world_size=te.dp_world,
                                   epoch=epoch, seed=run_cfg.data.seed, start_batch=start, shards=shards,
