@@ -273,6 +273,7 @@ def test_make_shards_cli(tmp_path):
 @pytest.mark.parametrize("name,train,sps,n_eval,n_retrieval", [
     ("scenes_vitb32", 100_000, 1000, 2000, 5000),  # the commands in the presets' _comment and docs/scenes.md
     ("scenes_tiny_cpu", 20_000, 1000, 1000, 1000),
+    ("scenes_small", 500_000, 10_000, 2000, 5000),
 ])
 def test_presets_name_the_shards_make_shards_writes(name, train, sps, n_eval, n_retrieval):
     from infclip.eval.config import EvalConfig
