@@ -27,7 +27,7 @@ import difflib
 import json
 import math
 import os
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Optional
 
 from infclip.ops.config import ConfigError, ContrastiveLossConfig, parse_section, require_at_least
 
@@ -100,13 +100,30 @@ class TrainConfig:
     weight_decay_1d: bool = False
     """Apply the optimizer's weight decay to 1-D parameters too (biases, norms, logit scale/bias);
     CLIP's default is not to."""
+    collapse_window: int = 100
+    """Watch for a training collapse over this many optimizer steps (judged at the log steps, so
+    over at least log_every; 0: off): the loss at chance level (CLIP: ln B of the contrastive
+    batch) and the logit scale frozen across the window is named in one warning and logged as
+    train/collapsed (pipeline.collapse)."""
+    collapse_loss_tolerance: float = 0.01
+    """Collapse: how close to chance level the loss must stay, relative (CLIP: |loss - ln B| <= this
+    x ln B; SigLIP: the loss's spread over the window, relative)."""
+    collapse_scale_tolerance: float = 0.001
+    """Collapse: the logit scale counts as frozen when it moved less than this (relative) across
+    the window."""
+    on_collapse: Literal["warn", "stop"] = "warn"
+    """On a collapse: ``warn`` (once, the run goes on) or ``stop`` (TrainingCollapseError at that
+    log step, before anything after it is evaluated or saved)."""
 
     def __post_init__(self) -> None:
         require_at_least(self, 1, "steps", "log_every")
-        require_at_least(self, 0, "save_every", "keep_last_checkpoints")
+        require_at_least(self, 0, "save_every", "keep_last_checkpoints", "collapse_window")
         require_at_least(self, 1, "epochs", "chunk_size", optional=True)
         if not self.output_dir:
             raise ConfigError("'output_dir' must not be empty")
+        for key in ("collapse_loss_tolerance", "collapse_scale_tolerance"):
+            if not 0.0 < getattr(self, key) < 1.0:
+                raise ConfigError(f"'{key}' must be in (0, 1), got {getattr(self, key)}")
 
     @classmethod
     def from_dict(cls, data: Optional[Mapping[str, Any]], source: Optional[str] = None) -> "TrainConfig":

@@ -27,7 +27,7 @@ from infclip.ops.config import ConfigError
 from .config import RunConfig
 from .model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
 
-__all__ = ["TrainEngine", "build_engine", "export_final", "param_groups"]
+__all__ = ["TrainEngine", "build_engine", "contrastive_batch", "export_final", "param_groups"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,12 @@ class TrainEngine:
     dp_group: Any
     dp_rank: int
     dp_world: int
+    loss_kind: str = "clip"
+    """``contrastive_loss.loss``: ``"clip"`` or ``"siglip"``."""
+    contrastive_batch: int = 0
+    """Rows one contrastive loss spans (its B, 0: unknown): the micro-batch times the data-parallel
+    world under a distributed scheme (gather, disco, ring, ...: the loss of the global batch), the
+    micro-batch alone with ``distributed: "none"`` (each rank its own loss)."""
 
     @property
     def device(self) -> torch.device:
@@ -118,10 +124,19 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
     def loss_fn(img, txt, scale, bias):
         return criterion(img, txt, scale, bias if siglip else None, process_group=dp_group)
 
+    dp_world = dist.get_world_size(dp_group) if multi else 1
     return TrainEngine(engine=engine, loss_fn=loss_fn, image_size=image_size, context_length=context_length,
                        input_dtype=run_cfg.param_dtype, dp_group=dp_group,
-                       dp_rank=dist.get_rank(dp_group) if multi else 0,
-                       dp_world=dist.get_world_size(dp_group) if multi else 1)
+                       dp_rank=dist.get_rank(dp_group) if multi else 0, dp_world=dp_world,
+                       loss_kind=run_cfg.contrastive_loss.loss,
+                       contrastive_batch=contrastive_batch(run_cfg.micro_batch_size, dp_world,
+                                                           run_cfg.contrastive_loss.distributed))
+
+
+def contrastive_batch(micro_batch: int, dp_world: int, distributed: str) -> int:
+    """The B of one contrastive loss: every distributed scheme computes the loss of the global
+    batch (``micro_batch`` x ``dp_world`` rows); ``"none"`` each rank's own micro-batch."""
+    return micro_batch * (dp_world if distributed != "none" else 1)
 
 
 def _gathered(engine: Any):

@@ -16,7 +16,8 @@ from typing import Iterator
 from infclip.ops.config import ConfigError
 
 __all__ = ["CheckpointError", "ResumeMismatchError", "NonFiniteError", "NonFiniteLossError",
-           "NonFiniteGradError", "NONFINITE_ADVICE", "PeerFailedError", "USER_ERRORS", "UserErrorExit", "exit_on_user_error"]
+           "NonFiniteGradError", "NONFINITE_ADVICE", "PeerFailedError", "TrainingCollapseError", "USER_ERRORS",
+           "UserErrorExit", "exit_on_user_error"]
 
 
 class CheckpointError(ValueError):
@@ -46,13 +47,19 @@ class NonFiniteGradError(NonFiniteError):
     """The global gradient norm became NaN or infinite; the message names the step."""
 
 
+class TrainingCollapseError(RuntimeError):
+    """With ``train.on_collapse: "stop"``: the loss stayed at chance level with the logit scale
+    frozen for a whole window (:mod:`pipeline.collapse`); the message names the step and the
+    usual causes. Raised at that log step, so nothing after it is evaluated or saved."""
+
+
 class PeerFailedError(RuntimeError):
     """Another rank failed in a step all ranks take together; its own error is in its log."""
 
 
 #: What a user can cause and fix; launch/ reports these as one line.
-USER_ERRORS = (ConfigError, CheckpointError, ResumeMismatchError, NonFiniteError, PeerFailedError,
-               FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+USER_ERRORS = (ConfigError, CheckpointError, ResumeMismatchError, NonFiniteError, TrainingCollapseError,
+               PeerFailedError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
 class UserErrorExit(SystemExit):

@@ -18,6 +18,13 @@ checkpoint and the export, and at the end. A non-finite loss or gradient norm ra
 :class:`~pipeline.errors.NonFiniteLossError` / :class:`~pipeline.errors.NonFiniteGradError` naming the
 step, so nothing computed after it is ever written. Limit: the run itself goes on until the next
 such point (at most ``train.log_every`` steps).
+
+At log steps the loss, logit scale and learning rate, read to the host for the log anyway, also go
+to :class:`~pipeline.collapse.CollapseWatch` (a loss stuck at chance level with the scale frozen:
+one warning, ``train/collapsed``). With ``train.on_collapse: "stop"`` every rank takes rank 0's
+verdict (one broadcast over a CPU group per log step, so no rank waits in a collective for a rank
+that stopped) and raises :class:`~pipeline.errors.TrainingCollapseError` before that step's
+evaluation or checkpoint.
 """
 
 from __future__ import annotations
@@ -30,9 +37,10 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 import torch.distributed as dist
 
+from .collapse import CollapseWatch
 from .config import TrainConfig
 from .engine import TrainEngine
-from .errors import NONFINITE_ADVICE, NonFiniteGradError, NonFiniteLossError
+from .errors import NONFINITE_ADVICE, NonFiniteGradError, NonFiniteLossError, TrainingCollapseError
 from .metrics import TrainLogger
 from .run_state import Checkpointer, RunState
 from .step import LossGuard, forward_backward
@@ -170,6 +178,23 @@ class GradNormWatch:
         return None if self.last is None else float(self.last)
 
 
+def _rank0_verdict(flag: bool, group: Any) -> bool:
+    """Rank 0's ``flag`` on every rank (one broadcast over ``group``, a CPU group); ``flag`` itself
+    without a process group of more than one rank."""
+    if group is None:
+        return flag
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.broadcast(value, src=dist.get_global_rank(group, 0), group=group)
+    return bool(value.item())
+
+
+def _cpu_group() -> Any:
+    """A gloo group of all ranks (the world group when it is gloo), or None at world size 1."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    return dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
+
 class TrainLoop:
     """Runs the optimizer steps of one run (see the module docstring)."""
 
@@ -183,6 +208,12 @@ class TrainLoop:
         self.guard = LossGuard(te.device)
         self.norms = GradNormWatch()
         self.scale: Any = None
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self.collapse = CollapseWatch(tcfg.collapse_window, loss=te.loss_kind, batch=te.contrastive_batch,
+                                      loss_tolerance=tcfg.collapse_loss_tolerance,
+                                      scale_tolerance=tcfg.collapse_scale_tolerance, report=rank == 0)
+        self.stop_on_collapse = self.collapse.enabled and tcfg.on_collapse == "stop"
+        self._verdicts = _cpu_group() if self.stop_on_collapse else None  # made now: every rank at once
 
     def run(self) -> dict:
         """Train until ``train.steps`` (or the data's ``train.epochs``); returns {step: loss}."""
@@ -212,11 +243,16 @@ class TrainLoop:
         tcfg, engine = self.tcfg, self.te.engine
         if step % tcfg.log_every == 0 or step == tcfg.steps:
             self._checked()
-            self.log.log_step(step, self.guard.losses[step],
-                              lr=engine.get_lr()[0] if engine.get_lr() else float("nan"), scale=self.scale,
+            loss, lr = self.guard.losses[step], engine.get_lr()[0] if engine.get_lr() else float("nan")
+            scale = float(self.scale) if self.scale is not None else None
+            collapse = self.collapse.observe(step, loss, scale, lr)
+            self.log.log_step(step, loss, lr=lr, scale=scale,
                               grad_norm=self.norms.last_value(), skipped_samples=self.state.skipped_samples,
                               skipped_steps=int(getattr(engine, "skipped_steps", 0)) if self.fp16 else 0,
-                              device=self.te.device)
+                              device=self.te.device, collapsed=collapse is not None if self.collapse.enabled else None)
+            if self.stop_on_collapse and _rank0_verdict(collapse is not None, self._verdicts):
+                raise TrainingCollapseError(collapse.message() if collapse is not None else
+                                            f"training collapse at step {step}: rank 0 names it in its log")
         if self.evals.due(step):
             self._checked()
             self.evals.run(engine, step)

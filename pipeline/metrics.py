@@ -75,8 +75,10 @@ class TrainLogger:
         return self.window["n"] == 0
 
     def log_step(self, step: int, loss: float, *, lr: float, scale: Any, grad_norm: Optional[float],
-                 skipped_samples: int, skipped_steps: int, device: torch.device) -> None:
-        """Write the step's scalars and the progress line; start a new window."""
+                 skipped_samples: int, skipped_steps: int, device: torch.device,
+                 collapsed: Optional[bool] = None) -> None:
+        """Write the step's scalars and the progress line; start a new window. ``collapsed``: the
+        :class:`~pipeline.collapse.CollapseWatch` verdict (``train/collapsed`` 0/1; None: not watched)."""
         w = self.window
         elapsed = max(time.perf_counter() - w["t"], 1e-9)
         samples_per_s = w["samples"] / elapsed
@@ -98,6 +100,8 @@ class TrainLogger:
                 scalars["train/logit_scale"] = scale
             if grad_norm is not None:
                 scalars["train/grad_norm"] = float(grad_norm)
+            if collapsed is not None:
+                scalars["train/collapsed"] = float(collapsed)
             for tag, value in scalars.items():
                 self.writer.add_scalar(tag, value, step)
             self.writer.flush()
