@@ -1,23 +1,26 @@
 """The batch-size study: zero-shot and retrieval on rendered scenes at a fixed number of samples seen.
 
-    # train every (batch, seed) run not done yet, one JSON per run under --out (one GPU, or --part K/N
-    # in N processes, one per GPU: CUDA_VISIBLE_DEVICES=K python launch/batch_study.py --part K/N ...)
-    python launch/batch_study.py --config ds_configs/scenes_small.json --data data/scenes64 \\
-        --batches 1024 2048 4096 8192 16384 32768 65536 --seeds 0 1 2 --samples 4000000
+    # every (batch, seed) run not done yet, one JSON per run under --out; the defaults are the study
+    # of docs/batch_study.md (batches 1,024-65,536, 3 seeds, 2^21 samples seen, ds_configs/scenes_small.json)
+    python launch/batch_study.py
+    # the same on 2 GPUs: the shared parts once, then one process per GPU
+    python launch/batch_study.py --prepare
+    for k in 0 1; do CUDA_VISIBLE_DEVICES=$k python launch/batch_study.py --part $k/2 & done; wait
     # mean +- std per batch size: the table in docs/batch_study.md and the plot docs/batch_study.png
     python launch/batch_study.py --report
 
 Design: every run is the project's own training (:func:`pipeline.train.train`, a DeepSpeed engine,
 the tiled loss, the chunked backbone above ``--chunk`` rows) from one config, changed only where the
 study says: the global batch B, the steps (``--samples`` // B), the learning rate (``--lr-rule``
-from ``--base-lr`` at ``--base-batch``), the warm-up (``--warmup`` of the steps) and the seed (model
-init and data order). The scenes are written once (``--scenes`` pairs at ``--scene-size``), the
-BPE is trained once, and the training set is decoded once into GPU memory (``data.device_cache``)
-and shared by every run of the process. After its last step each run is evaluated on the six
-zero-shot splits (held-out and seen compositions) and the near-duplicate retrieval split, and
-writes ``<out>/b<B>_s<seed>.json``; runs whose file exists are skipped, so the command resumes.
-The report also gives, per batch size, the share of a batch's rows whose caption occurs again in
-the same batch (false negatives of the contrastive loss).
+from ``--base-lr`` at ``--base-batch``, capped at ``--max-lr``), the warm-up (``--warmup`` of the
+steps) and the seed (model init and data order). The scenes are written once (``--scenes`` pairs at
+``--scene-size``), the BPE is trained once, and the training set is decoded once into GPU memory
+(``data.device_cache``) and shared by every run of the process. After its last step each run is
+evaluated on the three zero-shot splits of held-out compositions (``--seen``: the three of seen
+ones too) and the near-duplicate retrieval split, and writes ``<out>/b<B>_s<seed>.json``; runs
+whose file exists are skipped, so the command resumes. The report also gives, per batch size, the
+share of a batch's rows whose caption occurs again in the same batch (false negatives of the
+contrastive loss).
 """
 
 from __future__ import annotations
@@ -77,14 +80,16 @@ class Run:
         return f"b{self.batch}_s{self.seed}"
 
 
-def scaled_lr(batch: int, base_lr: float, base_batch: int, rule: str) -> float:
-    """The learning rate at ``batch``: ``base_lr`` x (batch / base_batch) ^ {1/2 (sqrt), 1 (linear), 0}."""
+def scaled_lr(batch: int, base_lr: float, base_batch: int, rule: str, max_lr: Optional[float] = None) -> float:
+    """The learning rate at ``batch``: ``base_lr`` x (batch / base_batch) ^ {1/2 (sqrt), 1 (linear), 0},
+    at most ``max_lr``."""
     power = {"sqrt": 0.5, "linear": 1.0, "constant": 0.0}[rule]
-    return base_lr * (batch / base_batch) ** power
+    lr = base_lr * (batch / base_batch) ** power
+    return lr if max_lr is None else min(lr, max_lr)
 
 
 def plan(batches: Sequence[int], seeds: Sequence[int], samples: int, base_lr: float, base_batch: int,
-         rule: str, warmup: float) -> List[Run]:
+         rule: str, warmup: float, max_lr: Optional[float] = None) -> List[Run]:
     """Every (batch, seed) run: the same samples seen (``samples`` // batch steps of batch rows)."""
     runs = []
     for batch in batches:
@@ -93,7 +98,7 @@ def plan(batches: Sequence[int], seeds: Sequence[int], samples: int, base_lr: fl
             raise SystemExit(f"batch_study.py: error: --samples {samples} gives {steps} step(s) at batch {batch}; "
                              "need at least 2")
         for seed in seeds:
-            runs.append(Run(batch, seed, steps, scaled_lr(batch, base_lr, base_batch, rule),
+            runs.append(Run(batch, seed, steps, scaled_lr(batch, base_lr, base_batch, rule, max_lr),
                             max(1, round(warmup * steps))))
     return runs
 
@@ -129,14 +134,15 @@ def false_negative_share(captions: Sequence[str], batch: int, draws: int = 8, se
 
 class StudyEval:
     """The study's evaluation, run by :func:`pipeline.train.train` after the last step: the six
-    zero-shot splits and retrieval, as ``{split/metric: value}`` (percent)."""
+    held-out zero-shot splits (and the ``_seen`` ones with ``seen``) and retrieval, as ``{split/metric: value}`` (top-1 and R@k in percent, median ranks)."""
 
     every = 0
     at_end = True
 
-    def __init__(self, splits: Dict[str, str], data_dir: str, tokenizer, workers: int = 4) -> None:
+    def __init__(self, splits: Dict[str, str], data_dir: str, tokenizer, workers: int = 0,
+                 seen: bool = False) -> None:
         self.evaluators = {}
-        for split in ZEROSHOT_SPLITS:
+        for split in ZEROSHOT_SPLITS if seen else [s for s in ZEROSHOT_SPLITS if not s.endswith("_seen")]:
             cfg = EvalConfig(shards=splits[split], classnames=os.path.join(data_dir, split, "classnames.txt"),
                              templates=os.path.join(data_dir, split, "templates.txt"), batch_size=1024)
             self.evaluators[split] = Evaluator(cfg, tokenizer=tokenizer, workers=workers)
@@ -151,10 +157,12 @@ class StudyEval:
         out = {}
         for split, ev in self.evaluators.items():
             for key, value in ev(model, step).items():
-                if split == "retrieval" and key.startswith("retrieval/"):
+                if split == "retrieval" and key.startswith("retrieval/") and "rank" not in key:
+                    out[key] = 100.0 * value  # R@k, percent
+                elif split == "retrieval" and key in ("retrieval/i2t_median_rank", "retrieval/t2i_median_rank"):
                     out[key] = value
                 elif key == "zeroshot/top1":
-                    out[f"{split}/top1"] = value
+                    out[f"{split}/top1"] = 100.0 * value
         self.seconds = time.perf_counter() - t0
         return out
 
@@ -172,6 +180,8 @@ def run_one(run: Run, args, splits: Dict[str, str], tokenizer_dir: str, evaluato
         "train.save_final": False, "train.export_final": False, "train.log_every": max(1, run.steps // 20),
         "train.output_dir": os.path.join(args.run_dir, run.name), "eval": None,
     }
+    if args.loader_workers is not None:
+        sets["data.workers"] = args.loader_workers
     run_cfg = load_config(args.config, [f"{k}={json.dumps(v)}" for k, v in sets.items()])
     t0 = time.perf_counter()
     result = train(run_cfg, evaluator=evaluator)
@@ -191,22 +201,31 @@ def run_one(run: Run, args, splits: Dict[str, str], tokenizer_dir: str, evaluato
     }
 
 
-def train_all(args) -> None:
-    runs = plan(args.batches, args.seeds, args.samples, args.base_lr, args.base_batch, args.lr_rule, args.warmup)
-    k, n = (int(x) for x in args.part.split("/"))
-    mine = [r for i, r in enumerate(runs) if i % n == k]
+def prepare(args):
+    """The scenes, the BPE and the false-negative shares (what every part shares; run once first
+    when parts run in parallel: ``--prepare``). Returns (split URLs, tokenizer folder, tokenizer)."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     splits = ensure_scenes(args.data, args.scenes, args.scene_size, args.eval_samples, args.retrieval_samples)
     run_cfg = load_config(args.config, [f"data.train_shards={splits['train']}"])
     tokenizer_dir = os.path.join(args.data, "tokenizer")
     tokenizer = ensure_tokenizer(run_cfg.data, splits["train"], tokenizer_dir, run_cfg.model.text.context_length)
-    captions = list(iter_shard_captions(expand_urls(splits["train"])))
     stats_path = out / "false_negatives.json"
-    if k == 0 and not stats_path.exists():
+    if not stats_path.exists():
+        captions = list(iter_shard_captions(expand_urls(splits["train"])))
         stats = {str(b): false_negative_share(captions, b) for b in sorted(set(args.batches))}
         stats_path.write_text(json.dumps(stats, indent=1) + "\n")
-    evaluator = StudyEval(splits, args.data, tokenizer, args.eval_workers)
+    return splits, tokenizer_dir, tokenizer
+
+
+def train_all(args) -> None:
+    runs = plan(args.batches, args.seeds, args.samples, args.base_lr, args.base_batch, args.lr_rule, args.warmup,
+                args.max_lr)
+    k, n = (int(x) for x in args.part.split("/"))
+    mine = [r for i, r in enumerate(runs) if i % n == k]
+    out = Path(args.out)
+    splits, tokenizer_dir, tokenizer = prepare(args)
+    evaluator = StudyEval(splits, args.data, tokenizer, args.eval_workers, args.seen)
     for run in mine:
         path = out / f"{run.name}.json"
         if path.exists():
@@ -316,16 +335,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--scene-size", type=int, default=64, help="image side (the config's vision image_size)")
     p.add_argument("--eval-samples", type=int, default=2000, help="pairs per zero-shot split")
     p.add_argument("--retrieval-samples", type=int, default=5000, help="retrieval pairs (groups of 5)")
-    p.add_argument("--batches", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768, 65536])
+    p.add_argument("--batches", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--samples", type=int, default=4_000_000, help="samples seen by every run")
+    p.add_argument("--samples", type=int, default=2 ** 21, help="samples seen by every run")
     p.add_argument("--base-lr", type=float, default=5e-4, help="learning rate at --base-batch")
     p.add_argument("--base-batch", type=int, default=1024)
     p.add_argument("--lr-rule", choices=LR_RULES, default="sqrt", help="lr = base-lr x (B / base-batch)^p, "
                    "p = 1/2, 1 or 0")
-    p.add_argument("--warmup", type=float, default=0.1, help="warm-up, as a share of each run's steps")
+    p.add_argument("--max-lr", type=float, default=2e-3, help="cap of the scaled learning rate (0: none)")
+    p.add_argument("--warmup", type=float, default=0.2, help="warm-up, as a share of each run's steps")
     p.add_argument("--chunk", type=int, default=16384, help="chunked backbone (GradCache) above this many rows")
-    p.add_argument("--eval-workers", type=int, default=4, help="loader processes of the evaluation")
+    p.add_argument("--eval-workers", type=int, default=0, help="loader processes of the evaluation")
+    p.add_argument("--seen", action="store_true", help="also evaluate the zero-shot splits of seen compositions")
+    p.add_argument("--loader-workers", type=int, default=None, help="processes that read the training set into "
+                   "GPU memory (default: the config's data.workers)")
+    p.add_argument("--prepare", action="store_true", help="only write the scenes, the BPE and the false-negative "
+                   "shares (before parts run in parallel)")
     p.add_argument("--part", default="0/1", help="K/N: run every N-th run from the K-th (one process per GPU)")
     p.add_argument("--out", default="bench/results/batch_study", help="one JSON per run")
     p.add_argument("--run-dir", default="runs/batch_study", help="the runs' output folders (TensorBoard)")
@@ -339,6 +364,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     if not re_part(args.part):
         p.error(f"--part must be K/N with 0 <= K < N, got {args.part!r}")
+    args.max_lr = args.max_lr or None
+    if args.prepare:
+        prepare(args)
+        return 0
     single_process_env()
     train_all(args)
     return 0

@@ -21,6 +21,7 @@ def test_lr_rules_and_the_plan_keep_samples_seen_fixed():
     assert study.scaled_lr(4096, 5e-4, 1024, "sqrt") == pytest.approx(1e-3)
     assert study.scaled_lr(4096, 5e-4, 1024, "linear") == pytest.approx(2e-3)
     assert study.scaled_lr(4096, 5e-4, 1024, "constant") == pytest.approx(5e-4)
+    assert study.scaled_lr(65536, 5e-4, 1024, "sqrt", max_lr=2e-3) == pytest.approx(2e-3)
     runs = study.plan([1024, 4096, 65536], [0, 1], 4_194_304, 5e-4, 1024, "sqrt", 0.1)
     assert [(r.batch, r.seed) for r in runs] == [(1024, 0), (1024, 1), (4096, 0), (4096, 1), (65536, 0), (65536, 1)]
     assert {r.batch * r.steps for r in runs} == {4_194_304}
@@ -46,7 +47,7 @@ def tiny_study(tmp_path_factory):
             "--scenes", "600", "--scene-size", "64", "--eval-samples", "40", "--retrieval-samples", "40",
             "--batches", "32", "64", "--seeds", "0", "1", "--samples", "256", "--chunk", "32",
             "--base-lr", "1e-3", "--base-batch", "32", "--out", str(out), "--run-dir", str(tmp / "runs"),
-            "--eval-workers", "0"]
+            "--max-lr", "1.2e-3", "--warmup", "0.1", "--seen"]
     assert study.main(argv) == 0
     return tmp, out, argv
 
@@ -57,7 +58,7 @@ def test_every_run_trains_on_the_same_samples_and_is_evaluated(tiny_study):
     assert set(rows) == {(32, 0), (32, 1), (64, 0), (64, 1)}
     for (batch, seed), row in rows.items():
         assert row["samples_seen"] == 256 and row["steps"] == 256 // batch
-        assert row["lr"] == pytest.approx(1e-3 * math.sqrt(batch / 32))
+        assert row["lr"] == pytest.approx(min(1e-3 * math.sqrt(batch / 32), 1.2e-3))
         assert row["chunk_size"] == (32 if batch == 64 else None)  # the chunked backbone above --chunk
         assert row["first_loss"] == pytest.approx(math.log(batch), rel=0.25)  # near chance at the start
         for split in ("zeroshot_shape", "zeroshot_colour", "zeroshot_count", "zeroshot_shape_seen"):

@@ -1,0 +1,5 @@
+# Source on the device machine (repo root): the wheels carried in .whl/, the prebuilt FusedAdam in .tex/
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1
+export TORCH_EXTENSIONS_DIR=$PWD/.tex/tex NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+touch .tex/tex/fused_adam/*.o .tex/tex/fused_adam/*.so 2>/dev/null || true
