@@ -61,7 +61,10 @@ METRICS = (
     ("retrieval/i2t_r1", "retrieval image->text R@1 (%)"),
     ("retrieval/t2i_r1", "retrieval text->image R@1 (%)"),
     ("final_loss", "final training loss"),
+    ("loss_over_chance", "final loss / ln B (1: chance)"),
 )
+#: The panels of the plot (the raw loss is not comparable across batch sizes: its chance level is ln B).
+PLOT_METRICS = tuple(m for m in METRICS if m[0] != "final_loss")
 LR_RULES = ("sqrt", "linear", "constant")
 
 
@@ -257,7 +260,10 @@ def summarize(rows: Sequence[dict]) -> Dict[int, Dict[str, tuple]]:
         mine = [r for r in rows if r["batch"] == batch]
         table[batch] = {}
         for key, _ in METRICS + (("lr", ""), ("steps", ""), ("samples_per_s", "")):
-            values = [float(r[key]) for r in mine if key in r]
+            if key == "loss_over_chance":
+                values = [r["final_loss"] / math.log(r["batch"]) for r in mine]
+            else:
+                values = [float(r[key]) for r in mine if key in r]
             if values:
                 mean = sum(values) / len(values)
                 std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
@@ -273,7 +279,7 @@ def markdown_table(table: Dict[int, Dict[str, tuple]], false_negatives: Dict[str
         cells = [f"{batch:,}", f"{cols['steps'][0]:.0f}", f"{cols['lr'][0]:.2e}", str(seeds)]
         for key, _ in METRICS:
             mean, std, _ = cols.get(key, (float("nan"), float("nan"), 0))
-            cells.append(f"{mean:.3f} ± {std:.3f}" if key == "final_loss" else f"{mean:.1f} ± {std:.1f}")
+            cells.append(f"{mean:.3f} ± {std:.3f}" if "loss" in key else f"{mean:.1f} ± {std:.1f}")
         share = false_negatives.get(str(batch))
         cells.append("-" if share is None else f"{100 * share:.1f}%")
         lines.append("| " + " | ".join(cells) + " |")
@@ -289,7 +295,7 @@ def plot(table: Dict[int, Dict[str, tuple]], path: str, title: str) -> str:
 
     fig, axes = plt.subplots(2, 3, figsize=(13, 7.5))
     batches = list(table)
-    for ax, (key, label) in zip(axes.flat, METRICS):
+    for ax, (key, label) in zip(axes.flat, PLOT_METRICS):
         means = [table[b].get(key, (math.nan,))[0] for b in batches]
         stds = [table[b].get(key, (0, 0))[1] for b in batches]
         ax.errorbar(batches, means, yerr=stds, marker="o", capsize=4)
