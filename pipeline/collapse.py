@@ -25,6 +25,9 @@ warning per run (step, loss, chance level, scale, learning rate, usual causes); 
 verdict of every log step to TensorBoard as ``train/collapsed`` (0/1), and with
 ``train.on_collapse: "stop"`` raises :class:`~pipeline.errors.TrainingCollapseError`.
 
+A run shorter than two windows is judged over half its length (at least 10 steps):
+:func:`effective_window`.
+
 Limits: judged on the log steps only, so a window spans at least ``train.log_every`` steps; the
 SigLIP bias is not read (it lives on the device, partitioned under ZeRO-3), a flat loss with a
 frozen scale already says it no longer moves the loss; a warm-up that keeps the learning rate near
@@ -39,7 +42,7 @@ import logging
 import math
 from typing import Optional
 
-__all__ = ["Collapse", "CollapseWatch", "COLLAPSE_ADVICE", "chance_loss"]
+__all__ = ["Collapse", "CollapseWatch", "COLLAPSE_ADVICE", "chance_loss", "effective_window"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +51,15 @@ COLLAPSE_ADVICE = ("usual causes: a learning rate too high for the warm-up (lowe
                    "the scheduler's warmup_num_steps), every step skipped (fp16 overflow: see train/skipped_steps; "
                    "use bf16), captions or images that are all alike (data.caption_key, a data set of one caption "
                    "template), both towers locked; see README.md, 'Collapse'")
+
+
+def effective_window(window: int, total_steps: int) -> int:
+    """The window a run of ``total_steps`` is judged over: ``window``, or half the run when the run
+    is shorter than two windows (at least 10 steps; 0 stays off). A 32-step run at a batch of
+    65,536 that collapses at its 4th step is then named at step 16 instead of never."""
+    if window <= 0:
+        return 0
+    return min(window, max(10, total_steps // 2))
 
 
 def chance_loss(loss: str, batch: int) -> float:

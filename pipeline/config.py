@@ -102,7 +102,8 @@ class TrainConfig:
     CLIP's default is not to."""
     collapse_window: int = 100
     """Watch for a training collapse over this many optimizer steps (judged at the log steps, so
-    over at least log_every; 0: off): the loss at chance level (CLIP: ln B of the contrastive
+    over at least log_every; a run shorter than two windows over half its length, at least 10;
+    0: off): the loss at chance level (CLIP: ln B of the contrastive
     batch) and the logit scale frozen across the window is named in one warning and logged as
     train/collapsed (pipeline.collapse)."""
     collapse_loss_tolerance: float = 0.01

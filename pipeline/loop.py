@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from .collapse import CollapseWatch
+from .collapse import CollapseWatch, effective_window
 from .config import TrainConfig
 from .engine import TrainEngine
 from .errors import NONFINITE_ADVICE, NonFiniteGradError, NonFiniteLossError, TrainingCollapseError
@@ -209,7 +209,8 @@ class TrainLoop:
         self.norms = GradNormWatch()
         self.scale: Any = None
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        self.collapse = CollapseWatch(tcfg.collapse_window, loss=te.loss_kind, batch=te.contrastive_batch,
+        window = effective_window(tcfg.collapse_window, tcfg.steps)
+        self.collapse = CollapseWatch(window, loss=te.loss_kind, batch=te.contrastive_batch,
                                       loss_tolerance=tcfg.collapse_loss_tolerance,
                                       scale_tolerance=tcfg.collapse_scale_tolerance, report=rank == 0)
         self.stop_on_collapse = self.collapse.enabled and tcfg.on_collapse == "stop"

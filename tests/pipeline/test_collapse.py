@@ -62,6 +62,19 @@ def test_collapse_detected_at_the_first_whole_window(caplog):
     assert "learning rate too high for the warm-up" in message and "README.md, 'Collapse'" in message
 
 
+def test_short_runs_are_judged_over_half_their_length():
+    from infclip.pipeline.collapse import effective_window
+
+    assert effective_window(100, 3000) == 100
+    assert effective_window(100, 32) == 16  # the study's 65,536 batch: 32 steps
+    assert effective_window(100, 12) == 10 and effective_window(0, 32) == 0
+    # a 32-step run pinned at ln B from its 4th step is named within the run
+    watch = CollapseWatch(effective_window(100, 32), loss="clip", batch=65536)
+    flagged = [s for s in range(1, 33)
+               if watch.observe(s, 11.09 if s > 3 else 11.16, scale=14.0 if s > 3 else 14.25, lr=2e-3)]
+    assert flagged[0] == 20  # the first whole 16-step window after the scale stopped (step 4)
+
+
 def test_needs_a_whole_window_of_log_steps():
     """Stuck from the very first log step: nothing is said before the log steps reach back a
     whole window (first log step 10, so the first verdict is at 110), and a window spanning one
