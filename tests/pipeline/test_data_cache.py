@@ -109,3 +109,21 @@ def test_training_from_the_cache_learns_and_resumes_exactly(world_of_one, digits
     assert all(torch.isfinite(torch.tensor(v)) for v in full.values())
     with pytest.raises(Exception, match="data.device_cache"):  # a resume with the streaming loader is refused
         run_inproc(digits_shards, tmp_path / "part", 8, resume="latest", **{"data.crop_scale": [1.0, 1.0]})
+
+
+def test_two_ranks_follow_one_process_on_the_whole_batch(world_of_one, digits_shards, tmp_path):  # noqa: F811
+    """With the cache, 2 ranks x 32 (ring loss) and 1 process x 64 (no distributed loss) train on the
+    same global batches from the same init: the training curves agree to float rounding (the
+    distributed claim at the level of training, against one process on the whole batch)."""
+    from .test_train import base_overrides, deepspeed_launch, tb_scalars
+
+    cache = {"data.device_cache": True, "data.crop_scale": [1.0, 1.0], "train.export_final": False}
+    one = run_inproc(digits_shards, tmp_path / "one", 4, **cache, **{"train_micro_batch_size_per_gpu": 64}).losses
+    out = tmp_path / "two"
+    deepspeed_launch(base_overrides(digits_shards, out, 4, **cache, **{"contrastive_loss.distributed": "ring"}),
+                     cwd=str(tmp_path))
+    two = tb_scalars(out)
+    assert sorted(two) == [1, 2, 3, 4]
+    for step in (1, 2, 3, 4):
+        assert abs(two[step] - one[step]) < 1e-5 * abs(one[step]), (step, two[step], one[step])
+    assert two[4] != two[1]  # the weights moved
