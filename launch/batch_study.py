@@ -368,7 +368,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.report:
         print(write_report(args.out, args.docs, args.png))
         return 0
-    if not re_part(args.part):
+    if not _valid_part(args.part):
         p.error(f"--part must be K/N with 0 <= K < N, got {args.part!r}")
     args.max_lr = args.max_lr or None
     if args.prepare:
@@ -379,7 +379,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
-def re_part(part: str) -> bool:
+def _valid_part(part: str) -> bool:
     try:
         k, n = (int(x) for x in part.split("/"))
     except ValueError:
