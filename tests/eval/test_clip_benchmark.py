@@ -130,14 +130,20 @@ def test_loader_reads_cls_labels_without_captions(tmp_path, tokenizer):
                                             batch_size=8)) == 0
 
 
+def _evaluate_cli(tokenizer, tmp_path, root, batch_size):
+    """An exported model, and the report ``launch/zeroshot.py --wds-dir root`` writes for it."""
+    model, hf = _export(tokenizer, tmp_path)
+    out = tmp_path / f"{root.name}.json"
+    assert zeroshot_main(["--checkpoint", str(hf), "--wds-dir", str(root), "--batch-size", str(batch_size),
+                          "--out", str(out)]) == 0
+    return model, json.loads(out.read_text())
+
+
 def test_classification_metrics_match_brute_force(tmp_path, tokenizer):
     root = tmp_path / "wds_cls"
     samples = _classification_set(root)
-    model, hf = _export(tokenizer, tmp_path)
-    out = tmp_path / "cls.json"
-    assert zeroshot_main(["--checkpoint", str(hf), "--wds-dir", str(root), "--batch-size", "8",
-                          "--out", str(out)]) == 0
-    zs = json.loads(out.read_text())["zeroshot"]
+    model, report = _evaluate_cli(tokenizer, tmp_path, root, batch_size=8)
+    zs = report["zeroshot"]
 
     img = _image_feats(model, samples)
     emb = torch.stack([_text_feats(model, tokenizer, [t.replace("{c}", c) for t in TEMPLATES]).mean(0)
@@ -160,11 +166,8 @@ def test_classification_metrics_match_brute_force(tmp_path, tokenizer):
 def test_multi_caption_retrieval_matches_brute_force(tmp_path, tokenizer):
     root = tmp_path / "wds_ret"
     samples = _retrieval_set(root)
-    model, hf = _export(tokenizer, tmp_path)
-    out = tmp_path / "ret.json"
-    assert zeroshot_main(["--checkpoint", str(hf), "--wds-dir", str(root), "--batch-size", "4",
-                          "--out", str(out)]) == 0
-    r = json.loads(out.read_text())["retrieval"]
+    model, report = _evaluate_cli(tokenizer, tmp_path, root, batch_size=4)
+    r = report["retrieval"]
 
     img = _image_feats(model, samples)
     texts, owner = [], []
