@@ -122,9 +122,9 @@ def _layouts(group, ranks: tuple, local: int) -> list:
     mine = torch.full((world + 2,), -1, dtype=torch.int64, device=_collective_device(group))
     mine[0], mine[1] = local, len(ranks)
     mine[2:2 + len(ranks)] = torch.tensor(ranks)
-    every = torch.empty(world, world + 2, dtype=torch.int64, device=mine.device)
+    every = torch.empty(world * (world + 2), dtype=torch.int64, device=mine.device)  # flat: gloo wants 1-D
     _all_gather_single(every, mine)
-    out = {(tuple(row[2:2 + row[1]]), row[0]) for row in every.tolist()}
+    out = {(tuple(row[2:2 + row[1]]), row[0]) for row in every.view(world, world + 2).tolist()}
     return sorted(out)
 
 

@@ -18,7 +18,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from infclip.ops import contrastive_loss
+from infclip.ops import contrastive_loss, sweeps
 from infclip.ops.distributed import distributed_contrastive_loss
 
 WORLD = 4
@@ -114,6 +114,8 @@ def _run_case(spec, rank, world, group, extra):
     members = interleaved_groups(world)[rank % 2] if interleaved else list(range(world))
     if spec["group"]:
         group = extra["interleaved"][rank % 2] if interleaved else extra["copy"]
+    if spec["group"] == "copy":  # every rank at once: the sub-groups are made anew from gathered layouts
+        sweeps._SUBGROUPS.clear()
     pos = members.index(rank)
     dtype = DTYPES[spec["dtype"]]
     img_all, txt_all = global_batch(len(members) * LOCAL_B, dtype, overflow=spec["overflow"])
