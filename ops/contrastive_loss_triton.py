@@ -257,14 +257,10 @@ def _siglip_stats_kernel(S, stride_s, M, N, COLS, scale_ptr, bias_ptr, row_loss,
     tl.atomic_add(row_loss + offs_m, tl.sum(acc, axis=1), mask=mask_m, sem="relaxed")
 
 
-# CLIP gradient tile: P_ij = coef (exp(S_ij - r_i) + exp(S_ij - c_j) - diag_value [i - j == diag]
-#   - offset), r, c: final row / column LSEs, written over S' (P may be S: in place). The label
-# terms are taken before the rounding to the buffer's dtype (P is close to them once the model
-# learns). On the positive pairs S' is row_ref_i, the value the forward's LSEs were taken
-# against (not the GEMM's rounding of it), so P_ii is consistent with the loss.
 @triton.jit
-def _clip_grad_kernel(S, P, stride_s, M, N, scale_ptr, coef_ptr, row_lse, col_lse, row_ref, diag,
-                      diag_value, offset, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _load_tile(S, stride_s, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The tile (program_id(0), program_id(1)) of S'[M, N] that a gradient program owns: its row
+    and column offsets, their bounds masks, the tile's mask and S' there in fp32 (0 outside)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -273,7 +269,18 @@ def _clip_grad_kernel(S, P, stride_s, M, N, scale_ptr, coef_ptr, row_lse, col_ls
     mask_n = offs_n < N
     valid = mask_m[:, None] & mask_n[None, :]
     x = tl.load(S + offs_m[:, None].to(tl.int64) * stride_s + offs_n[None, :], mask=valid, other=0.0)
-    x = x.to(tl.float32)
+    return offs_m, offs_n, mask_m, mask_n, valid, x.to(tl.float32)
+
+
+# CLIP gradient tile: P_ij = coef (exp(S_ij - r_i) + exp(S_ij - c_j) - diag_value [i - j == diag]
+#   - offset), r, c: final row / column LSEs, written over S' (P may be S: in place). The label
+# terms are taken before the rounding to the buffer's dtype (P is close to them once the model
+# learns). On the positive pairs S' is row_ref_i, the value the forward's LSEs were taken
+# against (not the GEMM's rounding of it), so P_ii is consistent with the loss.
+@triton.jit
+def _clip_grad_kernel(S, P, stride_s, M, N, scale_ptr, coef_ptr, row_lse, col_lse, row_ref, diag,
+                      diag_value, offset, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_m, offs_n, mask_m, mask_n, valid, x = _load_tile(S, stride_s, M, N, BLOCK_M, BLOCK_N)
     scale2 = tl.load(scale_ptr) * 1.4426950408889634
     coef = tl.load(coef_ptr)
     r2 = tl.load(row_lse + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
@@ -292,15 +299,7 @@ def _clip_grad_kernel(S, P, stride_s, M, N, scale_ptr, coef_ptr, row_lse, col_ls
 @triton.jit
 def _siglip_grad_kernel(S, P, stride_s, M, N, scale_ptr, bias_ptr, coef_ptr, gsum, gwsum, diag,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    valid = mask_m[:, None] & mask_n[None, :]
-    x = tl.load(S + offs_m[:, None].to(tl.int64) * stride_s + offs_n[None, :], mask=valid, other=0.0)
-    x = x.to(tl.float32)
+    offs_m, offs_n, mask_m, mask_n, valid, x = _load_tile(S, stride_s, M, N, BLOCK_M, BLOCK_N)
     scale = tl.load(scale_ptr)
     bias = tl.load(bias_ptr)
     coef = tl.load(coef_ptr)

@@ -333,6 +333,26 @@ class _StreamSpec:
     (CLIP_benchmark's: image + ``.cls`` only) set False and get an empty caption."""
 
 
+def _stream_spec(urls: Sequence[str], tokenizer: Any, *, image_size: int, context_length: int, batch_size: int,
+                 workers: int, image_keys: List[str], caption_key: str, mean: Sequence[float],
+                 std: Sequence[float], rank: int = 0, world_size: int = 1, train: bool = False, seed: int = 0,
+                 epoch: int = 0, shard_shuffle: bool = False, shuffle_buffer: int = 0, resampled: bool = False,
+                 batches_per_rank: Optional[int] = None, start_batch: int = 0,
+                 crop_scale: Sequence[float] = (1.0, 1.0), drop_last: bool = False, with_labels: bool = False,
+                 require_caption: bool = True) -> _StreamSpec:
+    """The spec of one stream, for the training and eval loaders and the device cache. The
+    defaults are one ordered pass over ``urls`` (no shard shuffle, buffer or resampling, the
+    centre square, the last partial batch kept); ``train`` sends uint8 crops seeded by ``seed``
+    and leaves out the eval keys (``caption``, ``key``, ``label``)."""
+    return _StreamSpec(
+        urls=list(urls), tokenizer=tokenizer, image_size=image_size, context_length=context_length,
+        batch_size=batch_size, rank=rank, world_size=world_size, epoch=epoch, seed=seed, train=train,
+        shard_shuffle=shard_shuffle, shuffle_buffer=shuffle_buffer, resampled=resampled,
+        batches_per_rank=batches_per_rank, start_batch=start_batch, num_logical_workers=max(1, workers),
+        image_keys=image_keys, caption_key=caption_key, with_labels=with_labels, crop_scale=list(crop_scale),
+        mean=list(mean), std=list(std), drop_last=drop_last, require_caption=require_caption)
+
+
 class _Counter:
     """Per-worker skip counts by reason; ``delta()`` gives the total since the last call."""
 
@@ -617,14 +637,12 @@ def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_l
         if cfg.workers > per_rank:
             logger.warning("rank %d has %d shard(s) for %d workers: %d worker(s) idle",
                            rank, per_rank, cfg.workers, cfg.workers - per_rank)
-    spec = _StreamSpec(
-        urls=urls, tokenizer=tokenizer, image_size=image_size, context_length=context_length,
-        batch_size=batch_size, rank=rank, world_size=world_size, epoch=epoch,
-        seed=cfg.seed if seed is None else seed, train=True, shard_shuffle=cfg.shard_shuffle,
-        shuffle_buffer=cfg.shuffle_buffer, resampled=cfg.resampled, batches_per_rank=batches_per_rank,
-        start_batch=start_batch, num_logical_workers=max(1, cfg.workers), image_keys=cfg.image_keys(),
-        caption_key=cfg.caption_key, with_labels=False, crop_scale=list(cfg.crop_scale),
-        mean=list(cfg.image_mean), std=list(cfg.image_std), drop_last=True)
+    spec = _stream_spec(
+        urls, tokenizer, image_size=image_size, context_length=context_length, batch_size=batch_size,
+        workers=cfg.workers, image_keys=cfg.image_keys(), caption_key=cfg.caption_key, mean=cfg.image_mean,
+        std=cfg.image_std, rank=rank, world_size=world_size, train=True, seed=cfg.seed if seed is None else seed,
+        epoch=epoch, shard_shuffle=cfg.shard_shuffle, shuffle_buffer=cfg.shuffle_buffer, resampled=cfg.resampled,
+        batches_per_rank=batches_per_rank, start_batch=start_batch, crop_scale=cfg.crop_scale, drop_last=True)
 
     def normalize(pixels: torch.Tensor) -> torch.Tensor:
         if device is not None:
@@ -653,13 +671,10 @@ def build_eval_loader(shards: Union[str, Sequence[str]], tokenizer, *, image_siz
     urls = expand_urls(shards)
     check_shards_exist(urls)
     keys = [k.strip().lower().lstrip(".") for k in image_key.split(";") if k.strip()]
-    spec = _StreamSpec(
-        urls=urls, tokenizer=tokenizer, image_size=image_size, context_length=context_length,
-        batch_size=batch_size, rank=rank, world_size=world_size, epoch=0, seed=0, train=False,
-        shard_shuffle=False, shuffle_buffer=0, resampled=False, batches_per_rank=None, start_batch=0,
-        num_logical_workers=max(1, workers), image_keys=keys, caption_key=caption_key,
-        with_labels=with_labels, crop_scale=[1.0, 1.0], mean=list(image_mean), std=list(image_std),
-        drop_last=False, require_caption=require_caption)
+    spec = _stream_spec(
+        urls, tokenizer, image_size=image_size, context_length=context_length, batch_size=batch_size,
+        workers=workers, image_keys=keys, caption_key=caption_key, mean=image_mean, std=image_std, rank=rank,
+        world_size=world_size, with_labels=with_labels, require_caption=require_caption)
     return _make_loader(spec, workers, 2)
 
 

@@ -30,7 +30,7 @@ import torch
 
 from infclip.ops.config import ConfigError
 
-from .data import DataConfig, _make_loader, _seed, _StreamSpec, normalize_pixels
+from .data import DataConfig, _make_loader, _seed, _stream_spec, normalize_pixels
 
 __all__ = ["DeviceCache", "CachedLoader"]
 
@@ -85,13 +85,11 @@ class DeviceCache:
             return cls(_LAST[1].pixels, _LAST[1].input_ids, _LAST[1].attention_mask, cfg)
         _LAST.clear()  # free the previous set before reading the next
         t0 = time.perf_counter()
-        spec = _StreamSpec(
-            urls=list(shards), tokenizer=tokenizer, image_size=image_size, context_length=context_length,
-            batch_size=_READ_BATCH, rank=0, world_size=1, epoch=0, seed=cfg.seed, train=True, shard_shuffle=False,
-            shuffle_buffer=0, resampled=False, batches_per_rank=None, start_batch=0,
-            num_logical_workers=max(1, cfg.workers), image_keys=cfg.image_keys(), caption_key=cfg.caption_key,
-            with_labels=False, crop_scale=[1.0, 1.0], mean=list(cfg.image_mean), std=list(cfg.image_std),
-            drop_last=False)
+        # the defaults' ordered pass (last batch kept, crop_scale [1, 1]: the centre square), as uint8 (``train``)
+        spec = _stream_spec(
+            shards, tokenizer, image_size=image_size, context_length=context_length, batch_size=_READ_BATCH,
+            workers=cfg.workers, image_keys=cfg.image_keys(), caption_key=cfg.caption_key, mean=cfg.image_mean,
+            std=cfg.image_std, train=True, seed=cfg.seed)
         parts: Dict[str, List[torch.Tensor]] = {"pixel_values": [], "input_ids": [], "attention_mask": []}
         skipped = 0
         for batch in _make_loader(spec, cfg.workers, cfg.prefetch_factor):
