@@ -89,6 +89,43 @@ def test_compiled_towers_give_the_eager_gradients(grad_ckpt, compiled):
     assert list(fast.state_dict()) == list(eager.state_dict())  # no _orig_mod keys
 
 
+GRAPHS: list = []
+
+
+def _counting_backend(gm, example_inputs):
+    GRAPHS.append(gm)
+    return gm.forward
+
+
+@pytest.mark.parametrize("grad_ckpt, compiled", [(False, "towers"), (True, "blocks")])
+def test_compiled_towers_run_eagerly_in_evaluation(grad_ckpt, compiled):
+    """Training runs the compiled graphs (a new training batch size compiles a new one);
+    evaluation, at other batch sizes, compiles nothing and gives the eager features."""
+    import torch._dynamo
+
+    if "infclip_counting" not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(_counting_backend, name="infclip_counting")
+    torch._dynamo.reset()
+    GRAPHS.clear()
+    fast = CLIPTowers(cfg(gradient_checkpointing=grad_ckpt, compile=True, compile_backend="infclip_counting"),
+                      eos_token_id=1, pad_token_id=0).train()
+    eager = CLIPTowers(cfg(gradient_checkpointing=grad_ckpt), eos_token_id=1, pad_token_id=0)
+    eager.load_state_dict(fast.state_dict())
+    fast(*batch(3))
+    assert fast.compiled == compiled and len(GRAPHS) >= 2
+    trained = len(GRAPHS)
+    fast.eval(), eager.eval()
+    with torch.no_grad():
+        for rows in (2, 5, 7):
+            got, want = fast(*batch(rows)), eager(*batch(rows))
+            for a, b in zip(got[:2], want[:2]):
+                torch.testing.assert_close(a, b)
+    assert len(GRAPHS) == trained  # nothing compiled for evaluation
+    fast.train()
+    fast(*batch(4))
+    assert len(GRAPHS) > trained  # back in training: the compiled path (a new shape, a new graph)
+
+
 def test_param_groups_keep_tower_weights_aligned_in_deepspeed(tmp_path):
     """DeepSpeed (bf16, ZeRO-2) packs each group into one flat buffer: with the 1-element logit
     scale and bias first, every tower weight starts 4 bytes off 16-byte alignment (slow cuBLAS
