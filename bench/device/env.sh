@@ -3,3 +3,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR=$PWD/.tex/tex NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 touch .tex/tex/fused_adam/*.o .tex/tex/fused_adam/*.so 2>/dev/null || true
+# zero-shot on the held-out colour and count splits (2 shards each) of a finished run's export:
+#   zeroshot_splits RUN_DIR SCENES_DIR LOG_DIR SECONDS_PER_SPLIT
+zeroshot_splits() {
+  for sp in colour count; do
+    timeout $4 python launch/zeroshot.py --checkpoint $1/final --shards "$2/zeroshot_$sp/shard-{000000..000001}.tar" \
+        --classnames $2/zeroshot_$sp/classnames.txt --templates $2/zeroshot_$sp/templates.txt \
+        --out $1/eval/zs_$sp.json > $3/zs_$sp.log 2>&1
+  done
+}

@@ -9,10 +9,6 @@ python launch/make_shards.py --scenes 100000 --out data/scenes --scene-size 224 
 timeout $(left 490) python launch/pretrain.py --ds_config ds_configs/scenes_vitb32.json \
     --set data.device_cache=true --set data.workers=15 --set eval.every=500 --set train.save_every=0 > $R/vitb32_w1.log 2>&1
 pack
-for sp in colour count; do
-  [ $(left 530) -gt 8 ] && timeout $(left 530) python launch/zeroshot.py --checkpoint runs/scenes_vitb32/final \
-      --shards "data/scenes/zeroshot_$sp/shard-{000000..000001}.tar" --classnames data/scenes/zeroshot_$sp/classnames.txt \
-      --templates data/scenes/zeroshot_$sp/templates.txt --out runs/scenes_vitb32/eval/zs_$sp.json > $R/zs_$sp.log 2>&1
-done
+[ $(left 530) -gt 16 ] && zeroshot_splits runs/scenes_vitb32 data/scenes $R $(( $(left 530) / 2 ))
 pack
 grep -h "eval at step" $R/vitb32_w1.log | cut -c1-220; grep -h "done:" $R/*.log; echo "elapsed $((SECONDS - T0)) s"

@@ -16,10 +16,6 @@ pack
 timeout $(left 555) deepspeed --num_gpus 4 launch/pretrain.py --ds_config ds_configs/scenes_vitb32.json \
     --set data.device_cache=true --set eval.every=500 --set train.save_every=0 > $R/vitb32_w4.log 2>&1
 pack
-for sp in colour count; do
-  [ $(left 590) -gt 8 ] && timeout $(left 590) python launch/zeroshot.py --checkpoint runs/scenes_vitb32/final \
-      --shards "data/scenes/zeroshot_$sp/shard-{000000..000001}.tar" --classnames data/scenes/zeroshot_$sp/classnames.txt \
-      --templates data/scenes/zeroshot_$sp/templates.txt --out runs/scenes_vitb32/eval/zs_$sp.json > $R/zs_$sp.log 2>&1
-done
+[ $(left 590) -gt 16 ] && zeroshot_splits runs/scenes_vitb32 data/scenes $R $(( $(left 590) / 2 ))
 pack
 grep -h "samples/s" $R/pipeline_w*.log; grep -h "eval at step" $R/vitb32_w4.log | tail -3 | cut -c1-250; grep -h "done:" $R/*.log; echo "elapsed $((SECONDS - T0)) s"
