@@ -157,7 +157,8 @@ class ModelConfig:
     """``torch.compile`` the towers (fused layer norms, bias/GELU/residual epilogues, far fewer
     launches): each tower as one graph, or each transformer block alone under ZeRO-3 or
     checkpointing (their hooks stay outside the compiled code). ``"auto"``: on when the towers
-    run on a CUDA device. Compiling takes ~1 minute at the first step."""
+    run on a CUDA device. Compiling takes ~1 minute at the first step. Only training runs the
+    compiled code; evaluation (``model.eval()``) runs the towers eagerly."""
     compile_backend: str = "inductor"
     """The ``torch.compile`` backend for ``compile`` (``"aot_eager"`` traces without generating
     kernels: a quick check that a setup compiles)."""
