@@ -170,6 +170,8 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--budget-s", type=float, default=270.0, help="skip batches projected past this")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="also profile N calls of each scheme at each batch (rank 0 prints torch.profiler tables)")
     p.add_argument("--out", default=None, help="JSONL to append (default bench/results/distributed.jsonl;"
                    " --smoke: a temp file)")
     args = p.parse_args(argv)
@@ -261,6 +263,11 @@ def run(args, cuda: bool) -> None:
             t_n = max(per_rank)
             projected[scheme] = t_n
             comm_ms = slowest(statistics.median(comm), device)
+            if args.profile:
+                from profile_table import print_profile
+
+                print_profile(lambda: [fn() for _ in range(args.profile)], f"{scheme} B={batch} b={b}",
+                              args.profile, show=rank == 0)
             rows.append(dict(meta, scheme=scheme, local_world_size=sweep.topo.local, global_batch=batch,
                              local_batch=b, fwd_bwd_ms=t_n, fwd_bwd_ms_per_rank=per_rank,
                              single_gpu_ms=t1,

@@ -300,16 +300,9 @@ def _flag(text: str):
 
 def profile(engine, loss_fn, batch, steps: int, label: str) -> None:
     """Print where a step's host and device time go (torch.profiler, ``steps`` steps)."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
+    from profile_table import print_profile
 
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        timed_steps(engine, loss_fn, batch, steps, None)
-    events = prof.key_averages()
-    device_us = sum(e.self_device_time_total for e in events)
-    print(f"# profile {label}: {steps} steps, device busy {device_us / 1e3 / steps:.1f} ms/step", flush=True)
-    print(events.table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=60), flush=True)
-    print(events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60), flush=True)
+    print_profile(lambda: timed_steps(engine, loss_fn, batch, steps, None), label, steps)
 
 
 def max_batch(args, rows):

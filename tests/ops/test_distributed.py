@@ -307,7 +307,7 @@ def test_benchmark_checks_each_scheme_against_one_device(tmp_path):
                                                              "MASTER_ADDR", "LOCAL_WORLD_SIZE")}
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "bench/bench_distributed.py", "--smoke", "--dtype", "fp32", "--reps", "1", "--out", str(out)]
+           "bench/bench_distributed.py", "--smoke", "--dtype", "fp32", "--reps", "1", "--profile", "1", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -316,3 +316,7 @@ def test_benchmark_checks_each_scheme_against_one_device(tmp_path):
     for r in schemes:
         for key in ("loss_rel_err", "grad_rel_err", "scale_grad_rel_err"):
             assert 0 <= r[key] < 1e-5, (r["scheme"], r["global_batch"], key, r[key])
+        # --profile: rank 0 prints where each scheme's call spends its time, collectives included
+        head = f"# profile {r['scheme']} B={r['global_batch']} b={r['local_batch']}: 1 calls"
+        assert proc.stdout.count(head) == 1, head
+    assert "Self CPU" in proc.stdout and "c10d::" in proc.stdout  # the collectives are in the tables
