@@ -1,0 +1,107 @@
+"""DeepSpeed's host time per training step against the number of parameter tensors.
+
+    python bench/bench_host_overhead.py                  # CPU (gloo, one process) or one GPU
+
+Issue 10's profile of the ViT-B/32 step at micro-batch 256 found the step bound by the host:
+ZeRO-2 hooks, copies and norms run once per parameter tensor (399 in the two towers). This
+benchmark isolates that cost: a model of ``--numel`` elements split into N tensors, a forward that
+costs almost nothing (one reduction per tensor), and the DeepSpeed step (bf16, ZeRO stage as
+given, torch AdamW). Time per step for N = 399 (the towers' layout) and for fewer, larger tensors
+(what flat per-block parameters would give: two per transformer block plus a few) measures
+what the per-tensor work costs on this host; the ``plain torch`` row (no DeepSpeed) is the part
+that any trainer pays for the same tensors. Rows are printed (no file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class Split(torch.nn.Module):
+    """``numel`` parameters in ``count`` equal 1-D tensors; the forward is their sum times x."""
+
+    def __init__(self, count: int, numel: int) -> None:
+        super().__init__()
+        size = numel // count
+        self.parts = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(size) * 0.01) for _ in range(count)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([p.sum() for p in self.parts]).sum() * x
+
+
+def step_ms(count: int, numel: int, zero: int, overlap: bool, steps: int, device: torch.device) -> float:
+    import deepspeed
+
+    model = Split(count, numel)
+    ds = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True, "check_grad_overflow": False},
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+          "zero_optimization": {"stage": zero, "overlap_comm": overlap, "contiguous_gradients": True}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
+    x = torch.ones((), dtype=torch.bfloat16, device=device)
+    try:
+        for i in range(steps + 3):
+            if i == 3:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            engine.backward(engine(x))
+            engine.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / steps * 1e3
+    finally:
+        engine.destroy()
+
+
+def plain_ms(count: int, numel: int, steps: int, device: torch.device) -> float:
+    """The same model and step without DeepSpeed (bf16 weights, torch AdamW with foreach): the
+    forward, backward and update alone, the part of the time that any trainer pays."""
+    model = Split(count, numel).to(device=device, dtype=torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    x = torch.ones((), dtype=torch.bfloat16, device=device)
+    for i in range(steps + 3):
+        if i == 3:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        model(x).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--counts", nargs="+", type=int, default=[399, 54, 8], help="parameter tensors")
+    p.add_argument("--numel", type=int, default=399 * 4096, help="elements in all (small: the host cost shows)")
+    p.add_argument("--zero", nargs="+", type=int, default=[1, 2, 3])
+    p.add_argument("--steps", type=int, default=10)
+    args = p.parse_args(argv)
+    from infclip.pipeline.train import single_process_env
+
+    single_process_env()
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    print(f"# {device}, {os.cpu_count()} CPUs, {args.numel:,} elements; ms per step (forward + backward + step)")
+    row = lambda label, ms: print(f"{label:<22}" + "  ".join(f"{n:>4} tensors {m:7.1f}" for n, m in zip(args.counts, ms)),
+                                  flush=True)
+    row("plain torch", [plain_ms(n, args.numel, args.steps, device) for n in args.counts])
+    for zero in args.zero:
+        for overlap in ([False, True] if zero == 2 else [False]):
+            row(f"ZeRO-{zero}" + (" overlap_comm" if overlap else ""),
+                [step_ms(n, args.numel, zero, overlap, args.steps, device) for n in args.counts])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
