@@ -186,7 +186,9 @@ import os, torch.distributed as dist
 from infclip.pipeline.loop import _cpu_group, _rank0_verdict
 dist.init_process_group("gloo")
 rank, group = dist.get_rank(), _cpu_group()
-print("verdicts", [_rank0_verdict(flag, group) for flag in ((rank == 0), (rank == 1), True, False)])
+print("verdicts", [_rank0_verdict(flag, group) for flag in ((rank == 0), (rank == 1), True, False)], flush=True)
+dist.barrier()
+dist.destroy_process_group()  # a gloo group left to interpreter exit can abort the process
 """
 
 
