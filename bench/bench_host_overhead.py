@@ -80,18 +80,62 @@ def plain_ms(count: int, numel: int, steps: int, device: torch.device) -> float:
     return (time.perf_counter() - t0) / steps * 1e3
 
 
+def towers_ms(flat: bool, zero: int, steps: int, device: torch.device, width: int) -> tuple:
+    """The ViT-B/32 towers' layout (12 + 12 blocks, 399 tensors) at width ``width``, with or
+    without ``model.flat_parameters``, through the DeepSpeed step on 2 rows: (tensors, ms)."""
+    import deepspeed
+
+    from infclip.pipeline.model import CLIPTowers, ModelConfig, param_groups
+
+    heads = max(1, width // 64)
+    cfg = ModelConfig.from_dict({
+        "embed_dim": width, "flat_parameters": flat, "compile": False, "gradient_checkpointing": False,
+        "vision": {"image_size": 64, "patch_size": 32, "hidden_size": width, "layers": 12, "heads": heads},
+        "text": {"context_length": 8, "hidden_size": width, "layers": 12, "heads": heads, "vocab_size": 64}})
+    torch.manual_seed(0)
+    model = CLIPTowers(cfg, eos_token_id=1, pad_token_id=0)
+    ds = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True, "check_grad_overflow": False},
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+          "zero_optimization": {"stage": zero}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
+    pixels = torch.randn(2, 3, 64, 64, device=device, dtype=torch.bfloat16)
+    ids = torch.randint(3, 64, (2, 8), device=device)
+    try:
+        for i in range(steps + 3):
+            if i == 3:
+                t0 = time.perf_counter()
+            img, txt, scale, _ = engine(pixels, ids, torch.ones_like(ids))
+            engine.backward((scale * img @ txt.T).float().logsumexp(1).mean())
+            engine.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return len(list(model.parameters())), (time.perf_counter() - t0) / steps * 1e3
+    finally:
+        engine.destroy()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--counts", nargs="+", type=int, default=[399, 54, 8], help="parameter tensors")
     p.add_argument("--numel", type=int, default=399 * 4096, help="elements in all (small: the host cost shows)")
     p.add_argument("--zero", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--towers", action="store_true",
+                   help="instead: the ViT-B/32 towers' layout (narrow) with and without model.flat_parameters")
+    p.add_argument("--width", type=int, default=64, help="--towers: hidden size of both towers")
     args = p.parse_args(argv)
     from infclip.pipeline.train import single_process_env
 
     single_process_env()
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if args.towers:
+        print(f"# {device}, {os.cpu_count()} CPUs, ViT-B/32 layout at width {args.width}; ms per DeepSpeed step")
+        for zero in [z for z in args.zero if z < 3]:
+            for flat in (False, True):
+                count, ms = towers_ms(flat, zero, args.steps, device, args.width)
+                print(f"ZeRO-{zero} {'flat_parameters' if flat else 'plain':<16} {count:>4} tensors {ms:7.1f}", flush=True)
+        return 0
     print(f"# {device}, {os.cpu_count()} CPUs, {args.numel:,} elements; ms per step (forward + backward + step)")
     row = lambda label, ms: print(f"{label:<22}" + "  ".join(f"{n:>4} tensors {m:7.1f}" for n, m in zip(args.counts, ms)),
                                   flush=True)

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from infclip.pipeline.checkpoint import check_tag, safe_load
+from infclip.pipeline.flat_params import expand_flat_entries
 from infclip.pipeline.errors import CheckpointError
 
 __all__ = [
@@ -251,6 +252,7 @@ def load_state_dict_strict(model: nn.Module, state_dict: Mapping[str, Tensor], s
     Raises ``ValueError`` naming the first mismatching parameters (shape, missing, unexpected),
     e.g. when the checkpoint comes from a different model size than the config builds.
     """
+    state_dict = expand_flat_entries(state_dict, model)  # names of ZeRO partitions of flat parameters
     expected = model.state_dict()
     problems = []
     for name, tensor in expected.items():
@@ -266,9 +268,7 @@ def load_state_dict_strict(model: nn.Module, state_dict: Mapping[str, Tensor], s
     if problems:
         shown = "; ".join(problems[:6]) + (f"; ... ({len(problems) - 6} more)" if len(problems) > 6 else "")
         raise CheckpointError(f"{source} does not fit the model (was it trained with another model config?): {shown}")
-    with torch.no_grad():
-        for name, tensor in expected.items():
-            tensor.copy_(state_dict[name].to(tensor.dtype))
+    model.load_state_dict({name: state_dict[name] for name in expected}, strict=True)
 
 
 # ------------------------------------------------------------------------------ model loading

@@ -97,6 +97,8 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
         raise ConfigError(f"{run_cfg.source}: an 'optimizer' section is required (DeepSpeed builds the optimizer)")
     torch.manual_seed(tcfg.seed)  # identical init on every rank
     zero3 = run_cfg.zero_stage == 3
+    if zero3 and model_cfg.flat_parameters:
+        raise ConfigError(f"{run_cfg.source}: 'model.flat_parameters' needs ZeRO stage 0-2, the config has stage 3")
     model = CLIPTowers.from_config(model_cfg, tokenizer,
                                    zero3_config=ds_config if zero3 and model_cfg.zero3_init else None)
     model.lock_towers()  # LiT: frozen parameters get requires_grad=False and stay out of param_groups

@@ -35,6 +35,8 @@ from torch import Tensor, nn
 
 from infclip.ops.config import ConfigError, parse_section, require_at_least
 
+from .flat_params import bind_views, flatten_block
+
 __all__ = ["VisionTowerConfig", "TextTowerConfig", "ModelConfig", "CLIPTowers", "mark_zero3_leaf_layers",
            "activation_bytes", "forward_flops", "param_groups", "misaligned_parameters"]
 
@@ -179,6 +181,11 @@ class ModelConfig:
     """ZeRO-3 only: gather each transformer block's parameters as one unit (DeepSpeed "leaf
     modules") instead of one fetch per Linear/LayerNorm; far fewer hooks on the host, at the cost
     of one whole block's weights live at a time."""
+    flat_parameters: bool = False
+    """Hold each transformer block's weights in two parameter tensors (matrices, vectors) instead
+    of 16: DeepSpeed's per-tensor host work in every step shrinks with the count (ViT-B/32: 399 ->
+    63 tensors; ``pipeline/flat_params.py``). Checkpoints and exports keep the usual names. ZeRO
+    0-2, unlocked towers; not yet measured on a GPU, so off by default."""
 
     def __post_init__(self) -> None:
         self.vision = _sub(VisionTowerConfig, self.vision, "model.vision")
@@ -194,6 +201,8 @@ class ModelConfig:
         if not 0.0 < self.checkpointing_memory_fraction <= 1.0:
             raise ConfigError(f"'checkpointing_memory_fraction' must be in (0, 1], got "
                               f"{self.checkpointing_memory_fraction}")
+        if self.flat_parameters and (self.lock_image or self.lock_text):
+            raise ConfigError("'flat_parameters' does not support locked towers ('lock_image' / 'lock_text')")
         if math.exp(self.init_logit_scale) > self.max_logit_scale * (1 + 1e-6):
             raise ConfigError(f"exp('init_logit_scale') = {math.exp(self.init_logit_scale):.4g} "
                               f"exceeds 'max_logit_scale' {self.max_logit_scale}")
@@ -411,7 +420,8 @@ def param_groups(model: nn.Module, decay_1d: bool = False) -> list[dict]:
     for p in model.parameters():
         if p.requires_grad:
             shape = getattr(p, "ds_shape", p.shape)  # a zero.Init parameter's own data is its shard
-            (decay if len(shape) >= 2 or decay_1d else no_decay).append(p)
+            matrix = getattr(p, "infclip_weight_decay", len(shape) >= 2)  # a flat parameter says
+            (decay if matrix or decay_1d else no_decay).append(p)
 
     def aligned_first(params: list) -> list:
         return sorted(params, key=lambda p: math.prod(getattr(p, "ds_shape", p.shape)) % 8 != 0)
@@ -471,6 +481,8 @@ class CLIPTowers(nn.Module):
         from transformers import CLIPTextModelWithProjection, CLIPVisionModelWithProjection
 
         self.cfg = cfg
+        if cfg.flat_parameters and zero3_config is not None:
+            raise ConfigError("'model.flat_parameters' needs ZeRO stage 0-2 (ZeRO-3 partitions the parameters)")
         if _towers is not None:
             self.vision, self.text = _towers
         else:
@@ -499,6 +511,16 @@ class CLIPTowers(nn.Module):
         self.compiled: Optional[str] = None
         """What :meth:`_plan` compiled: None, "towers" or "blocks"."""
         self.set_gradient_checkpointing(cfg.gradient_checkpointing is True)
+        self._flat_blocks: list[nn.Module] = []
+        if cfg.flat_parameters:
+            self._flat_blocks = _encoder_layers(self)
+            for block in self._flat_blocks:
+                flatten_block(block)
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        bind_views(getattr(self, "_flat_blocks", []))  # .to() / .bfloat16() made new flat tensors
+        return out
 
     # ------------------------------------------------------------------ towers
     def set_gradient_checkpointing(self, enable: bool, function: Optional[Any] = None) -> None:
@@ -561,9 +583,9 @@ class CLIPTowers(nn.Module):
             self._compile()
 
     def _compile(self) -> None:
-        """Whole towers as one graph each (encode_image / encode_text), or, where hooks run inside
-        the towers (ZeRO-3's per-block parameter fetch, checkpointed blocks), each block's forward
-        alone, so that the hooks stay outside the compiled code."""
+        """Whole towers as one graph each (the features of encode_image / encode_text), or, where
+        hooks run inside the towers (ZeRO-3's per-block parameter fetch, checkpointed blocks),
+        each block's forward alone, so that the hooks stay outside the compiled code."""
         compile_fn = functools.partial(torch.compile, backend=self.cfg.compile_backend, mode=self.cfg.compile_mode)
         zero3 = any(hasattr(p, "ds_id") for p in self.parameters())
         if zero3 or self.vision.vision_model.encoder.gradient_checkpointing:
@@ -571,8 +593,8 @@ class CLIPTowers(nn.Module):
                 block.forward = _compiled_while_training(block, block.forward, compile_fn)
             self.compiled = "blocks"
         else:
-            self.encode_image = _compiled_while_training(self, self.encode_image, compile_fn)
-            self.encode_text = _compiled_while_training(self, self.encode_text, compile_fn)
+            self._image_features = _compiled_while_training(self, self._image_features, compile_fn)
+            self._text_features = _compiled_while_training(self, self._text_features, compile_fn)
             self.compiled = "towers"
         logger.info("torch.compile (%s): %s", self.cfg.compile_backend, self.compiled)
 
@@ -590,13 +612,21 @@ class CLIPTowers(nn.Module):
 
     def encode_image(self, pixel_values: Tensor) -> Tensor:
         """[B,3,H,W] float -> L2-normalised [B,E] (dtype of the tower)."""
-        out = self.vision.vision_model(pixel_values=pixel_values)
-        feats = self.vision.visual_projection(out.pooler_output)
-        return nn.functional.normalize(feats, dim=-1)
+        bind_views(self._flat_blocks)
+        return self._image_features(pixel_values)
 
     def encode_text(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
         """[B,L] token ids (+ [B,L] 0/1 mask) -> L2-normalised [B,E]; pools the first EOS token
         of each row, or the last attended token where a row has no EOS."""
+        bind_views(self._flat_blocks)
+        return self._text_features(input_ids, attention_mask)
+
+    def _image_features(self, pixel_values: Tensor) -> Tensor:
+        out = self.vision.vision_model(pixel_values=pixel_values)
+        feats = self.vision.visual_projection(out.pooler_output)
+        return nn.functional.normalize(feats, dim=-1)
+
+    def _text_features(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
         if input_ids.shape[1] > self.context_length:
             raise ValueError(f"input_ids has {input_ids.shape[1]} tokens, the text tower takes at most "
                              f"{self.context_length}")
@@ -621,8 +651,9 @@ class CLIPTowers(nn.Module):
         if not self._planned and self.training and torch.is_grad_enabled():
             lead = pixel_values if pixel_values is not None else input_ids
             self._plan(lead.shape[0], lead.device)
-        img = self.encode_image(pixel_values) if pixel_values is not None else None
-        txt = self.encode_text(input_ids, attention_mask) if input_ids is not None else None
+        bind_views(self._flat_blocks)  # flat parameters: views into the current tensors, in this graph
+        img = self._image_features(pixel_values) if pixel_values is not None else None
+        txt = self._text_features(input_ids, attention_mask) if input_ids is not None else None
         scale, bias = self.logit_params()
         return img, txt, scale, bias
 

@@ -1,0 +1,144 @@
+"""Flat per-block parameters: each transformer block's weights held in a few large tensors.
+
+Why: DeepSpeed's ZeRO stages do Python work for every parameter tensor in every step (a gradient
+hook, a bucket copy, a norm term). The two ViT-B/32 towers have 399 tensors, and at micro-batch
+256 that host work bounds the step (README "End to end"; ``bench/bench_host_overhead.py``
+measures it: 53-84 ms per step with 399 tensors against 23-32 ms with 54 on a 2-core CPU).
+With ``model.flat_parameters``, each block keeps its matrices in one parameter
+(``flat_matrices``, weight decay) and its vectors in another (``flat_vectors``, no decay):
+ViT-B/32 then has 63 tensors (2 x 24 for the blocks, 15 outside them) instead of 399.
+
+How:
+- the block's parameters are copied into the flat tensors and removed from their modules; each
+  starts on a 64-element boundary, so every view is 128-byte aligned (fast GEMM and norm kernels);
+- :func:`bind_views`, run by the model before every forward, sets each module attribute
+  (``mlp.fc1.weight`` ...) to a view into the current flat tensor: autograd takes the gradients to
+  the flat parameter, and DeepSpeed's replacement of a parameter's ``.data`` is followed;
+- a state-dict hook on each block writes the original names, and a load hook packs them back, so
+  checkpoints, exports and evaluation see the keys of an unflattened model; a dict with the flat
+  names (consolidated from ZeRO optimizer partitions) is turned into them by
+  :func:`expand_flat_entries`.
+
+Limits: ZeRO stages 0-2 (ZeRO-3 partitions parameters and gathers them in its own hooks, after
+which the views would have to be bound: refused with a ConfigError); locked towers are refused
+too. The speed-up on a GPU is not measured yet; on the CPU host, see bench/bench_host_overhead.py.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Mapping, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["ALIGN", "bind_views", "expand_flat_entries", "flatten_block", "flat_blocks"]
+
+ALIGN = 64
+"""Elements between the starts of two members of a flat tensor (128 bytes in bf16)."""
+MATRICES, VECTORS = "flat_matrices", "flat_vectors"
+
+
+class _Member(NamedTuple):
+    module: nn.Module
+    attr: str
+    key: str  # the state-dict key relative to the block, e.g. "mlp.fc1.weight"
+    offset: int
+    shape: tuple
+
+
+def flatten_block(block: nn.Module) -> int:
+    """Replace ``block``'s parameters by ``flat_matrices`` (>= 2-D) and ``flat_vectors``;
+    returns how many tensors were folded. The block must hold trainable parameters only."""
+    groups: Dict[str, list] = {}
+    order = []  # the state-dict keys of the block's parameters, in the order they are written
+    for path, module in block.named_modules():
+        for attr, p in list(module._parameters.items()):
+            if p is None:
+                continue
+            order.append(f"{path}.{attr}" if path else attr)
+            if not p.requires_grad:
+                raise ValueError(f"flat_parameters: '{path}.{attr}' is frozen (locked towers are not supported)")
+            groups.setdefault(MATRICES if p.ndim >= 2 else VECTORS, []).append((path, module, attr, p))
+    layout: Dict[str, List[_Member]] = {}
+    for name, members in groups.items():
+        offsets, total = [], 0
+        for *_, p in members:
+            offsets.append(total)
+            total += -(-p.numel() // ALIGN) * ALIGN
+        first = members[0][3]
+        flat = torch.zeros(total, dtype=first.dtype, device=first.device)
+        for (path, module, attr, p), offset in zip(members, offsets):
+            flat[offset:offset + p.numel()] = p.detach().reshape(-1)
+            del module._parameters[attr]
+        param = nn.Parameter(flat)
+        param.infclip_weight_decay = name == MATRICES  # read by pipeline.model.param_groups
+        block.register_parameter(name, param)
+        layout[name] = [_Member(module, attr, f"{path}.{attr}" if path else attr, offset, tuple(p.shape))
+                        for (path, module, attr, p), offset in zip(members, offsets)]
+    block._flat_layout = layout
+    block._flat_order = order
+    block.register_state_dict_post_hook(_write_original_names)
+    block.register_load_state_dict_pre_hook(_read_original_names)
+    _bind(block)
+    return sum(len(m) for m in layout.values())
+
+
+def flat_blocks(model: nn.Module) -> List[nn.Module]:
+    return [m for m in model.modules() if hasattr(m, "_flat_layout")]
+
+
+def _bind(block: nn.Module) -> None:
+    for name, members in block._flat_layout.items():
+        flat = block._parameters[name]
+        for m in members:
+            setattr(m.module, m.attr, flat[m.offset:m.offset + math.prod(m.shape)].view(m.shape))
+
+
+def bind_views(blocks: List[nn.Module]) -> None:
+    """Point every member attribute of ``blocks`` at its slice of the current flat tensors."""
+    for block in blocks:
+        _bind(block)
+
+
+def _write_original_names(block: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:
+    # the block's own entries come last in state_dict when its hook runs: the original keys are
+    # appended where the unflattened block would have written them
+    pieces = {}
+    for name, members in block._flat_layout.items():
+        flat = state_dict.pop(prefix + name)
+        pieces.update((m.key, flat[m.offset:m.offset + math.prod(m.shape)].view(m.shape).clone()) for m in members)
+    for key in block._flat_order:
+        state_dict[prefix + key] = pieces[key]
+
+
+def _read_original_names(block: nn.Module, state_dict: dict, prefix: str, local_metadata, strict,
+                         missing_keys, unexpected_keys, error_msgs) -> None:
+    for name, members in block._flat_layout.items():
+        keys = [prefix + m.key for m in members]
+        if prefix + name in state_dict or not all(k in state_dict for k in keys):
+            continue  # already flat, or incomplete: load_state_dict names what is missing
+        current = block._parameters[name]
+        flat = torch.zeros(current.numel(), dtype=current.dtype, device=current.device)
+        for m, key in zip(members, keys):
+            flat[m.offset:m.offset + math.prod(m.shape)] = state_dict.pop(key).reshape(-1)
+        state_dict[prefix + name] = flat
+
+
+def expand_flat_entries(state_dict: Mapping[str, Tensor], model: nn.Module) -> Dict[str, Tensor]:
+    """``state_dict`` with every ``<block>.flat_*`` entry of ``model``'s flattened blocks replaced
+    by the original per-parameter entries (other entries pass through)."""
+    out = dict(state_dict)
+    for path, block in model.named_modules():
+        layout = getattr(block, "_flat_layout", None)
+        if layout is None:
+            continue
+        for name, members in layout.items():
+            key = f"{path}.{name}" if path else name
+            if key not in out:
+                continue
+            flat = out.pop(key)
+            for m in members:
+                full = f"{path}.{m.key}" if path else m.key
+                out[full] = flat[m.offset:m.offset + math.prod(m.shape)].view(m.shape).clone()
+    return out

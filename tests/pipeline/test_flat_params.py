@@ -1,0 +1,144 @@
+"""Flat per-block parameters (``model.flat_parameters``): the same model with fewer tensors.
+
+Checked against the unflattened model built from the same weights: features and gradients,
+state-dict keys and values both ways, a real DeepSpeed ZeRO-2 engine training both (CPU, gloo),
+compiled towers (no recompilation from the per-step views), a checkpoint consolidated and loaded
+for evaluation, and the configurations it refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infclip.ops.config import ConfigError
+from infclip.pipeline.flat_params import ALIGN, expand_flat_entries, flat_blocks
+from infclip.pipeline.model import CLIPTowers, param_groups
+
+from .test_model_speed import batch, cfg
+
+
+def pair(**over):
+    torch.manual_seed(0)
+    plain = CLIPTowers(cfg(**over), eos_token_id=1, pad_token_id=0).train()
+    flat = CLIPTowers(cfg(flat_parameters=True, **over), eos_token_id=1, pad_token_id=0).train()
+    flat.load_state_dict(plain.state_dict())
+    return plain, flat
+
+
+def loss_of(model, rows=3):
+    img, txt, scale, _ = model(*batch(rows))
+    return torch.nn.functional.cross_entropy(scale * img @ txt.T, torch.arange(rows))
+
+
+def named_grads(model):
+    return expand_flat_entries({n: p.grad for n, p in model.named_parameters() if p.grad is not None}, model)
+
+
+def test_same_features_gradients_and_state_dict_with_fewer_tensors():
+    plain, flat = pair()
+    assert len(list(flat.parameters())) == len(list(plain.parameters())) - 14 * 5  # 5 blocks: 16 -> 2 each
+    assert len(flat_blocks(flat)) == 5
+    # the same keys in the same order, and the values of the unflattened model
+    want, got = plain.state_dict(), flat.state_dict()
+    assert list(got) == list(want)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    loss_of(plain).backward()
+    loss_of(flat).backward()
+    want, got = named_grads(plain), named_grads(flat)
+    assert set(got) == set(want)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-6, atol=1e-7, msg=name)
+    # every view starts on an ALIGN-element boundary of its flat tensor
+    for block in flat_blocks(flat):
+        for members in block._flat_layout.values():
+            assert all(m.offset % ALIGN == 0 for m in members)
+    # the optimizer groups: a block's matrices decay, its vectors do not
+    decay, no_decay = (set(map(id, g["params"])) for g in param_groups(flat))
+    block = flat_blocks(flat)[0]
+    assert id(block.flat_matrices) in decay and id(block.flat_vectors) in no_decay
+
+
+def test_state_dict_loads_both_ways_and_follows_new_tensors():
+    plain, flat = pair()
+    other = CLIPTowers(cfg(), eos_token_id=1, pad_token_id=0).train()
+    other.load_state_dict(flat.state_dict())  # flat -> plain
+    with torch.no_grad():
+        ref = plain(*batch())
+        for model in (flat, other):
+            for a, b in zip(model(*batch())[:2], ref[:2]):
+                torch.testing.assert_close(a, b)
+        # a flat parameter given new storage (as DeepSpeed does with .data) is what encode_* read
+        block = flat_blocks(flat)[0]
+        block.flat_matrices.data = block.flat_matrices.data * 0.5
+        halved = flat.encode_image(batch()[0])
+        assert not torch.allclose(halved, ref[0], atol=1e-4)
+        flat.double()  # .to() makes new tensors too
+        assert flat.encode_image(batch()[0].double()).dtype == torch.float64
+
+
+def test_deepspeed_zero2_trains_the_flat_model_as_the_plain_one(tmp_path):
+    deepspeed = pytest.importorskip("deepspeed")
+    from infclip.pipeline.model import misaligned_parameters
+    from infclip.pipeline.train import single_process_env
+
+    single_process_env()
+    ds = {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 1.0,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "torch_adam": True}},
+          "zero_optimization": {"stage": 2}}
+    losses, states = {}, {}
+    for name, model in zip(("plain", "flat"), pair()):
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
+        assert misaligned_parameters(engine.module) == []
+        steps = []
+        for _ in range(4):
+            loss = loss_of(engine)
+            engine.backward(loss)
+            engine.step()
+            steps.append(loss.item())
+        losses[name], states[name] = steps, engine.module.state_dict()
+        engine.destroy()
+    assert losses["flat"][-1] < losses["flat"][0]  # it trains
+    torch.testing.assert_close(torch.tensor(losses["flat"]), torch.tensor(losses["plain"]), rtol=1e-5, atol=1e-6)
+    assert list(states["flat"]) == list(states["plain"])
+    for name, value in states["plain"].items():
+        torch.testing.assert_close(states["flat"][name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+GRAPHS: list = []
+
+
+def _counting_backend(gm, example_inputs):
+    GRAPHS.append(gm)
+    return gm.forward
+
+
+def test_compiled_flat_towers_keep_their_graphs_across_steps():
+    """The views are made anew before every forward: the compiled towers must take them as
+    inputs, not recompile for each new tensor."""
+    import torch._dynamo
+
+    if "infclip_counting_flat" not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(_counting_backend, name="infclip_counting_flat")
+    torch._dynamo.reset()
+    GRAPHS.clear()
+    plain, flat = pair(compile=True, compile_backend="infclip_counting_flat")
+    opt = torch.optim.SGD(flat.parameters(), lr=0.1)
+    loss_of(plain).backward()
+    for step in range(3):
+        opt.zero_grad()
+        loss_of(flat).backward()
+        if step == 0:
+            first = len(GRAPHS)
+            want, got = named_grads(plain), named_grads(flat)
+            for name in want:
+                torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
+        opt.step()
+    assert flat.compiled == "towers" and first >= 2 and len(GRAPHS) == first
+
+
+def test_refused_with_zero3_and_with_locked_towers():
+    with pytest.raises(ConfigError, match="does not support locked towers"):
+        cfg(flat_parameters=True, lock_image=True)
+    with pytest.raises(ConfigError, match="needs ZeRO stage 0-2"):
+        CLIPTowers(cfg(flat_parameters=True), eos_token_id=1, pad_token_id=0, zero3_config={"zero_optimization": {}})
