@@ -70,22 +70,22 @@ def synthetic_batch(n: int, cfg, device, dtype):
     return pv, ids, mask
 
 
-def model_config(preset: str, grad_ckpt="auto", compile="auto", compile_mode="default"):
+def model_config(preset: str, grad_ckpt="auto", compile="auto", compile_mode="default", flat: bool = False):
     from infclip.pipeline.model import ModelConfig
 
     return ModelConfig.from_dict({**PRESETS[preset], "gradient_checkpointing": grad_ckpt, "compile": compile,
-                                  "compile_mode": compile_mode})
+                                  "compile_mode": compile_mode, "flat_parameters": flat})
 
 
 def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=None, leaf: bool = False,
           compile="auto", bf16_overflow_check: bool = False, distributed: str = "gather",
-          compile_mode: str = "default", overlap_comm: bool = True):
+          compile_mode: str = "default", overlap_comm: bool = True, flat: bool = False):
     import deepspeed
 
     from infclip.ops import ContrastiveLoss, ContrastiveLossConfig
     from infclip.pipeline.model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
 
-    cfg = model_config(preset, grad_ckpt, compile, compile_mode)
+    cfg = model_config(preset, grad_ckpt, compile, compile_mode, flat and impl != PLAIN)
     torch.manual_seed(0)
     if impl == PLAIN:
         model = plain_hf_clip(cfg, grad_ckpt)
@@ -249,14 +249,15 @@ def throughput(args, rows):
         mfu(row, args)
         report(row, rows, args)
     impls = list(args.impls) + ([PLAIN] if PLAIN in args.anchors else [])
-    runs = [(zero, leaf, impl, ckpt, comp) for zero in args.zero
+    runs = [(zero, leaf, impl, ckpt, comp, flat) for zero in args.zero
             for leaf in (args.zero3_leaf if zero == 3 else [0]) for impl in impls
-            for ckpt in args.grad_ckpt for comp in args.compile]
-    for zero, leaf, impl, ckpt, comp in runs:
+            for ckpt in args.grad_ckpt for comp in args.compile
+            for flat in (args.flat_parameters if zero < 3 and impl != PLAIN else [0])]
+    for zero, leaf, impl, ckpt, comp, flat in runs:
         ckpt_v, comp_v = _flag(ckpt), _flag(comp)
         row = {**base_row(args), **base, "zero": zero, "loss_impl": impl, "grad_ckpt": ckpt_v, "compile": comp_v,
                "bf16_check_grad_overflow": args.bf16_overflow_check, "compile_mode": args.compile_mode,
-               "overlap_comm": bool(args.overlap_comm)}
+               "overlap_comm": bool(args.overlap_comm), "flat_parameters": bool(flat)}
         if zero == 3:
             row["zero3_leaf_layers"] = bool(leaf)
         if zero == 3 and args.zero3_extra != "{}":
@@ -271,7 +272,7 @@ def throughput(args, rows):
         try:
             engine, cfg, loss_fn = build(args.throughput_model, zero, args.micro_batch, ckpt_v, impl,
                                          json.loads(args.zero3_extra), bool(leaf), comp_v, args.bf16_overflow_check,
-                                         args.distributed, args.compile_mode, bool(args.overlap_comm))
+                                         args.distributed, args.compile_mode, bool(args.overlap_comm), bool(flat))
             batch = synthetic_batch(args.micro_batch, cfg, engine.device, torch.bfloat16)
             timed_steps(engine, loss_fn, batch, args.warmup, None)
             torch.cuda.reset_peak_memory_stats()
@@ -361,6 +362,7 @@ def fmt(r) -> str:
     num = (lambda k, f: format(r[k], f) if isinstance(r.get(k), (int, float)) else "-")
     leaf = {True: "+leaf", False: "-leaf"}.get(r.get("zero3_leaf_layers"), "")
     leaf += f" x{r['world_size']} {r['distributed']}" if r.get("world_size", 1) > 1 else ""
+    leaf += " flat" if r.get("flat_parameters") else ""
     return (f"{r['study']:<10} {r['model']:<7} zero{r['zero']}{leaf:<5} {r['loss_impl']:<8} B={r['micro_batch']:<6} "
             f"chunk={str(r['chunk']):<5} ckpt={r['grad_ckpt']!s:<5} {r['status']:<7} "
             f"{num('samples_per_s', '9.1f')} samples/s  step {num('step_ms', '10.1f')} ms  "
@@ -391,6 +393,8 @@ def main(argv=None) -> int:
     p.add_argument("--compile_mode", default="default", choices=["default", "reduce-overhead",
                                                                    "max-autotune-no-cudagraphs"])
     p.add_argument("--overlap_comm", type=int, default=1, choices=[0, 1], help="zero_optimization.overlap_comm")
+    p.add_argument("--flat_parameters", type=int, nargs="+", default=[0], choices=[0, 1],
+                   help="model.flat_parameters of the pipeline rows (ZeRO 0-2): 0 1 runs both")
     p.add_argument("--bf16_overflow_check", action="store_true",
                    help="DeepSpeed's bf16.check_grad_overflow (a per-parameter scan and a host sync each step; "
                    "the presets turn it off)")
