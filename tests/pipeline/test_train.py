@@ -194,6 +194,23 @@ def test_interrupted_save_leaves_previous_checkpoint_and_resume_is_exact(world_o
     torch.load(broken / "rng_rank0.pt", weights_only=True)  # the re-save replaced the broken dir
 
 
+def test_flat_parameters_train_as_plain_and_resume_exactly(world_of_one, digits_shards, tmp_path):
+    """model.flat_parameters under ZeRO-2: the same losses as the unflattened run (the same
+    weights, other tensors) and a bitwise resume from its checkpoint."""
+    common = {"train.save_every": 2, "zero_optimization.stage": 2}
+    plain = run_inproc(digits_shards, tmp_path / "plain", 6, **common).losses
+    full = run_inproc(digits_shards, tmp_path / "full", 6, **common, **{"model.flat_parameters": True}).losses
+    assert sorted(full) == sorted(plain) == list(range(1, 7))
+    for step in full:
+        assert full[step] == pytest.approx(plain[step], rel=1e-5), step
+    part = tmp_path / "part"
+    run_inproc(digits_shards, part, 4, **common, **{"model.flat_parameters": True})
+    result = run_inproc(digits_shards, part, 6, resume="latest", **common, **{"model.flat_parameters": True})
+    assert sorted(result.losses) == [5, 6]
+    for step in (5, 6):
+        assert result.losses[step] == full[step], (step, result.losses[step], full[step])  # bitwise on CPU
+
+
 def test_non_finite_loss_names_the_step(world_of_one, digits_shards, tmp_path):
     # an absurd learning rate overflows the weights once warm-up lets it through
     with pytest.raises(NonFiniteLossError, match=r"non-finite loss .*at step \d+ ") as exc:
