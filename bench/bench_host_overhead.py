@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import time
+from typing import Callable
 
 import torch
 
@@ -37,28 +38,47 @@ class Split(torch.nn.Module):
         return torch.stack([p.sum() for p in self.parts]).sum() * x
 
 
-def step_ms(count: int, numel: int, zero: int, overlap: bool, steps: int, device: torch.device) -> float:
+def _ms_per_step(step: Callable[[], object], steps: int, device: torch.device) -> float:
+    """Mean wall time of ``step()`` over ``steps`` calls after 3 warm-up calls, the device
+    synchronised at both ends."""
+    for _ in range(3):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
+def _deepspeed_ms(model: torch.nn.Module, params, micro: int, zero_optimization: dict, loss: Callable,
+                  steps: int, device: torch.device) -> float:
+    """``_ms_per_step`` of a DeepSpeed engine (bf16, torch AdamW) taking ``loss(engine)``."""
     import deepspeed
 
-    model = Split(count, numel)
-    ds = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True, "check_grad_overflow": False},
+    ds = {"train_micro_batch_size_per_gpu": micro, "bf16": {"enabled": True, "check_grad_overflow": False},
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
-          "zero_optimization": {"stage": zero, "overlap_comm": overlap, "contiguous_gradients": True}}
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
-    x = torch.ones((), dtype=torch.bfloat16, device=device)
+          "zero_optimization": zero_optimization}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=ds)
+
+    def step():
+        engine.backward(loss(engine))
+        engine.step()
+
     try:
-        for i in range(steps + 3):
-            if i == 3:
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-            engine.backward(engine(x))
-            engine.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / steps * 1e3
+        return _ms_per_step(step, steps, device)
     finally:
         engine.destroy()
+
+
+def step_ms(count: int, numel: int, zero: int, overlap: bool, steps: int, device: torch.device) -> float:
+    model = Split(count, numel)
+    x = torch.ones((), dtype=torch.bfloat16, device=device)
+    return _deepspeed_ms(model, model.parameters(), 1,
+                         {"stage": zero, "overlap_comm": overlap, "contiguous_gradients": True},
+                         lambda engine: engine(x), steps, device)
 
 
 def plain_ms(count: int, numel: int, steps: int, device: torch.device) -> float:
@@ -67,24 +87,18 @@ def plain_ms(count: int, numel: int, steps: int, device: torch.device) -> float:
     model = Split(count, numel).to(device=device, dtype=torch.bfloat16)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     x = torch.ones((), dtype=torch.bfloat16, device=device)
-    for i in range(steps + 3):
-        if i == 3:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
+
+    def step():
         model(x).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / steps * 1e3
+
+    return _ms_per_step(step, steps, device)
 
 
 def towers_ms(flat: bool, zero: int, steps: int, device: torch.device, width: int) -> tuple:
     """The ViT-B/32 towers' layout (12 + 12 blocks, 399 tensors) at width ``width``, with or
     without ``model.flat_parameters``, through the DeepSpeed step on 2 rows: (tensors, ms)."""
-    import deepspeed
-
     from infclip.pipeline.model import CLIPTowers, ModelConfig, param_groups
 
     heads = max(1, width // 64)
@@ -94,24 +108,15 @@ def towers_ms(flat: bool, zero: int, steps: int, device: torch.device, width: in
         "text": {"context_length": 8, "hidden_size": width, "layers": 12, "heads": heads, "vocab_size": 64}})
     torch.manual_seed(0)
     model = CLIPTowers(cfg, eos_token_id=1, pad_token_id=0)
-    ds = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True, "check_grad_overflow": False},
-          "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
-          "zero_optimization": {"stage": zero}}
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
     pixels = torch.randn(2, 3, 64, 64, device=device, dtype=torch.bfloat16)
     ids = torch.randint(3, 64, (2, 8), device=device)
-    try:
-        for i in range(steps + 3):
-            if i == 3:
-                t0 = time.perf_counter()
-            img, txt, scale, _ = engine(pixels, ids, torch.ones_like(ids))
-            engine.backward((scale * img @ txt.T).float().logsumexp(1).mean())
-            engine.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return len(list(model.parameters())), (time.perf_counter() - t0) / steps * 1e3
-    finally:
-        engine.destroy()
+
+    def loss(engine):
+        img, txt, scale, _ = engine(pixels, ids, torch.ones_like(ids))
+        return (scale * img @ txt.T).float().logsumexp(1).mean()
+
+    count = len(list(model.parameters()))
+    return count, _deepspeed_ms(model, param_groups(model), 2, {"stage": zero}, loss, steps, device)
 
 
 def main(argv=None) -> int:

@@ -37,8 +37,8 @@ import torch
 from torch import Tensor, nn
 
 from infclip.pipeline.checkpoint import check_tag, safe_load
-from infclip.pipeline.flat_params import expand_flat_entries
 from infclip.pipeline.errors import CheckpointError
+from infclip.pipeline.flat_params import expand_flat_entries
 
 __all__ = [
     "LoadedModel",

@@ -44,6 +44,10 @@ _READ_BATCH = 1024
 _LAST: list = []
 
 
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def _free_bytes(device: torch.device) -> Optional[int]:
     if device.type != "cuda":
         return None
@@ -64,7 +68,7 @@ class DeviceCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.pixels, self.input_ids, self.attention_mask))
+        return _nbytes((self.pixels, self.input_ids, self.attention_mask))
 
     @classmethod
     def load(cls, cfg: DataConfig, tokenizer: Any, shards: Sequence[str], *, image_size: int,
@@ -100,7 +104,7 @@ class DeviceCache:
             raise ConfigError(f"'device_cache': no training sample could be read from {len(shards)} shard(s) "
                               f"({skipped} skipped)")
         host = {name: torch.cat(chunks) for name, chunks in parts.items()}
-        need = sum(t.numel() * t.element_size() for t in host.values())
+        need = _nbytes(host.values())
         free = _free_bytes(device)
         if free is not None and need > MAX_FREE_FRACTION * free:
             raise ConfigError(

@@ -46,6 +46,14 @@ class _Member(NamedTuple):
     offset: int
     shape: tuple
 
+    @property
+    def span(self) -> slice:
+        return slice(self.offset, self.offset + math.prod(self.shape))
+
+    def view(self, flat: Tensor) -> Tensor:
+        """This member's weight: a view into ``flat``."""
+        return flat[self.span].view(self.shape)
+
 
 def flatten_block(block: nn.Module) -> int:
     """Replace ``block``'s parameters by ``flat_matrices`` (>= 2-D) and ``flat_vectors``;
@@ -92,7 +100,7 @@ def _bind(block: nn.Module) -> None:
     for name, members in block._flat_layout.items():
         flat = block._parameters[name]
         for m in members:
-            setattr(m.module, m.attr, flat[m.offset:m.offset + math.prod(m.shape)].view(m.shape))
+            setattr(m.module, m.attr, m.view(flat))
 
 
 def bind_views(blocks: List[nn.Module]) -> None:
@@ -107,7 +115,7 @@ def _write_original_names(block: nn.Module, state_dict: dict, prefix: str, local
     pieces = {}
     for name, members in block._flat_layout.items():
         flat = state_dict.pop(prefix + name)
-        pieces.update((m.key, flat[m.offset:m.offset + math.prod(m.shape)].view(m.shape).clone()) for m in members)
+        pieces.update((m.key, m.view(flat).clone()) for m in members)
     for key in block._flat_order:
         state_dict[prefix + key] = pieces[key]
 
@@ -121,7 +129,7 @@ def _read_original_names(block: nn.Module, state_dict: dict, prefix: str, local_
         current = block._parameters[name]
         flat = torch.zeros(current.numel(), dtype=current.dtype, device=current.device)
         for m, key in zip(members, keys):
-            flat[m.offset:m.offset + math.prod(m.shape)] = state_dict.pop(key).reshape(-1)
+            flat[m.span] = state_dict.pop(key).reshape(-1)
         state_dict[prefix + name] = flat
 
 
@@ -140,5 +148,5 @@ def expand_flat_entries(state_dict: Mapping[str, Tensor], model: nn.Module) -> D
             flat = out.pop(key)
             for m in members:
                 full = f"{path}.{m.key}" if path else m.key
-                out[full] = flat[m.offset:m.offset + math.prod(m.shape)].view(m.shape).clone()
+                out[full] = m.view(flat).clone()
     return out

@@ -50,6 +50,12 @@ __all__ = ["Batches", "EvalSchedule", "GradNormWatch", "TrainLoop"]
 logger = logging.getLogger(__name__)
 
 
+def _cpu_group() -> Any:
+    """A gloo group of all ranks (the world group when it is gloo), or None at world size 1."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    return dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
 
 class Batches:
     """The data stream across epochs, with its (epoch, batch_in_epoch) position.
@@ -73,7 +79,7 @@ class Batches:
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return have
         if self._flags is None:
-            self._flags = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+            self._flags = _cpu_group()
         flag = torch.tensor([1 if have else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._flags)
         return bool(flag.item())
@@ -186,13 +192,6 @@ def _rank0_verdict(flag: bool, group: Any) -> bool:
     value = torch.tensor([1 if flag else 0], dtype=torch.int32)
     dist.broadcast(value, src=dist.get_global_rank(group, 0), group=group)
     return bool(value.item())
-
-
-def _cpu_group() -> Any:
-    """A gloo group of all ranks (the world group when it is gloo), or None at world size 1."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return None
-    return dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
 
 
 class TrainLoop:

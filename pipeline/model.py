@@ -511,11 +511,9 @@ class CLIPTowers(nn.Module):
         self.compiled: Optional[str] = None
         """What :meth:`_plan` compiled: None, "towers" or "blocks"."""
         self.set_gradient_checkpointing(cfg.gradient_checkpointing is True)
-        self._flat_blocks: list[nn.Module] = []
-        if cfg.flat_parameters:
-            self._flat_blocks = _encoder_layers(self)
-            for block in self._flat_blocks:
-                flatten_block(block)
+        self._flat_blocks: list[nn.Module] = _encoder_layers(self) if cfg.flat_parameters else []
+        for block in self._flat_blocks:
+            flatten_block(block)
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)

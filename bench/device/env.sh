@@ -12,3 +12,12 @@ zeroshot_splits() {
         --out $1/eval/zs_$sp.json > $3/zs_$sp.log 2>&1
   done
 }
+# the call's clock and results: left N = seconds until second N of the call; pack [RUN_DIR...] copies
+# each run's tb/ and eval/ into the results folder $R (/tmp/<name>, set by the script) and tars $R to
+# $OUT/<name>.tgz (at most 8 files come back from a call: one tar, rewritten after each phase)
+T0=$SECONDS
+left() { echo $(( $1 - (SECONDS - T0) )); }
+pack() {
+  for d in "$@"; do [ -d $d ] && mkdir -p $R/$d && cp -r $d/tb $d/eval $R/$d/ 2>/dev/null; done
+  tar czf $OUT/$(basename $R).tgz -C $(dirname $R) $(basename $R)
+}

@@ -2,9 +2,7 @@
 # references of the exactness runs at lr 5e-4 (naive, triton, naive_seed1; the 4-rank runs were
 # 4 x H200 call A), and the constant-lr control of the study at 16k and 64k (seed 0).
 source bench/device/env.sh
-T0=$SECONDS; R=/tmp/d; mkdir -p $R
-left() { echo $(( $1 - (SECONDS - T0) )); }
-pack() { tar czf $OUT/d.tgz -C /tmp d; }
+R=/tmp/d; mkdir -p $R
 python launch/batch_study.py --prepare --out /tmp/unused > $R/prepare.log 2>&1 &
 PREP=$!
 timeout 150 python -m pytest -q -m gpu tests/ops -x -p no:cacheprovider > $R/gpu_tests.log 2>&1

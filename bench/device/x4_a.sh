@@ -2,9 +2,7 @@
 # (ViT-B/32 preset throughput on 1 GPU, then per GPU on 4), issue 14 (training-level exactness over
 # 4 ranks at the stable lr). Everything goes back as one tar, rewritten after each phase.
 source bench/device/env.sh
-T0=$SECONDS; R=/tmp/r; mkdir -p $R
-left() { echo $(( $1 - (SECONDS - T0) )); }
-pack() { tar czf $OUT/a.tgz -C /tmp r; }
+R=/tmp/a; mkdir -p $R
 nvidia-smi topo -m > $R/topo.txt 2>&1
 # the scenes for the exactness runs, on 16 cores of 64 while the loss benchmark runs
 taskset -c 48-63 python launch/batch_study.py --prepare --out /tmp/unused > $R/prepare.log 2>&1 &

@@ -3,14 +3,12 @@
 # count splits. ~8 minutes: BPE ~45 s, training set into GPU memory ~30 s, compile ~60 s,
 # 3,000 steps at ~9,500 samples/s ~330 s.
 source bench/device/env.sh
-T0=$SECONDS; R=/tmp/c; mkdir -p $R
-left() { echo $(( $1 - (SECONDS - T0) )); }
-pack() { d=runs/scenes_vitb32; [ -d $d ] && mkdir -p $R/$d && cp -r $d/tb $d/eval $R/$d/ 2>/dev/null; tar czf $OUT/c.tgz -C /tmp c; }
+R=/tmp/c; mkdir -p $R
 python launch/make_shards.py --scenes 100000 --out data/scenes --scene-size 224 --samples-per-shard 1000 \
     --workers 32 > $R/make224.log 2>&1
 timeout $(left 540) deepspeed --num_gpus 4 launch/pretrain.py --ds_config ds_configs/scenes_vitb32.json \
     --set data.device_cache=true --set data.workers=15 --set eval.every=500 --set train.save_every=0 > $R/vitb32_w4.log 2>&1
-pack
+pack runs/scenes_vitb32
 [ $(left 585) -gt 16 ] && zeroshot_splits runs/scenes_vitb32 data/scenes $R $(( $(left 585) / 2 ))
-pack
+pack runs/scenes_vitb32
 grep -h "eval at step" $R/vitb32_w4.log | cut -c1-200; grep -h "done:" $R/*.log; echo "elapsed $((SECONDS - T0)) s"
