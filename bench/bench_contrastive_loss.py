@@ -6,7 +6,9 @@ writes first); ``dense_siglip``, the same for the sigmoid loss; open_clip's Clip
 SigLipLoss; optionally a naive fp32 full-logit loss and inf_cl (two one-direction calls).
 open_clip and inf_cl are imported here only (wheels on the device machine).
 This op runs as ``ours_bf16`` (CLIP, default settings), ``ours_bf16_banded`` (CLIP,
-logits_budget_mb=0: the recompute path at every B) and ``ours_siglip_bf16``.
+logits_budget_mb=0: the recompute path at every B) and ``ours_siglip_bf16``; with --unfused also
+``ours_bf16_unfused`` / ``ours_siglip_bf16_unfused`` (the recompute path on cuBLAS bands and
+Triton passes instead of the fused GEMM kernels).
 
     python bench/bench_contrastive_loss.py --out bench/results/contrastive_loss.jsonl
 
@@ -72,8 +74,12 @@ def make_inf_cl():
     return fn
 
 
-def ours(dtype_mode, loss="clip", **kw):
+def ours(dtype_mode, loss="clip", fused=True, **kw):
+    """This op; fused=False runs the cuBLAS band + Triton pass path (the fused kernels' anchor)."""
+    from infclip.ops import contrastive_loss_triton as tri
+
     def fn(img, txt, scale, bias):
+        tri._FUSED = fused
         return contrastive_loss(img, txt, scale, bias if loss == "siglip" else None, loss=loss,
                                 impl="triton", allow_tf32=(dtype_mode == "tf32"), **kw)
     return fn
@@ -182,8 +188,17 @@ def main(argv=None):
     p.add_argument("--profile", default="", help="B values whose kernel table goes to --profile-out")
     p.add_argument("--profile-out", default="contrastive_loss_profile.txt")
     p.add_argument("--out", default="bench/results/contrastive_loss.jsonl")
+    p.add_argument("--tiles", default="", help="JSON of the fused kernels' tiles (bench_loss_kernels.py --best)")
+    p.add_argument("--unfused", action="store_true", help="also the cuBLAS band + Triton pass path")
     args = p.parse_args(argv)
     torch._dynamo.config.cache_size_limit = 64  # one compiled graph per B (dynamic=False)
+    if args.tiles:
+        from infclip.ops import contrastive_loss_triton as tri
+
+        with open(args.tiles) as f:
+            tiles = json.load(f)
+        tri._FUSED_STATS, tri._FUSED_GRAD = tuple(tiles["stats"]), tuple(tiles["grad"])
+        print(f"# fused tiles: stats {tri._FUSED_STATS}, grad {tri._FUSED_GRAD}", flush=True)
 
     dev = torch.cuda.get_device_name()
     import triton
@@ -212,6 +227,9 @@ def main(argv=None):
         runs = [("ours_bf16", ours("bf16"), torch.bfloat16),
                 ("ours_bf16_banded", ours("bf16", logits_budget_mb=0), torch.bfloat16),
                 ("ours_siglip_bf16", ours("bf16", "siglip"), torch.bfloat16)]
+        if args.unfused:
+            runs += [("ours_bf16_unfused", ours("bf16", fused=False, logits_budget_mb=0), torch.bfloat16),
+                     ("ours_siglip_bf16_unfused", ours("bf16", "siglip", fused=False), torch.bfloat16)]
         if b <= args.fp32_max:
             runs += [("ours_fp32", ours("ieee"), torch.float32), ("ours_tf32", ours("tf32"), torch.float32)]
         if b <= args.anchor_max:

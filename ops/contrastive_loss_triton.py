@@ -312,6 +312,136 @@ def _siglip_grad_kernel(S, P, stride_s, M, N, scale_ptr, bias_ptr, coef_ptr, gsu
 
 
 # ----------------------------------------------------------------------------------------------
+# Fused kernels: the logit tile comes from tl.dot in registers (fp32, never written to memory) and
+# the statistics or the gradient block are taken from it in the same program. The forward then
+# needs no band buffer at all, the backward's band holds P only: per band one launch instead of a
+# GEMM plus one to two passes over S'. Programs walk the tiles in groups of GROUP_M row blocks so
+# that a group's column blocks stay in L2.
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _logit_tile(A, Bm, stride_a, stride_b, M, N, D, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+                PRECISION: tl.constexpr):
+    """The tile program_id(0) owns (grouped order): its row and column offsets, their bounds
+    masks, and S' = A B^T there (fp32, 0 outside the bounds)."""
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * grid_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    # rows past the end read row 0 (unmasked loads stay vectorised); the result is zeroed there
+    rows_a = tl.where(mask_m, offs_m, 0).to(tl.int64)
+    rows_b = tl.where(mask_n, offs_n, 0).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    pa = A + rows_a[:, None] * stride_a + offs_k[None, :]
+    pb = Bm + rows_b[None, :] * stride_b + offs_k[:, None]  # B^T's [BLOCK_K, BLOCK_N] tile
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(pa)
+            b = tl.load(pb)
+        else:
+            a = tl.load(pa, mask=(offs_k < D - k0)[None, :], other=0.0)
+            b = tl.load(pb, mask=(offs_k < D - k0)[:, None], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        pa += BLOCK_K
+        pb += BLOCK_K
+    inside = mask_m[:, None] & mask_n[None, :]
+    return offs_m, offs_n, mask_m, mask_n, inside, tl.where(inside, acc, 0.0)
+
+
+# CLIP statistics of one tile (the sums of _clip_row_stats_kernel and _clip_col_stats_kernel),
+# reduced in the program and added by one fp32 atomic per row and per column.
+@triton.jit
+def _clip_stats_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, scale_ptr, row_shift, row_ref,
+                             col_shift, col_ref, row_sum, row_wsum, col_sum, col_wsum, diag,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
+    offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
+        A, Bm, stride_a, stride_b, M, N, D, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION)
+    scale2 = tl.load(scale_ptr) * 1.4426950408889634
+    rs2 = tl.load(row_shift + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
+    rr = tl.load(row_ref + offs_m, mask=mask_m, other=0.0)
+    cs2 = tl.load(col_shift + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
+    cr = tl.load(col_ref + offs_n, mask=mask_n, other=0.0)
+    valid = inside & ((offs_m[:, None] - offs_n[None, :]) != diag)
+    xs = x * scale2
+    p = tl.where(valid, tl.exp2(xs - rs2[:, None]), 0.0)
+    tl.atomic_add(row_sum + offs_m, tl.sum(p, axis=1), mask=mask_m, sem="relaxed")
+    tl.atomic_add(row_wsum + offs_m, tl.sum(p * (x - rr[:, None]), axis=1), mask=mask_m,
+                  sem="relaxed")
+    q = tl.where(valid, tl.exp2(xs - cs2[None, :]), 0.0)
+    tl.atomic_add(col_sum + offs_n, tl.sum(q, axis=0), mask=mask_n, sem="relaxed")
+    tl.atomic_add(col_wsum + offs_n, tl.sum(q * (x - cr[None, :]), axis=0), mask=mask_n,
+                  sem="relaxed")
+
+
+# SigLIP pair losses of one tile, summed per row (as _siglip_stats_kernel).
+@triton.jit
+def _siglip_stats_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, scale_ptr, bias_ptr, row_loss,
+                               diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                               EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
+    offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
+        A, Bm, stride_a, stride_b, M, N, D, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION)
+    scale = tl.load(scale_ptr)
+    bias = tl.load(bias_ptr)
+    nan_sb = scale * 0.0 + bias * 0.0  # NaN iff scale or bias is not finite, else 0
+    z = tl.where((offs_m[:, None] - offs_n[None, :]) == diag, 1.0, -1.0)
+    t = -z * (x * scale + bias)
+    sp = tl.maximum(t, 0.0) + _log1p(tl.exp(-tl.abs(t))) + (x * 0.0 + nan_sb)
+    tl.atomic_add(row_loss + offs_m, tl.sum(tl.where(inside, sp, 0.0), axis=1), mask=mask_m,
+                  sem="relaxed")
+
+
+# CLIP gradient block of one tile into P (as _clip_grad_kernel, from the fp32 tile).
+@triton.jit
+def _clip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, scale_ptr, coef_ptr,
+                            row_lse, col_lse, row_ref, diag, diag_value, offset,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
+    offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
+        A, Bm, stride_a, stride_b, M, N, D, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION)
+    scale2 = tl.load(scale_ptr) * 1.4426950408889634
+    coef = tl.load(coef_ptr)
+    r2 = tl.load(row_lse + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
+    c2 = tl.load(col_lse + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
+    rr = tl.load(row_ref + offs_m, mask=mask_m, other=0.0)
+    pos = (offs_m[:, None] - offs_n[None, :]) == diag
+    t2 = tl.where(pos, rr[:, None], x) * scale2
+    p = tl.exp2(t2 - r2[:, None]) + tl.exp2(t2 - c2[None, :])
+    p -= tl.where(pos, diag_value, 0.0) + offset
+    tl.store(P + offs_m[:, None].to(tl.int64) * stride_p + offs_n[None, :],
+             (p * coef).to(P.dtype.element_ty), mask=inside)
+
+
+# SigLIP gradient block of one tile into P, with the per-row sums (as _siglip_grad_kernel).
+@triton.jit
+def _siglip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, scale_ptr, bias_ptr,
+                              coef_ptr, gsum, gwsum, diag, BLOCK_M: tl.constexpr,
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                              EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
+    offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
+        A, Bm, stride_a, stride_b, M, N, D, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION)
+    scale = tl.load(scale_ptr)
+    bias = tl.load(bias_ptr)
+    coef = tl.load(coef_ptr)
+    z = tl.where((offs_m[:, None] - offs_n[None, :]) == diag, 1.0, -1.0)
+    g = tl.where(inside, -z * tl.sigmoid(-z * (x * scale + bias)), 0.0)
+    tl.atomic_add(gsum + offs_m, tl.sum(g, axis=1), mask=mask_m, sem="relaxed")
+    tl.atomic_add(gwsum + offs_m, tl.sum(g * x, axis=1), mask=mask_m, sem="relaxed")
+    tl.store(P + offs_m[:, None].to(tl.int64) * stride_p + offs_n[None, :],
+             (g * coef).to(P.dtype.element_ty), mask=inside)
+
+
+# ----------------------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------------------
 if _INTERPRET:  # small tiles: the interpreter's cost grows with the tile
@@ -323,6 +453,15 @@ else:
     _STATS_M, _STATS_N, _STATS_WARPS = 32, 128, 4  # row programs walk right along 32 rows
     _COLS_M, _COLS_N, _COLS_WARPS = 32, 128, 4  # column programs walk down 128 columns
     _GRAD_M, _GRAD_N, _GRAD_WARPS = 16, 256, 4  # 3.5 TB/s on an H200 (32 x 256 x 8 warps: 2.9)
+
+# fused kernels' tiles (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages); _FUSED picks
+# them over the cuBLAS band + Triton pass path for the recompute (non-kept) bands
+if _INTERPRET:
+    _FUSED_STATS = _FUSED_GRAD = (16, 16, 16, 2, 4, 1)
+else:
+    _FUSED_STATS = (128, 128, 64, 8, 8, 3)
+    _FUSED_GRAD = (128, 128, 64, 8, 8, 3)
+_FUSED = True
 
 _PRO_M, _PRO_D = (16, 16) if _INTERPRET else (32, 128)
 _VEC = 64 if _INTERPRET else 1024
@@ -400,6 +539,20 @@ def _pipeline(bands, a, gemm: Callable, kernel: Callable, finish: Callable, bufs
         main.wait_event(pev)
         finish(ps, p0, p1)
     main.wait_stream(side)
+
+
+def _fused(kernel, a, b, tiles, allow_tf32, *args) -> None:
+    """Launches a fused kernel over all tiles of a b^T (a: [M, D], b: [N, D]) with ``args``
+    after (A, Bm, strides, M, N, D)."""
+    block_m, block_n, block_k, group_m, warps, stages = tiles
+    if a.element_size() == 4 and not _INTERPRET:  # fp32 tiles: half the K depth, same shared memory
+        block_k, stages = min(block_k, 32), min(stages, 3)
+    (m, d), n = a.shape, b.shape[0]
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
+    precision = "tf32" if allow_tf32 or a.dtype != torch.float32 else "ieee"
+    kernel[grid](a, b, a.stride(0), b.stride(0), m, n, d, *args, BLOCK_M=block_m, BLOCK_N=block_n,
+                 BLOCK_K=block_k, GROUP_M=group_m, EVEN_K=d % block_k == 0, PRECISION=precision,
+                 num_warps=warps, num_stages=stages)
 
 
 def _prep(x: torch.Tensor) -> torch.Tensor:
@@ -549,6 +702,10 @@ def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=
             s, s.stride(0), r1 - r0, n, rows, scale_t, shifts[2], shifts[3], col_sum, col_wsum,
             int(diag) - r0, BLOCK_M=_COLS_M, BLOCK_N=_COLS_N, num_warps=_COLS_WARPS)
 
+    if _FUSED and not keep_logits:
+        _fused(_clip_stats_fused_kernel, a, b, _FUSED_STATS, allow_tf32, scale_t, shifts[0],
+               shifts[1], shifts[2], shifts[3], row_sum, row_wsum, col_sum, col_wsum, int(diag))
+        return row_sum, col_sum, row_wsum, col_wsum, None
     logits = _run_stats(a, b, keep_logits, band, allow_tf32, kernel)
     return row_sum, col_sum, row_wsum, col_wsum, logits
 
@@ -567,25 +724,41 @@ def siglip_stats_triton(a, b, scale, bias, diag=0, *, keep_logits=False, band=0,
                                    row_loss[r0:r1], int(diag) - r0, BLOCK_M=_STATS_M,
                                    BLOCK_N=_STATS_N, num_warps=_STATS_WARPS)
 
+    if _FUSED and not keep_logits:
+        _fused(_siglip_stats_fused_kernel, a, b, _FUSED_STATS, allow_tf32, scale_t, bias_t,
+               row_loss, int(diag))
+        return row_loss, None
     return row_loss, _run_stats(a, b, keep_logits, band, allow_tf32, kernel)
 
 
-def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, out_dtype, sink_a):
-    """Shared band loop of the backward: per band, S' (recomputed, or the kept ``logits``),
-    ``fill(s, p, r0, r1)`` writes the scaled gradient block into p (in place, p is s, except
-    for the kept logits, which stay untouched: the registered op declares no mutation), then
-    grad_a rows = P @ b and grad_b += P^T @ a_band. Returns (grad_a or None, grad_b)."""
+def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Callable, out_dtype,
+                sink_a):
+    """Shared band loop of the backward: per band, the scaled gradient block P, then grad_a rows
+    = P @ b and grad_b += P^T @ a_band. P comes from ``fused_fill(r0, r1, p)`` (one fused launch,
+    when _FUSED and nothing is kept) or from S' (recomputed by cuBLAS, or the kept ``logits``)
+    and ``fill(s, p, r0, r1)`` (in place, p is s, except for the kept logits, which stay
+    untouched: the registered op declares no mutation). Returns (grad_a or None, grad_b)."""
     a, b = _prep(a), _prep(b)
     m, d = a.shape
     n = b.shape[0]
     keep = logits is not None
+    fused = _FUSED and not keep
     step = _step(m, n, d, keep, band)
     grad_a = None if sink_a is not None else torch.empty(m, d, device=a.device, dtype=out_dtype)
+
+    def block(r0, r1, buf):
+        if fused:
+            fused_fill(r0, r1, buf)
+        else:
+            _logits(a[r0:r1], b, buf)
+        return buf
+
     with matmul_precision(allow_tf32):
         if step >= m:  # one band: two plain GEMMs, no fp32 accumulator
-            s = logits if keep else _logits(a, b, torch.empty(m, n, device=a.device, dtype=a.dtype))
+            s = logits if keep else block(0, m, torch.empty(m, n, device=a.device, dtype=a.dtype))
             p = torch.empty(m, n, device=a.device, dtype=a.dtype) if keep else s
-            fill(s, p, 0, m)
+            if not fused:
+                fill(s, p, 0, m)
             s = p
             rows = _mm(s, b, out_dtype if sink_a is None else torch.float32)
             grad_b = _mm(s.T, a, out_dtype)
@@ -607,8 +780,9 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, out_dtype, sink_
                 sink_a(r0, r1, _mm(s, b, torch.float32))
             _addmm_(acc_b, s.T, a[r0:r1])
 
-        _pipeline(bands, a, lambda r0, r1, buf: _logits(a[r0:r1], b, buf[: r1 - r0]),
-                  lambda s, r0, r1: fill(s, s, r0, r1), finish, bufs)
+        _pipeline(bands, a, lambda r0, r1, buf: block(r0, r1, buf[: r1 - r0]),
+                  (lambda s, r0, r1: None) if fused else (lambda s, r0, r1: fill(s, s, r0, r1)),
+                  finish, bufs)
         del bufs  # before the cast below: the peak holds one of the two
     return grad_a, (acc_b if out_dtype == torch.float32 else acc_b.to(out_dtype))
 
@@ -631,7 +805,7 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
     coef: None (1) or an fp32 [] / [1] device tensor folded into P before its rounding;
     logits: the kept [M, N] S' of the forward instead of a recompute (read, not written).
     """
-    a = _prep(a)
+    a, b = _prep(a), _prep(b)
     scale_t = _scalar(scale, a.device)
     coef_t = _scalar(1.0 if coef is None else coef, a.device)
     r, c, ref = (t.float().contiguous() for t in (row_lse, col_lse, row_ref))
@@ -643,14 +817,19 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
             float(diag_value), float(offset), BLOCK_M=_GRAD_M, BLOCK_N=_GRAD_N,
             num_warps=_GRAD_WARPS)
 
-    return _grad_bands(a, b, logits, band, allow_tf32, fill, out_dtype, sink_a)
+    def fused_fill(r0, r1, p):
+        _fused(_clip_grad_fused_kernel, a[r0:r1], b, _FUSED_GRAD, allow_tf32, p, p.stride(0),
+               scale_t, coef_t, r[r0:r1], c, ref[r0:r1], int(diag) - r0, float(diag_value),
+               float(offset))
+
+    return _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a)
 
 
 def siglip_grads_triton(a, b, scale, bias, diag=0, *, coef=None, logits=None, band=0,
                         out_dtype=torch.float32, allow_tf32=False, sink_a=None):
     """(coef G @ b, coef G^T @ a, sum(G), sum(G * S')): gradients in ``out_dtype``, the two sums
     fp32 [] without coef (see ops/contrastive_loss.siglip_grads)."""
-    a = _prep(a)
+    a, b = _prep(a), _prep(b)
     m = a.shape[0]
     f32 = dict(device=a.device, dtype=torch.float32)
     gsum, gwsum = torch.zeros(m, **f32), torch.zeros(m, **f32)
@@ -663,5 +842,10 @@ def siglip_grads_triton(a, b, scale, bias, diag=0, *, coef=None, logits=None, ba
             gwsum[r0:r1], int(diag) - r0, BLOCK_M=_GRAD_M, BLOCK_N=_GRAD_N,
             num_warps=_GRAD_WARPS)
 
-    grad_a, grad_b = _grad_bands(a, b, logits, band, allow_tf32, fill, out_dtype, sink_a)
+    def fused_fill(r0, r1, p):
+        _fused(_siglip_grad_fused_kernel, a[r0:r1], b, _FUSED_GRAD, allow_tf32, p, p.stride(0),
+               scale_t, bias_t, coef_t, gsum[r0:r1], gwsum[r0:r1], int(diag) - r0)
+
+    grad_a, grad_b = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype,
+                                 sink_a)
     return grad_a, grad_b, gsum.sum(), gwsum.sum()

@@ -1,0 +1,159 @@
+"""Kernel-level view of the loss op on a GPU: the fused GEMM + statistics / gradient kernels of
+ops/contrastive_loss_triton.py against cuBLAS computing the same logits, per tile configuration.
+
+For each B (D = --dim, bf16, the op's real inputs: unit rows, scale 14.3):
+  cublas_logits   torch.mm of the [R, B] logit block into bf16 (what the cuBLAS band path pays
+                  before its Triton passes), R = B for the statistics, R = the op's band height
+                  for the gradient block;
+  unfused_stats   that GEMM plus the two Triton statistics passes (the path _FUSED = False runs);
+  fused_stats     one _clip_stats_fused_kernel launch over the whole B x B, per tile config;
+  unfused_grad    band GEMM plus _clip_grad_kernel (P in place);
+  fused_grad      one _clip_grad_fused_kernel launch writing P for the band, per tile config.
+Each as median ms of --reps and TFLOP/s counting 2 R B D. The fastest fused configs are printed
+and written to --best (JSON: {"stats": [...], "grad": [...]}, read by bench_contrastive_loss.py
+--tiles).
+
+    python bench/bench_loss_kernels.py --sizes 16384,65536 --best /tmp/tiles.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import infclip.ops.contrastive_loss_triton as tri  # noqa: E402
+from infclip.ops.contrastive_loss import SHIFT_MARGIN  # noqa: E402
+
+CONFIGS = [  # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages
+    (128, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4), (128, 128, 64, 8, 4, 4),
+    (128, 256, 64, 8, 8, 3), (256, 128, 64, 8, 8, 3), (128, 64, 64, 8, 4, 4),
+    (64, 128, 64, 8, 4, 4), (128, 128, 32, 8, 8, 5),
+]
+
+
+def timed(fn, reps: int) -> float:
+    """Median ms of fn() over reps calls, by CUDA events (after two warm-up calls)."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def inputs(b: int, d: int):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    img = F.normalize(torch.randn(b, d, device="cuda", generator=gen), dim=-1).bfloat16()
+    txt = F.normalize(img.float() + 0.5 * torch.randn(b, d, device="cuda", generator=gen), dim=-1).bfloat16()
+    scale = torch.full((), 14.3, device="cuda")
+    row_shift, col_shift, aux, sums = tri.clip_prologue_triton(img, txt, scale, SHIFT_MARGIN)
+    return img, txt, scale, row_shift, col_shift, aux[:b], sums
+
+
+def run_size(b: int, d: int, reps: int, configs, emit) -> None:
+    img, txt, scale, row_shift, col_shift, ref, sums = inputs(b, d)
+    band = tri.band_rows(b, b, d)
+    flops = lambda rows: 2 * rows * b * d  # noqa: E731
+    s_full = torch.empty(b, b, device="cuda", dtype=torch.bfloat16) if b <= 65536 else None
+
+    def stats(fused, tiles=None):
+        tri._FUSED = fused
+        if tiles is not None:
+            tri._FUSED_STATS = tiles
+        sums.zero_()
+        tri.clip_stats_triton(img, txt, scale, row_shift, col_shift, ref, ref, 0, out=sums)
+
+    lse = row_shift + 1.0  # any finite LSEs: the kernels' cost does not depend on them
+    p_band = torch.empty(band, b, device="cuda", dtype=torch.bfloat16)
+    k = torch.full((), 1e-4, device="cuda")
+
+    def grad_block(fused, tiles=None):
+        r = lse[:band].contiguous()
+        coef = k.reshape(1)
+        if fused:
+            tri._fused(tri._clip_grad_fused_kernel, img[:band], txt, tiles, False, p_band, p_band.stride(0),
+                       scale.reshape(1), coef, r, lse, ref[:band], 0, 2.0, 0.0)
+            return
+        torch.mm(img[:band], txt.T, out=p_band)
+        tri._clip_grad_kernel[tri._grad_grid(band, b)](
+            p_band, p_band, p_band.stride(0), band, b, scale.reshape(1), coef, r, lse, ref[:band], 0, 2.0, 0.0,
+            BLOCK_M=tri._GRAD_M, BLOCK_N=tri._GRAD_N, num_warps=tri._GRAD_WARPS)
+
+    if s_full is not None:
+        emit(b, "cublas_logits", None, timed(lambda: torch.mm(img, txt.T, out=s_full), reps), flops(b))
+        del s_full
+        torch.cuda.empty_cache()
+    emit(b, "unfused_stats", None, timed(lambda: stats(False), reps), flops(b))
+    for cfg in configs:
+        emit(b, "fused_stats", cfg, _try(lambda: timed(lambda: stats(True, cfg), reps)), flops(b))
+    emit(b, "cublas_band_logits", None, timed(lambda: torch.mm(img[:band], txt.T, out=p_band), reps), flops(band))
+    emit(b, "unfused_grad", None, timed(lambda: grad_block(False), reps), flops(band))
+    for cfg in configs:
+        emit(b, "fused_grad", cfg, _try(lambda: timed(lambda: grad_block(True, cfg), reps)), flops(band))
+    tri._FUSED = True
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception as exc:  # a config that does not compile (shared memory) is skipped
+        print(f"# skipped: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+        return None
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="16384,65536")
+    p.add_argument("--dim", type=int, default=768)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--out", default="bench/results/loss_kernels.jsonl")
+    p.add_argument("--best", default="", help="write the fastest fused configs here (JSON)")
+    args = p.parse_args(argv)
+    import triton
+
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                dim=args.dim, date=time.strftime("%Y-%m-%d"))
+    rows = []
+
+    def emit(b, what, cfg, ms, flop):
+        row = dict(meta, B=b, what=what, tiles=list(cfg) if cfg else None,
+                   ms=None if ms is None else round(ms, 4),
+                   tflops=None if ms is None else round(flop / ms / 1e9, 1))
+        rows.append(row)
+        took = "skipped" if ms is None else f"{ms:8.3f} ms {row['tflops']:7.1f} TFLOP/s"
+        print(f"B={b:<7} {what:<19} {str(cfg or ''):<28} {took}", flush=True)
+        with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    for b in [int(x) for x in args.sizes.split(",") if x]:
+        run_size(b, args.dim, args.reps, CONFIGS, emit)
+    best = {}
+    for what, key in (("fused_stats", "stats"), ("fused_grad", "grad")):
+        # the config with the least total time over the sizes measured
+        totals = {}
+        for r in rows:
+            if r["what"] == what:
+                t = totals.setdefault(tuple(r["tiles"]), 0.0)
+                totals[tuple(r["tiles"])] = t + (r["ms"] if r["ms"] is not None else float("inf"))
+        best[key] = list(min(totals, key=totals.get))
+        print(f"# best {what}: {best[key]} ({totals[tuple(best[key])]:.3f} ms over the sizes)", flush=True)
+    if args.best:
+        with open(args.best, "w") as f:
+            json.dump(best, f)
+
+
+if __name__ == "__main__":
+    main()
