@@ -85,6 +85,8 @@ def flatten_block(block: nn.Module) -> int:
         layout[name] = [_Member(module, attr, f"{path}.{attr}" if path else attr, offset, tuple(p.shape))
                         for (path, module, attr, p), offset in zip(members, offsets)]
     block._flat_layout = layout
+    block._flat_sizes = {name: _split_sizes(members, block._parameters[name].numel())
+                         for name, members in layout.items()}
     block._flat_order = order
     block.register_state_dict_post_hook(_write_original_names)
     block.register_load_state_dict_pre_hook(_read_original_names)
@@ -96,11 +98,24 @@ def flat_blocks(model: nn.Module) -> List[nn.Module]:
     return [m for m in model.modules() if hasattr(m, "_flat_layout")]
 
 
+def _split_sizes(members: List[_Member], total: int) -> List[int]:
+    """Sizes that split a flat tensor into gap, member, gap, member, ..., gap (gaps may be 0)."""
+    sizes, end = [], 0
+    for m in members:
+        sizes += [m.offset - end, math.prod(m.shape)]
+        end = m.offset + math.prod(m.shape)
+    return sizes + [total - end]
+
+
 def _bind(block: nn.Module) -> None:
+    # one split per flat tensor: autograd gets one SplitWithSizesBackward node (one concatenation
+    # of the members' gradients) instead of a slice node per member, each of which would add a
+    # zero-filled copy of the whole flat tensor
     for name, members in block._flat_layout.items():
         flat = block._parameters[name]
-        for m in members:
-            setattr(m.module, m.attr, m.view(flat))
+        pieces = flat.split(block._flat_sizes[name])
+        for m, piece in zip(members, pieces[1::2]):
+            setattr(m.module, m.attr, piece.view(m.shape))
 
 
 def bind_views(blocks: List[nn.Module]) -> None:
