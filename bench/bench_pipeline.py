@@ -278,7 +278,8 @@ def throughput(args, rows):
             torch.cuda.reset_peak_memory_stats()
             step_s, loss_ms, loss = timed_steps(engine, loss_fn, batch, args.steps, None)
             if args.profile:
-                profile(engine, loss_fn, batch, args.profile, f"zero{zero} leaf{leaf} {impl} ckpt={ckpt} compile={comp}")
+                profile(engine, loss_fn, batch, args.profile,
+                        f"zero{zero} leaf{leaf} flat{flat} {impl} ckpt={ckpt} compile={comp}")
             if impl != PLAIN:
                 row["grad_ckpt_resolved"] = bool(engine.module.vision.vision_model.encoder.gradient_checkpointing)
                 row["compiled"] = engine.module.compiled

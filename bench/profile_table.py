@@ -25,7 +25,9 @@ def print_profile(run: Callable[[], object], label: str, count: int, show: bool 
     events = prof.key_averages()
     head = f"# profile {label}: {count} calls"
     if cuda:
-        busy_ms = sum(e.self_device_time_total for e in events) / 1e3
+        # kernels and copies only (device-side events): an op's self device time repeats its kernels'
+        busy_ms = sum(e.self_device_time_total for e in events
+                      if e.device_type == torch.autograd.DeviceType.CUDA) / 1e3
         head += f", device busy {busy_ms / count:.2f} ms per call"
     print(head, flush=True)
     print(events.table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=60), flush=True)

@@ -12,6 +12,7 @@ grep "best\|cublas\|unfused" $R/loss_kernels.log
 pack
 [ -f $R/tiles.json ] && T="--tiles $R/tiles.json"
 timeout $(left 570) python bench/bench_contrastive_loss.py $T --unfused --big "" \
-    --anchors compiled_dense,dense_siglip --out $R/contrastive_loss.jsonl > $R/contrastive_loss.log 2>&1
+    --anchors compiled_dense,dense_siglip --profile 1024,65536 --profile-out $R/profile.txt \
+    --out $R/contrastive_loss.jsonl > $R/contrastive_loss.log 2>&1
 pack
 grep "^|" $R/contrastive_loss.log; echo "elapsed $((SECONDS - T0)) s"
