@@ -8,7 +8,7 @@ open_clip and inf_cl are imported here only (wheels on the device machine).
 This op runs as ``ours_bf16`` (CLIP, default settings), ``ours_bf16_banded`` (CLIP,
 logits_budget_mb=0: the recompute path at every B) and ``ours_siglip_bf16``; with --unfused also
 ``ours_bf16_unfused`` / ``ours_siglip_bf16_unfused`` (the recompute path on cuBLAS bands and
-Triton passes instead of the fused GEMM kernels).
+Triton passes at every B; the default takes the fused GEMM kernels up to B = 16,384).
 
     python bench/bench_contrastive_loss.py --out bench/results/contrastive_loss.jsonl
 
@@ -78,8 +78,10 @@ def ours(dtype_mode, loss="clip", fused=True, **kw):
     """This op; fused=False runs the cuBLAS band + Triton pass path (the fused kernels' anchor)."""
     from infclip.ops import contrastive_loss_triton as tri
 
+    limit = tri._FUSED_MAX_LOGITS if fused else 0
+
     def fn(img, txt, scale, bias):
-        tri._FUSED = fused
+        tri._FUSED_MAX_LOGITS = limit
         return contrastive_loss(img, txt, scale, bias if loss == "siglip" else None, loss=loss,
                                 impl="triton", allow_tf32=(dtype_mode == "tf32"), **kw)
     return fn

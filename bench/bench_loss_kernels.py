@@ -5,7 +5,7 @@ For each B (D = --dim, bf16, the op's real inputs: unit rows, scale 14.3):
   cublas_logits   torch.mm of the [R, B] logit block into bf16 (what the cuBLAS band path pays
                   before its Triton passes), R = B for the statistics, R = the op's band height
                   for the gradient block;
-  unfused_stats   that GEMM plus the two Triton statistics passes (the path _FUSED = False runs);
+  unfused_stats   that GEMM plus the two Triton statistics passes (what the op runs above _FUSED_MAX_LOGITS);
   fused_stats     one _clip_stats_fused_kernel launch over the whole B x B, per tile config;
   unfused_grad    band GEMM plus _clip_grad_kernel (P in place);
   fused_grad      one _clip_grad_fused_kernel launch writing P for the band, per tile config.
@@ -64,13 +64,14 @@ def inputs(b: int, d: int):
 
 
 def run_size(b: int, d: int, reps: int, configs, emit) -> None:
+    default = tri._FUSED_MAX_LOGITS
     img, txt, scale, row_shift, col_shift, ref, sums = inputs(b, d)
     band = tri.band_rows(b, b, d)
     flops = lambda rows: 2 * rows * b * d  # noqa: E731
     s_full = torch.empty(b, b, device="cuda", dtype=torch.bfloat16) if b <= 65536 else None
 
     def stats(fused, tiles=None):
-        tri._FUSED = fused
+        tri._FUSED_MAX_LOGITS = 1 << 62 if fused else 0
         if tiles is not None:
             tri._FUSED_STATS = tiles
         sums.zero_()
@@ -103,7 +104,7 @@ def run_size(b: int, d: int, reps: int, configs, emit) -> None:
     emit(b, "unfused_grad", None, timed(lambda: grad_block(False), reps), flops(band))
     for cfg in configs:
         emit(b, "fused_grad", cfg, _try(lambda: timed(lambda: grad_block(True, cfg), reps)), flops(band))
-    tri._FUSED = True
+    tri._FUSED_MAX_LOGITS = default
 
 
 def _try(fn):

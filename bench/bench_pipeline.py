@@ -83,6 +83,7 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
     import deepspeed
 
     from infclip.ops import ContrastiveLoss, ContrastiveLossConfig
+    from infclip.pipeline.engine import with_compile_defaults
     from infclip.pipeline.model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
 
     cfg = model_config(preset, grad_ckpt, compile, compile_mode, flat and impl != PLAIN)
@@ -98,6 +99,7 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
                                 **((zero_extra or {}) if zero == 3 else {})}}
     if zero == 3 and leaf:
         mark_zero3_leaf_layers(model)
+    ds = with_compile_defaults(ds, impl != PLAIN and cfg.compile is not False)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
     engine.train()
     bad = misaligned_parameters(engine.module)

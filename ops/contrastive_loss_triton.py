@@ -454,14 +454,23 @@ else:
     _COLS_M, _COLS_N, _COLS_WARPS = 32, 128, 4  # column programs walk down 128 columns
     _GRAD_M, _GRAD_N, _GRAD_WARPS = 16, 256, 4  # 3.5 TB/s on an H200 (32 x 256 x 8 warps: 2.9)
 
-# fused kernels' tiles (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages); _FUSED picks
-# them over the cuBLAS band + Triton pass path for the recompute (non-kept) bands
+# Fused kernels' tiles (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), the fastest of
+# bench/bench_loss_kernels.py's sweep at B = 16,384 on an H200. The fused kernels run the
+# recompute path of blocks with at most _FUSED_MAX_LOGITS logits; larger blocks go to cuBLAS
+# bands and Triton passes. Measured on an H200 (op fwd+bwd, bf16, D = 768): fused 1.16 / 1.25 /
+# 1.93 / 4.42 ms at B = 1k / 4k / 8k / 16k against 1.66 / 1.80 / 2.19 / 4.86 ms (fewer launches),
+# but 16.6 / 64.8 ms at 32k / 65k against 14.9 / 56.8 ms: tl.dot with this short K (768) runs at
+# ~290-330 TFLOP/s with the epilogue, cuBLAS at ~660.
 if _INTERPRET:
     _FUSED_STATS = _FUSED_GRAD = (16, 16, 16, 2, 4, 1)
 else:
-    _FUSED_STATS = (128, 128, 64, 8, 8, 3)
-    _FUSED_GRAD = (128, 128, 64, 8, 8, 3)
-_FUSED = True
+    _FUSED_STATS = (128, 64, 64, 8, 4, 4)
+    _FUSED_GRAD = (128, 256, 64, 8, 8, 3)
+_FUSED_MAX_LOGITS = 1 << 28  # a 16,384 x 16,384 block
+
+
+def _use_fused(m: int, n: int, keep: bool) -> bool:
+    return not keep and m * n <= _FUSED_MAX_LOGITS
 
 _PRO_M, _PRO_D = (16, 16) if _INTERPRET else (32, 128)
 _VEC = 64 if _INTERPRET else 1024
@@ -702,7 +711,7 @@ def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=
             s, s.stride(0), r1 - r0, n, rows, scale_t, shifts[2], shifts[3], col_sum, col_wsum,
             int(diag) - r0, BLOCK_M=_COLS_M, BLOCK_N=_COLS_N, num_warps=_COLS_WARPS)
 
-    if _FUSED and not keep_logits:
+    if _use_fused(m, n, keep_logits):
         _fused(_clip_stats_fused_kernel, a, b, _FUSED_STATS, allow_tf32, scale_t, shifts[0],
                shifts[1], shifts[2], shifts[3], row_sum, row_wsum, col_sum, col_wsum, int(diag))
         return row_sum, col_sum, row_wsum, col_wsum, None
@@ -724,7 +733,7 @@ def siglip_stats_triton(a, b, scale, bias, diag=0, *, keep_logits=False, band=0,
                                    row_loss[r0:r1], int(diag) - r0, BLOCK_M=_STATS_M,
                                    BLOCK_N=_STATS_N, num_warps=_STATS_WARPS)
 
-    if _FUSED and not keep_logits:
+    if _use_fused(m, n, keep_logits):
         _fused(_siglip_stats_fused_kernel, a, b, _FUSED_STATS, allow_tf32, scale_t, bias_t,
                row_loss, int(diag))
         return row_loss, None
@@ -735,14 +744,14 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
                 sink_a):
     """Shared band loop of the backward: per band, the scaled gradient block P, then grad_a rows
     = P @ b and grad_b += P^T @ a_band. P comes from ``fused_fill(r0, r1, p)`` (one fused launch,
-    when _FUSED and nothing is kept) or from S' (recomputed by cuBLAS, or the kept ``logits``)
+    when nothing is kept and the block is small enough: _use_fused) or from S' (recomputed by cuBLAS, or the kept ``logits``)
     and ``fill(s, p, r0, r1)`` (in place, p is s, except for the kept logits, which stay
     untouched: the registered op declares no mutation). Returns (grad_a or None, grad_b)."""
     a, b = _prep(a), _prep(b)
     m, d = a.shape
     n = b.shape[0]
     keep = logits is not None
-    fused = _FUSED and not keep
+    fused = _use_fused(m, n, keep)
     step = _step(m, n, d, keep, band)
     grad_a = None if sink_a is not None else torch.empty(m, d, device=a.device, dtype=out_dtype)
 

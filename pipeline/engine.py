@@ -87,6 +87,19 @@ def _initialize(model: torch.nn.Module, groups: list, ds_config: dict, source: s
     return engine
 
 
+def with_compile_defaults(ds_config: dict, compiled: bool) -> dict:
+    """``ds_config`` as the engine gets it. Under ZeRO-3 with compiled towers,
+    ``zero_optimization.memory_efficient_linear`` defaults to false: DeepSpeed's replacement linear
+    checks each weight's ``ds_id`` in its backward, and torch.compile guards on that integer, so
+    every block compiled a graph of its own until dynamo's recompile limit and the rest ran eager
+    (ZeRO-3 at 0.3x ZeRO-2 on an H200). A value the config sets is kept."""
+    zero = dict(ds_config.get("zero_optimization", {}))
+    if not compiled or zero.get("stage") != 3 or "memory_efficient_linear" in zero:
+        return ds_config
+    zero["memory_efficient_linear"] = False
+    return {**ds_config, "zero_optimization": zero}
+
+
 def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
     """Towers -> ``deepspeed.initialize`` -> :class:`TrainEngine` (the process group is up)."""
     import deepspeed
@@ -109,7 +122,8 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
         mark_zero3_leaf_layers(model)
     # DeepSpeed's `tensorboard` section only says where the run's one writer (pipeline.metrics)
     # writes: DeepSpeed's own monitor would log the same quantities again under other names
-    engine_config = {k: v for k, v in ds_config.items() if k != "tensorboard"}
+    engine_config = with_compile_defaults({k: v for k, v in ds_config.items() if k != "tensorboard"},
+                                          model_cfg.compile is not False)
     engine = _initialize(model, param_groups(model, tcfg.weight_decay_1d), engine_config, str(run_cfg.source))
     misaligned = misaligned_parameters(engine.module)
     if misaligned:

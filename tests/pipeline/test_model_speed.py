@@ -147,3 +147,67 @@ def test_param_groups_keep_tower_weights_aligned_in_deepspeed(tmp_path):
     assert misaligned["param_groups"] == []
     groups = param_groups(CLIPTowers(cfg(), eos_token_id=1, pad_token_id=0))
     assert groups[1]["weight_decay"] == 0.0 and groups[1]["params"][-1].numel() == 1
+
+
+
+CALLS: list = []
+
+
+def _aot_call_counting(gm, example_inputs):
+    """aot_eager (the backward traced through AOTAutograd, as inductor does) that records each
+    forward graph call."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def forward(fw, _inputs):
+        return make_boxed_func(lambda *args: (CALLS.append(fw), fw(*args))[1])
+
+    return aot_autograd(fw_compiler=forward, bw_compiler=lambda bw, _i: make_boxed_func(bw.forward))(gm, example_inputs)
+
+
+def test_zero3_runs_every_block_compiled(monkeypatch):
+    """Under ZeRO-3 each block (a DeepSpeed leaf module) is compiled apart, its parameter fetch
+    outside the graph: with 12 blocks, more than dynamo's default recompile limit of 8, every
+    block of a training step runs a compiled graph, from the config the engine gets."""
+    deepspeed = pytest.importorskip("deepspeed")
+    import torch._dynamo
+
+    from infclip.pipeline.engine import with_compile_defaults
+    from infclip.pipeline.model import mark_zero3_leaf_layers
+    from infclip.pipeline.train import single_process_env
+
+    single_process_env()
+    if "infclip_aot_counting" not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(_aot_call_counting, name="infclip_aot_counting")
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    c = cfg(compile=True, compile_backend="infclip_aot_counting",
+            vision={"image_size": 40, "patch_size": 8, "hidden_size": 32, "layers": 6, "heads": 2,
+                    "intermediate_size": 48},
+            text={"context_length": 12, "hidden_size": 16, "layers": 6, "heads": 2, "vocab_size": 100})
+    model = CLIPTowers(c, eos_token_id=1, pad_token_id=0)
+    mark_zero3_leaf_layers(model)
+    ds = with_compile_defaults({"train_micro_batch_size_per_gpu": 3, "zero_optimization": {"stage": 3},
+                                "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}, True)
+    assert ds["zero_optimization"]["memory_efficient_linear"] is False
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
+    try:
+        for _ in range(2):
+            CALLS.clear()
+            img, txt, scale, _ = engine(*batch(3))
+            engine.backward((scale * (img @ txt.T)).logsumexp(dim=1).mean())
+            engine.step()
+            assert engine.module.compiled == "blocks" and len(CALLS) == 12
+    finally:
+        engine.destroy()
+
+
+def test_compile_defaults_keep_what_the_config_sets():
+    from infclip.pipeline.engine import with_compile_defaults
+
+    z3 = {"zero_optimization": {"stage": 3}}
+    assert with_compile_defaults(z3, True)["zero_optimization"]["memory_efficient_linear"] is False
+    assert with_compile_defaults(z3, False) == z3 and z3 == {"zero_optimization": {"stage": 3}}
+    explicit = {"zero_optimization": {"stage": 3, "memory_efficient_linear": True}}
+    assert with_compile_defaults(explicit, True) == explicit
+    assert with_compile_defaults({"zero_optimization": {"stage": 2}}, True) == {"zero_optimization": {"stage": 2}}
