@@ -14,6 +14,12 @@ the features' dtype (bf16 logits, as autocast rounds them), then:
   The O(B) prologue (positives, norms, shifts) and epilogue (loss terms, LSEs, d-scale sums) of
   the single-device loss are one kernel launch each (_clip_prologue_kernel, _clip_shift_kernel,
   _clip_epilogue_kernel): no host sync anywhere, capturable in a CUDA graph.
+Blocks of at most _FUSED_MAX_LOGITS logits (16,384^2) that are not kept take fused kernels
+instead: the logit tile comes from tl.dot in registers and the statistics (forward: one launch,
+no band buffer) or P (backward: one launch per band, then the two cuBLAS GEMMs) are taken from
+it in the same program. Fewer launches win below 32k (B = 1k-16k: 1.16-4.42 ms against
+1.66-4.86 ms on an H200); above, cuBLAS's GEMM rate wins (tl.dot at K = 768 with the epilogue:
+~300 TFLOP/s against ~660).
 FLOPs: 8 B^2 D in GEMMs (6 B^2 D when the whole matrix is kept from forward to backward), at
 cuBLAS's rate; the Triton kernels are memory-bound (2-3.5 TB/s on an H200). Bands hold
 <= _BAND_FACTOR max(N D, 2^24) elements, so the extra memory stays O(B D) at any batch size.
