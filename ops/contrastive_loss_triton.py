@@ -235,6 +235,15 @@ def _clip_col_stats_kernel(S, stride_s, M, N, ROWS, scale_ptr, col_shift, col_re
     tl.atomic_add(col_wsum + offs_n, tl.sum(acc_w, axis=0), mask=mask_n, sem="relaxed")
 
 
+@triton.jit
+def _siglip_pair_loss(x, offs_m, offs_n, diag, scale, bias, nan_sb):
+    """softplus(-z (S + bias)) of an S' tile, z = +1 on the pairs i - j == diag; NaN where S' is
+    not finite (a non-finite feature) or nan_sb is (scale or bias)."""
+    z = tl.where((offs_m[:, None] - offs_n[None, :]) == diag, 1.0, -1.0)
+    t = -z * (x * scale + bias)
+    return tl.maximum(t, 0.0) + _log1p(tl.exp(-tl.abs(t))) + (x * 0.0 + nan_sb)
+
+
 # SigLIP statistics: row_loss_i += sum_j softplus(-z_ij (S_ij + bias)), z = +1 iff i - j == diag.
 # softplus(t) = max(t, 0) + log1p(exp(-|t|)); NaN where S', scale or bias is not finite.
 # Gradient: _siglip_grad_kernel.
@@ -254,12 +263,7 @@ def _siglip_stats_kernel(S, stride_s, M, N, COLS, scale_ptr, bias_ptr, row_loss,
         offs_n = n0 + tl.arange(0, BLOCK_N)
         valid = mask_m[:, None] & (offs_n < N)[None, :]
         x = tl.load(rows + offs_n[None, :], mask=valid, other=0.0).to(tl.float32)
-        z = tl.where((offs_m[:, None] - offs_n[None, :]) == diag, 1.0, -1.0)
-        t = -z * (x * scale + bias)
-        sp = tl.maximum(t, 0.0) + _log1p(tl.exp(-tl.abs(t)))
-        # a non-finite feature (it makes S' non-finite), scale or bias: the loss is NaN
-        sp += x * 0.0 + nan_sb
-        acc += tl.where(valid, sp, 0.0)
+        acc += tl.where(valid, _siglip_pair_loss(x, offs_m, offs_n, diag, scale, bias, nan_sb), 0.0)
     tl.atomic_add(row_loss + offs_m, tl.sum(acc, axis=1), mask=mask_m, sem="relaxed")
 
 
@@ -284,9 +288,9 @@ def _load_tile(S, stride_s, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 # learns). On the positive pairs S' is row_ref_i, the value the forward's LSEs were taken
 # against (not the GEMM's rounding of it), so P_ii is consistent with the loss.
 @triton.jit
-def _clip_grad_kernel(S, P, stride_s, M, N, scale_ptr, coef_ptr, row_lse, col_lse, row_ref, diag,
-                      diag_value, offset, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    offs_m, offs_n, mask_m, mask_n, valid, x = _load_tile(S, stride_s, M, N, BLOCK_M, BLOCK_N)
+def _clip_grad_store(x, offs_m, offs_n, mask_m, mask_n, valid, P, stride_p, scale_ptr, coef_ptr,
+                     row_lse, col_lse, row_ref, diag, diag_value, offset):
+    """coef P of an S' tile (fp32, 0 outside ``valid``) stored into P at its offsets."""
     scale2 = tl.load(scale_ptr) * 1.4426950408889634
     coef = tl.load(coef_ptr)
     r2 = tl.load(row_lse + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
@@ -296,16 +300,24 @@ def _clip_grad_kernel(S, P, stride_s, M, N, scale_ptr, coef_ptr, row_lse, col_ls
     t2 = tl.where(pos, rr[:, None], x) * scale2
     p = tl.exp2(t2 - r2[:, None]) + tl.exp2(t2 - c2[None, :])
     p -= tl.where(pos, diag_value, 0.0) + offset
-    tl.store(P + offs_m[:, None].to(tl.int64) * stride_s + offs_n[None, :], (p * coef).to(P.dtype.element_ty),
+    tl.store(P + offs_m[:, None].to(tl.int64) * stride_p + offs_n[None, :], (p * coef).to(P.dtype.element_ty),
              mask=valid)
+
+
+@triton.jit
+def _clip_grad_kernel(S, P, stride_s, M, N, scale_ptr, coef_ptr, row_lse, col_lse, row_ref, diag,
+                      diag_value, offset, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_m, offs_n, mask_m, mask_n, valid, x = _load_tile(S, stride_s, M, N, BLOCK_M, BLOCK_N)
+    _clip_grad_store(x, offs_m, offs_n, mask_m, mask_n, valid, P, stride_s, scale_ptr, coef_ptr,
+                     row_lse, col_lse, row_ref, diag, diag_value, offset)
 
 
 # SigLIP gradient tile: P_ij = coef G_ij, G = -z sigmoid(-z x), x = S + bias (P may be S); and
 # per row gsum_i += sum_j G_ij, gwsum_i += sum_j G_ij S'_ij (for d bias and d scale).
 @triton.jit
-def _siglip_grad_kernel(S, P, stride_s, M, N, scale_ptr, bias_ptr, coef_ptr, gsum, gwsum, diag,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    offs_m, offs_n, mask_m, mask_n, valid, x = _load_tile(S, stride_s, M, N, BLOCK_M, BLOCK_N)
+def _siglip_grad_store(x, offs_m, offs_n, mask_m, valid, P, stride_p, scale_ptr, bias_ptr, coef_ptr,
+                       gsum, gwsum, diag):
+    """coef G of an S' tile stored into P, and the tile's per-row sums added to gsum / gwsum."""
     scale = tl.load(scale_ptr)
     bias = tl.load(bias_ptr)
     coef = tl.load(coef_ptr)
@@ -313,8 +325,16 @@ def _siglip_grad_kernel(S, P, stride_s, M, N, scale_ptr, bias_ptr, coef_ptr, gsu
     g = tl.where(valid, -z * tl.sigmoid(-z * (x * scale + bias)), 0.0)
     tl.atomic_add(gsum + offs_m, tl.sum(g, axis=1), mask=mask_m, sem="relaxed")
     tl.atomic_add(gwsum + offs_m, tl.sum(g * x, axis=1), mask=mask_m, sem="relaxed")
-    tl.store(P + offs_m[:, None].to(tl.int64) * stride_s + offs_n[None, :], (g * coef).to(P.dtype.element_ty),
+    tl.store(P + offs_m[:, None].to(tl.int64) * stride_p + offs_n[None, :], (g * coef).to(P.dtype.element_ty),
              mask=valid)
+
+
+@triton.jit
+def _siglip_grad_kernel(S, P, stride_s, M, N, scale_ptr, bias_ptr, coef_ptr, gsum, gwsum, diag,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_m, offs_n, mask_m, mask_n, valid, x = _load_tile(S, stride_s, M, N, BLOCK_M, BLOCK_N)
+    _siglip_grad_store(x, offs_m, offs_n, mask_m, valid, P, stride_s, scale_ptr, bias_ptr, coef_ptr,
+                       gsum, gwsum, diag)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -400,9 +420,7 @@ def _siglip_stats_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, scale_ptr, bi
     scale = tl.load(scale_ptr)
     bias = tl.load(bias_ptr)
     nan_sb = scale * 0.0 + bias * 0.0  # NaN iff scale or bias is not finite, else 0
-    z = tl.where((offs_m[:, None] - offs_n[None, :]) == diag, 1.0, -1.0)
-    t = -z * (x * scale + bias)
-    sp = tl.maximum(t, 0.0) + _log1p(tl.exp(-tl.abs(t))) + (x * 0.0 + nan_sb)
+    sp = _siglip_pair_loss(x, offs_m, offs_n, diag, scale, bias, nan_sb)
     tl.atomic_add(row_loss + offs_m, tl.sum(tl.where(inside, sp, 0.0), axis=1), mask=mask_m,
                   sem="relaxed")
 
@@ -415,17 +433,8 @@ def _clip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, sca
                             GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
     offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
         A, Bm, stride_a, stride_b, M, N, D, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION)
-    scale2 = tl.load(scale_ptr) * 1.4426950408889634
-    coef = tl.load(coef_ptr)
-    r2 = tl.load(row_lse + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
-    c2 = tl.load(col_lse + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
-    rr = tl.load(row_ref + offs_m, mask=mask_m, other=0.0)
-    pos = (offs_m[:, None] - offs_n[None, :]) == diag
-    t2 = tl.where(pos, rr[:, None], x) * scale2
-    p = tl.exp2(t2 - r2[:, None]) + tl.exp2(t2 - c2[None, :])
-    p -= tl.where(pos, diag_value, 0.0) + offset
-    tl.store(P + offs_m[:, None].to(tl.int64) * stride_p + offs_n[None, :],
-             (p * coef).to(P.dtype.element_ty), mask=inside)
+    _clip_grad_store(x, offs_m, offs_n, mask_m, mask_n, inside, P, stride_p, scale_ptr, coef_ptr,
+                     row_lse, col_lse, row_ref, diag, diag_value, offset)
 
 
 # SigLIP gradient block of one tile into P, with the per-row sums (as _siglip_grad_kernel).
@@ -436,15 +445,8 @@ def _siglip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, s
                               EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
     offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
         A, Bm, stride_a, stride_b, M, N, D, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION)
-    scale = tl.load(scale_ptr)
-    bias = tl.load(bias_ptr)
-    coef = tl.load(coef_ptr)
-    z = tl.where((offs_m[:, None] - offs_n[None, :]) == diag, 1.0, -1.0)
-    g = tl.where(inside, -z * tl.sigmoid(-z * (x * scale + bias)), 0.0)
-    tl.atomic_add(gsum + offs_m, tl.sum(g, axis=1), mask=mask_m, sem="relaxed")
-    tl.atomic_add(gwsum + offs_m, tl.sum(g * x, axis=1), mask=mask_m, sem="relaxed")
-    tl.store(P + offs_m[:, None].to(tl.int64) * stride_p + offs_n[None, :],
-             (g * coef).to(P.dtype.element_ty), mask=inside)
+    _siglip_grad_store(x, offs_m, offs_n, mask_m, inside, P, stride_p, scale_ptr, bias_ptr, coef_ptr,
+                       gsum, gwsum, diag)
 
 
 # ----------------------------------------------------------------------------------------------
