@@ -279,9 +279,16 @@ def throughput(args, rows):
             timed_steps(engine, loss_fn, batch, args.warmup, None)
             torch.cuda.reset_peak_memory_stats()
             step_s, loss_ms, loss = timed_steps(engine, loss_fn, batch, args.steps, None)
+            label = f"zero{zero} leaf{leaf} flat{flat} {impl} ckpt={ckpt} compile={comp}"
             if args.profile:
-                profile(engine, loss_fn, batch, args.profile,
-                        f"zero{zero} leaf{leaf} flat{flat} {impl} ckpt={ckpt} compile={comp}")
+                profile(engine, loss_fn, batch, args.profile, label)
+            if args.sync_points:
+                from profile_table import print_host_profile, print_sync_points
+
+                print_sync_points(lambda: timed_steps(engine, loss_fn, batch, args.sync_points, None), label,
+                                  args.sync_points)
+                print_host_profile(lambda: timed_steps(engine, loss_fn, batch, args.sync_points, None), label,
+                                   args.sync_points)
             if impl != PLAIN:
                 row["grad_ckpt_resolved"] = bool(engine.module.vision.vision_model.encoder.gradient_checkpointing)
                 row["compiled"] = engine.module.compiled
@@ -402,6 +409,9 @@ def main(argv=None) -> int:
                    help="DeepSpeed's bf16.check_grad_overflow (a per-parameter scan and a host sync each step; "
                    "the presets turn it off)")
     p.add_argument("--profile", type=int, default=0, help="profile this many extra steps per throughput row")
+    p.add_argument("--sync_points", type=int, default=0,
+                   help="after timing, run this many steps listing where the host waits for the GPU, then as many "
+                   "under cProfile (host Python time per function)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--max_batch_sizes", nargs="+",
