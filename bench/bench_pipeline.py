@@ -79,11 +79,12 @@ def model_config(preset: str, grad_ckpt="auto", compile="auto", compile_mode="de
 
 def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=None, leaf: bool = False,
           compile="auto", bf16_overflow_check: bool = False, distributed: str = "gather",
-          compile_mode: str = "default", overlap_comm: bool = True, flat: bool = False):
+          compile_mode: str = "default", overlap_comm: bool = True, flat: bool = False, on_device_step: bool = True,
+          deepspeed_timers: bool = False):
     import deepspeed
 
     from infclip.ops import ContrastiveLoss, ContrastiveLossConfig
-    from infclip.pipeline.engine import with_compile_defaults
+    from infclip.pipeline.engine import with_engine_defaults
     from infclip.pipeline.model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
 
     cfg = model_config(preset, grad_ckpt, compile, compile_mode, flat and impl != PLAIN)
@@ -99,9 +100,20 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
                                 **((zero_extra or {}) if zero == 3 else {})}}
     if zero == 3 and leaf:
         mark_zero3_leaf_layers(model)
-    ds = with_compile_defaults(ds, impl != PLAIN and cfg.compile is not False)
+    if deepspeed_timers:  # DeepSpeed's default (kept by with_engine_defaults when set)
+        ds["timers"] = {"throughput": {"enabled": True, "synchronized": True}}
+    ds = with_engine_defaults(ds, impl != PLAIN and cfg.compile is not False)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
     engine.train()
+    if on_device_step:
+        from infclip.pipeline.zero_step import keep_step_on_device
+
+        print(f"# ZeRO step kept on the device: {keep_step_on_device(engine)}", flush=True)
+    else:  # DeepSpeed's own mask back, in case an earlier row of this process replaced it
+        from deepspeed.runtime import utils as ds_utils
+        from deepspeed.runtime.zero import stage_1_and_2
+
+        stage_1_and_2.mask_nan_or_inf_with_val_inplace = ds_utils.mask_nan_or_inf_with_val_inplace
     bad = misaligned_parameters(engine.module)
     if bad:
         print(f"# {len(bad)} parameters not 16-byte aligned, e.g. {bad[:3]}", flush=True)
@@ -251,15 +263,17 @@ def throughput(args, rows):
         mfu(row, args)
         report(row, rows, args)
     impls = list(args.impls) + ([PLAIN] if PLAIN in args.anchors else [])
-    runs = [(zero, leaf, impl, ckpt, comp, flat) for zero in args.zero
+    runs = [(zero, leaf, impl, ckpt, comp, flat, on_device) for zero in args.zero
             for leaf in (args.zero3_leaf if zero == 3 else [0]) for impl in impls
             for ckpt in args.grad_ckpt for comp in args.compile
-            for flat in (args.flat_parameters if zero < 3 and impl != PLAIN else [0])]
-    for zero, leaf, impl, ckpt, comp, flat in runs:
+            for flat in (args.flat_parameters if zero < 3 and impl != PLAIN else [0])
+            for on_device in (args.on_device_step if zero in (1, 2) else [1])]
+    for zero, leaf, impl, ckpt, comp, flat, on_device in runs:
         ckpt_v, comp_v = _flag(ckpt), _flag(comp)
         row = {**base_row(args), **base, "zero": zero, "loss_impl": impl, "grad_ckpt": ckpt_v, "compile": comp_v,
                "bf16_check_grad_overflow": args.bf16_overflow_check, "compile_mode": args.compile_mode,
-               "overlap_comm": bool(args.overlap_comm), "flat_parameters": bool(flat)}
+               "overlap_comm": bool(args.overlap_comm), "flat_parameters": bool(flat),
+               "on_device_step": bool(on_device), "deepspeed_timers": bool(args.deepspeed_timers)}
         if zero == 3:
             row["zero3_leaf_layers"] = bool(leaf)
         if zero == 3 and args.zero3_extra != "{}":
@@ -274,12 +288,13 @@ def throughput(args, rows):
         try:
             engine, cfg, loss_fn = build(args.throughput_model, zero, args.micro_batch, ckpt_v, impl,
                                          json.loads(args.zero3_extra), bool(leaf), comp_v, args.bf16_overflow_check,
-                                         args.distributed, args.compile_mode, bool(args.overlap_comm), bool(flat))
+                                         args.distributed, args.compile_mode, bool(args.overlap_comm), bool(flat),
+                                         bool(on_device), bool(args.deepspeed_timers))
             batch = synthetic_batch(args.micro_batch, cfg, engine.device, torch.bfloat16)
             timed_steps(engine, loss_fn, batch, args.warmup, None)
             torch.cuda.reset_peak_memory_stats()
             step_s, loss_ms, loss = timed_steps(engine, loss_fn, batch, args.steps, None)
-            label = f"zero{zero} leaf{leaf} flat{flat} {impl} ckpt={ckpt} compile={comp}"
+            label = f"zero{zero} leaf{leaf} flat{flat} on_device_step{on_device} {impl} ckpt={ckpt} compile={comp}"
             if args.profile:
                 profile(engine, loss_fn, batch, args.profile, label)
             if args.sync_points:
@@ -373,6 +388,8 @@ def fmt(r) -> str:
     leaf = {True: "+leaf", False: "-leaf"}.get(r.get("zero3_leaf_layers"), "")
     leaf += f" x{r['world_size']} {r['distributed']}" if r.get("world_size", 1) > 1 else ""
     leaf += " flat" if r.get("flat_parameters") else ""
+    leaf += " ds-step" if r.get("on_device_step") is False else ""
+    leaf += " ds-timers" if r.get("deepspeed_timers") else ""
     return (f"{r['study']:<10} {r['model']:<7} zero{r['zero']}{leaf:<5} {r['loss_impl']:<8} B={r['micro_batch']:<6} "
             f"chunk={str(r['chunk']):<5} ckpt={r['grad_ckpt']!s:<5} {r['status']:<7} "
             f"{num('samples_per_s', '9.1f')} samples/s  step {num('step_ms', '10.1f')} ms  "
@@ -405,6 +422,11 @@ def main(argv=None) -> int:
     p.add_argument("--overlap_comm", type=int, default=1, choices=[0, 1], help="zero_optimization.overlap_comm")
     p.add_argument("--flat_parameters", type=int, nargs="+", default=[0], choices=[0, 1],
                    help="model.flat_parameters of the pipeline rows (ZeRO 0-2): 0 1 runs both")
+    p.add_argument("--on_device_step", type=int, nargs="+", default=[1], choices=[0, 1],
+                   help="ZeRO-1/2 rows: the optimizer step without host waits (pipeline.zero_step, as "
+                   "pipeline.train builds it) or as DeepSpeed wrote it (0); 0 1 runs both")
+    p.add_argument("--deepspeed_timers", type=int, default=0, choices=[0, 1],
+                   help="1: DeepSpeed's synchronized throughput timer on (its default; the engine turns it off)")
     p.add_argument("--bf16_overflow_check", action="store_true",
                    help="DeepSpeed's bf16.check_grad_overflow (a per-parameter scan and a host sync each step; "
                    "the presets turn it off)")

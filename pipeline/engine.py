@@ -4,7 +4,8 @@ Design: :func:`build_engine` builds the CLIP towers from the ``model`` section (
 every rank; partitioned at construction under ZeRO-3 with ``model.zero3_init``), hands them to
 ``deepspeed.initialize`` with the user's DeepSpeed keys unchanged (weight decay off for 1-D
 parameters unless ``train.weight_decay_1d``), and wraps the contrastive loss over DeepSpeed's
-data-parallel group. DeepSpeed rejects a bad key inside its own sections with a pydantic error
+data-parallel group. The ZeRO-1/2 optimizer step is kept free of host waits
+(:mod:`pipeline.zero_step`). DeepSpeed rejects a bad key inside its own sections with a pydantic error
 several screens long; it is turned into one :class:`~ops.config.ConfigError` naming the file.
 """
 
@@ -26,6 +27,7 @@ from infclip.ops.config import ConfigError
 
 from .config import RunConfig
 from .model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
+from .zero_step import keep_step_on_device
 
 __all__ = ["TrainEngine", "build_engine", "contrastive_batch", "export_final", "param_groups"]
 
@@ -87,17 +89,25 @@ def _initialize(model: torch.nn.Module, groups: list, ds_config: dict, source: s
     return engine
 
 
-def with_compile_defaults(ds_config: dict, compiled: bool) -> dict:
-    """``ds_config`` as the engine gets it. Under ZeRO-3 with compiled towers,
-    ``zero_optimization.memory_efficient_linear`` defaults to false: DeepSpeed's replacement linear
-    checks each weight's ``ds_id`` in its backward, and torch.compile guards on that integer, so
-    every block compiled a graph of its own until dynamo's recompile limit and the rest ran eager
-    (ZeRO-3 at 0.3x ZeRO-2 on an H200). A value the config sets is kept."""
-    zero = dict(ds_config.get("zero_optimization", {}))
-    if not compiled or zero.get("stage") != 3 or "memory_efficient_linear" in zero:
-        return ds_config
-    zero["memory_efficient_linear"] = False
-    return {**ds_config, "zero_optimization": zero}
+def with_engine_defaults(ds_config: dict, compiled: bool) -> dict:
+    """``ds_config`` as the engine gets it; a value the config sets is kept.
+
+    * ``timers.throughput.enabled`` defaults to false: DeepSpeed's throughput timer (on by default,
+      ``synchronized``) calls ``torch.cuda.synchronize()`` at the start of every forward and the
+      end of every step, so the GPU's queue runs dry twice a step (the run's samples/s are
+      measured by ``pipeline.metrics`` without a wait).
+    * Under ZeRO-3 with compiled towers, ``zero_optimization.memory_efficient_linear`` defaults to
+      false: DeepSpeed's replacement linear checks each weight's ``ds_id`` in its backward, and
+      torch.compile guards on that integer, so every block compiled a graph of its own until
+      dynamo's recompile limit and the rest ran eager (ZeRO-3 at 0.3x ZeRO-2 on an H200)."""
+    out = dict(ds_config)
+    timers = dict(out.get("timers") or {})
+    if "throughput" not in timers:
+        out["timers"] = {**timers, "throughput": {"enabled": False}}
+    zero = dict(out.get("zero_optimization", {}))
+    if compiled and zero.get("stage") == 3 and "memory_efficient_linear" not in zero:
+        out["zero_optimization"] = {**zero, "memory_efficient_linear": False}
+    return out
 
 
 def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
@@ -122,9 +132,10 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
         mark_zero3_leaf_layers(model)
     # DeepSpeed's `tensorboard` section only says where the run's one writer (pipeline.metrics)
     # writes: DeepSpeed's own monitor would log the same quantities again under other names
-    engine_config = with_compile_defaults({k: v for k, v in ds_config.items() if k != "tensorboard"},
+    engine_config = with_engine_defaults({k: v for k, v in ds_config.items() if k != "tensorboard"},
                                           model_cfg.compile is not False)
     engine = _initialize(model, param_groups(model, tcfg.weight_decay_1d), engine_config, str(run_cfg.source))
+    keep_step_on_device(engine)  # ZeRO-1/2 with bf16: no host waits in the optimizer step
     misaligned = misaligned_parameters(engine.module)
     if misaligned:
         logger.warning("%d parameters do not start on a 16-byte boundary (slow GEMM and elementwise kernels), "

@@ -172,7 +172,7 @@ def test_zero3_runs_every_block_compiled(monkeypatch):
     deepspeed = pytest.importorskip("deepspeed")
     import torch._dynamo
 
-    from infclip.pipeline.engine import with_compile_defaults
+    from infclip.pipeline.engine import with_engine_defaults
     from infclip.pipeline.model import mark_zero3_leaf_layers
     from infclip.pipeline.train import single_process_env
 
@@ -187,7 +187,7 @@ def test_zero3_runs_every_block_compiled(monkeypatch):
             text={"context_length": 12, "hidden_size": 16, "layers": 6, "heads": 2, "vocab_size": 100})
     model = CLIPTowers(c, eos_token_id=1, pad_token_id=0)
     mark_zero3_leaf_layers(model)
-    ds = with_compile_defaults({"train_micro_batch_size_per_gpu": 3, "zero_optimization": {"stage": 3},
+    ds = with_engine_defaults({"train_micro_batch_size_per_gpu": 3, "zero_optimization": {"stage": 3},
                                 "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}, True)
     assert ds["zero_optimization"]["memory_efficient_linear"] is False
     engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
@@ -202,12 +202,16 @@ def test_zero3_runs_every_block_compiled(monkeypatch):
         engine.destroy()
 
 
-def test_compile_defaults_keep_what_the_config_sets():
-    from infclip.pipeline.engine import with_compile_defaults
+def test_engine_defaults_keep_what_the_config_sets():
+    from infclip.pipeline.engine import with_engine_defaults
 
+    off = {"throughput": {"enabled": False}}
     z3 = {"zero_optimization": {"stage": 3}}
-    assert with_compile_defaults(z3, True)["zero_optimization"]["memory_efficient_linear"] is False
-    assert with_compile_defaults(z3, False) == z3 and z3 == {"zero_optimization": {"stage": 3}}
-    explicit = {"zero_optimization": {"stage": 3, "memory_efficient_linear": True}}
-    assert with_compile_defaults(explicit, True) == explicit
-    assert with_compile_defaults({"zero_optimization": {"stage": 2}}, True) == {"zero_optimization": {"stage": 2}}
+    assert with_engine_defaults(z3, True) == {"zero_optimization": {"stage": 3, "memory_efficient_linear": False},
+                                              "timers": off}
+    assert with_engine_defaults(z3, False) == {**z3, "timers": off} and z3 == {"zero_optimization": {"stage": 3}}
+    explicit = {"zero_optimization": {"stage": 3, "memory_efficient_linear": True},
+                "timers": {"throughput": {"enabled": True, "synchronized": True}}}
+    assert with_engine_defaults(explicit, True) == explicit
+    assert with_engine_defaults({"zero_optimization": {"stage": 2}}, True) == {"zero_optimization": {"stage": 2},
+                                                                               "timers": off}

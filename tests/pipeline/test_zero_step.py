@@ -1,0 +1,147 @@
+"""The training step without host waits. ``pipeline.zero_step``: the replaced pieces give
+DeepSpeed's own values (norms finite, infinite, NaN and DeepSpeed's -1 sentinel), a real ZeRO-2
+engine trains to the same bits with and without them (gradient clipping active), and the
+optimizers it must not touch are left alone. ``pipeline.engine.with_engine_defaults``: DeepSpeed's
+throughput timer no longer synchronises the device each step."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from infclip.pipeline.model import param_groups
+from infclip.pipeline.zero_step import clip_scale, keep_step_on_device, mask_nonfinite_
+
+from .test_flat_params import loss_of, pair
+
+deepspeed = pytest.importorskip("deepspeed")
+from deepspeed.runtime import utils as ds_utils  # noqa: E402
+from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer  # noqa: E402
+
+NORMS = [0.0, 0.3, 1.0, 7.5, 1e30, float("inf"), float("-inf"), float("nan"), -1.0]
+
+
+def test_mask_gives_deepspeeds_values():
+    values = torch.tensor(NORMS)
+    want, got = values.clone(), values.clone()
+    ds_utils.mask_nan_or_inf_with_val_inplace(want, device="cpu")
+    mask_nonfinite_(got, device="cpu")
+    assert torch.equal(got, want)
+    assert got[5:8].tolist() == [-1.0, -1.0, -1.0]  # it did mask
+
+
+@pytest.mark.parametrize("clip_grad", [0.0, 1.0, 0.25])
+@pytest.mark.parametrize("loss_scale", [1.0, 1024.0])
+def test_clip_gives_deepspeeds_gradients(clip_grad, loss_scale):
+    """DeepSpeed's own ``unscale_and_clip_grads`` (its host ``if``) against the device-only one,
+    bit for bit, on a flat gradient and on a list of sub-partitions."""
+    from infclip.pipeline.zero_step import _unscale_and_clip_grads
+
+    torch.manual_seed(0)
+    grads = torch.randn(37) * 3
+    for norm in NORMS:
+        opt = types.SimpleNamespace(clip_grad=clip_grad, loss_scale=loss_scale, device="cpu")
+        want = [grads.clone(), [grads[:5].clone(), grads[5:].clone()]]
+        got = [grads.clone(), [grads[:5].clone(), grads[5:].clone()]]
+        DeepSpeedZeroOptimizer.unscale_and_clip_grads(opt, want, torch.tensor(norm))
+        _unscale_and_clip_grads(opt, got, torch.tensor(norm))
+        assert torch.equal(got[0], want[0]), norm
+        assert all(torch.equal(g, w) for g, w in zip(got[1], want[1])), norm
+        if clip_grad and (norm != norm or norm in (float("inf"), float("-inf"), -1.0)):
+            assert torch.equal(got[0], torch.zeros_like(grads))  # an invalid norm zeroes the step
+
+
+def test_clip_scale_is_the_clip_coefficient():
+    assert clip_scale(torch.tensor(0.5), 1.0, 1.0).item() == 1.0  # below the clip: no change
+    assert clip_scale(torch.tensor(4.0), 1.0, 1.0).item() == pytest.approx(4.0 + 1e-6)
+    assert clip_scale(torch.tensor(-1.0), 2.0, 1.0).item() == float("inf")
+
+
+def _train(model, ds, on_device: bool, steps: int = 4):
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
+    try:
+        if on_device:
+            assert keep_step_on_device(engine)
+        losses, norms = [], []
+        for _ in range(steps):
+            loss = loss_of(engine)
+            engine.backward(loss * 50)  # large gradients: the clip at 1.0 is active
+            engine.step()
+            losses.append(loss.item())
+            norms.append(float(engine.get_global_grad_norm()))
+        return losses, norms, {k: v.clone() for k, v in engine.module.state_dict().items()}
+    finally:
+        engine.destroy()
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_engine_trains_to_the_same_bits(stage, monkeypatch):
+    from deepspeed.runtime.zero import stage_1_and_2
+
+    from infclip.pipeline.train import single_process_env
+
+    single_process_env()
+    # DeepSpeed's own mask for the reference run (an engine built earlier in this process may
+    # have replaced it); monkeypatch puts back whatever was there after the test
+    monkeypatch.setattr(stage_1_and_2, "mask_nan_or_inf_with_val_inplace", ds_utils.mask_nan_or_inf_with_val_inplace)
+    ds = {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 1.0,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "torch_adam": True}},
+          "zero_optimization": {"stage": stage}}
+    runs = {}
+    for on_device in (False, True):
+        runs[on_device] = _train(pair()[1], ds, on_device)
+    (l0, n0, s0), (l1, n1, s1) = runs[False], runs[True]
+    assert min(n0) > 1.0  # the clip did act
+    assert l1 == l0 and n1 == n0
+    for name, value in s0.items():
+        assert torch.equal(s1[name], value), name
+
+
+def test_left_alone_where_the_host_must_decide():
+    from infclip.pipeline.train import single_process_env
+
+    single_process_env()
+    ds = {"train_micro_batch_size_per_gpu": 3,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+          "zero_optimization": {"stage": 0}}
+    model = pair()[0]
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
+    try:
+        assert keep_step_on_device(engine) is False  # not ZeRO-1/2's optimizer
+        assert "unscale_and_clip_grads" not in vars(engine.optimizer)
+    finally:
+        engine.destroy()
+    fp16 = types.SimpleNamespace(optimizer=DeepSpeedZeroOptimizer.__new__(DeepSpeedZeroOptimizer))
+    fp16.optimizer.dtype = torch.float16
+    assert keep_step_on_device(fp16) is False
+
+
+def test_engine_defaults_take_deepspeeds_timer_waits_out_of_the_step(monkeypatch):
+    """DeepSpeed's throughput timer synchronises the device at every forward and step; the
+    engine's defaults turn it off (counted through the accelerator DeepSpeed calls)."""
+    from deepspeed.accelerator import get_accelerator
+
+    from infclip.pipeline.engine import with_engine_defaults
+    from infclip.pipeline.train import single_process_env
+
+    single_process_env()
+    accel = get_accelerator()
+    waits = []
+    monkeypatch.setattr(accel, "synchronize", lambda *a, **k: waits.append(1))
+    ds = {"train_micro_batch_size_per_gpu": 3, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+          "zero_optimization": {"stage": 2}}
+    counts = {}
+    for name, config in (("deepspeed", ds), ("defaults", with_engine_defaults(ds, True))):
+        model = pair()[1]
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=config)
+        try:
+            waits.clear()
+            for _ in range(4):  # the timer starts timing (and waiting) at its third step
+                engine.backward(loss_of(engine))
+                engine.step()
+            counts[name] = len(waits)
+        finally:
+            engine.destroy()
+    assert counts["deepspeed"] >= 4 and counts["defaults"] == 0, counts
