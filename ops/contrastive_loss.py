@@ -331,6 +331,10 @@ def _setup_context(ctx, inputs, output):
     (image_features, text_features, logit_scale, logit_bias, loss, impl, label_smoothing, block_m,
      block_n, allow_tf32, *_budget) = inputs
     _, row_lse, col_lse, aux, logits = output
+    # the four outputs besides the loss only feed the backward: without this autograd would
+    # allocate and zero-fill a gradient for each of them (the [B, B] logits among them) per call
+    ctx.mark_non_differentiable(row_lse, col_lse, aux, logits)
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(image_features, text_features, logit_scale, logit_bias, row_lse, col_lse,
                           aux, logits)
     ctx.options = (loss, impl, label_smoothing, block_m, block_n, allow_tf32)

@@ -309,6 +309,10 @@ def _(grad, image_features, text_features, logit_scale, logit_bias, row_lse, col
 def _setup_context(ctx, inputs, output):
     image_features, text_features, logit_scale, logit_bias, *options = inputs
     _, row_lse, col_lse, aux, kept_image, kept_text, kept_params = output
+    # only the loss has a gradient: no zero-filled gradients for the saved outputs (the gathered
+    # features among them, [global B, D] each) at every backward
+    ctx.mark_non_differentiable(row_lse, col_lse, aux, kept_image, kept_text, kept_params)
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(image_features, text_features, logit_scale, logit_bias, row_lse, col_lse,
                           aux, kept_image, kept_text, kept_params)
     ctx.options = tuple(options)

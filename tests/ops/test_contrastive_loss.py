@@ -6,6 +6,7 @@ Triton kernels run under TRITON_INTERPRET=1 (set by tests/run.sh and conftest.py
 fp16 only: the interpreter cannot do bf16 dots (shared/ENVIRONMENT.md).
 """
 
+import functools
 import logging
 import math
 
@@ -398,3 +399,36 @@ def test_functional_api_compiles_fullgraph_with_default_args(loss, impl):
     ours = _run(torch.compile(fn, fullgraph=True, backend="aot_eager"), img, txt, scale, bias,
                 loss == "siglip")
     _assert_close(ours, _reference(img, txt, scale, bias, loss, 0.0), what="compiled")
+
+
+@pytest.mark.parametrize("loss", ["clip", "siglip"])
+@pytest.mark.parametrize("entry", ["local", "distributed_op"])
+def test_backward_fills_no_gradients_for_the_saved_outputs(loss, entry):
+    """Only the loss output has a gradient: autograd must not allocate and zero-fill one for each
+    output the op saves for its backward (the statistics, the kept [B, B] logits, the gathered
+    features: a memset of each per call). Counted at the dispatcher during ``backward()``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from infclip.ops.distributed import distributed_contrastive_loss
+
+    class Zeros(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.made = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.zeros, torch.ops.aten.zeros_like, torch.ops.aten.zero_):
+                self.made.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    img = F.normalize(torch.randn(15, 12), dim=-1).requires_grad_()
+    txt = F.normalize(torch.randn(15, 12), dim=-1).requires_grad_()
+    scale = torch.tensor([7.3], requires_grad=True)
+    bias = torch.tensor([-3.0], requires_grad=True) if loss == "siglip" else None
+    fn = contrastive_loss if entry == "local" else functools.partial(distributed_contrastive_loss, scheme="none")
+    out = fn(img, txt, scale, bias, loss=loss, impl="chunked_torch")
+    with Zeros() as mode:
+        out.backward()
+    assert mode.made == []
+    assert img.grad is not None and scale.grad is not None
