@@ -177,6 +177,25 @@ def profile(fn, b, d, dtype, path):
                                           max_name_column_width=70))
 
 
+def host_profile(fn, b, d, calls=20):
+    """cProfile of ``calls`` forward + backward calls at B = ``b`` (after warm-up): the op's host
+    time by function, which is what bounds it at small B."""
+    from profile_table import print_host_profile
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    img = F.normalize(torch.randn(b, d, device="cuda", generator=gen), dim=-1).bfloat16().requires_grad_()
+    txt = F.normalize(torch.randn(b, d, device="cuda", generator=gen), dim=-1).bfloat16().requires_grad_()
+    scale = torch.full((1,), 14.3, device="cuda", requires_grad=True)
+
+    def run():
+        for _ in range(calls):
+            fn(img, txt, scale, None).backward()
+        torch.cuda.synchronize()
+
+    run()
+    print_host_profile(run, f"ours_bf16 B = {b}", calls, rows=25)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="1024,2048,4096,8192,16384,32768,65536")
@@ -189,6 +208,8 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--profile", default="", help="B values whose kernel table goes to --profile-out")
     p.add_argument("--profile-out", default="contrastive_loss_profile.txt")
+    p.add_argument("--host-profile", type=int, default=0,
+                   help="B at which to print where the op's host time goes (cProfile of 20 forward + backward calls)")
     p.add_argument("--out", default="bench/results/contrastive_loss.jsonl")
     p.add_argument("--tiles", default="", help="JSON of the fused kernels' tiles (bench_loss_kernels.py --best)")
     p.add_argument("--unfused", action="store_true", help="also the cuBLAS band + Triton pass path")
@@ -260,6 +281,9 @@ def main(argv=None):
             with open(args.profile_out, "a") as f:
                 f.write(f"\n# {name}")
             profile(fn, b, args.dim, torch.bfloat16, args.profile_out)
+
+    if args.host_profile:
+        host_profile(ours("bf16"), args.host_profile, args.dim)
 
     print("\n| B | impl | dtype | ms | x roofline | peak extra GiB | ours / this |")
     print("|---|---|---|---|---|---|---|")

@@ -116,7 +116,10 @@ def _bind(block: nn.Module) -> None:
         flat = block._parameters[name]
         pieces = flat.split(block._flat_sizes[name])
         for m, piece in zip(members, pieces[1::2]):
-            setattr(m.module, m.attr, piece.view(m.shape))
+            # a plain attribute since flattening (not in _parameters): written straight into the
+            # module's __dict__, as nn.Module.__setattr__ would after its checks (~40x faster;
+            # 399 members per forward for ViT-B/32)
+            m.module.__dict__[m.attr] = piece.view(m.shape)
 
 
 def bind_views(blocks: List[nn.Module]) -> None:
