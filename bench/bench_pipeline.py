@@ -80,14 +80,15 @@ def model_config(preset: str, grad_ckpt="auto", compile="auto", compile_mode="de
 def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=None, leaf: bool = False,
           compile="auto", bf16_overflow_check: bool = False, distributed: str = "gather",
           compile_mode: str = "default", overlap_comm: bool = True, flat: bool = False, on_device_step: bool = True,
-          deepspeed_timers: bool = False):
+          deepspeed_timers: bool = False, deepcompile: bool = False):
     import deepspeed
 
     from infclip.ops import ContrastiveLoss, ContrastiveLossConfig
     from infclip.pipeline.engine import with_engine_defaults
     from infclip.pipeline.model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
 
-    cfg = model_config(preset, grad_ckpt, compile, compile_mode, flat and impl != PLAIN)
+    deepcompile = deepcompile and zero == 3 and impl != PLAIN
+    cfg = model_config(preset, grad_ckpt, False if deepcompile else compile, compile_mode, flat and impl != PLAIN)
     torch.manual_seed(0)
     if impl == PLAIN:
         model = plain_hf_clip(cfg, grad_ckpt)
@@ -100,11 +101,15 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
                                 **((zero_extra or {}) if zero == 3 else {})}}
     if zero == 3 and leaf:
         mark_zero3_leaf_layers(model)
+    if deepcompile:  # the whole towers compiled by DeepSpeed, its ZeRO-3 gathers inside the graph
+        ds["compile"] = {"deepcompile": True}
     if deepspeed_timers:  # DeepSpeed's default (kept by with_engine_defaults when set)
         ds["timers"] = {"throughput": {"enabled": True, "synchronized": True}}
     ds = with_engine_defaults(ds, impl != PLAIN and cfg.compile is not False)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
     engine.train()
+    if deepcompile:
+        engine.compile()
     if on_device_step:
         from infclip.pipeline.zero_step import keep_step_on_device
 
@@ -276,6 +281,8 @@ def throughput(args, rows):
                "on_device_step": bool(on_device), "deepspeed_timers": bool(args.deepspeed_timers)}
         if zero == 3:
             row["zero3_leaf_layers"] = bool(leaf)
+        if zero == 3 and args.deepcompile:
+            row["deepcompile"] = True
         if zero == 3 and args.zero3_extra != "{}":
             row["zero3_extra"] = json.loads(args.zero3_extra)
         engine = None
@@ -289,7 +296,7 @@ def throughput(args, rows):
             engine, cfg, loss_fn = build(args.throughput_model, zero, args.micro_batch, ckpt_v, impl,
                                          json.loads(args.zero3_extra), bool(leaf), comp_v, args.bf16_overflow_check,
                                          args.distributed, args.compile_mode, bool(args.overlap_comm), bool(flat),
-                                         bool(on_device), bool(args.deepspeed_timers))
+                                         bool(on_device), bool(args.deepspeed_timers), bool(args.deepcompile))
             batch = synthetic_batch(args.micro_batch, cfg, engine.device, torch.bfloat16)
             timed_steps(engine, loss_fn, batch, args.warmup, None)
             torch.cuda.reset_peak_memory_stats()
@@ -390,6 +397,7 @@ def fmt(r) -> str:
     leaf += " flat" if r.get("flat_parameters") else ""
     leaf += " ds-step" if r.get("on_device_step") is False else ""
     leaf += " ds-timers" if r.get("deepspeed_timers") else ""
+    leaf += " deepcompile" if r.get("deepcompile") else ""
     return (f"{r['study']:<10} {r['model']:<7} zero{r['zero']}{leaf:<5} {r['loss_impl']:<8} B={r['micro_batch']:<6} "
             f"chunk={str(r['chunk']):<5} ckpt={r['grad_ckpt']!s:<5} {r['status']:<7} "
             f"{num('samples_per_s', '9.1f')} samples/s  step {num('step_ms', '10.1f')} ms  "
@@ -425,6 +433,8 @@ def main(argv=None) -> int:
     p.add_argument("--on_device_step", type=int, nargs="+", default=[1], choices=[0, 1],
                    help="ZeRO-1/2 rows: the optimizer step without host waits (pipeline.zero_step, as "
                    "pipeline.train builds it) or as DeepSpeed wrote it (0); 0 1 runs both")
+    p.add_argument("--deepcompile", action="store_true",
+                   help="ZeRO-3 rows: DeepSpeed's DeepCompile (engine.compile() of the whole towers; model.compile off)")
     p.add_argument("--deepspeed_timers", type=int, default=0, choices=[0, 1],
                    help="1: DeepSpeed's synchronized throughput timer on (its default; the engine turns it off)")
     p.add_argument("--bf16_overflow_check", action="store_true",
