@@ -149,6 +149,15 @@ class RunConfig:
     raw: dict = dataclasses.field(default_factory=dict)
     """The whole JSON after overrides (saved with checkpoints)."""
 
+    def __post_init__(self) -> None:
+        chunk, micro = self.train.chunk_size, self.ds_config.get("train_micro_batch_size_per_gpu")
+        if (self.model.compile_mode == "reduce-overhead" and chunk is not None and isinstance(micro, int)
+                and chunk < micro):
+            raise ConfigError(f"{self.source or 'config'}: 'model.compile_mode' \"reduce-overhead\" (CUDA graphs) "
+                              f"does not work with the chunked backbone ('train.chunk_size' {chunk} < micro-batch "
+                              f"{micro}): its first pass keeps every chunk's features while the same graph replays "
+                              "over them. Use compile_mode \"default\" there")
+
     @property
     def micro_batch_size(self) -> int:
         """``train_micro_batch_size_per_gpu`` from DeepSpeed's keys (checked at load)."""

@@ -166,7 +166,8 @@ class ModelConfig:
     kernels: a quick check that a setup compiles)."""
     compile_mode: typing.Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
     """``torch.compile``'s mode: ``"reduce-overhead"`` replays the compiled towers as CUDA graphs
-    (fewer launches on the host; more memory)."""
+    (fewer launches on the host; more memory): whole towers only (where blocks compile alone,
+    under ZeRO-3 or checkpointing, they use ``"default"``), and not with the chunked backbone."""
     attn_implementation: typing.Literal["sdpa", "eager"] = "sdpa"
     """Attention kernel of the towers: torch's scaled_dot_product_attention (flash / memory-
     efficient kernels, no stored attention matrix) or transformers' eager softmax(QK^T)V."""
@@ -584,9 +585,17 @@ class CLIPTowers(nn.Module):
         """Whole towers as one graph each (the features of encode_image / encode_text), or, where
         hooks run inside the towers (ZeRO-3's per-block parameter fetch, checkpointed blocks),
         each block's forward alone, so that the hooks stay outside the compiled code."""
-        compile_fn = functools.partial(torch.compile, backend=self.cfg.compile_backend, mode=self.cfg.compile_mode)
+        mode = self.cfg.compile_mode
         zero3 = any(hasattr(p, "ds_id") for p in self.parameters())
-        if zero3 or self.vision.vision_model.encoder.gradient_checkpointing:
+        by_block = zero3 or self.vision.vision_model.encoder.gradient_checkpointing
+        if by_block and mode == "reduce-overhead":
+            # CUDA graphs per block would replay over ZeRO-3's re-gathered (moving) weights or
+            # under checkpointing's recompute: the blocks compile without them
+            logger.warning("compile_mode 'reduce-overhead' applies to whole towers only; the blocks compile with "
+                           "mode 'default' (%s)", "ZeRO-3" if zero3 else "gradient checkpointing")
+            mode = "default"
+        compile_fn = functools.partial(torch.compile, backend=self.cfg.compile_backend, mode=mode)
+        if by_block:
             blocks = _encoder_layers(self)
             # the blocks share one code object, and under ZeRO-3 each is guarded on its own
             # parameters' ds_id: one graph per block. At dynamo's default limit (8) the other

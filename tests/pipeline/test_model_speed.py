@@ -215,3 +215,27 @@ def test_engine_defaults_keep_what_the_config_sets():
     assert with_engine_defaults(explicit, True) == explicit
     assert with_engine_defaults({"zero_optimization": {"stage": 2}}, True) == {"zero_optimization": {"stage": 2},
                                                                                "timers": off}
+
+
+def test_cuda_graphs_only_where_they_can_replay(monkeypatch):
+    """``compile_mode: "reduce-overhead"``: refused with the chunked backbone (a ConfigError naming
+    both keys), allowed when the chunk covers the micro-batch; towers compiled per block (here:
+    checkpointing) get mode "default", whole towers keep CUDA graphs."""
+    from infclip.ops.config import ConfigError
+    from infclip.pipeline.config import load_config
+
+    base = {"train_micro_batch_size_per_gpu": 8, "model": {"compile_mode": "reduce-overhead"},
+            "data": {"train_shards": "shards/{0..1}.tar"}}
+    with pytest.raises(ConfigError, match=r"compile_mode.*chunk_size.*4 < micro-batch 8"):
+        load_config(data={**base, "train": {"chunk_size": 4}})
+    assert load_config(data={**base, "train": {"chunk_size": 8}}).model.compile_mode == "reduce-overhead"
+
+    modes = []
+    monkeypatch.setattr(torch, "compile", lambda fn, backend=None, mode=None: modes.append(mode) or fn)
+    for ckpt, want in ((True, "default"), (False, "reduce-overhead")):
+        modes.clear()
+        model = CLIPTowers(cfg(compile_mode="reduce-overhead", gradient_checkpointing=ckpt), eos_token_id=1,
+                           pad_token_id=0)
+        model._compile()
+        assert model.compiled == ("blocks" if ckpt else "towers")
+        assert modes and set(modes) == {want}
