@@ -79,8 +79,13 @@ def main(argv=None) -> int:
     train = sorted(glob.glob(f"{work}/scenes/train/*.tar"))
 
     synth = f"{work}/synthetic.jsonl"
+    # the synthetic step with the preset's own settings
+    settings = ["--flat_parameters", str(int(bool(preset.get("model", {}).get("flat_parameters", False)))),
+                "--compile_mode", preset.get("model", {}).get("compile_mode", "default"),
+                "--overlap_comm", str(int(bool(preset["zero_optimization"].get("overlap_comm", True))))]
     run([sys.executable, "bench/bench_pipeline.py", "--only", "throughput", "--throughput_model", model,
-         "--micro_batch", str(micro), "--zero", str(zero), "--anchors", "--out", synth], f"{work}/synthetic.log")
+         "--micro_batch", str(micro), "--zero", str(zero), "--anchors", *settings, "--out", synth],
+        f"{work}/synthetic.log")
     with open(synth) as f:
         synthetic = json.loads(f.readlines()[-1])["samples_per_s"]
 

@@ -109,6 +109,7 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
     engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
     engine.train()
     if deepcompile:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # a graph per block
         engine.compile()
     if on_device_step:
         from infclip.pipeline.zero_step import keep_step_on_device
