@@ -119,15 +119,22 @@ def make_open_clip_siglip():
     return lambda img, txt, scale, bias: crit(img, txt, scale.to(img.dtype), bias.to(img.dtype))
 
 
-def measure(fn, b, d, dtype, reps, warmup=2):
-    """(median fwd+bwd ms, peak memory above the inputs in GiB, loss), or a status string
-    ("oom", "error: ...")."""
-    torch.cuda.empty_cache()
+def inputs(b, d, dtype):
+    """The benchmark's inputs at B = ``b``: L2-normalised features [b, d] in ``dtype`` (seed 0),
+    scale 14.3 and bias -10 ([1], fp32), all requiring gradients."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     img = F.normalize(torch.randn(b, d, device="cuda", generator=gen), dim=-1).to(dtype).requires_grad_()
     txt = F.normalize(torch.randn(b, d, device="cuda", generator=gen), dim=-1).to(dtype).requires_grad_()
     scale = torch.full((1,), 14.3, device="cuda", requires_grad=True)
     bias = torch.full((1,), -10.0, device="cuda", requires_grad=True)
+    return img, txt, scale, bias
+
+
+def measure(fn, b, d, dtype, reps, warmup=2):
+    """(median fwd+bwd ms, peak memory above the inputs in GiB, loss), or a status string
+    ("oom", "error: ...")."""
+    torch.cuda.empty_cache()
+    img, txt, scale, bias = inputs(b, d, dtype)
     try:
         for _ in range(warmup):
             fn(img, txt, scale, bias).backward()
@@ -159,11 +166,7 @@ def profile(fn, b, d, dtype, path):
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    img = F.normalize(torch.randn(b, d, device="cuda", generator=gen), dim=-1).to(dtype).requires_grad_()
-    txt = F.normalize(torch.randn(b, d, device="cuda", generator=gen), dim=-1).to(dtype).requires_grad_()
-    scale = torch.full((1,), 14.3, device="cuda", requires_grad=True)
-    bias = torch.full((1,), -10.0, device="cuda", requires_grad=True)
+    img, txt, scale, bias = inputs(b, d, dtype)
     for _ in range(3):
         fn(img, txt, scale, bias).backward()
     torch.cuda.synchronize()
@@ -182,14 +185,11 @@ def host_profile(fn, b, d, calls=20):
     time by function, which is what bounds it at small B."""
     from profile_table import print_host_profile
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    img = F.normalize(torch.randn(b, d, device="cuda", generator=gen), dim=-1).bfloat16().requires_grad_()
-    txt = F.normalize(torch.randn(b, d, device="cuda", generator=gen), dim=-1).bfloat16().requires_grad_()
-    scale = torch.full((1,), 14.3, device="cuda", requires_grad=True)
+    img, txt, scale, bias = inputs(b, d, torch.bfloat16)
 
     def run():
         for _ in range(calls):
-            fn(img, txt, scale, None).backward()
+            fn(img, txt, scale, bias).backward()
         torch.cuda.synchronize()
 
     run()

@@ -111,15 +111,12 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
     if deepcompile:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # a graph per block
         engine.compile()
-    if on_device_step:
-        from infclip.pipeline.zero_step import keep_step_on_device
+    from infclip.pipeline.zero_step import keep_step_on_device, restore_deepspeed_mask
 
+    if on_device_step:
         print(f"# ZeRO step kept on the device: {keep_step_on_device(engine)}", flush=True)
     else:  # DeepSpeed's own mask back, in case an earlier row of this process replaced it
-        from deepspeed.runtime import utils as ds_utils
-        from deepspeed.runtime.zero import stage_1_and_2
-
-        stage_1_and_2.mask_nan_or_inf_with_val_inplace = ds_utils.mask_nan_or_inf_with_val_inplace
+        restore_deepspeed_mask()
     bad = misaligned_parameters(engine.module)
     if bad:
         print(f"# {len(bad)} parameters not 16-byte aligned, e.g. {bad[:3]}", flush=True)

@@ -186,7 +186,8 @@ class ModelConfig:
     """Hold each transformer block's weights in two parameter tensors (matrices, vectors) instead
     of 16: DeepSpeed's per-tensor host work in every step shrinks with the count (ViT-B/32: 399 ->
     63 tensors; ``pipeline/flat_params.py``). Checkpoints and exports keep the usual names. ZeRO
-    0-2, unlocked towers; not yet measured on a GPU, so off by default."""
+    0-2, unlocked towers. On an H200 (ViT-B/32, ZeRO-2): 1.28x at micro-batch 256, 1.045x at 1,024;
+    on in the vitb32 preset."""
 
     def __post_init__(self) -> None:
         self.vision = _sub(VisionTowerConfig, self.vision, "model.vision")

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["keep_step_on_device", "mask_nonfinite_", "clip_scale"]
+__all__ = ["keep_step_on_device", "restore_deepspeed_mask", "mask_nonfinite_", "clip_scale"]
 
 logger = logging.getLogger(__name__)
 
@@ -103,3 +103,12 @@ def keep_step_on_device(engine: Any) -> bool:
     _zero12_module().mask_nan_or_inf_with_val_inplace = mask_nonfinite_
     optimizer.unscale_and_clip_grads = types.MethodType(_unscale_and_clip_grads, optimizer)
     return True
+
+
+def restore_deepspeed_mask() -> None:
+    """Put DeepSpeed's own norm mask back in its ZeRO-1/2 module (the one process-wide piece
+    :func:`keep_step_on_device` replaces): for measuring DeepSpeed's step as written, after an
+    engine of the same process had its step kept on the device."""
+    from deepspeed.runtime import utils as ds_utils
+
+    _zero12_module().mask_nan_or_inf_with_val_inplace = ds_utils.mask_nan_or_inf_with_val_inplace

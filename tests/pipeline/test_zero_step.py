@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from infclip.pipeline.model import param_groups
-from infclip.pipeline.zero_step import clip_scale, keep_step_on_device, mask_nonfinite_
+from infclip.pipeline.zero_step import clip_scale, keep_step_on_device, mask_nonfinite_, restore_deepspeed_mask
 
 from .test_flat_params import loss_of, pair
 
@@ -85,7 +85,9 @@ def test_zero_engine_trains_to_the_same_bits(stage, monkeypatch):
     single_process_env()
     # DeepSpeed's own mask for the reference run (an engine built earlier in this process may
     # have replaced it); monkeypatch puts back whatever was there after the test
-    monkeypatch.setattr(stage_1_and_2, "mask_nan_or_inf_with_val_inplace", ds_utils.mask_nan_or_inf_with_val_inplace)
+    monkeypatch.setattr(stage_1_and_2, "mask_nan_or_inf_with_val_inplace", stage_1_and_2.mask_nan_or_inf_with_val_inplace)
+    restore_deepspeed_mask()
+    assert stage_1_and_2.mask_nan_or_inf_with_val_inplace is ds_utils.mask_nan_or_inf_with_val_inplace
     ds = {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 1.0,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "torch_adam": True}},
           "zero_optimization": {"stage": stage}}
