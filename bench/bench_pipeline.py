@@ -111,12 +111,18 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
     if deepcompile:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # a graph per block
         engine.compile()
-    from infclip.pipeline.zero_step import keep_step_on_device, restore_deepspeed_mask
+    from infclip.pipeline.zero_step import (keep_fetch_on_device, keep_step_on_device, restore_deepspeed_fetch,
+                                            restore_deepspeed_mask)
 
     if on_device_step:
         print(f"# ZeRO step kept on the device: {keep_step_on_device(engine)}", flush=True)
-    else:  # DeepSpeed's own mask back, in case an earlier row of this process replaced it
+        if zero == 3:
+            print(f"# ZeRO-3 fetch kept on the device: {keep_fetch_on_device()}", flush=True)
+    else:  # DeepSpeed's own pieces back, in case an earlier row of this process replaced them
         restore_deepspeed_mask()
+        restore_deepspeed_fetch()
+    if zero == 3 and impl != PLAIN:
+        engine.module.bind_flat_views_in_forward()
     bad = misaligned_parameters(engine.module)
     if bad:
         print(f"# {len(bad)} parameters not 16-byte aligned, e.g. {bad[:3]}", flush=True)
@@ -269,7 +275,7 @@ def throughput(args, rows):
     runs = [(zero, leaf, impl, ckpt, comp, flat, on_device) for zero in args.zero
             for leaf in (args.zero3_leaf if zero == 3 else [0]) for impl in impls
             for ckpt in args.grad_ckpt for comp in args.compile
-            for flat in (args.flat_parameters if zero < 3 and impl != PLAIN else [0])
+            for flat in (args.flat_parameters if impl != PLAIN else [0])
             for on_device in (args.on_device_step if zero in (1, 2) else [1])]
     for zero, leaf, impl, ckpt, comp, flat, on_device in runs:
         ckpt_v, comp_v = _flag(ckpt), _flag(comp)
@@ -427,7 +433,7 @@ def main(argv=None) -> int:
                                                                    "max-autotune-no-cudagraphs"])
     p.add_argument("--overlap_comm", type=int, default=1, choices=[0, 1], help="zero_optimization.overlap_comm")
     p.add_argument("--flat_parameters", type=int, nargs="+", default=[0], choices=[0, 1],
-                   help="model.flat_parameters of the pipeline rows (ZeRO 0-2): 0 1 runs both")
+                   help="model.flat_parameters of the pipeline rows: 0 1 runs both")
     p.add_argument("--on_device_step", type=int, nargs="+", default=[1], choices=[0, 1],
                    help="ZeRO-1/2 rows: the optimizer step without host waits (pipeline.zero_step, as "
                    "pipeline.train builds it) or as DeepSpeed wrote it (0); 0 1 runs both")

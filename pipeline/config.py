@@ -157,6 +157,10 @@ class RunConfig:
                               f"does not work with the chunked backbone ('train.chunk_size' {chunk} < micro-batch "
                               f"{micro}): its first pass keeps every chunk's features while the same graph replays "
                               "over them. Use compile_mode \"default\" there")
+        if self.model.flat_parameters and self.model.zero3_init and self.zero_stage == 3:
+            raise ConfigError(f"{self.source or 'config'}: 'model.flat_parameters' under ZeRO-3 needs "
+                              "'model.zero3_init': false (the blocks are flattened whole, then partitioned by "
+                              "deepspeed.initialize)")
 
     @property
     def micro_batch_size(self) -> int:

@@ -27,7 +27,7 @@ from infclip.ops.config import ConfigError
 
 from .config import RunConfig
 from .model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
-from .zero_step import keep_step_on_device
+from .zero_step import keep_fetch_on_device, keep_step_on_device
 
 __all__ = ["TrainEngine", "build_engine", "contrastive_batch", "export_final", "param_groups"]
 
@@ -120,8 +120,6 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
         raise ConfigError(f"{run_cfg.source}: an 'optimizer' section is required (DeepSpeed builds the optimizer)")
     torch.manual_seed(tcfg.seed)  # identical init on every rank
     zero3 = run_cfg.zero_stage == 3
-    if zero3 and model_cfg.flat_parameters:
-        raise ConfigError(f"{run_cfg.source}: 'model.flat_parameters' needs ZeRO stage 0-2, the config has stage 3")
     model = CLIPTowers.from_config(model_cfg, tokenizer,
                                    zero3_config=ds_config if zero3 and model_cfg.zero3_init else None)
     model.lock_towers()  # LiT: frozen parameters get requires_grad=False and stay out of param_groups
@@ -136,6 +134,9 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
                                           model_cfg.compile is not False)
     engine = _initialize(model, param_groups(model, tcfg.weight_decay_1d), engine_config, str(run_cfg.source))
     keep_step_on_device(engine)  # ZeRO-1/2 with bf16: no host waits in the optimizer step
+    if zero3:
+        keep_fetch_on_device()  # one rank: no device synchronisation per block fetched
+        engine.module.bind_flat_views_in_forward()  # after DeepSpeed's hooks: views of the gathered tensors
     misaligned = misaligned_parameters(engine.module)
     if misaligned:
         logger.warning("%d parameters do not start on a 16-byte boundary (slow GEMM and elementwise kernels), "

@@ -19,10 +19,17 @@ How:
   names (consolidated from ZeRO optimizer partitions) is turned into them by
   :func:`expand_flat_entries`.
 
-Limits: ZeRO stages 0-2 (ZeRO-3 partitions parameters and gathers them in its own hooks, after
-which the views would have to be bound: refused with a ConfigError); locked towers are refused
-too. On an H200, ViT-B/32 under ZeRO-2: 1.28x at micro-batch 256 (host-bound), 1.045x at 1,024
-(README "End to end"); on the CPU host, bench/bench_host_overhead.py.
+Under ZeRO-3 the flat tensors are partitioned and gathered block by block in DeepSpeed's module
+hooks, so the views cannot be bound before the forward: :func:`bind_in_forward` makes each block
+bind them inside its own forward (after DeepSpeed's gather) and drop them when it returns. A
+partitioned flat tensor is never bound (:func:`bind_views` skips it). The price: autograd keeps the
+views it saved for backward, so a block's gathered parameters stay in memory from its forward to
+its backward (as under ZeRO-2; gradients and optimizer states stay partitioned), and ZeRO-3's
+re-gather for the backward is not used. The towers must be built whole (``model.zero3_init``
+false) and partitioned by ``deepspeed.initialize``.
+
+Limits: locked towers are refused. On an H200, ViT-B/32 under ZeRO-2: 1.28x at micro-batch 256
+(host-bound), 1.045x at 1,024 (README "End to end"); on the CPU host, bench/bench_host_overhead.py.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from typing import Dict, List, Mapping, NamedTuple
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ALIGN", "bind_views", "expand_flat_entries", "flatten_block", "flat_blocks"]
+__all__ = ["ALIGN", "bind_in_forward", "bind_views", "expand_flat_entries", "flatten_block", "flat_blocks"]
 
 ALIGN = 64
 """Elements between the starts of two members of a flat tensor (128 bytes in bf16)."""
@@ -89,6 +96,7 @@ def flatten_block(block: nn.Module) -> int:
     block._flat_sizes = {name: _split_sizes(members, block._parameters[name].numel())
                          for name, members in layout.items()}
     block._flat_order = order
+    block._flat_numel = {name: block._parameters[name].numel() for name in layout}
     block.register_state_dict_post_hook(_write_original_names)
     block.register_load_state_dict_pre_hook(_read_original_names)
     _bind(block)
@@ -114,6 +122,8 @@ def _bind(block: nn.Module) -> None:
     # zero-filled copy of the whole flat tensor
     for name, members in block._flat_layout.items():
         flat = block._parameters[name]
+        if flat.numel() != block._flat_numel[name]:
+            continue  # partitioned by ZeRO-3: bound in the block's forward (bind_in_forward)
         pieces = flat.split(block._flat_sizes[name])
         for m, piece in zip(members, pieces[1::2]):
             # a plain attribute since flattening (not in _parameters): written straight into the
@@ -122,15 +132,52 @@ def _bind(block: nn.Module) -> None:
             m.module.__dict__[m.attr] = piece.view(m.shape)
 
 
+def _unbind(block: nn.Module) -> None:
+    for members in block._flat_layout.values():
+        for m in members:
+            m.module.__dict__.pop(m.attr, None)
+
+
 def bind_views(blocks: List[nn.Module]) -> None:
-    """Point every member attribute of ``blocks`` at its slice of the current flat tensors."""
+    """Point every member attribute of ``blocks`` at its slice of the current flat tensors
+    (flat tensors partitioned by ZeRO-3 are left to :func:`bind_in_forward`)."""
     for block in blocks:
         _bind(block)
+
+
+class BindingForward:
+    """A flat block's ``forward`` under ZeRO-3: binds the views to the flat tensors DeepSpeed's
+    forward pre-hook has just gathered, runs ``inner`` (the block's own forward, possibly
+    compiled), and drops the views, so that no module attribute keeps a gathered tensor alive
+    after the forward. Binding inside the forward (after the module's backward hooks are set up
+    on its inputs) also orders the backward: the split that carries the members' gradients to the
+    flat tensors runs before the hook on the block's inputs, where ZeRO-3 reduces a leaf module's
+    gradients."""
+
+    def __init__(self, block: nn.Module, inner) -> None:
+        self.block, self.inner = block, inner
+
+    def __call__(self, *args, **kwargs):
+        _bind(self.block)
+        try:
+            return self.inner(*args, **kwargs)
+        finally:
+            _unbind(self.block)
+
+
+def bind_in_forward(blocks: List[nn.Module]) -> None:
+    """Make each of ``blocks`` bind its views inside its forward (:class:`BindingForward`); call
+    once DeepSpeed's ZeRO-3 hooks are on the blocks."""
+    for block in blocks:
+        if not isinstance(block.forward, BindingForward):
+            block.forward = BindingForward(block, block.forward)
 
 
 def _write_original_names(block: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:
     # the block's own entries come last in state_dict when its hook runs: the original keys are
     # appended where the unflattened block would have written them
+    if any(state_dict[prefix + name].numel() != block._flat_numel[name] for name in block._flat_layout):
+        return  # partitioned by ZeRO-3 (its checkpoints keep the parameters in the optimizer's files)
     pieces = {}
     for name, members in block._flat_layout.items():
         flat = state_dict.pop(prefix + name)

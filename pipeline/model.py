@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from infclip.ops.config import ConfigError, parse_section, require_at_least
 
-from .flat_params import bind_views, flatten_block
+from .flat_params import BindingForward, bind_in_forward, bind_views, flatten_block
 
 __all__ = ["VisionTowerConfig", "TextTowerConfig", "ModelConfig", "CLIPTowers", "mark_zero3_leaf_layers",
            "activation_bytes", "forward_flops", "param_groups", "misaligned_parameters"]
@@ -185,9 +185,10 @@ class ModelConfig:
     flat_parameters: bool = False
     """Hold each transformer block's weights in two parameter tensors (matrices, vectors) instead
     of 16: DeepSpeed's per-tensor host work in every step shrinks with the count (ViT-B/32: 399 ->
-    63 tensors; ``pipeline/flat_params.py``). Checkpoints and exports keep the usual names. ZeRO
-    0-2, unlocked towers. On an H200 (ViT-B/32, ZeRO-2): 1.28x at micro-batch 256, 1.045x at 1,024;
-    on in the vitb32 preset."""
+    63 tensors; ``pipeline/flat_params.py``). Checkpoints and exports keep the usual names.
+    Unlocked towers; under ZeRO-3 with ``zero3_init`` false (a block's gathered weights then stay
+    in memory from its forward to its backward). On an H200 (ViT-B/32, ZeRO-2): 1.28x at
+    micro-batch 256, 1.045x at 1,024; on in the vitb32 preset."""
 
     def __post_init__(self) -> None:
         self.vision = _sub(VisionTowerConfig, self.vision, "model.vision")
@@ -484,7 +485,8 @@ class CLIPTowers(nn.Module):
 
         self.cfg = cfg
         if cfg.flat_parameters and zero3_config is not None:
-            raise ConfigError("'model.flat_parameters' needs ZeRO stage 0-2 (ZeRO-3 partitions the parameters)")
+            raise ConfigError("'model.flat_parameters' under ZeRO-3 needs 'model.zero3_init': false (the blocks "
+                              "are flattened whole, then partitioned by deepspeed.initialize)")
         if _towers is not None:
             self.vision, self.text = _towers
         else:
@@ -516,6 +518,12 @@ class CLIPTowers(nn.Module):
         self._flat_blocks: list[nn.Module] = _encoder_layers(self) if cfg.flat_parameters else []
         for block in self._flat_blocks:
             flatten_block(block)
+
+    def bind_flat_views_in_forward(self) -> None:
+        """Under ZeRO-3, once ``deepspeed.initialize`` has partitioned the parameters and put its
+        hooks on the blocks: each flat block binds its views in its own forward, after DeepSpeed's
+        gather (``pipeline.flat_params.bind_in_forward``). No-op without flat parameters."""
+        bind_in_forward(self._flat_blocks)
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
@@ -606,7 +614,10 @@ class CLIPTowers(nn.Module):
                 torch._dynamo.config.recompile_limit = limit
                 logger.info("torch._dynamo.config.recompile_limit raised to %d (one graph per block)", limit)
             for block in blocks:
-                block.forward = _compiled_while_training(block, block.forward, compile_fn)
+                if isinstance(block.forward, BindingForward):  # flat under ZeRO-3: the binding stays outside
+                    block.forward.inner = _compiled_while_training(block, block.forward.inner, compile_fn)
+                else:
+                    block.forward = _compiled_while_training(block, block.forward, compile_fn)
             self.compiled = "blocks"
         else:
             self._image_features = _compiled_while_training(self, self._image_features, compile_fn)

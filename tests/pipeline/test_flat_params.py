@@ -137,8 +137,86 @@ def test_compiled_flat_towers_keep_their_graphs_across_steps():
     assert flat.compiled == "towers" and first >= 2 and len(GRAPHS) == first
 
 
-def test_refused_with_zero3_and_with_locked_towers():
+def test_refused_with_zero3_init_and_with_locked_towers():
+    """Flat blocks are made from whole tensors: under ZeRO-3 the towers must not be built
+    partitioned (``zero3_init``), which the config's load says naming both keys."""
+    from infclip.pipeline.config import load_config
+
     with pytest.raises(ConfigError, match="does not support locked towers"):
         cfg(flat_parameters=True, lock_image=True)
-    with pytest.raises(ConfigError, match="needs ZeRO stage 0-2"):
+    with pytest.raises(ConfigError, match="needs 'model.zero3_init': false"):
         CLIPTowers(cfg(flat_parameters=True), eos_token_id=1, pad_token_id=0, zero3_config={"zero_optimization": {}})
+    base = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 3},
+            "data": {"train_shards": "shards/{0..1}.tar"}}
+    with pytest.raises(ConfigError, match=r"flat_parameters.*ZeRO-3.*zero3_init"):
+        load_config(data={**base, "model": {"flat_parameters": True}})
+    loaded = load_config(data={**base, "model": {"flat_parameters": True, "zero3_init": False}})
+    assert loaded.model.flat_parameters and loaded.zero_stage == 3
+    zero2 = load_config(data={**base, "zero_optimization": {"stage": 2}, "model": {"flat_parameters": True}})
+    assert zero2.model.zero3_init  # the default, which only ZeRO-3 reads
+
+
+def _zero3_run(model, steps=4, leaf=True):
+    """``model`` trained ``steps`` steps by a real ZeRO-3 engine (CPU, gloo): losses, and the
+    gathered state dict with the unflattened names."""
+    import deepspeed
+
+    from infclip.pipeline.model import mark_zero3_leaf_layers
+
+    ds = {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 1.0,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "torch_adam": True}},
+          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    if leaf:
+        mark_zero3_leaf_layers(model)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
+    engine.module.bind_flat_views_in_forward()
+    losses = []
+    for _ in range(steps):
+        loss = loss_of(engine)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+        state = {k: v.clone() for k, v in engine.module.state_dict().items()}
+    engine.destroy()
+    return losses, state
+
+
+@pytest.mark.parametrize("leaf", [True, False])
+def test_deepspeed_zero3_trains_the_flat_model_as_the_plain_one(leaf):
+    """ZeRO-3 partitions the flat tensors; each block binds its views after DeepSpeed's gather.
+    With leaf layers ZeRO-3 reduces a block's gradients in a hook on the block's inputs: the
+    flat tensors' gradients must be complete by then (a block reduced early would not train)."""
+    pytest.importorskip("deepspeed")
+    from infclip.pipeline.train import single_process_env
+
+    single_process_env()
+    (want_losses, want), (got_losses, got) = (_zero3_run(m, leaf=leaf) for m in pair())
+    assert got_losses[-1] < got_losses[0]
+    torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-6)
+    assert list(got) == list(want)
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_blocks_binding_in_forward_finish_their_gradients_before_the_input_hook():
+    """Where ZeRO-3 reduces a leaf block's gradients (a full backward hook: it fires with the
+    gradient of the block's inputs), the flat tensors' gradients must already be accumulated.
+    Views bound in a forward pre-hook would come after it; bound inside the forward, before."""
+    from infclip.pipeline.flat_params import BindingForward, bind_in_forward
+
+    _, flat = pair()
+    blocks, flat._flat_blocks = flat._flat_blocks, []  # as under ZeRO-3: no binding at the top
+    bind_in_forward(blocks)
+    bind_in_forward(blocks)  # idempotent
+    assert all(isinstance(b.forward, BindingForward) and not isinstance(b.forward.inner, BindingForward)
+               for b in blocks)
+    events = []
+    block = blocks[0]
+    block.register_full_backward_hook(lambda *_: events.append("input hook"))
+    for name in ("flat_matrices", "flat_vectors"):
+        block._parameters[name].register_post_accumulate_grad_hook(lambda p, name=name: events.append(name))
+    loss_of(flat).backward()
+    assert sorted(events[:2]) == ["flat_matrices", "flat_vectors"] and events[2:] == ["input hook"]
+    # no module attribute keeps a view (of a gathered tensor) after the forward
+    assert "weight" not in block.mlp.fc1.__dict__

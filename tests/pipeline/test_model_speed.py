@@ -151,13 +151,16 @@ def test_param_groups_keep_tower_weights_aligned_in_deepspeed(tmp_path):
 
 
 CALLS: list = []
+COMPILES: list = []
 
 
 def _aot_call_counting(gm, example_inputs):
     """aot_eager (the backward traced through AOTAutograd, as inductor does) that records each
-    forward graph call."""
+    graph compiled and each forward graph call."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
+
+    COMPILES.append(gm)
 
     def forward(fw, _inputs):
         return make_boxed_func(lambda *args: (CALLS.append(fw), fw(*args))[1])
@@ -165,10 +168,12 @@ def _aot_call_counting(gm, example_inputs):
     return aot_autograd(fw_compiler=forward, bw_compiler=lambda bw, _i: make_boxed_func(bw.forward))(gm, example_inputs)
 
 
-def test_zero3_runs_every_block_compiled():
+@pytest.mark.parametrize("flat", [False, True])
+def test_zero3_runs_every_block_compiled(flat):
     """Under ZeRO-3 each block (a DeepSpeed leaf module) is compiled apart, its parameter fetch
     outside the graph: with 12 blocks, more than dynamo's default recompile limit of 8, every
-    block of a training step runs a compiled graph, from the config the engine gets."""
+    block of a training step runs a compiled graph, from the config the engine gets. With flat
+    parameters the views are bound outside the compiled forward, after the fetch."""
     deepspeed = pytest.importorskip("deepspeed")
     import torch._dynamo
 
@@ -182,7 +187,7 @@ def test_zero3_runs_every_block_compiled():
     torch._dynamo.reset()
     # set and restored by hand: monkeypatch's undo left dynamo's config without the key
     limit, torch._dynamo.config.recompile_limit = torch._dynamo.config.recompile_limit, 8
-    c = cfg(compile=True, compile_backend="infclip_aot_counting",
+    c = cfg(compile=True, compile_backend="infclip_aot_counting", flat_parameters=flat,
             vision={"image_size": 40, "patch_size": 8, "hidden_size": 32, "layers": 6, "heads": 2,
                     "intermediate_size": 48},
             text={"context_length": 12, "hidden_size": 16, "layers": 6, "heads": 2, "vocab_size": 100})
@@ -192,13 +197,17 @@ def test_zero3_runs_every_block_compiled():
                                 "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}, True)
     assert ds["zero_optimization"]["memory_efficient_linear"] is False
     engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
+    engine.module.bind_flat_views_in_forward()
     try:
-        for _ in range(2):
+        for step in range(3):
             CALLS.clear()
             img, txt, scale, _ = engine(*batch(3))
             engine.backward((scale * (img @ txt.T)).logsumexp(dim=1).mean())
             engine.step()
             assert engine.module.compiled == "blocks" and len(CALLS) == 12
+            if step == 0:
+                compiled = len(COMPILES)
+        assert len(COMPILES) == compiled  # the new views of every step reuse the graphs
     finally:
         engine.destroy()
         torch._dynamo.config.recompile_limit = limit

@@ -147,3 +147,65 @@ def test_engine_defaults_take_deepspeeds_timer_waits_out_of_the_step(monkeypatch
         finally:
             engine.destroy()
     assert counts["deepspeed"] >= 4 and counts["defaults"] == 0, counts
+
+
+def _zero3_losses_and_state(model, steps=3):
+    from infclip.pipeline.model import mark_zero3_leaf_layers
+
+    ds = {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 1.0,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "torch_adam": True}},
+          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    mark_zero3_leaf_layers(model)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
+    try:
+        losses = []
+        for _ in range(steps):
+            loss = loss_of(engine)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+            return losses, {k: v.clone() for k, v in engine.module.state_dict().items()}
+    finally:
+        engine.destroy()
+
+
+def test_zero3_fetch_on_one_rank_does_not_synchronise(monkeypatch):
+    """ZeRO-3's fetch on one rank synchronises the device once per fetch (counted here through
+    the accelerator its fetch code calls, made to answer as a GPU's does); with
+    keep_fetch_on_device it does not, and a real ZeRO-3 engine trains to the same bits."""
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.runtime.zero import partition_parameters
+
+    from infclip.pipeline.train import single_process_env
+    from infclip.pipeline.zero_step import keep_fetch_on_device, restore_deepspeed_fetch
+
+    single_process_env()
+    waits = []
+
+    class GpuLike:  # the real accelerator, except for the two answers that make a GPU's fetch wait
+        def __getattr__(self, name):
+            return getattr(get_accelerator(), name)
+
+        def resolves_data_dependency(self):
+            return False
+
+        def current_stream(self, *args, **kwargs):
+            return types.SimpleNamespace(synchronize=lambda: waits.append(1), wait_stream=lambda other: None)
+
+    monkeypatch.setattr(partition_parameters, "get_accelerator", GpuLike)
+    runs = {}
+    try:
+        for on_device in (False, True):
+            restore_deepspeed_fetch()
+            if on_device:
+                assert keep_fetch_on_device()
+            waits.clear()
+            runs[on_device] = _zero3_losses_and_state(pair()[1]), len(waits)
+    finally:
+        restore_deepspeed_fetch()
+    ((l0, s0), w0), ((l1, s1), w1) = runs[False], runs[True]
+    assert w0 >= 3 * 5 and w1 == 0, (w0, w1)  # at least one wait per block and step (5 blocks, 3 steps)
+    assert l1 == l0
+    for name, value in s0.items():
+        assert torch.equal(s1[name], value), name
