@@ -176,32 +176,39 @@ def _clip_backward(grad, img, txt, scale, row_lse, col_lse, aux, logits, eps, im
                    tf32):
     """Returns (d_img, d_txt in the features' dtype, d_scale fp32 [])."""
     n = img.shape[0]
-    coef = grad / (2 * n)
-    k = coef * scale
     labels = dict(diag=0, diag_value=2 * (1 - eps), offset=2 * eps / n)
     ref = aux[:n]
-    if impl == "triton":
-        # k folded into P before its rounding: the GEMMs write the final gradients. Not for
-        # fp16, whose range would flush k P (~1e-9) to zero: there k multiplies fp32 results.
-        fold = img.dtype != torch.float16
-        d_img, d_txt = _triton().clip_grads_triton(
-            img, txt, scale, row_lse, col_lse, ref, **labels, coef=k if fold else None,
-            logits=logits if logits.numel() else None, band=bm,
-            out_dtype=img.dtype if fold else torch.float32, allow_tf32=tf32)
-        if not fold:
-            d_img, d_txt = d_img.mul_(k), d_txt.mul_(k)
+    if impl == "triton" and img.dtype != torch.float16:
+        # k = coef s folded into P before its rounding: the GEMMs write the final gradients. The
+        # kernel takes coef = g / (2B), k and d_scale = coef aux[B] itself (no torch launches).
+        d_img, d_txt, d_scale = _triton().clip_grads_triton(
+            img, txt, scale, row_lse, col_lse, ref, **labels, coef=grad, coef_mul=1 / (2 * n),
+            coef_scale=True, dscale_from=aux, dscale_index=n,
+            logits=logits if logits.numel() else None, band=bm, out_dtype=img.dtype,
+            allow_tf32=tf32)
     else:
-        # dI is finished band by band (no [B, D] fp32 buffer), dT in place on its fp32 sum.
-        d_img = torch.empty_like(img)
+        coef = grad / (2 * n)
+        k = coef * scale
+        if impl == "triton":
+            # fp16, whose range would flush k P (~1e-9) to zero: k multiplies the fp32 results
+            d_img, d_txt = _triton().clip_grads_triton(
+                img, txt, scale, row_lse, col_lse, ref, **labels,
+                logits=logits if logits.numel() else None, band=bm, out_dtype=torch.float32,
+                allow_tf32=tf32)
+            d_img, d_txt = d_img.mul_(k), d_txt.mul_(k)
+        else:
+            # dI is finished band by band (no [B, D] fp32 buffer), dT in place on its fp32 sum.
+            d_img = torch.empty_like(img)
 
-        def finish_img(i0, i1, rows):
-            d_img[i0:i1] = rows.mul_(k)
+            def finish_img(i0, i1, rows):
+                d_img[i0:i1] = rows.mul_(k)
 
-        _, d_txt = clip_grads(img, txt, scale, row_lse, col_lse, ref, **labels, impl=impl, block_m=bm,
-                              block_n=bn, allow_tf32=tf32, sink_a=finish_img)
-        d_txt.mul_(k)
-    d_scale = coef * aux[n]
+            _, d_txt = clip_grads(img, txt, scale, row_lse, col_lse, ref, **labels, impl=impl,
+                                  block_m=bm, block_n=bn, allow_tf32=tf32, sink_a=finish_img)
+            d_txt.mul_(k)
+        d_scale = coef * aux[n]
     if eps:
+        coef = grad / (2 * n)
         d_scale = d_scale + coef * 2 * eps * (aux[n + 1] - torch.dot(_colsum(img), _colsum(txt)) / n)
     return d_img, d_txt, d_scale
 
@@ -224,16 +231,18 @@ def _siglip_forward(img, txt, scale, bias, impl, bm, bn, tf32, keep):
 
 def _siglip_backward(grad, img, txt, scale, bias, logits, impl, bm, bn, tf32):
     coef = grad / img.shape[0]
-    k = coef * scale
     if impl == "triton":
         fold = img.dtype != torch.float16  # see _clip_backward
+        # k = coef s folded into G before its rounding, taken in the kernel
         d_img, d_txt, gsum, gwsum = _triton().siglip_grads_triton(
-            img, txt, scale, bias, 0, coef=k if fold else None,
+            img, txt, scale, bias, 0, coef=coef if fold else None, coef_scale=fold,
             logits=logits if logits.numel() else None, band=bm,
             out_dtype=img.dtype if fold else torch.float32, allow_tf32=tf32)
         if not fold:
+            k = coef * scale
             d_img, d_txt = d_img.mul_(k), d_txt.mul_(k)
         return d_img, d_txt, coef * gwsum, coef * gsum
+    k = coef * scale
     d_img = torch.empty_like(img)
 
     def finish_img(i0, i1, rows):
@@ -278,7 +287,7 @@ def _contrastive_loss_op(image_features: Tensor, text_features: Tensor, logit_sc
     bias = logit_bias.detach().float().reshape(())
     value, logits = _siglip_forward(image_features, text_features, scale, bias, impl, block_m,
                                     block_n, allow_tf32, keep)
-    return value, value.new_zeros(0), value.new_zeros(0), value.new_zeros(0), logits
+    return value, value.new_empty(0), value.new_empty(0), value.new_empty(0), logits
 
 
 @torch.library.register_fake("infclip::contrastive_loss", lib=_LIB)
@@ -307,7 +316,7 @@ def _contrastive_loss_backward_op(grad: Tensor, image_features: Tensor, text_fea
         d_img, d_txt, d_scale = _clip_backward(g, image_features, text_features, scale, row_lse,
                                                col_lse, aux, logits, label_smoothing, impl,
                                                block_m, block_n, allow_tf32)
-        d_bias = logit_scale.new_zeros(0)
+        d_bias = logit_scale.new_empty(0)
     else:
         bias = logit_bias.detach().float().reshape(())
         d_img, d_txt, d_scale, d_bias = _siglip_backward(g, image_features, text_features, scale,
@@ -327,33 +336,55 @@ def _(grad, image_features, text_features, logit_scale, logit_bias, row_lse, col
             torch.empty_like(logit_scale), d_bias)
 
 
-def _setup_context(ctx, inputs, output):
-    (image_features, text_features, logit_scale, logit_bias, loss, impl, label_smoothing, block_m,
-     block_n, allow_tf32, *_budget) = inputs
-    _, row_lse, col_lse, aux, logits = output
-    # the four outputs besides the loss only feed the backward: without this autograd would
-    # allocate and zero-fill a gradient for each of them (the [B, B] logits among them) per call
-    ctx.mark_non_differentiable(row_lse, col_lse, aux, logits)
-    ctx.set_materialize_grads(False)
-    ctx.save_for_backward(image_features, text_features, logit_scale, logit_bias, row_lse, col_lse,
-                          aux, logits)
-    ctx.options = (loss, impl, label_smoothing, block_m, block_n, allow_tf32)
+class _ContrastiveLossFunction(torch.autograd.Function):
+    """The op's autograd: runs the op below autograd and saves what its backward op needs.
+
+    Hand-written rather than torch.library.register_autograd, whose per-call Python (argument
+    defaults filled back in, pytree work, a generated Function with metadata) showed in the
+    host profile at B = 1,024 (bench_contrastive_loss.py --host-profile). ``args`` are the op's
+    arguments as the dispatcher passes them: ``logits_budget_mb`` is left out when it equals
+    its default. Once differentiable: the backward op has no derivative."""
+
+    @staticmethod
+    def forward(ctx, keyset, *args):
+        with torch._C._AutoDispatchBelowAutograd():
+            out = _OP.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+        image_features, text_features, logit_scale, logit_bias = args[:4]
+        _, row_lse, col_lse, aux, logits = out
+        # the four outputs besides the loss only feed the backward: without this autograd would
+        # allocate and zero-fill a gradient for each of them (the [B, B] logits among them) per call
+        ctx.mark_non_differentiable(row_lse, col_lse, aux, logits)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(image_features, text_features, logit_scale, logit_bias, row_lse,
+                              col_lse, aux, logits)
+        ctx.options = args[4:10]  # loss, impl, label_smoothing, block_m, block_n, allow_tf32
+        ctx.count = len(args)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_loss, *_grad_saved):
+        (image_features, text_features, logit_scale, logit_bias, row_lse, col_lse, aux,
+         logits) = ctx.saved_tensors
+        d_img, d_txt, d_scale, d_bias = _OP_BACKWARD(
+            grad_loss, image_features, text_features, logit_scale, logit_bias, row_lse, col_lse,
+            aux, logits, *ctx.options)
+        return ((None, d_img, d_txt, d_scale, d_bias if logit_bias is not None else None)
+                + (None,) * (ctx.count - 4))
 
 
-def _backward(ctx, grad_loss, _grad_row, _grad_col, _grad_aux, _grad_logits):
-    (image_features, text_features, logit_scale, logit_bias, row_lse, col_lse, aux,
-     logits) = ctx.saved_tensors
-    d_img, d_txt, d_scale, d_bias = torch.ops.infclip.contrastive_loss_backward(
-        grad_loss, image_features, text_features, logit_scale, logit_bias, row_lse, col_lse, aux,
-        logits, *ctx.options)
-    return (d_img, d_txt, d_scale, (d_bias if logit_bias is not None else None), None, None, None,
-            None, None, None, None)
+def _autograd_kernel(keyset, *args):
+    """The op's Autograd kernel: a graph node only when a gradient can flow."""
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args[:4]):
+        return _ContrastiveLossFunction.apply(keyset, *args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return _OP.redispatch(keyset & torch._C._after_autograd_keyset, *args)
 
 
 _LIB.impl("contrastive_loss", _contrastive_loss_op, "CompositeExplicitAutograd")
 _LIB.impl("contrastive_loss_backward", _contrastive_loss_backward_op, "CompositeExplicitAutograd")
-torch.library.register_autograd("infclip::contrastive_loss", _backward,
-                                setup_context=_setup_context, lib=_LIB)
+_LIB.impl("contrastive_loss", _autograd_kernel, "Autograd", with_keyset=True)
+_OP = torch.ops.infclip.contrastive_loss.default
+_OP_BACKWARD = torch.ops.infclip.contrastive_loss_backward.default
 
 
 # ----------------------------------------------------------------------------------------------
@@ -475,7 +506,7 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
             image_features, text_features, logit_scale, logit_bias, scheme=scheme, loss=loss,
             impl=impl_run, label_smoothing=label_smoothing, allow_tf32=allow_tf32,
             block_m=block_m, block_n=block_n, grad_reduction=grad_reduction)
-    out = torch.ops.infclip.contrastive_loss(
+    out = _OP(
         image_features, text_features, logit_scale, logit_bias if loss == "siglip" else None, loss,
         impl_run, float(label_smoothing), int(block_m), int(block_n), bool(allow_tf32),
         float(logits_budget_mb))

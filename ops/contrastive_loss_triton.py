@@ -37,6 +37,8 @@ GEMMs in fp32 there); bf16 needs a GPU.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 from typing import Callable
 
@@ -282,17 +284,34 @@ def _load_tile(S, stride_s, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     return offs_m, offs_n, mask_m, mask_n, valid, x.to(tl.float32)
 
 
+@triton.jit
+def _grad_coef(scale, coef_ptr, coef_mul, dscale_src, dscale_dst, COEF_SCALE: tl.constexpr,
+               DSCALE: tl.constexpr):
+    """The factor folded into a gradient tile: c = coef coef_mul, times scale if COEF_SCALE. With
+    DSCALE the first program also writes dscale_dst = c dscale_src (before the scale factor):
+    the single-device CLIP backward's d scale, with no torch launch for either."""
+    coef = tl.load(coef_ptr) * coef_mul
+    if DSCALE:
+        first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
+        tl.store(dscale_dst, coef * tl.load(dscale_src), mask=first)
+    if COEF_SCALE:
+        coef = coef * scale
+    return coef
+
+
 # CLIP gradient tile: P_ij = coef (exp(S_ij - r_i) + exp(S_ij - c_j) - diag_value [i - j == diag]
 #   - offset), r, c: final row / column LSEs, written over S' (P may be S: in place). The label
 # terms are taken before the rounding to the buffer's dtype (P is close to them once the model
 # learns). On the positive pairs S' is row_ref_i, the value the forward's LSEs were taken
-# against (not the GEMM's rounding of it), so P_ii is consistent with the loss.
+# against (not the GEMM's rounding of it), so P_ii is consistent with the loss. coef: _grad_coef.
 @triton.jit
 def _clip_grad_store(x, offs_m, offs_n, mask_m, mask_n, valid, P, stride_p, scale_ptr, coef_ptr,
-                     row_lse, col_lse, row_ref, diag, diag_value, offset):
+                     coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag, diag_value,
+                     offset, COEF_SCALE: tl.constexpr, DSCALE: tl.constexpr):
     """coef P of an S' tile (fp32, 0 outside ``valid``) stored into P at its offsets."""
-    scale2 = tl.load(scale_ptr) * 1.4426950408889634
-    coef = tl.load(coef_ptr)
+    scale = tl.load(scale_ptr)
+    scale2 = scale * 1.4426950408889634
+    coef = _grad_coef(scale, coef_ptr, coef_mul, dscale_src, dscale_dst, COEF_SCALE, DSCALE)
     r2 = tl.load(row_lse + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
     c2 = tl.load(col_lse + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
     rr = tl.load(row_ref + offs_m, mask=mask_m, other=0.0)
@@ -305,22 +324,25 @@ def _clip_grad_store(x, offs_m, offs_n, mask_m, mask_n, valid, P, stride_p, scal
 
 
 @triton.jit
-def _clip_grad_kernel(S, P, stride_s, M, N, scale_ptr, coef_ptr, row_lse, col_lse, row_ref, diag,
-                      diag_value, offset, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _clip_grad_kernel(S, P, stride_s, M, N, scale_ptr, coef_ptr, coef_mul, dscale_src, dscale_dst,
+                      row_lse, col_lse, row_ref, diag, diag_value, offset, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, COEF_SCALE: tl.constexpr, DSCALE: tl.constexpr):
     offs_m, offs_n, mask_m, mask_n, valid, x = _load_tile(S, stride_s, M, N, BLOCK_M, BLOCK_N)
     _clip_grad_store(x, offs_m, offs_n, mask_m, mask_n, valid, P, stride_s, scale_ptr, coef_ptr,
-                     row_lse, col_lse, row_ref, diag, diag_value, offset)
+                     coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag, diag_value,
+                     offset, COEF_SCALE, DSCALE)
 
 
 # SigLIP gradient tile: P_ij = coef G_ij, G = -z sigmoid(-z x), x = S + bias (P may be S); and
 # per row gsum_i += sum_j G_ij, gwsum_i += sum_j G_ij S'_ij (for d bias and d scale).
 @triton.jit
 def _siglip_grad_store(x, offs_m, offs_n, mask_m, valid, P, stride_p, scale_ptr, bias_ptr, coef_ptr,
-                       gsum, gwsum, diag):
-    """coef G of an S' tile stored into P, and the tile's per-row sums added to gsum / gwsum."""
+                       gsum, gwsum, diag, COEF_SCALE: tl.constexpr):
+    """coef G of an S' tile stored into P, and the tile's per-row sums added to gsum / gwsum
+    (coef: _grad_coef, coef_mul 1)."""
     scale = tl.load(scale_ptr)
     bias = tl.load(bias_ptr)
-    coef = tl.load(coef_ptr)
+    coef = _grad_coef(scale, coef_ptr, 1.0, coef_ptr, coef_ptr, COEF_SCALE, False)
     z = tl.where((offs_m[:, None] - offs_n[None, :]) == diag, 1.0, -1.0)
     g = tl.where(valid, -z * tl.sigmoid(-z * (x * scale + bias)), 0.0)
     tl.atomic_add(gsum + offs_m, tl.sum(g, axis=1), mask=mask_m, sem="relaxed")
@@ -331,10 +353,10 @@ def _siglip_grad_store(x, offs_m, offs_n, mask_m, valid, P, stride_p, scale_ptr,
 
 @triton.jit
 def _siglip_grad_kernel(S, P, stride_s, M, N, scale_ptr, bias_ptr, coef_ptr, gsum, gwsum, diag,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COEF_SCALE: tl.constexpr):
     offs_m, offs_n, mask_m, mask_n, valid, x = _load_tile(S, stride_s, M, N, BLOCK_M, BLOCK_N)
     _siglip_grad_store(x, offs_m, offs_n, mask_m, valid, P, stride_s, scale_ptr, bias_ptr, coef_ptr,
-                       gsum, gwsum, diag)
+                       gsum, gwsum, diag, COEF_SCALE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -428,25 +450,28 @@ def _siglip_stats_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, scale_ptr, bi
 # CLIP gradient block of one tile into P (as _clip_grad_kernel, from the fp32 tile).
 @triton.jit
 def _clip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, scale_ptr, coef_ptr,
-                            row_lse, col_lse, row_ref, diag, diag_value, offset,
+                            coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag,
+                            diag_value, offset, COEF_SCALE: tl.constexpr, DSCALE: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
     offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
         A, Bm, stride_a, stride_b, M, N, D, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION)
     _clip_grad_store(x, offs_m, offs_n, mask_m, mask_n, inside, P, stride_p, scale_ptr, coef_ptr,
-                     row_lse, col_lse, row_ref, diag, diag_value, offset)
+                     coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag, diag_value,
+                     offset, COEF_SCALE, DSCALE)
 
 
 # SigLIP gradient block of one tile into P, with the per-row sums (as _siglip_grad_kernel).
 @triton.jit
 def _siglip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, scale_ptr, bias_ptr,
-                              coef_ptr, gsum, gwsum, diag, BLOCK_M: tl.constexpr,
-                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                              EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
+                              coef_ptr, gsum, gwsum, diag, COEF_SCALE: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+                              PRECISION: tl.constexpr):
     offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
         A, Bm, stride_a, stride_b, M, N, D, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION)
     _siglip_grad_store(x, offs_m, offs_n, mask_m, inside, P, stride_p, scale_ptr, bias_ptr, coef_ptr,
-                       gsum, gwsum, diag)
+                       gsum, gwsum, diag, COEF_SCALE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -558,29 +583,59 @@ def _pipeline(bands, a, gemm: Callable, kernel: Callable, finish: Callable, bufs
     main.wait_stream(side)
 
 
+def _cdiv(x: int, y: int) -> int:
+    """ceil(x / y) for ints (triton.cdiv is a constexpr function: ~1 us a call on the host)."""
+    return -(-x // y)
+
+
+@functools.lru_cache(maxsize=256)
+def _fused_config(tiles, m: int, n: int, d: int, fp32: bool, allow_tf32: bool):
+    """(grid, meta-parameters) of a fused kernel over an [m, n] block with K = d (per shape,
+    computed once)."""
+    block_m, block_n, block_k, group_m, warps, stages = tiles
+    if fp32 and not _INTERPRET:  # fp32 tiles: half the K depth, same shared memory
+        block_k, stages = min(block_k, 32), min(stages, 3)
+    grid = (_cdiv(m, block_m) * _cdiv(n, block_n),)
+    meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
+                EVEN_K=d % block_k == 0, PRECISION="tf32" if allow_tf32 or not fp32 else "ieee",
+                num_warps=warps, num_stages=stages)
+    return grid, meta
+
+
 def _fused(kernel, a, b, tiles, allow_tf32, *args) -> None:
     """Launches a fused kernel over all tiles of a b^T (a: [M, D], b: [N, D]) with ``args``
     after (A, Bm, strides, M, N, D)."""
-    block_m, block_n, block_k, group_m, warps, stages = tiles
-    if a.element_size() == 4 and not _INTERPRET:  # fp32 tiles: half the K depth, same shared memory
-        block_k, stages = min(block_k, 32), min(stages, 3)
     (m, d), n = a.shape, b.shape[0]
-    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
-    precision = "tf32" if allow_tf32 or a.dtype != torch.float32 else "ieee"
-    kernel[grid](a, b, a.stride(0), b.stride(0), m, n, d, *args, BLOCK_M=block_m, BLOCK_N=block_n,
-                 BLOCK_K=block_k, GROUP_M=group_m, EVEN_K=d % block_k == 0, PRECISION=precision,
-                 num_warps=warps, num_stages=stages)
+    grid, meta = _fused_config(tiles, m, n, d, a.dtype == torch.float32, allow_tf32)
+    kernel[grid](a, b, a.stride(0), b.stride(0), m, n, d, *args, **meta)
 
 
 def _prep(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+_ONES: dict = {}
+
+
 def _scalar(x, device) -> torch.Tensor:
-    """A device fp32 [1] tensor from a tensor or a Python number (no host sync either way)."""
+    """A device fp32 one-element tensor from a tensor or a Python number (no host sync either
+    way); an fp32 tensor on ``device`` is passed as it is (the kernels read one element)."""
     if isinstance(x, torch.Tensor):
+        if x.dtype == torch.float32 and x.device == device:
+            return x
         return x.detach().to(device=device, dtype=torch.float32).reshape(1)
+    if x == 1.0:  # coef=None: one cached constant per device, never written
+        one = _ONES.get(device)
+        if one is None:
+            one = _ONES[device] = torch.ones(1, device=device, dtype=torch.float32)
+        return one
     return torch.full((1,), float(x), device=device, dtype=torch.float32)
+
+
+def _precision(a: torch.Tensor, allow_tf32: bool):
+    """matmul_precision for fp32 features; a no-op for bf16/fp16 GEMMs, which the TF32 switches
+    do not touch (saves setting and restoring four global flags per band loop)."""
+    return matmul_precision(allow_tf32) if a.dtype == torch.float32 else contextlib.nullcontext()
 
 
 def _logits(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -607,22 +662,24 @@ def _addmm_(acc: torch.Tensor, p: torch.Tensor, x: torch.Tensor) -> None:
         acc.addmm_(p.float(), x.float())
 
 
+@functools.lru_cache(maxsize=256)
 def _row_grid(m: int, n: int, device) -> tuple[tuple[int, int], int]:
     """Row-stats grid (row blocks, column spans) and the span width (a multiple of the tile)."""
-    grid_m = triton.cdiv(m, _STATS_M)
-    tiles_n = triton.cdiv(n, _STATS_N)
-    spans = max(1, min(tiles_n, triton.cdiv(_programs_wanted(device), grid_m)))
-    cols = triton.cdiv(tiles_n, spans) * _STATS_N
-    return (grid_m, triton.cdiv(n, cols)), cols
+    grid_m = _cdiv(m, _STATS_M)
+    tiles_n = _cdiv(n, _STATS_N)
+    spans = max(1, min(tiles_n, _cdiv(_programs_wanted(device), grid_m)))
+    cols = _cdiv(tiles_n, spans) * _STATS_N
+    return (grid_m, _cdiv(n, cols)), cols
 
 
+@functools.lru_cache(maxsize=256)
 def _col_grid(m: int, n: int, device) -> tuple[tuple[int, int], int]:
     """Column-stats grid (column strips, row spans) and the span height."""
-    grid_n = triton.cdiv(n, _COLS_N)
-    tiles_m = triton.cdiv(m, _COLS_M)
-    spans = max(1, min(tiles_m, triton.cdiv(_programs_wanted(device), grid_n)))
-    rows = triton.cdiv(tiles_m, spans) * _COLS_M
-    return (grid_n, triton.cdiv(m, rows)), rows
+    grid_n = _cdiv(n, _COLS_N)
+    tiles_m = _cdiv(m, _COLS_M)
+    spans = max(1, min(tiles_m, _cdiv(_programs_wanted(device), grid_n)))
+    rows = _cdiv(tiles_m, spans) * _COLS_M
+    return (grid_n, _cdiv(m, rows)), rows
 
 
 def _step(m: int, n: int, d: int, keep: bool, band: int) -> int:
@@ -647,13 +704,15 @@ def clip_prologue_triton(a, b, scale, margin):
     f32 = dict(device=a.device, dtype=torch.float32)
     zeroed = torch.zeros(4 * m + 2, **f32)
     sums, norm_max = zeroed[: 4 * m], zeroed[4 * m:]
-    work = torch.empty(4 * m, **f32)
-    aux = torch.empty(m + 2, **f32)
-    norm_a, norm_b, row_shift, col_shift = work.view(4, m).unbind(0)
-    _clip_prologue_kernel[(triton.cdiv(m, _PRO_M),)](
+    # one allocation: aux first (an output of the registered op: storage offset 0, as its fake
+    # kernel says), then the norms and shifts
+    work = torch.empty(5 * m + 2, **f32)
+    aux = work[: m + 2]
+    norm_a, norm_b, row_shift, col_shift = work[m + 2:].view(4, m).unbind(0)
+    _clip_prologue_kernel[(_cdiv(m, _PRO_M),)](
         a, b, a.stride(0), b.stride(0), m, d, aux, norm_a, norm_b, norm_max, BLOCK_M=_PRO_M,
         BLOCK_D=_PRO_D, num_warps=4)
-    _clip_shift_kernel[(triton.cdiv(m, _VEC),)](
+    _clip_shift_kernel[(_cdiv(m, _VEC),)](
         _scalar(scale, a.device), aux, norm_a, norm_b, norm_max, row_shift, col_shift, m,
         float(margin), BLOCK=_VEC, num_warps=4)
     return row_shift, col_shift, aux, sums
@@ -678,7 +737,7 @@ def _run_stats(a, b, keep_logits, band, allow_tf32, kernel: Callable):
     bands are in the features' dtype. Returns the kept matrix or None."""
     m, d = a.shape
     n = b.shape[0]
-    with matmul_precision(allow_tf32):
+    with _precision(a, allow_tf32):
         if keep_logits:
             s = _mm(a, b.T, torch.float32)
             kernel(s, 0, m)
@@ -770,7 +829,7 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
             _logits(a[r0:r1], b, buf)
         return buf
 
-    with matmul_precision(allow_tf32):
+    with _precision(a, allow_tf32):
         if step >= m:  # one band: two plain GEMMs, no fp32 accumulator
             s = logits if keep else block(0, m, torch.empty(m, n, device=a.device, dtype=a.dtype))
             p = torch.empty(m, n, device=a.device, dtype=a.dtype) if keep else s
@@ -810,46 +869,58 @@ def _band_buffers(a, n, step, count):
     return [torch.empty(step, n, device=a.device, dtype=a.dtype) for _ in range(2 if two else 1)]
 
 
+@functools.lru_cache(maxsize=256)
 def _grad_grid(m, n):
-    return (triton.cdiv(m, _GRAD_M), triton.cdiv(n, _GRAD_N))
+    return (_cdiv(m, _GRAD_M), _cdiv(n, _GRAD_N))
 
 
 def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_value=0.0,
-                      offset=0.0, coef=None, logits=None, band=0, out_dtype=torch.float32,
+                      offset=0.0, coef=None, coef_mul=1.0, coef_scale=False, dscale_from=None,
+                      dscale_index=0, logits=None, band=0, out_dtype=torch.float32,
                       allow_tf32=False, sink_a=None):
-    """(coef P @ b, coef P^T @ a) in ``out_dtype`` (see ops/contrastive_loss.clip_grads).
+    """(k P @ b, k P^T @ a) in ``out_dtype`` (see ops/contrastive_loss.clip_grads), k folded into
+    P before its rounding: k = c scale if ``coef_scale`` else c, c = coef coef_mul.
 
-    coef: None (1) or an fp32 [] / [1] device tensor folded into P before its rounding;
-    logits: the kept [M, N] S' of the forward instead of a recompute (read, not written).
+    coef: None (1) or an fp32 one-element device tensor; logits: the kept [M, N] S' of the
+    forward instead of a recompute (read, not written). dscale_from: an fp32 device tensor;
+    then the kernel also computes c dscale_from[dscale_index] (the single-device d scale) and
+    the result is (grad_a, grad_b, that fp32 [] tensor).
     """
     a, b = _prep(a), _prep(b)
-    scale_t = _scalar(scale, a.device)
-    coef_t = _scalar(1.0 if coef is None else coef, a.device)
+    dev = a.device
+    scale_t = _scalar(scale, dev)
+    coef_t = _scalar(1.0 if coef is None else coef, dev)
     r, c, ref = (t.float().contiguous() for t in (row_lse, col_lse, row_ref))
+    if dscale_from is None:
+        src = dst = scale_t  # not touched (DSCALE off)
+    else:
+        src, dst = dscale_from[dscale_index:], torch.empty((), device=dev, dtype=torch.float32)
+    flags = dict(COEF_SCALE=bool(coef_scale), DSCALE=dscale_from is not None)
+    label_args = (int(diag), float(diag_value), float(offset))
 
     def fill(s, p, r0, r1):
         _clip_grad_kernel[_grad_grid(r1 - r0, s.shape[1])](
-            s, p, s.stride(0), r1 - r0, s.shape[1], scale_t, coef_t, r[r0:r1], c, ref[r0:r1],
-            int(diag) - r0,
-            float(diag_value), float(offset), BLOCK_M=_GRAD_M, BLOCK_N=_GRAD_N,
-            num_warps=_GRAD_WARPS)
+            s, p, s.stride(0), r1 - r0, s.shape[1], scale_t, coef_t, float(coef_mul), src, dst,
+            r[r0:r1], c, ref[r0:r1], label_args[0] - r0, *label_args[1:], BLOCK_M=_GRAD_M,
+            BLOCK_N=_GRAD_N, num_warps=_GRAD_WARPS, **flags)
 
     def fused_fill(r0, r1, p):
         _fused(_clip_grad_fused_kernel, a[r0:r1], b, _FUSED_GRAD, allow_tf32, p, p.stride(0),
-               scale_t, coef_t, r[r0:r1], c, ref[r0:r1], int(diag) - r0, float(diag_value),
-               float(offset))
+               scale_t, coef_t, float(coef_mul), src, dst, r[r0:r1], c, ref[r0:r1],
+               label_args[0] - r0, *label_args[1:], *flags.values())
 
-    return _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a)
+    grads = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a)
+    return grads if dscale_from is None else (*grads, dst)
 
 
-def siglip_grads_triton(a, b, scale, bias, diag=0, *, coef=None, logits=None, band=0,
-                        out_dtype=torch.float32, allow_tf32=False, sink_a=None):
-    """(coef G @ b, coef G^T @ a, sum(G), sum(G * S')): gradients in ``out_dtype``, the two sums
-    fp32 [] without coef (see ops/contrastive_loss.siglip_grads)."""
+def siglip_grads_triton(a, b, scale, bias, diag=0, *, coef=None, coef_scale=False, logits=None,
+                        band=0, out_dtype=torch.float32, allow_tf32=False, sink_a=None):
+    """(k G @ b, k G^T @ a, sum(G), sum(G * S')): gradients in ``out_dtype``, the two sums
+    fp32 [] without k (see ops/contrastive_loss.siglip_grads); k = coef (None: 1), times scale
+    if ``coef_scale`` (taken in the kernel)."""
     a, b = _prep(a), _prep(b)
     m = a.shape[0]
-    f32 = dict(device=a.device, dtype=torch.float32)
-    gsum, gwsum = torch.zeros(m, **f32), torch.zeros(m, **f32)
+    gsum, gwsum = torch.zeros(2, m, device=a.device, dtype=torch.float32).unbind(0)
     scale_t, bias_t = _scalar(scale, a.device), _scalar(bias, a.device)
     coef_t = _scalar(1.0 if coef is None else coef, a.device)
 
@@ -857,11 +928,12 @@ def siglip_grads_triton(a, b, scale, bias, diag=0, *, coef=None, logits=None, ba
         _siglip_grad_kernel[_grad_grid(r1 - r0, s.shape[1])](
             s, p, s.stride(0), r1 - r0, s.shape[1], scale_t, bias_t, coef_t, gsum[r0:r1],
             gwsum[r0:r1], int(diag) - r0, BLOCK_M=_GRAD_M, BLOCK_N=_GRAD_N,
-            num_warps=_GRAD_WARPS)
+            num_warps=_GRAD_WARPS, COEF_SCALE=bool(coef_scale))
 
     def fused_fill(r0, r1, p):
         _fused(_siglip_grad_fused_kernel, a[r0:r1], b, _FUSED_GRAD, allow_tf32, p, p.stride(0),
-               scale_t, bias_t, coef_t, gsum[r0:r1], gwsum[r0:r1], int(diag) - r0)
+               scale_t, bias_t, coef_t, gsum[r0:r1], gwsum[r0:r1], int(diag) - r0,
+               bool(coef_scale))
 
     grad_a, grad_b = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype,
                                  sink_a)

@@ -6,7 +6,6 @@ Triton kernels run under TRITON_INTERPRET=1 (set by tests/run.sh and conftest.py
 fp16 only: the interpreter cannot do bf16 dots (shared/ENVIRONMENT.md).
 """
 
-import functools
 import logging
 import math
 
@@ -402,7 +401,7 @@ def test_functional_api_compiles_fullgraph_with_default_args(loss, impl):
 
 
 @pytest.mark.parametrize("loss", ["clip", "siglip"])
-@pytest.mark.parametrize("entry", ["local", "distributed_op"])
+@pytest.mark.parametrize("entry", ["local", "local_triton", "distributed_op"])
 def test_backward_fills_no_gradients_for_the_saved_outputs(loss, entry):
     """Only the loss output has a gradient: autograd must not allocate and zero-fill one for each
     output the op saves for its backward (the statistics, the kept [B, B] logits, the gathered
@@ -426,9 +425,79 @@ def test_backward_fills_no_gradients_for_the_saved_outputs(loss, entry):
     txt = F.normalize(torch.randn(15, 12), dim=-1).requires_grad_()
     scale = torch.tensor([7.3], requires_grad=True)
     bias = torch.tensor([-3.0], requires_grad=True) if loss == "siglip" else None
-    fn = contrastive_loss if entry == "local" else functools.partial(distributed_contrastive_loss, scheme="none")
-    out = fn(img, txt, scale, bias, loss=loss, impl="chunked_torch")
+    if entry == "distributed_op":
+        out = distributed_contrastive_loss(img, txt, scale, bias, scheme="none", loss=loss,
+                                           impl="chunked_torch")
+    else:
+        impl = "triton" if entry == "local_triton" else "chunked_torch"
+        out = contrastive_loss(img, txt, scale, bias, loss=loss, impl=impl, triton_interpret=True)
     with Zeros() as mode:
         out.backward()
     assert mode.made == []
     assert img.grad is not None and scale.grad is not None
+
+
+def _op_leaves(loss, bias_grad, seed=7):
+    img, txt, scale, bias = _inputs(23, 10, torch.float32, seed=seed)
+    leaves = [img.requires_grad_(), txt.requires_grad_(), scale.requires_grad_()]
+    b = bias.requires_grad_(bias_grad) if loss == "siglip" else None
+    return leaves, b
+
+
+@pytest.mark.parametrize("impl", ["chunked_torch", "triton"])
+@pytest.mark.parametrize("loss,bias_grad", [("clip", False), ("siglip", True), ("siglip", False)])
+def test_op_autograd_gives_the_reference_gradients(loss, bias_grad, impl):
+    """The op's hand-written autograd (its Autograd kernel and autograd.Function):
+    autograd.grad with create_graph=False gives the reference's gradient for every input that
+    asks for one, in its shape; a SigLIP bias that does not require grad gets none."""
+    leaves, b = _op_leaves(loss, bias_grad)
+    wrt = leaves + ([b] if bias_grad else [])
+    out = contrastive_loss(*leaves, b, loss=loss, impl=impl, triton_interpret=True)
+    assert out.shape == () and out.requires_grad
+    grads = torch.autograd.grad(out * UPSTREAM, wrt, create_graph=False)
+    ref_in = [x.detach().double().requires_grad_() for x in wrt]
+    ref_b = ref_in[3] if bias_grad else (b.detach().double() if b is not None else None)
+    ref = contrastive_loss_reference(*ref_in[:3], ref_b, loss=loss)
+    ref_grads = torch.autograd.grad(ref * UPSTREAM, ref_in)
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-5, atol=1e-6)
+    for g, r, x in zip(grads, ref_grads, wrt):
+        assert g.shape == x.shape and g.dtype == x.dtype
+        torch.testing.assert_close(g.double(), r, rtol=1e-4, atol=1e-6)
+    if loss == "siglip" and not bias_grad:
+        out = contrastive_loss(*leaves, b, loss=loss, impl=impl, triton_interpret=True)
+        out.backward()
+        assert b.grad is None and leaves[2].grad is not None
+
+
+@pytest.mark.parametrize("loss", ["clip", "siglip"])
+def test_op_without_grad_builds_no_graph(loss):
+    """Under torch.no_grad(), or with no input requiring grad, the op runs below autograd: the
+    same value, no grad_fn; the registered op's four saved outputs never require grad."""
+    leaves, b = _op_leaves(loss, True)
+    kw = dict(loss=loss, impl="triton", triton_interpret=True)
+    with_grad = contrastive_loss(*leaves, b, **kw)
+    with torch.no_grad():
+        quiet = contrastive_loss(*leaves, b, **kw)
+    plain = contrastive_loss(*(x.detach() for x in leaves), b.detach() if b is not None else None, **kw)
+    for out in (quiet, plain):
+        assert out.grad_fn is None and not out.requires_grad
+        torch.testing.assert_close(out, with_grad.detach(), rtol=0, atol=0)
+    outs = torch.ops.infclip.contrastive_loss(*leaves, b, loss, "triton", 0.0, 0, 0, False, 64.0)
+    assert outs[0].requires_grad and not any(t.requires_grad for t in outs[1:])
+
+
+def test_op_create_graph_gives_the_same_first_order_gradients():
+    """create_graph=True works as before the hand-written autograd: the same first-order
+    gradients; the backward op itself has no derivative (the op is once differentiable, so a
+    second derivative through it is None; torch warns that no autograd kernel is registered)."""
+    import warnings
+
+    leaves, _ = _op_leaves("clip", False)
+    out = contrastive_loss(*leaves, impl="triton", triton_interpret=True)
+    first = torch.autograd.grad(out, leaves, retain_graph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graphed = torch.autograd.grad(out, leaves, create_graph=True)
+        for g, h in zip(first, graphed):
+            torch.testing.assert_close(g, h.detach(), rtol=0, atol=0)
+        assert torch.autograd.grad(graphed[2].sum(), leaves[2], allow_unused=True) == (None,)
