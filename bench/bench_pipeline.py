@@ -111,16 +111,12 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
     if deepcompile:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # a graph per block
         engine.compile()
-    from infclip.pipeline.zero_step import (keep_fetch_on_device, keep_step_on_device, restore_deepspeed_fetch,
-                                            restore_deepspeed_mask)
+    from infclip.pipeline.zero_step import keep_step_on_device, restore_deepspeed_mask
 
     if on_device_step:
         print(f"# ZeRO step kept on the device: {keep_step_on_device(engine)}", flush=True)
-        if zero == 3:
-            print(f"# ZeRO-3 fetch kept on the device: {keep_fetch_on_device()}", flush=True)
-    else:  # DeepSpeed's own pieces back, in case an earlier row of this process replaced them
+    else:  # DeepSpeed's own mask back, in case an earlier row of this process replaced it
         restore_deepspeed_mask()
-        restore_deepspeed_fetch()
     if zero == 3 and impl != PLAIN:
         engine.module.bind_flat_views_in_forward()
     bad = misaligned_parameters(engine.module)

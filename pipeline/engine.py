@@ -27,7 +27,7 @@ from infclip.ops.config import ConfigError
 
 from .config import RunConfig
 from .model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
-from .zero_step import keep_fetch_on_device, keep_step_on_device
+from .zero_step import keep_step_on_device
 
 __all__ = ["TrainEngine", "build_engine", "contrastive_batch", "export_final", "param_groups"]
 
@@ -135,7 +135,6 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
     engine = _initialize(model, param_groups(model, tcfg.weight_decay_1d), engine_config, str(run_cfg.source))
     keep_step_on_device(engine)  # ZeRO-1/2 with bf16: no host waits in the optimizer step
     if zero3:
-        keep_fetch_on_device()  # one rank: no device synchronisation per block fetched
         engine.module.bind_flat_views_in_forward()  # after DeepSpeed's hooks: views of the gathered tensors
     misaligned = misaligned_parameters(engine.module)
     if misaligned:

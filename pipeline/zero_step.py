@@ -21,13 +21,10 @@ fp32 weights and no offload; fp16's dynamic loss scale needs the host to know ab
 and another optimizer is left as DeepSpeed built it. If DeepSpeed's code changes shape (the
 functions are not where this module expects them) nothing is replaced and the reason is logged.
 
-ZeRO-3 with one rank per partition group (one GPU) fetches a module's parameters without a
-gather: the "handle" points each parameter at its own partition (``.to(device)``, no copy when the
-partition is on the device already), then its ``wait()`` synchronises the device, once per fetch:
-twice per block and step (forward and backward), each draining the GPU's queue.
-:func:`keep_fetch_on_device` replaces those two ``wait`` methods (process-wide) by ones that skip
-the synchronisation when no parameter of the handle was copied (every partition already on the
-parameter's device); with an offloaded partition (a host-to-device copy) they wait as before.
+ZeRO-3's fetch on one rank also synchronises the device once per fetch (DeepSpeed's no-gather
+handle). Skipping that wait (the partition is already on the device, nothing was copied) was
+measured and left out: on an H200, ViT-B/32 ZeRO-3 with flat parameters ran 1,565 samples/s
+without the waits against 2,061 with them, same process (README "End to end").
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["keep_step_on_device", "restore_deepspeed_mask", "mask_nonfinite_", "clip_scale", "keep_fetch_on_device",
-           "restore_deepspeed_fetch"]
+__all__ = ["keep_step_on_device", "restore_deepspeed_mask", "mask_nonfinite_", "clip_scale"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,68 +118,3 @@ def restore_deepspeed_mask() -> None:
 
     _zero12_module().mask_nan_or_inf_with_val_inplace = ds_utils.mask_nan_or_inf_with_val_inplace
 
-
-# ----------------------------------------------------------------------------------------------
-# ZeRO-3 on one rank: the fetch without a device synchronisation
-# ----------------------------------------------------------------------------------------------
-_DEEPSPEED_WAITS: dict = {}
-
-
-def _handle_params(handle: Any) -> list:
-    """The parameters of one of DeepSpeed's no-gather handles (its private attributes)."""
-    one = getattr(handle, "_NoGatherHandle__param", None)
-    return [one] if one is not None else list(getattr(handle, "_NoGatherCoalescedHandle__params", ()))
-
-
-def _completed(handle: Any) -> str:
-    return "_NoGatherHandle__complete" if hasattr(handle, "_NoGatherHandle__complete") else \
-        "_NoGatherCoalescedHandle__complete"
-
-
-def _wait_unless_copied(self, **kwargs) -> None:
-    """DeepSpeed's no-gather ``wait()``, synchronising the device only when a partition had to be
-    copied to it."""
-    params = _handle_params(self)
-    if not params or any(p.ds_tensor.device != p.data.device for p in params):
-        return _DEEPSPEED_WAITS[type(self).__name__](self, **kwargs)
-    flag = _completed(self)
-    if getattr(self, flag):
-        return None
-    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-
-    for p in params:
-        p.ds_status = ZeroParamStatus.AVAILABLE
-    setattr(self, flag, True)
-    return None
-
-
-def _no_gather_handles() -> list:
-    """DeepSpeed's two no-gather handle classes, if they are where this module expects them."""
-    try:
-        from deepspeed.runtime.zero import partition_parameters as pp
-    except ImportError:  # pragma: no cover - DeepSpeed is a dependency
-        return []
-    # (a handle whose parameters are not found under the expected private names is left to
-    # DeepSpeed's own wait: see _wait_unless_copied)
-    classes = [getattr(pp, name, None) for name in ("NoGatherHandle", "NoGatherCoalescedHandle")]
-    return [] if any(c is None or not callable(getattr(c, "wait", None)) for c in classes) else classes
-
-
-def keep_fetch_on_device() -> bool:
-    """Replace the device synchronisation of ZeRO-3's one-rank fetch (module docstring), for the
-    whole process. Returns whether it did (False when DeepSpeed's handles are not the expected
-    ones: nothing is replaced)."""
-    classes = _no_gather_handles()
-    for cls in classes:
-        _DEEPSPEED_WAITS.setdefault(cls.__name__, cls.wait)
-        cls.wait = _wait_unless_copied
-    if not classes:
-        logger.debug("ZeRO-3 fetch left as DeepSpeed wrote it: its no-gather handles are not the expected ones")
-    return bool(classes)
-
-
-def restore_deepspeed_fetch() -> None:
-    """Put DeepSpeed's own ``wait()`` back on its no-gather handles."""
-    for cls in _no_gather_handles():
-        if cls.__name__ in _DEEPSPEED_WAITS:
-            cls.wait = _DEEPSPEED_WAITS[cls.__name__]
