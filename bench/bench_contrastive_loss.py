@@ -120,14 +120,14 @@ def make_open_clip_siglip():
     return lambda img, txt, scale, bias: crit(img, txt, scale.to(img.dtype), bias.to(img.dtype))
 
 
-def inputs(b, d, dtype):
+def inputs(b, d, dtype, device="cuda"):
     """The benchmark's inputs at B = ``b``: L2-normalised features [b, d] in ``dtype`` (seed 0),
-    scale 14.3 and bias -10 ([1], fp32), all requiring gradients."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    img = F.normalize(torch.randn(b, d, device="cuda", generator=gen), dim=-1).to(dtype).requires_grad_()
-    txt = F.normalize(torch.randn(b, d, device="cuda", generator=gen), dim=-1).to(dtype).requires_grad_()
-    scale = torch.full((1,), 14.3, device="cuda", requires_grad=True)
-    bias = torch.full((1,), -10.0, device="cuda", requires_grad=True)
+    scale 14.3 and bias -10 ([1], fp32), all requiring gradients, on ``device``."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    img = F.normalize(torch.randn(b, d, device=device, generator=gen), dim=-1).to(dtype).requires_grad_()
+    txt = F.normalize(torch.randn(b, d, device=device, generator=gen), dim=-1).to(dtype).requires_grad_()
+    scale = torch.full((1,), 14.3, device=device, requires_grad=True)
+    bias = torch.full((1,), -10.0, device=device, requires_grad=True)
     return img, txt, scale, bias
 
 
@@ -220,11 +220,7 @@ def host_only(b, d, calls):
     for name, value in list(vars(tri).items()):
         if name.endswith("_kernel") and hasattr(value, "__getitem__"):  # the launchable kernels
             setattr(tri, name, _NoLaunch())
-    gen = torch.Generator().manual_seed(0)
-    img = F.normalize(torch.randn(b, d, generator=gen), dim=-1).requires_grad_()
-    txt = F.normalize(torch.randn(b, d, generator=gen), dim=-1).requires_grad_()
-    scale = torch.full((1,), 14.3, requires_grad=True)
-    bias = torch.full((1,), -10.0, requires_grad=True)
+    img, txt, scale, bias = inputs(b, d, torch.float32, device="cpu")
     for loss in ("clip", "siglip"):
         for budget, label in ((64.0, "kept"), (0.0, "recompute")):
             def call():
