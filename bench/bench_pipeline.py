@@ -77,7 +77,7 @@ def model_config(preset: str, grad_ckpt="auto", compile="auto", compile_mode="de
                                   "compile_mode": compile_mode, "flat_parameters": flat})
 
 
-def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=None, leaf: bool = False,
+def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=None, leaf=False,
           compile="auto", bf16_overflow_check: bool = False, distributed: str = "gather",
           compile_mode: str = "default", overlap_comm: bool = True, flat: bool = False, on_device_step: bool = True,
           deepspeed_timers: bool = False, deepcompile: bool = False):
@@ -100,7 +100,7 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
           "zero_optimization": {"stage": zero, "overlap_comm": overlap_comm, "contiguous_gradients": True,
                                 **((zero_extra or {}) if zero == 3 else {})}}
     if zero == 3 and leaf:
-        mark_zero3_leaf_layers(model)
+        mark_zero3_leaf_layers(model, leaf)
     if deepcompile:  # the whole towers compiled by DeepSpeed, its ZeRO-3 gathers inside the graph
         ds["compile"] = {"deepcompile": True}
     if deepspeed_timers:  # DeepSpeed's default (kept by with_engine_defaults when set)
@@ -280,7 +280,7 @@ def throughput(args, rows):
                "overlap_comm": bool(args.overlap_comm), "flat_parameters": bool(flat),
                "on_device_step": bool(on_device), "deepspeed_timers": bool(args.deepspeed_timers)}
         if zero == 3:
-            row["zero3_leaf_layers"] = bool(leaf)
+            row["zero3_leaf_layers"] = leaf
         if zero == 3 and args.deepcompile:
             row["deepcompile"] = True
         if zero == 3 and args.zero3_extra != "{}":
@@ -294,7 +294,7 @@ def throughput(args, rows):
         row["leftover_gb"] = floor / 2**30
         try:
             engine, cfg, loss_fn = build(args.throughput_model, zero, args.micro_batch, ckpt_v, impl,
-                                         json.loads(args.zero3_extra), bool(leaf), comp_v, args.bf16_overflow_check,
+                                         json.loads(args.zero3_extra), leaf, comp_v, args.bf16_overflow_check,
                                          args.distributed, args.compile_mode, bool(args.overlap_comm), bool(flat),
                                          bool(on_device), bool(args.deepspeed_timers), bool(args.deepcompile))
             batch = synthetic_batch(args.micro_batch, cfg, engine.device, torch.bfloat16)
@@ -392,7 +392,7 @@ def report(row, rows, args) -> None:
 
 def fmt(r) -> str:
     num = (lambda k, f: format(r[k], f) if isinstance(r.get(k), (int, float)) else "-")
-    leaf = {True: "+leaf", False: "-leaf"}.get(r.get("zero3_leaf_layers"), "")
+    leaf = {True: "+leaf", False: "-leaf", "stack": "+stack"}.get(r.get("zero3_leaf_layers"), "")
     leaf += f" x{r['world_size']} {r['distributed']}" if r.get("world_size", 1) > 1 else ""
     leaf += " flat" if r.get("flat_parameters") else ""
     leaf += " ds-step" if r.get("on_device_step") is False else ""
@@ -421,8 +421,9 @@ def main(argv=None) -> int:
                    help="model.compile of the pipeline rows (auto: on, on a GPU)")
     p.add_argument("--zero3_extra", default="{}", help="JSON merged into zero_optimization at stage 3, e.g. "
                    "'{\"stage3_module_granularity_threshold\": 12000}'")
-    p.add_argument("--zero3_leaf", type=int, nargs="+", default=[1], choices=[0, 1],
-                   help="ZeRO-3: gather each transformer block as one unit (1, the pipeline's default) or not (0)")
+    p.add_argument("--zero3_leaf", type=lambda v: {"0": False, "1": True}.get(v, v), nargs="+", default=[True],
+                   choices=[False, True, "stack"], help="ZeRO-3 units (model.zero3_leaf_layers): each transformer "
+                   "block (1, the pipeline's default), each tower's stack of blocks (stack), or none (0)")
     p.add_argument("--distributed", default="gather", help="loss scheme with several ranks (the vitb32 preset's: "
                    "gather); per-GPU samples/s against a one-GPU run of the same command is the scaling")
     p.add_argument("--compile_mode", default="default", choices=["default", "reduce-overhead",

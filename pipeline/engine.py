@@ -127,7 +127,7 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
     if model_cfg.pretrained:
         image_size, context_length = model.image_size, model.context_length
     if zero3 and model_cfg.zero3_leaf_layers:
-        mark_zero3_leaf_layers(model)
+        mark_zero3_leaf_layers(model, model_cfg.zero3_leaf_layers)
     # DeepSpeed's `tensorboard` section only says where the run's one writer (pipeline.metrics)
     # writes: DeepSpeed's own monitor would log the same quantities again under other names
     engine_config = with_engine_defaults({k: v for k, v in ds_config.items() if k != "tensorboard"},

@@ -25,8 +25,10 @@ bind them inside its own forward (after DeepSpeed's gather) and drop them when i
 partitioned flat tensor is never bound (:func:`bind_views` skips it). The price: autograd keeps the
 views it saved for backward, so a block's gathered parameters stay in memory from its forward to
 its backward (as under ZeRO-2; gradients and optimizer states stay partitioned), and ZeRO-3's
-re-gather for the backward is not used. The towers must be built whole (``model.zero3_init``
-false) and partitioned by ``deepspeed.initialize``.
+re-gather for the backward is not used. With each tower's stack of blocks as ZeRO-3's unit
+(``pipeline/layer_stack.py``) the stack binds all of its blocks' views in its forward; a
+checkpointed block's recomputation binds its own (:class:`BindingCheckpoint`). The towers must
+be built whole (``model.zero3_init`` false) and partitioned by ``deepspeed.initialize``.
 
 Limits: locked towers are refused. On an H200, ViT-B/32 under ZeRO-2: 1.28x at micro-batch 256
 (host-bound), 1.045x at 1,024 (README "End to end"); on the CPU host, bench/bench_host_overhead.py.
@@ -40,7 +42,7 @@ from typing import Dict, List, Mapping, NamedTuple
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ALIGN", "bind_in_forward", "bind_views", "expand_flat_entries", "flatten_block", "flat_blocks"]
+__all__ = ["ALIGN", "bind_in_checkpoint", "bind_in_forward", "bind_views", "expand_flat_entries", "flatten_block", "flat_blocks"]
 
 ALIGN = 64
 """Elements between the starts of two members of a flat tensor (128 bytes in bf16)."""
@@ -97,6 +99,7 @@ def flatten_block(block: nn.Module) -> int:
                          for name, members in layout.items()}
     block._flat_order = order
     block._flat_numel = {name: block._parameters[name].numel() for name in layout}
+    block._flat_held = False  # views bound by an enclosing BindingForward (a ZeRO-3 layer stack)
     block.register_state_dict_post_hook(_write_original_names)
     block.register_load_state_dict_pre_hook(_read_original_names)
     _bind(block)
@@ -146,31 +149,68 @@ def bind_views(blocks: List[nn.Module]) -> None:
 
 
 class BindingForward:
-    """A flat block's ``forward`` under ZeRO-3: binds the views to the flat tensors DeepSpeed's
-    forward pre-hook has just gathered, runs ``inner`` (the block's own forward, possibly
-    compiled), and drops the views, so that no module attribute keeps a gathered tensor alive
-    after the forward. Binding inside the forward (after the module's backward hooks are set up
-    on its inputs) also orders the backward: the split that carries the members' gradients to the
-    flat tensors runs before the hook on the block's inputs, where ZeRO-3 reduces a leaf module's
-    gradients."""
+    """The ``forward`` of a flat block (or of a stack of them, ``pipeline.layer_stack``) under
+    ZeRO-3: binds the views of ``blocks`` to the flat tensors DeepSpeed's forward pre-hook has
+    just gathered, runs ``inner`` (the module's own forward, possibly compiled), and drops the
+    views, so that no module attribute keeps a gathered tensor alive after the forward. Binding
+    inside the forward (after the module's backward hooks are set up on its inputs) also orders
+    the backward: the split that carries the members' gradients to the flat tensors runs before
+    the hook on the module's inputs, where ZeRO-3 reduces a leaf module's gradients. A block
+    whose views an enclosing stack holds (``_flat_held``) runs ``inner`` as it is; a checkpointed
+    block's recomputation in backward, outside the stack's forward, binds its own."""
 
-    def __init__(self, block: nn.Module, inner) -> None:
-        self.block, self.inner = block, inner
+    def __init__(self, blocks: List[nn.Module], inner) -> None:
+        self.blocks, self.inner = list(blocks), inner
 
     def __call__(self, *args, **kwargs):
-        _bind(self.block)
+        if self.blocks[0]._flat_held:
+            return self.inner(*args, **kwargs)
+        for block in self.blocks:
+            _bind(block)
+            block._flat_held = True
         try:
             return self.inner(*args, **kwargs)
         finally:
-            _unbind(self.block)
+            for block in self.blocks:
+                _unbind(block)
+                block._flat_held = False
 
 
-def bind_in_forward(blocks: List[nn.Module]) -> None:
-    """Make each of ``blocks`` bind its views inside its forward (:class:`BindingForward`); call
-    once DeepSpeed's ZeRO-3 hooks are on the blocks."""
+class BindingCheckpoint:
+    """A flat block's ``_gradient_checkpointing_func`` under ZeRO-3. transformers' checkpointed
+    layers hand it the block's class forward, which the recomputation in backward runs outside
+    the block's (or its stack's) :class:`BindingForward`: wrapped here, it binds the views to the
+    flat tensors ZeRO-3 gathered for the backward, unless a binding holds them already."""
+
+    def __init__(self, block: nn.Module, checkpoint) -> None:
+        self.block, self.checkpoint = block, checkpoint
+
+    def __call__(self, run, *args, **kwargs):
+        return self.checkpoint(BindingForward([self.block], run), *args, **kwargs)
+
+
+def bind_in_checkpoint(blocks: List[nn.Module]) -> None:
+    """Wrap the checkpoint function of each of ``blocks`` that binds its views in its forward
+    (:class:`BindingCheckpoint`); call whenever checkpointing is switched on."""
+    for block in blocks:
+        fn = block.__dict__.get("_gradient_checkpointing_func")
+        if isinstance(block.forward, BindingForward) and fn is not None and not isinstance(fn, BindingCheckpoint):
+            block._gradient_checkpointing_func = BindingCheckpoint(block, fn)
+
+
+def bind_in_forward(blocks: List[nn.Module], stacks: List[nn.Module] = ()) -> None:
+    """Make each of ``blocks`` bind its views inside its forward (:class:`BindingForward`), and
+    each of ``stacks`` (modules whose forward runs some of ``blocks``) bind all of its blocks';
+    call once DeepSpeed's ZeRO-3 hooks are on the modules."""
     for block in blocks:
         if not isinstance(block.forward, BindingForward):
-            block.forward = BindingForward(block, block.forward)
+            block.forward = BindingForward([block], block.forward)
+    for stack in stacks:
+        if not isinstance(stack.forward, BindingForward):
+            members = [b for b in blocks if any(b is m for m in stack.modules())]
+            if members:
+                stack.forward = BindingForward(members, stack.forward)
+    bind_in_checkpoint(blocks)
 
 
 def _write_original_names(block: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:

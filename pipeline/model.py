@@ -35,7 +35,8 @@ from torch import Tensor, nn
 
 from infclip.ops.config import ConfigError, parse_section, require_at_least
 
-from .flat_params import BindingForward, bind_in_forward, bind_views, flatten_block
+from .flat_params import BindingForward, bind_in_checkpoint, bind_in_forward, bind_views, flatten_block
+from .layer_stack import layer_stacks, route_through_stack, stack_forward
 
 __all__ = ["VisionTowerConfig", "TextTowerConfig", "ModelConfig", "CLIPTowers", "mark_zero3_leaf_layers",
            "activation_bytes", "forward_flops", "param_groups", "misaligned_parameters"]
@@ -178,10 +179,13 @@ class ModelConfig:
     """ZeRO-3 only: build the towers inside ``deepspeed.zero.Init`` so that no rank ever holds
     the whole model (each keeps its shard from the start); transformers' weight init then runs
     on rank 0 one module at a time, gathered, and is broadcast. Not for ``pretrained``."""
-    zero3_leaf_layers: bool = True
-    """ZeRO-3 only: gather each transformer block's parameters as one unit (DeepSpeed "leaf
-    modules") instead of one fetch per Linear/LayerNorm; far fewer hooks on the host, at the cost
-    of one whole block's weights live at a time."""
+    zero3_leaf_layers: typing.Union[bool, typing.Literal["stack"]] = True
+    """ZeRO-3 only: the unit whose parameters DeepSpeed gathers at once (its "leaf modules").
+    ``true``: each transformer block (one fetch per block instead of one per Linear/LayerNorm; one
+    block's weights live at a time). ``"stack"``: each tower's whole stack of blocks
+    (``pipeline/layer_stack.py``): two fetches per step and, compiled, one graph per tower instead
+    of one per block, at the cost of a tower's weights live during its forward. Not with locked
+    towers. ``false``: DeepSpeed's per-module fetch."""
     flat_parameters: bool = False
     """Hold each transformer block's weights in two parameter tensors (matrices, vectors) instead
     of 16: DeepSpeed's per-tensor host work in every step shrinks with the count (ViT-B/32: 399 ->
@@ -204,6 +208,9 @@ class ModelConfig:
         if not 0.0 < self.checkpointing_memory_fraction <= 1.0:
             raise ConfigError(f"'checkpointing_memory_fraction' must be in (0, 1], got "
                               f"{self.checkpointing_memory_fraction}")
+        if self.zero3_leaf_layers == "stack" and (self.lock_image or self.lock_text):
+            raise ConfigError("'zero3_leaf_layers': \"stack\" does not support locked towers ('lock_image' / "
+                              "'lock_text'); use true")
         if self.flat_parameters and (self.lock_image or self.lock_text):
             raise ConfigError("'flat_parameters' does not support locked towers ('lock_image' / 'lock_text')")
         if math.exp(self.init_logit_scale) > self.max_logit_scale * (1 + 1e-6):
@@ -445,16 +452,23 @@ def _encoder_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if type(m).__name__.endswith("EncoderLayer")]
 
 
-def mark_zero3_leaf_layers(model: nn.Module) -> int:
-    """Flag each HF transformer block (``*EncoderLayer``) in ``model`` as a DeepSpeed ZeRO-3 leaf
-    module: its parameters are gathered and released as one unit (call before
-    ``deepspeed.initialize``). Returns how many were flagged."""
+def _encoders(model: nn.Module) -> list[nn.Module]:
+    """transformers' encoders (a ``layers`` list of ``*EncoderLayer`` blocks) in ``model``."""
+    return [m for m in model.modules() if type(m).__name__.endswith("Encoder")
+            and isinstance(getattr(m, "layers", None), nn.ModuleList)]
+
+
+def mark_zero3_leaf_layers(model: nn.Module, unit: typing.Union[bool, str] = True) -> int:
+    """Flag DeepSpeed ZeRO-3 leaf modules in ``model``, whose parameters are gathered and
+    released as one unit (call before ``deepspeed.initialize``): each HF transformer block
+    (``*EncoderLayer``), or with ``unit="stack"`` each encoder's whole stack of blocks, routed
+    through :func:`pipeline.layer_stack.route_through_stack`. Returns how many were flagged."""
     from deepspeed.utils import set_z3_leaf_module
 
-    blocks = _encoder_layers(model)
-    for block in blocks:
-        set_z3_leaf_module(block, True)
-    return len(blocks)
+    leaves = [route_through_stack(e) for e in _encoders(model)] if unit == "stack" else _encoder_layers(model)
+    for leaf in leaves:
+        set_z3_leaf_module(leaf, True)
+    return len(leaves)
 
 
 def _is_hf_clip_folder(directory: str) -> bool:
@@ -522,8 +536,9 @@ class CLIPTowers(nn.Module):
     def bind_flat_views_in_forward(self) -> None:
         """Under ZeRO-3, once ``deepspeed.initialize`` has partitioned the parameters and put its
         hooks on the blocks: each flat block binds its views in its own forward, after DeepSpeed's
-        gather (``pipeline.flat_params.bind_in_forward``). No-op without flat parameters."""
-        bind_in_forward(self._flat_blocks)
+        gather (``pipeline.flat_params.bind_in_forward``); a layer stack (``zero3_leaf_layers:
+        "stack"``) binds all of its blocks' views in its forward. No-op without flat parameters."""
+        bind_in_forward(self._flat_blocks, layer_stacks(self))
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
@@ -541,6 +556,8 @@ class CLIPTowers(nn.Module):
             return  # decided at the first training forward (see _plan)
         for tower in (self.vision, self.text):
             _set_checkpointing(tower, enable, function)
+        if enable:
+            bind_in_checkpoint(getattr(self, "_flat_blocks", []))  # ZeRO-3: the recomputation binds its views
 
     def lock_towers(self) -> list[str]:
         """Apply ``lock_image`` / ``lock_text`` (LiT): ``requires_grad=False`` on the locked
@@ -591,20 +608,30 @@ class CLIPTowers(nn.Module):
             self._compile()
 
     def _compile(self) -> None:
-        """Whole towers as one graph each (the features of encode_image / encode_text), or, where
-        hooks run inside the towers (ZeRO-3's per-block parameter fetch, checkpointed blocks),
-        each block's forward alone, so that the hooks stay outside the compiled code."""
+        """Whole towers as one graph each (the features of encode_image / encode_text); where
+        hooks run inside the towers, the parts between them: under ZeRO-3 with layer stacks as its
+        unit (``zero3_leaf_layers: "stack"``), each tower's stack of blocks as one graph; under
+        ZeRO-3 with per-block units, or with checkpointed blocks, each block's forward alone. The
+        hooks (ZeRO-3's parameter fetch, checkpointing) stay outside the compiled code."""
         mode = self.cfg.compile_mode
         zero3 = any(hasattr(p, "ds_id") for p in self.parameters())
-        by_block = zero3 or self.vision.vision_model.encoder.gradient_checkpointing
+        checkpointing = self.vision.vision_model.encoder.gradient_checkpointing
+        stacks = layer_stacks(self) if zero3 and not checkpointing else []
+        by_block = (zero3 or checkpointing) and not stacks
         if by_block and mode == "reduce-overhead":
-            # CUDA graphs per block would replay over ZeRO-3's re-gathered (moving) weights or
-            # under checkpointing's recompute: the blocks compile without them
-            logger.warning("compile_mode 'reduce-overhead' applies to whole towers only; the blocks compile with "
-                           "mode 'default' (%s)", "ZeRO-3" if zero3 else "gradient checkpointing")
+            # CUDA graphs per block would copy each block's re-gathered (moving) ZeRO-3 weights into
+            # the graph's inputs at every replay, or replay under checkpointing's recompute. A layer
+            # stack's graphs take that copy once per tower (~0.1 ms for ViT-B/32's towers)
+            logger.warning("compile_mode 'reduce-overhead' applies to whole towers and layer stacks; the blocks "
+                           "compile with mode 'default' (%s)", "ZeRO-3" if zero3 else "gradient checkpointing")
             mode = "default"
         compile_fn = functools.partial(torch.compile, backend=self.cfg.compile_backend, mode=mode)
-        if by_block:
+        if stacks:
+            for layers in stacks:
+                run = stack_forward(layers)
+                run.inner = _compiled_while_training(layers, run.inner, compile_fn)
+            self.compiled = "stacks"
+        elif by_block:
             blocks = _encoder_layers(self)
             # the blocks share one code object, and under ZeRO-3 each is guarded on its own
             # parameters' ds_id: one graph per block. At dynamo's default limit (8) the other

@@ -167,7 +167,7 @@ def _zero3_run(model, steps=4, leaf=True):
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "torch_adam": True}},
           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
     if leaf:
-        mark_zero3_leaf_layers(model)
+        mark_zero3_leaf_layers(model, leaf)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
     engine.module.bind_flat_views_in_forward()
     losses = []
@@ -182,16 +182,18 @@ def _zero3_run(model, steps=4, leaf=True):
     return losses, state
 
 
-@pytest.mark.parametrize("leaf", [True, False])
-def test_deepspeed_zero3_trains_the_flat_model_as_the_plain_one(leaf):
-    """ZeRO-3 partitions the flat tensors; each block binds its views after DeepSpeed's gather.
-    With leaf layers ZeRO-3 reduces a block's gradients in a hook on the block's inputs: the
-    flat tensors' gradients must be complete by then (a block reduced early would not train)."""
+@pytest.mark.parametrize("leaf, ckpt", [(True, False), (False, False), ("stack", False), (True, True), ("stack", True)])
+def test_deepspeed_zero3_trains_the_flat_model_as_the_plain_one(leaf, ckpt):
+    """ZeRO-3 partitions the flat tensors; each block (or each layer stack) binds its views after
+    DeepSpeed's gather. With leaf modules ZeRO-3 reduces a leaf's gradients in a hook on its
+    inputs: the flat tensors' gradients must be complete by then (a block reduced early would
+    not train). With checkpointed blocks, a block's recomputation in backward (outside its
+    stack's forward) binds its own views."""
     pytest.importorskip("deepspeed")
     from infclip.pipeline.train import single_process_env
 
     single_process_env()
-    (want_losses, want), (got_losses, got) = (_zero3_run(m, leaf=leaf) for m in pair())
+    (want_losses, want), (got_losses, got) = (_zero3_run(m, leaf=leaf) for m in pair(gradient_checkpointing=ckpt))
     assert got_losses[-1] < got_losses[0]
     torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-6)
     assert list(got) == list(want)
@@ -220,3 +222,29 @@ def test_blocks_binding_in_forward_finish_their_gradients_before_the_input_hook(
     assert sorted(events[:2]) == ["flat_matrices", "flat_vectors"] and events[2:] == ["input hook"]
     # no module attribute keeps a view (of a gathered tensor) after the forward
     assert "weight" not in block.mlp.fc1.__dict__
+
+
+def test_a_layer_stack_finishes_every_blocks_gradients_before_its_input_hook():
+    """With each tower's stack of blocks as the ZeRO-3 unit, the stack is called positionally
+    (its full backward hook sees the hidden states) and binds all of its blocks' views in its
+    forward: every flat tensor of the stack has its gradient before the hook on the stack's
+    inputs fires, and no view outlives the forward."""
+    from infclip.pipeline.flat_params import bind_in_forward
+    from infclip.pipeline.layer_stack import layer_stacks, route_through_stack
+
+    _, flat = pair()
+    blocks, flat._flat_blocks = flat._flat_blocks, []
+    layers = route_through_stack(flat.vision.vision_model.encoder)
+    assert route_through_stack(flat.vision.vision_model.encoder) is layers  # idempotent
+    bind_in_forward(blocks, layer_stacks(flat))
+    events = []
+    layers.register_full_backward_hook(lambda m, grad_in, grad_out: events.append(("input hook", grad_in[0] is None)))
+    stack_blocks = list(layers)
+    assert len(stack_blocks) >= 2
+    for i, block in enumerate(stack_blocks):
+        for name in ("flat_matrices", "flat_vectors"):
+            block._parameters[name].register_post_accumulate_grad_hook(lambda p, i=i, name=name: events.append((i, name)))
+    loss_of(flat).backward()
+    assert events[-1] == ("input hook", False)  # fired with the hidden states' gradient
+    assert sorted(events[:-1]) == [(i, n) for i in range(len(stack_blocks)) for n in ("flat_matrices", "flat_vectors")]
+    assert all("weight" not in b.mlp.fc1.__dict__ and not b._flat_held for b in stack_blocks)

@@ -168,12 +168,15 @@ def _aot_call_counting(gm, example_inputs):
     return aot_autograd(fw_compiler=forward, bw_compiler=lambda bw, _i: make_boxed_func(bw.forward))(gm, example_inputs)
 
 
+@pytest.mark.parametrize("unit", [True, "stack"])
 @pytest.mark.parametrize("flat", [False, True])
-def test_zero3_runs_every_block_compiled(flat):
-    """Under ZeRO-3 each block (a DeepSpeed leaf module) is compiled apart, its parameter fetch
-    outside the graph: with 12 blocks, more than dynamo's default recompile limit of 8, every
-    block of a training step runs a compiled graph, from the config the engine gets. With flat
-    parameters the views are bound outside the compiled forward, after the fetch."""
+def test_zero3_runs_every_block_compiled(flat, unit):
+    """Under ZeRO-3 each leaf module's compute is compiled apart, its parameter fetch outside the
+    graph. Per-block leaves: with 12 blocks, more than dynamo's default recompile limit of 8,
+    every block of a training step runs a compiled graph, from the config the engine gets. Layer
+    stacks: one graph per tower, two calls a step. With flat parameters the views are bound
+    outside the compiled forward, after the fetch, and the graphs are not compiled anew for the
+    new views of each step."""
     deepspeed = pytest.importorskip("deepspeed")
     import torch._dynamo
 
@@ -192,7 +195,7 @@ def test_zero3_runs_every_block_compiled(flat):
                     "intermediate_size": 48},
             text={"context_length": 12, "hidden_size": 16, "layers": 6, "heads": 2, "vocab_size": 100})
     model = CLIPTowers(c, eos_token_id=1, pad_token_id=0)
-    mark_zero3_leaf_layers(model)
+    mark_zero3_leaf_layers(model, unit)
     ds = with_engine_defaults({"train_micro_batch_size_per_gpu": 3, "zero_optimization": {"stage": 3},
                                 "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}, True)
     assert ds["zero_optimization"]["memory_efficient_linear"] is False
@@ -204,7 +207,10 @@ def test_zero3_runs_every_block_compiled(flat):
             img, txt, scale, _ = engine(*batch(3))
             engine.backward((scale * (img @ txt.T)).logsumexp(dim=1).mean())
             engine.step()
-            assert engine.module.compiled == "blocks" and len(CALLS) == 12
+            if unit == "stack":
+                assert engine.module.compiled == "stacks" and len(CALLS) == 2
+            else:
+                assert engine.module.compiled == "blocks" and len(CALLS) == 12
             if step == 0:
                 compiled = len(COMPILES)
         assert len(COMPILES) == compiled  # the new views of every step reuse the graphs
