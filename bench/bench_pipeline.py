@@ -70,17 +70,19 @@ def synthetic_batch(n: int, cfg, device, dtype):
     return pv, ids, mask
 
 
-def model_config(preset: str, grad_ckpt="auto", compile="auto", compile_mode="default", flat: bool = False):
+def model_config(preset: str, grad_ckpt="auto", compile="auto", compile_mode="default", flat: bool = False,
+                 patch_embedding: str = "gemm"):
     from infclip.pipeline.model import ModelConfig
 
     return ModelConfig.from_dict({**PRESETS[preset], "gradient_checkpointing": grad_ckpt, "compile": compile,
-                                  "compile_mode": compile_mode, "flat_parameters": flat})
+                                  "compile_mode": compile_mode, "flat_parameters": flat,
+                                  "patch_embedding": patch_embedding})
 
 
 def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=None, leaf=False,
           compile="auto", bf16_overflow_check: bool = False, distributed: str = "gather",
           compile_mode: str = "default", overlap_comm: bool = True, flat: bool = False, on_device_step: bool = True,
-          deepspeed_timers: bool = False, deepcompile: bool = False):
+          deepspeed_timers: bool = False, deepcompile: bool = False, patch_embedding: str = "gemm"):
     import deepspeed
 
     from infclip.ops import ContrastiveLoss, ContrastiveLossConfig
@@ -88,7 +90,8 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
     from infclip.pipeline.model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
 
     deepcompile = deepcompile and zero == 3 and impl != PLAIN
-    cfg = model_config(preset, grad_ckpt, False if deepcompile else compile, compile_mode, flat and impl != PLAIN)
+    cfg = model_config(preset, grad_ckpt, False if deepcompile else compile, compile_mode, flat and impl != PLAIN,
+                       patch_embedding)
     torch.manual_seed(0)
     if impl == PLAIN:
         model = plain_hf_clip(cfg, grad_ckpt)
@@ -268,17 +271,19 @@ def throughput(args, rows):
         mfu(row, args)
         report(row, rows, args)
     impls = list(args.impls) + ([PLAIN] if PLAIN in args.anchors else [])
-    runs = [(zero, leaf, impl, ckpt, comp, flat, on_device) for zero in args.zero
+    runs = [(zero, leaf, impl, ckpt, comp, flat, on_device, patch) for zero in args.zero
             for leaf in (args.zero3_leaf if zero == 3 else [0]) for impl in impls
             for ckpt in args.grad_ckpt for comp in args.compile
             for flat in (args.flat_parameters if impl != PLAIN else [0])
-            for on_device in (args.on_device_step if zero in (1, 2) else [1])]
-    for zero, leaf, impl, ckpt, comp, flat, on_device in runs:
+            for on_device in (args.on_device_step if zero in (1, 2) else [1])
+            for patch in (args.patch_embedding if impl != PLAIN else ["conv"])]
+    for zero, leaf, impl, ckpt, comp, flat, on_device, patch in runs:
         ckpt_v, comp_v = _flag(ckpt), _flag(comp)
         row = {**base_row(args), **base, "zero": zero, "loss_impl": impl, "grad_ckpt": ckpt_v, "compile": comp_v,
                "bf16_check_grad_overflow": args.bf16_overflow_check, "compile_mode": args.compile_mode,
                "overlap_comm": bool(args.overlap_comm), "flat_parameters": bool(flat),
-               "on_device_step": bool(on_device), "deepspeed_timers": bool(args.deepspeed_timers)}
+               "on_device_step": bool(on_device), "deepspeed_timers": bool(args.deepspeed_timers),
+               "patch_embedding": patch}
         if zero == 3:
             row["zero3_leaf_layers"] = leaf
         if zero == 3 and args.deepcompile:
@@ -296,7 +301,8 @@ def throughput(args, rows):
             engine, cfg, loss_fn = build(args.throughput_model, zero, args.micro_batch, ckpt_v, impl,
                                          json.loads(args.zero3_extra), leaf, comp_v, args.bf16_overflow_check,
                                          args.distributed, args.compile_mode, bool(args.overlap_comm), bool(flat),
-                                         bool(on_device), bool(args.deepspeed_timers), bool(args.deepcompile))
+                                         bool(on_device), bool(args.deepspeed_timers), bool(args.deepcompile),
+                                         patch)
             batch = synthetic_batch(args.micro_batch, cfg, engine.device, torch.bfloat16)
             timed_steps(engine, loss_fn, batch, args.warmup, None)
             torch.cuda.reset_peak_memory_stats()
@@ -398,6 +404,7 @@ def fmt(r) -> str:
     leaf += " ds-step" if r.get("on_device_step") is False else ""
     leaf += " ds-timers" if r.get("deepspeed_timers") else ""
     leaf += " deepcompile" if r.get("deepcompile") else ""
+    leaf += " conv" if r.get("patch_embedding") == "conv" and r.get("loss_impl") != PLAIN else ""
     return (f"{r['study']:<10} {r['model']:<7} zero{r['zero']}{leaf:<5} {r['loss_impl']:<8} B={r['micro_batch']:<6} "
             f"chunk={str(r['chunk']):<5} ckpt={r['grad_ckpt']!s:<5} {r['status']:<7} "
             f"{num('samples_per_s', '9.1f')} samples/s  step {num('step_ms', '10.1f')} ms  "
@@ -434,6 +441,8 @@ def main(argv=None) -> int:
     p.add_argument("--on_device_step", type=int, nargs="+", default=[1], choices=[0, 1],
                    help="ZeRO-1/2 rows: the optimizer step without host waits (pipeline.zero_step, as "
                    "pipeline.train builds it) or as DeepSpeed wrote it (0); 0 1 runs both")
+    p.add_argument("--patch_embedding", nargs="+", default=["gemm"], choices=["gemm", "conv"],
+                   help="model.patch_embedding of the pipeline rows: gemm conv runs both")
     p.add_argument("--deepcompile", action="store_true",
                    help="ZeRO-3 rows: DeepSpeed's DeepCompile (engine.compile() of the whole towers; model.compile off)")
     p.add_argument("--deepspeed_timers", type=int, default=0, choices=[0, 1],
