@@ -85,3 +85,22 @@ def test_compiled_tower_has_no_convolution():
     torch.compile(model._image_features, backend=record)(pv.double())
     assert ops and not any("conv" in op for op in ops)
     assert any("matmul" in op or "linear" in op for op in ops)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("patch", [14, 16, 32])
+def test_bf16_gemm_on_cuda_matches_cudnn(patch):
+    """On the GPU in bf16 (what training runs): the GEMM against cuDNN's convolution, forward and
+    weight gradient, to bf16 rounding (both accumulate in fp32)."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 768, patch, stride=patch, bias=False).cuda().bfloat16()
+    x = torch.randn(64, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
+    want = conv(x)
+    got = patch_gemm(conv, x)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    g = torch.randn_like(want)
+    (want_w,) = torch.autograd.grad(want, [conv.weight], g)
+    (got_w,) = torch.autograd.grad(got, [conv.weight], g)
+    scale = want_w.float().abs().max()
+    torch.testing.assert_close(got_w.float() / scale, want_w.float() / scale, rtol=0, atol=2e-2)
