@@ -8,7 +8,9 @@ open_clip and inf_cl are imported here only (wheels on the device machine).
 This op runs as ``ours_bf16`` (CLIP, default settings), ``ours_bf16_banded`` (CLIP,
 logits_budget_mb=0: the recompute path at every B) and ``ours_siglip_bf16``; with --unfused also
 ``ours_bf16_unfused`` / ``ours_siglip_bf16_unfused`` (the recompute path on cuBLAS bands and
-Triton passes at every B; the default takes the fused GEMM kernels up to B = 16,384).
+Triton passes at every B; the default takes the fused GEMM kernels up to B = 16,384); with
+--keep-mb N also ``ours_bf16_kept`` / ``ours_siglip_bf16_kept`` (logits_budget_mb N: the matrix
+kept from forward to backward where it fits, as bf16 bands above the fp32 whole-matrix size).
 
     python bench/bench_contrastive_loss.py --out bench/results/contrastive_loss.jsonl
     TRITON_INTERPRET=1 python bench/bench_contrastive_loss.py --host-only   # CPU, no GPU needed
@@ -258,6 +260,9 @@ def main(argv=None):
     p.add_argument("--out", default="bench/results/contrastive_loss.jsonl")
     p.add_argument("--tiles", default="", help="JSON of the fused kernels' tiles (bench_loss_kernels.py --best)")
     p.add_argument("--unfused", action="store_true", help="also the cuBLAS band + Triton pass path")
+    p.add_argument("--keep-mb", type=float, default=0.0,
+                   help="also ours_bf16_kept / ours_siglip_bf16_kept: logits_budget_mb of this many MiB "
+                   "(the matrix kept from forward to backward where it fits)")
     p.add_argument("--host-only", action="store_true",
                    help="CPU only (TRITON_INTERPRET=1): time the op's Python layers with the Triton launches stubbed")
     args = p.parse_args(argv)
@@ -300,6 +305,10 @@ def main(argv=None):
         runs = [("ours_bf16", ours("bf16"), torch.bfloat16),
                 ("ours_bf16_banded", ours("bf16", logits_budget_mb=0), torch.bfloat16),
                 ("ours_siglip_bf16", ours("bf16", "siglip"), torch.bfloat16)]
+        if args.keep_mb:
+            runs += [("ours_bf16_kept", ours("bf16", logits_budget_mb=args.keep_mb), torch.bfloat16),
+                     ("ours_siglip_bf16_kept", ours("bf16", "siglip", logits_budget_mb=args.keep_mb),
+                      torch.bfloat16)]
         if args.unfused:
             runs += [("ours_bf16_unfused", ours("bf16", fused=False, logits_budget_mb=0), torch.bfloat16),
                      ("ours_siglip_bf16_unfused", ours("bf16", "siglip", fused=False), torch.bfloat16)]
@@ -335,8 +344,8 @@ def main(argv=None):
     if args.host_profile:
         host_profile(ours("bf16"), args.host_profile, args.dim)
 
-    print("\n| B | impl | dtype | ms | x roofline | peak extra GiB | ours / this |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| B | impl | dtype | ms | x roofline | peak extra GiB | ours / this | this / its dense anchor |")
+    print("|---|---|---|---|---|---|---|---|")
     by_b = {}
     for r in rows:
         if r["status"] == "ok":
@@ -345,10 +354,12 @@ def main(argv=None):
         if r["status"] == "ok":
             mine = by_b[r["B"]].get("ours_siglip_bf16" if "siglip" in r["impl"] else "ours_bf16")
             ratio = f"{mine / r['ms']:.2f}" if mine and not r["impl"].startswith("ours") else ""
+            dense = by_b[r["B"]].get("dense_siglip" if "siglip" in r["impl"] else "compiled_dense")
+            vs_dense = f"{r['ms'] / dense:.2f}" if dense and r["impl"].startswith("ours") else ""
             print(f"| {r['B']:,} | {r['impl']} | {r['dtype']} | {r['ms']:.2f} | {r['x_roofline']} | "
-                  f"{r['peak_extra_gib']:.2f} | {ratio} |")
+                  f"{r['peak_extra_gib']:.2f} | {ratio} | {vs_dense} |")
         else:
-            print(f"| {r['B']:,} | {r['impl']} | {r['dtype']} | {r['status']} | | | |")
+            print(f"| {r['B']:,} | {r['impl']} | {r['dtype']} | {r['status']} | | | | |")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ no band buffer) or P (backward: one launch per band, then the two cuBLAS GEMMs) 
 it in the same program. Fewer launches win below 32k (B = 1k-16k: 1.16-4.42 ms against
 1.66-4.86 ms on an H200); above, cuBLAS's GEMM rate wins (tl.dot at K = 768 with the epilogue:
 ~300 TFLOP/s against ~660).
-FLOPs: 8 B^2 D in GEMMs (6 B^2 D when the whole matrix is kept from forward to backward), at
-cuBLAS's rate; the Triton kernels are memory-bound (2-3.5 TB/s on an H200). Bands hold
+FLOPs: 8 B^2 D in GEMMs (6 B^2 D when the matrix is kept from forward to backward: whole in fp32
+at small B, or, within a larger ``logits_budget_mb``, as the forward's bands in the features'
+dtype, read back band by band by the backward), at cuBLAS's rate; the Triton kernels are memory-bound (2-3.5 TB/s on an H200). Bands hold
 <= _BAND_FACTOR max(N D, 2^24) elements, so the extra memory stays O(B D) at any batch size.
 Measured and not kept: one stats kernel for both directions (per-tile reductions both ways:
 0.3-0.6 TB/s; column strips with per-tile row reductions: 0.9-1.3 TB/s, 2-3% slower end to end
@@ -502,7 +503,7 @@ else:
 _FUSED_MAX_LOGITS = 1 << 28  # a 16,384 x 16,384 block
 
 
-def _use_fused(m: int, n: int, keep: bool) -> bool:
+def _use_fused(m: int, n: int, keep) -> bool:
     return not keep and m * n <= _FUSED_MAX_LOGITS
 
 _PRO_M, _PRO_D = (16, 16) if _INTERPRET else (32, 128)
@@ -734,16 +735,23 @@ def clip_epilogue_triton(scale, sums, row_shift, col_shift, aux):
 def _run_stats(a, b, keep_logits, band, allow_tf32, kernel: Callable):
     """The forward's band loop: S' by GEMM, then ``kernel(s, r0, r1)``. A kept whole matrix is
     fp32 (the GEMM's accumulator, not rounded: the small-B path is as exact as fp32 logits);
-    bands are in the features' dtype. Returns the kept matrix or None."""
+    bands are in the features' dtype, and so is a matrix kept as bands (``keep_logits="bands"``).
+    Returns the kept matrix or None."""
     m, d = a.shape
     n = b.shape[0]
+    keep_logits = "whole" if keep_logits is True else keep_logits
     with _precision(a, allow_tf32):
-        if keep_logits:
+        if keep_logits == "whole":
             s = _mm(a, b.T, torch.float32)
             kernel(s, 0, m)
             return s
         step = _step(m, n, d, False, band)
         bands = list(_bands(m, step))
+        if keep_logits == "bands":  # each band's GEMM writes its rows of the kept matrix
+            kept = torch.empty(m, n, device=a.device, dtype=a.dtype)
+            for r0, r1 in bands:
+                kernel(_logits(a[r0:r1], b, kept[r0:r1]), r0, r1)
+            return kept
         _pipeline(bands, a, lambda r0, r1, buf: _logits(a[r0:r1], b, buf[: r1 - r0]), kernel,
                   None, _band_buffers(a, n, step, len(bands)))
     return None
@@ -755,7 +763,8 @@ def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=
 
     a: [M, D], b: [N, D]; scale: fp32 [] tensor; shifts and refs: fp32 [M] / [N]. Returns
     (row_sum, col_sum, row_wsum, col_wsum, logits): fp32 sums without the pairs i - j == diag;
-    logits is the kept [M, N] matrix S' (fp32) when ``keep_logits``, else None.
+    logits is the kept [M, N] matrix S' when ``keep_logits`` is "whole" (fp32; True says the
+    same) or "bands" (the features' dtype), else None.
     band: rows per GEMM band (0: by memory, :func:`band_rows`). out: a zeroed fp32
     [2 M + 2 N] buffer to add into (row_sum, row_wsum, col_sum, col_wsum, in that order).
     """
@@ -818,8 +827,9 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
     m, d = a.shape
     n = b.shape[0]
     keep = logits is not None
+    kept_bands = keep and logits.dtype != torch.float32  # the forward's bands, in the features' dtype
     fused = _use_fused(m, n, keep)
-    step = _step(m, n, d, keep, band)
+    step = _step(m, n, d, keep and not kept_bands, band)
     grad_a = None if sink_a is not None else torch.empty(m, d, device=a.device, dtype=out_dtype)
 
     def block(r0, r1, buf):
@@ -856,9 +866,15 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
                 sink_a(r0, r1, _mm(s, b, torch.float32))
             _addmm_(acc_b, s.T, a[r0:r1])
 
-        _pipeline(bands, a, lambda r0, r1, buf: block(r0, r1, buf[: r1 - r0]),
-                  (lambda s, r0, r1: None) if fused else (lambda s, r0, r1: fill(s, s, r0, r1)),
-                  finish, bufs)
+        if kept_bands:  # no GEMM to redo: each band's P read from the kept rows
+            for r0, r1 in bands:
+                p = bufs[0][: r1 - r0]
+                fill(logits[r0:r1], p, r0, r1)
+                finish(p, r0, r1)
+        else:
+            _pipeline(bands, a, lambda r0, r1, buf: block(r0, r1, buf[: r1 - r0]),
+                      (lambda s, r0, r1: None) if fused else (lambda s, r0, r1: fill(s, s, r0, r1)),
+                      finish, bufs)
         del bufs  # before the cast below: the peak holds one of the two
     return grad_a, (acc_b if out_dtype == torch.float32 else acc_b.to(out_dtype))
 

@@ -6,6 +6,7 @@ Triton kernels run under TRITON_INTERPRET=1 (set by tests/run.sh and conftest.py
 fp16 only: the interpreter cannot do bf16 dots (shared/ENVIRONMENT.md).
 """
 
+import importlib
 import logging
 import math
 
@@ -145,12 +146,53 @@ def test_triton_kept_logits_and_memory_bands_agree(monkeypatch, loss):
     _assert_close(banded, _reference(img, txt, scale, bias, loss, 0.0), what="banded")
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("loss", ["clip", "siglip"])
+def test_triton_logits_kept_as_bands_give_the_recompute_numbers(monkeypatch, loss, eps):
+    """With 16-bit features and a budget for the B x B matrix in their dtype but not in fp32,
+    the forward's GEMM bands are kept and the backward reads them band by band (uneven last band)
+    instead of redoing the GEMMs: the same numbers as the recompute path, which runs the same
+    GEMMs into the same dtype, and the reference; no logit GEMM in the backward."""
+    if loss == "siglip" and eps:
+        pytest.skip("label smoothing is CLIP's")
+    op = importlib.import_module("infclip.ops.contrastive_loss")  # (the package's name is the function)
+    monkeypatch.setattr(op, "_BANDS_MIN_LOGITS", 0)  # bands kept at this small B
+    monkeypatch.setattr(triton_impl, "band_rows", lambda m, n, d: 16)
+    monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 0)  # the recompute: cuBLAS bands
+    img, txt, scale, bias = _inputs(53, 24, torch.float16, seed=5)
+    whole = 53 * 53 * 6 / 2**20  # MiB for S' fp32 + dS fp16
+    budget = 53 * 53 * 2 / 2**20 * 1.01  # the fp16 matrix fits, the fp32 one does not
+    assert budget < whole
+    calls = []
+    logits = triton_impl._logits
+    monkeypatch.setattr(triton_impl, "_logits", lambda a, b, out: (calls.append(a.shape[0]), logits(a, b, out))[1])
+    run = lambda **kw: _run(lambda i, t, s, b: contrastive_loss(  # noqa: E731
+        i, t, s, b, loss=loss, impl="triton", triton_interpret=True, label_smoothing=eps, **kw),
+        img, txt, scale, bias, loss == "siglip")
+    kept = run(logits_budget_mb=budget)
+    assert calls == [16, 16, 16, 5]  # the forward's bands only
+    calls.clear()
+    recomputed = run(logits_budget_mb=0)
+    assert calls == [16, 16, 16, 5] * 2  # forward and backward
+    for key in kept:
+        torch.testing.assert_close(kept[key], recomputed[key], rtol=1e-6, atol=1e-7, msg=key)
+    _assert_close(kept, _reference(img, txt, scale, bias, loss, eps),
+                  _torch_lowp(img, txt, scale, bias, loss, eps), what="kept bands")
+
+
 def test_kept_logits_only_when_they_fit():
     from infclip.ops.contrastive_loss import _keep_logits
 
-    assert _keep_logits("triton", 3344, torch.bfloat16, 0, 64.0)  # S' fp32 + dS bf16: 64 MiB
-    assert not _keep_logits("triton", 3345, torch.bfloat16, 0, 64.0)
-    assert not _keep_logits("triton", 2897, torch.float32, 0, 64.0)
+    assert _keep_logits("triton", 3344, torch.bfloat16, 0, 64.0) == "whole"  # S' fp32 + dS bf16: 64 MiB
+    assert not _keep_logits("triton", 3345, torch.bfloat16, 0, 64.0)  # bands only above B = 16,384
+    assert _keep_logits("triton", 16385, torch.bfloat16, 0, 1024.0) == "bands"  # 512 MiB, not 1.5 GiB
+    assert _keep_logits("triton", 16385, torch.float16, 0, 1024.0) == "bands"
+    assert not _keep_logits("triton", 16384, torch.bfloat16, 0, 1024.0)  # not above 16,384
+    assert _keep_logits("triton", 32768, torch.bfloat16, 0, 8192.0) == "whole"  # fp32 fits: 6 GiB
+    assert _keep_logits("triton", 65536, torch.bfloat16, 0, 8192.0) == "bands"
+    assert not _keep_logits("triton", 65537, torch.bfloat16, 0, 8192.0)
+    assert not _keep_logits("triton", 2897, torch.float32, 0, 64.0)  # fp32 features: whole only
+    assert _keep_logits("triton", 20000, torch.float32, 0, 8192.0) == "whole"
     assert not _keep_logits("triton", 10, torch.float32, 0, 0.0)
     assert not _keep_logits("triton", 10, torch.float32, 16, 64.0)  # a band height was asked for
     assert not _keep_logits("chunked_torch", 10, torch.float32, 0, 64.0)

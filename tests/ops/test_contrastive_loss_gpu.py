@@ -5,6 +5,8 @@ torch_lowp is the same loss in plain torch on the low-precision features (matmul
 features' dtype, softmax in fp32: what autocast does) and ref64 is fp64 on the same inputs.
 """
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -97,12 +99,16 @@ def test_siglip_and_smoothing(b, d, dtype):
 
 @pytest.mark.parametrize("loss,eps", [("clip", 0.0), ("clip", 0.1), ("siglip", 0.0)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("path", ["kept", "banded", "memory_bands"])
-def test_paths(path, dtype, loss, eps):
-    """The three triton paths at awkward shapes: the whole matrix kept from forward to backward,
-    forced row bands (an uneven last band), and the recompute with bands by the memory rule."""
-    kw = {"kept": dict(logits_budget_mb=1024.0), "banded": dict(block_m=1000),
-          "memory_bands": dict(logits_budget_mb=0.0)}[path]
+@pytest.mark.parametrize("path", ["kept", "kept_bands", "banded", "memory_bands"])
+def test_paths(monkeypatch, path, dtype, loss, eps):
+    """The triton paths at awkward shapes: the whole matrix kept from forward to backward (fp32),
+    the forward's bands kept in the features' dtype (a budget for 2 bytes a pair, not 6), forced
+    row bands (an uneven last band), and the recompute with bands by the memory rule."""
+    kw = {"kept": dict(logits_budget_mb=1024.0), "kept_bands": dict(logits_budget_mb=40.0),
+          "banded": dict(block_m=1000), "memory_bands": dict(logits_budget_mb=0.0)}[path]
+    if path == "kept_bands":
+        op = importlib.import_module("infclip.ops.contrastive_loss")  # (the package's name is the function)
+        monkeypatch.setattr(op, "_BANDS_MIN_LOGITS", 0)  # bands kept at this B (default: above 16,384)
     _check(4097, 640, dtype, loss=loss, eps=eps, **kw)
 
 
