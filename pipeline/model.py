@@ -640,25 +640,30 @@ class CLIPTowers(nn.Module):
                 run.inner = _compiled_while_training(layers, run.inner, compile_fn)
             self.compiled = "stacks"
         elif by_block:
-            blocks = _encoder_layers(self)
-            # the blocks share one code object, and under ZeRO-3 each is guarded on its own
-            # parameters' ds_id: one graph per block. At dynamo's default limit (8) the other
-            # blocks ran eager (ZeRO-3 at 0.3-0.5x ZeRO-2 on an H200)
-            limit = len(blocks) + 8
-            if torch._dynamo.config.recompile_limit < limit:
-                torch._dynamo.config.recompile_limit = limit
-                logger.info("torch._dynamo.config.recompile_limit raised to %d (one graph per block)", limit)
-            for block in blocks:
-                if isinstance(block.forward, BindingForward):  # flat under ZeRO-3: the binding stays outside
-                    block.forward.inner = _compiled_while_training(block, block.forward.inner, compile_fn)
-                else:
-                    block.forward = _compiled_while_training(block, block.forward, compile_fn)
+            self._compile_blocks(compile_fn)
             self.compiled = "blocks"
         else:
             self._image_features = _compiled_while_training(self, self._image_features, compile_fn)
             self._text_features = _compiled_while_training(self, self._text_features, compile_fn)
             self.compiled = "towers"
         logger.info("torch.compile (%s): %s", self.cfg.compile_backend, self.compiled)
+
+    def _compile_blocks(self, compile_fn: typing.Callable) -> None:
+        """Each transformer block's forward compiled alone (a flat block's binding under ZeRO-3
+        stays outside the compiled code)."""
+        blocks = _encoder_layers(self)
+        # the blocks share one code object, and under ZeRO-3 each is guarded on its own
+        # parameters' ds_id: one graph per block. At dynamo's default limit (8) the other blocks
+        # ran eager (ZeRO-3 at 0.3-0.5x ZeRO-2 on an H200)
+        limit = len(blocks) + 8
+        if torch._dynamo.config.recompile_limit < limit:
+            torch._dynamo.config.recompile_limit = limit
+            logger.info("torch._dynamo.config.recompile_limit raised to %d (one graph per block)", limit)
+        for block in blocks:
+            if isinstance(block.forward, BindingForward):
+                block.forward.inner = _compiled_while_training(block, block.forward.inner, compile_fn)
+            else:
+                block.forward = _compiled_while_training(block, block.forward, compile_fn)
 
     @property
     def image_size(self) -> int:
