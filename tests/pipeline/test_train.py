@@ -112,20 +112,22 @@ def test_two_process_zero0_trains_and_logs(zero0_run):
     assert (tag_dir / "rng_rank0.pt").is_file() and (tag_dir / "rng_rank1.pt").is_file()
 
 
-@pytest.mark.parametrize("flat", [False, True], ids=["zero3_init", "flat"])
+@pytest.mark.parametrize("flat", [False, True], ids=["zero3_init", "flat_stack"])
 def test_two_process_zero3_chunked_ring_follows_zero0(zero0_run, digits_shards, tmp_path, flat):
     """ZeRO-3 + chunked backbone (3 chunks per micro-batch) + ring loss follow ZeRO-0 + one-graph
     backbone + gather loss (same data, same init): at step 1 (identical weights) the loss and the
     global gradient norm agree to float precision; the first updates give the same losses.
     Later steps drift apart: in Adam's first steps, elements whose gradient is rounding noise
     get +-lr updates, so differences of 1e-7 grow to 1e-3 within a few steps. Once with the towers
-    built partitioned (zero3_init), once with flat per-block parameters partitioned by
-    deepspeed.initialize (views bound after each block's gather; checkpoints and the export keep
+    built partitioned (zero3_init, each block a ZeRO-3 unit), once with flat per-block parameters
+    partitioned by deepspeed.initialize and each tower's stack of blocks as the unit (views bound
+    after the stack's gather, the stack called once per chunk; checkpoints and the export keep
     the usual names)."""
     z0, z0_norm = tb_scalars(zero0_run[0]), tb_scalars(zero0_run[0], "train/grad_norm")
     out = tmp_path / "run"
     steps = 3
-    extra = {"model.flat_parameters": True, "model.zero3_init": False} if flat else {}
+    extra = ({"model.flat_parameters": True, "model.zero3_init": False, "model.zero3_leaf_layers": "stack"}
+             if flat else {})
     sets = base_overrides(digits_shards, out, steps, **{"zero_optimization.stage": 3, "train.chunk_size": 12,
                                                          "contrastive_loss.distributed": "ring",
                                                          "train.export_final": True, **extra})
