@@ -16,8 +16,8 @@ attention_mask, *other tensors)`` runs the encoder's own forward (its loop, unch
 returns the last hidden state; the encoder's forward routes its call through it. Module names,
 state dicts and the blocks are untouched.
 
-Limits: the stack returns the last hidden state only (transformers' per-layer outputs are not
-collected through it; training never asks for them). The whole stack's weights are gathered at
+Limits: the stack returns the last hidden state (transformers 5 collects per-layer outputs with
+hooks on the blocks, which still run). The whole stack's weights are gathered at
 once (a tower's weights live during its forward, and, as under ZeRO-2, from forward to backward
 with flat parameters); its gradients are reduced when the tower's backward ends, so the
 reduction overlaps the other tower's backward rather than the tower's own.
@@ -52,6 +52,7 @@ class StackForward:
 def _routed_forward(encoder: nn.Module, inputs_embeds: Tensor, attention_mask: Optional[Tensor] = None, **kwargs):
     from transformers.modeling_outputs import BaseModelOutput
 
+    # bare tensors only (CLIP's masks); a tensor inside a tuple would stay hidden from the hooks
     names = tuple(k for k, v in kwargs.items() if isinstance(v, Tensor))
     tensors = [kwargs.pop(k) for k in names]
     hidden = encoder.layers(inputs_embeds, attention_mask, *tensors, names=names, options=kwargs)

@@ -626,12 +626,17 @@ class CLIPTowers(nn.Module):
         checkpointing = self.vision.vision_model.encoder.gradient_checkpointing
         stacks = layer_stacks(self) if zero3 and not checkpointing else []
         by_block = (zero3 or checkpointing) and not stacks
-        if by_block and mode == "reduce-overhead":
-            # CUDA graphs per block would copy each block's re-gathered (moving) ZeRO-3 weights into
-            # the graph's inputs at every replay, or replay under checkpointing's recompute. A layer
-            # stack's graphs take that copy once per tower (~0.1 ms for ViT-B/32's towers)
-            logger.warning("compile_mode 'reduce-overhead' applies to whole towers and layer stacks; the blocks "
-                           "compile with mode 'default' (%s)", "ZeRO-3" if zero3 else "gradient checkpointing")
+        # CUDA graphs per block would copy each block's re-gathered (moving) ZeRO-3 weights into
+        # the graph's inputs at every replay, or replay under checkpointing's recompute. A stack of
+        # flat blocks takes that copy once per tower (~0.1 ms for ViT-B/32's towers: its views are
+        # plain inputs); a stack's own parameters would be static inputs whose gathers move them,
+        # so that the graphs would be recorded anew
+        graphs = not (zero3 or checkpointing) or bool(stacks and all(isinstance(m.forward, BindingForward)
+                                                                 for m in stacks))
+        if mode == "reduce-overhead" and not graphs:
+            logger.warning("compile_mode 'reduce-overhead' applies to whole towers and stacks of flat blocks; "
+                           "%s compile with mode 'default' (%s)", "the stacks" if stacks else "the blocks",
+                           "ZeRO-3" if zero3 else "gradient checkpointing")
             mode = "default"
         compile_fn = functools.partial(torch.compile, backend=self.cfg.compile_backend, mode=mode)
         if stacks:

@@ -26,8 +26,12 @@ __all__ = ["patch_gemm", "use_patch_gemm"]
 
 
 def patch_gemm(conv: nn.Conv2d, pixel_values: Tensor) -> Tensor:
-    """``conv(pixel_values)`` for a convolution whose kernel equals its stride, as one GEMM."""
+    """``conv(pixel_values)`` for a convolution whose kernel equals its stride, as one GEMM
+    (what the GEMM does not cover, an unbatched image or one smaller than the kernel, goes to the
+    convolution, which takes or refuses it as it always did)."""
     p, q = conv.kernel_size
+    if pixel_values.dim() != 4 or pixel_values.shape[2] < p or pixel_values.shape[3] < q:
+        return conv._conv_forward(pixel_values, conv.weight, conv.bias)
     b, c, h, w = pixel_values.shape
     rows, cols = h // p, w // q
     patches = (pixel_values[:, :, :rows * p, :cols * q]
@@ -39,7 +43,7 @@ def patch_gemm(conv: nn.Conv2d, pixel_values: Tensor) -> Tensor:
 
 def _is_patch_conv(conv: nn.Module) -> bool:
     return (isinstance(conv, nn.Conv2d) and tuple(conv.kernel_size) == tuple(conv.stride)
-            and tuple(conv.padding) == (0, 0) and tuple(conv.dilation) == (1, 1) and conv.groups == 1
+            and conv.padding in ((0, 0), "valid") and tuple(conv.dilation) == (1, 1) and conv.groups == 1
             and conv.padding_mode == "zeros")
 
 

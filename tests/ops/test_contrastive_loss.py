@@ -511,7 +511,8 @@ def test_op_autograd_gives_the_reference_gradients(loss, bias_grad, impl):
 @pytest.mark.parametrize("loss", ["clip", "siglip"])
 def test_op_without_grad_builds_no_graph(loss):
     """Under torch.no_grad(), or with no input requiring grad, the op runs below autograd: the
-    same value, no grad_fn; the registered op's four saved outputs never require grad."""
+    same value, no grad_fn, no logit matrix kept for a backward that will not come; the
+    registered op's four saved outputs never require grad."""
     leaves, b = _op_leaves(loss, True)
     kw = dict(loss=loss, impl="triton", triton_interpret=True)
     with_grad = contrastive_loss(*leaves, b, **kw)
@@ -523,6 +524,19 @@ def test_op_without_grad_builds_no_graph(loss):
         torch.testing.assert_close(out, with_grad.detach(), rtol=0, atol=0)
     outs = torch.ops.infclip.contrastive_loss(*leaves, b, loss, "triton", 0.0, 0, 0, False, 64.0)
     assert outs[0].requires_grad and not any(t.requires_grad for t in outs[1:])
+    budgets = []
+    op = importlib.import_module("infclip.ops.contrastive_loss")  # (the package's name is the function)
+    real = op._keep_logits
+    try:
+        op._keep_logits = lambda *args: (budgets.append(args[-1]), real(*args))[1]
+        with torch.no_grad():
+            contrastive_loss(*leaves, b, **kw, logits_budget_mb=512.0)
+        contrastive_loss(*(x.detach() for x in leaves), b.detach() if b is not None else None, **kw,
+                         logits_budget_mb=512.0)
+        contrastive_loss(*leaves, b, **kw, logits_budget_mb=512.0)
+    finally:
+        op._keep_logits = real
+    assert budgets == [0.0, 0.0, 512.0]  # a logit matrix is kept only for a backward that will come
 
 
 def test_op_create_graph_gives_the_same_first_order_gradients():

@@ -256,3 +256,29 @@ def test_cuda_graphs_only_where_they_can_replay(monkeypatch):
         model._compile()
         assert model.compiled == ("blocks" if ckpt else "towers")
         assert modes and set(modes) == {want}
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_zero3_stacks_take_cuda_graphs_only_with_flat_blocks(monkeypatch, flat):
+    """Under ZeRO-3 with layer stacks, ``compile_mode: "reduce-overhead"`` stays for stacks of
+    flat blocks (their views are plain graph inputs, copied in at each replay) and falls back to
+    "default" for stacks whose own parameters would be static inputs moved by every gather."""
+    deepspeed = pytest.importorskip("deepspeed")
+    from infclip.pipeline.model import mark_zero3_leaf_layers
+    from infclip.pipeline.train import single_process_env
+
+    single_process_env()
+    model = CLIPTowers(cfg(compile_mode="reduce-overhead", flat_parameters=flat), eos_token_id=1, pad_token_id=0)
+    assert mark_zero3_leaf_layers(model, "stack") == 2
+    ds = {"train_micro_batch_size_per_gpu": 3, "zero_optimization": {"stage": 3},
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
+    engine.module.bind_flat_views_in_forward()
+    modes = []
+    monkeypatch.setattr(torch, "compile", lambda fn, backend=None, mode=None: modes.append(mode) or fn)
+    try:
+        engine.module._compile()
+        assert engine.module.compiled == "stacks" and len(modes) == 2
+        assert set(modes) == {"reduce-overhead" if flat else "default"}
+    finally:
+        engine.destroy()

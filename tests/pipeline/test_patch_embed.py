@@ -104,3 +104,16 @@ def test_bf16_gemm_on_cuda_matches_cudnn(patch):
     (got_w,) = torch.autograd.grad(got, [conv.weight], g)
     scale = want_w.float().abs().max()
     torch.testing.assert_close(got_w.float() / scale, want_w.float() / scale, rtol=0, atol=2e-2)
+
+
+def test_what_the_gemm_does_not_cover_goes_to_the_convolution():
+    """An unbatched image and one smaller than the kernel behave as the convolution does (the
+    first is taken, the second refused); ``padding="valid"`` convolutions are patch convolutions too."""
+    conv = nn.Conv2d(3, 4, 4, stride=4, padding="valid")
+    assert use_patch_gemm(nn.Sequential(conv)) == 1
+    x = torch.randn(3, 8, 8)
+    torch.testing.assert_close(conv(x), nn.functional.conv2d(x, conv.weight, conv.bias, stride=4))
+    with pytest.raises(RuntimeError):
+        conv(torch.randn(1, 3, 2, 2))
+    y = torch.randn(2, 3, 9, 13)
+    torch.testing.assert_close(conv(y), nn.functional.conv2d(y, conv.weight, conv.bias, stride=4))
