@@ -168,8 +168,9 @@ class ModelConfig:
     kernels: a quick check that a setup compiles)."""
     compile_mode: typing.Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
     """``torch.compile``'s mode: ``"reduce-overhead"`` replays the compiled towers as CUDA graphs
-    (fewer launches on the host; more memory): whole towers only (where blocks compile alone,
-    under ZeRO-3 or checkpointing, they use ``"default"``), and not with the chunked backbone."""
+    (fewer launches on the host; more memory): whole towers, and ZeRO-3 layer stacks of flat
+    blocks (where blocks compile alone, under ZeRO-3 or checkpointing, or a stack holds its own
+    parameters, they use ``"default"``), and not with the chunked backbone."""
     attn_implementation: typing.Literal["sdpa", "eager"] = "sdpa"
     """Attention kernel of the towers: torch's scaled_dot_product_attention (flash / memory-
     efficient kernels, no stored attention matrix) or transformers' eager softmax(QK^T)V."""
