@@ -54,14 +54,16 @@ def _ms_per_step(step: Callable[[], object], steps: int, device: torch.device) -
 
 
 def _deepspeed_ms(model: torch.nn.Module, params, micro: int, zero_optimization: dict, loss: Callable,
-                  steps: int, device: torch.device) -> float:
-    """``_ms_per_step`` of a DeepSpeed engine (bf16, torch AdamW) taking ``loss(engine)``."""
+                  steps: int, device: torch.device, after_init: Callable = lambda engine: None) -> float:
+    """``_ms_per_step`` of a DeepSpeed engine (bf16, torch AdamW) taking ``loss(engine)``;
+    ``after_init(engine)`` runs once the engine is built."""
     import deepspeed
 
     ds = {"train_micro_batch_size_per_gpu": micro, "bf16": {"enabled": True, "check_grad_overflow": False},
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
           "zero_optimization": zero_optimization}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=ds)
+    after_init(engine)
 
     def step():
         engine.backward(loss(engine))
@@ -96,10 +98,12 @@ def plain_ms(count: int, numel: int, steps: int, device: torch.device) -> float:
     return _ms_per_step(step, steps, device)
 
 
-def towers_ms(flat: bool, zero: int, steps: int, device: torch.device, width: int) -> tuple:
+def towers_ms(flat: bool, zero: int, steps: int, device: torch.device, width: int, leaf=True) -> tuple:
     """The ViT-B/32 towers' layout (12 + 12 blocks, 399 tensors) at width ``width``, with or
-    without ``model.flat_parameters``, through the DeepSpeed step on 2 rows: (tensors, ms)."""
-    from infclip.pipeline.model import CLIPTowers, ModelConfig, param_groups
+    without ``model.flat_parameters``, through the DeepSpeed step on 2 rows: (tensors, ms).
+    Under ZeRO-3, ``leaf`` is ``model.zero3_leaf_layers`` (True: each block, "stack": each
+    tower's stack of blocks, False: none)."""
+    from infclip.pipeline.model import CLIPTowers, ModelConfig, mark_zero3_leaf_layers, param_groups
 
     heads = max(1, width // 64)
     cfg = ModelConfig.from_dict({
@@ -116,7 +120,10 @@ def towers_ms(flat: bool, zero: int, steps: int, device: torch.device, width: in
         return (scale * img @ txt.T).float().logsumexp(1).mean()
 
     count = len(list(model.parameters()))
-    return count, _deepspeed_ms(model, param_groups(model), 2, {"stage": zero}, loss, steps, device)
+    if zero == 3 and leaf:
+        mark_zero3_leaf_layers(model, leaf)
+    return count, _deepspeed_ms(model, param_groups(model), 2, {"stage": zero}, loss, steps, device,
+                                lambda engine: engine.module.bind_flat_views_in_forward())
 
 
 def main(argv=None) -> int:
@@ -128,6 +135,9 @@ def main(argv=None) -> int:
     p.add_argument("--towers", action="store_true",
                    help="instead: the ViT-B/32 towers' layout (narrow) with and without model.flat_parameters")
     p.add_argument("--width", type=int, default=64, help="--towers: hidden size of both towers")
+    p.add_argument("--zero3_leaf", type=lambda v: {"0": False, "1": True}.get(v, v), nargs="+",
+                   default=[True, "stack"], choices=[False, True, "stack"],
+                   help="--towers at ZeRO-3: model.zero3_leaf_layers values (1: blocks, stack, 0: none)")
     args = p.parse_args(argv)
     from infclip.pipeline.train import single_process_env
 
@@ -136,10 +146,13 @@ def main(argv=None) -> int:
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if args.towers:
         print(f"# {device}, {os.cpu_count()} CPUs, ViT-B/32 layout at width {args.width}; ms per DeepSpeed step")
-        for zero in [z for z in args.zero if z < 3]:
+        for zero in args.zero:
             for flat in (False, True):
-                count, ms = towers_ms(flat, zero, args.steps, device, args.width)
-                print(f"ZeRO-{zero} {'flat_parameters' if flat else 'plain':<16} {count:>4} tensors {ms:7.1f}", flush=True)
+                for leaf in (args.zero3_leaf if zero == 3 else [True]):
+                    count, ms = towers_ms(flat, zero, args.steps, device, args.width, leaf)
+                    unit = {True: " blocks", False: " no leaf", "stack": " stacks"}[leaf] if zero == 3 else ""
+                    print(f"ZeRO-{zero}{unit:<8} {'flat_parameters' if flat else 'plain':<16} {count:>4} tensors "
+                          f"{ms:7.1f}", flush=True)
         return 0
     print(f"# {device}, {os.cpu_count()} CPUs, {args.numel:,} elements; ms per step (forward + backward + step)")
     row = lambda label, ms: print(f"{label:<22}" + "  ".join(f"{n:>4} tensors {m:7.1f}" for n, m in zip(args.counts, ms)),
