@@ -504,7 +504,8 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
     compiled without a graph break); "raise" raises FloatingPointError naming the input (one
     host sync); False skips it. logits_budget_mb: the triton impl keeps the [B, B] logit matrix
     between forward and backward when it fits (6 B^2 D FLOPs instead of 8; ops/config.py says
-    how); 0, or a call that needs no gradient, never keeps it. block_m: torch impls' row tile; triton's rows per GEMM band (0: by memory).
+    how); 0, or a call that needs no gradient, never keeps it. block_m: torch impls' row tile;
+    triton's rows per GEMM band (0: by memory).
 
     With ``distributed`` != "none" and a process group of more than one rank, the features are
     this rank's local batch and the loss is over the global batch (ops/distributed.py).
@@ -523,6 +524,8 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
             impl=impl_run, label_smoothing=label_smoothing, allow_tf32=allow_tf32,
             block_m=block_m, block_n=block_n, grad_reduction=grad_reduction)
     inputs = (image_features, text_features, logit_scale, logit_bias if loss == "siglip" else None)
+    # the test _autograd_kernel makes, in Python: dynamo cannot trace torch._C._any_requires_grad,
+    # and this function compiles with fullgraph=True
     if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)):
         logits_budget_mb = 0.0  # no backward will come: nothing to keep for it
     out = _OP(*inputs, loss, impl_run, float(label_smoothing), int(block_m), int(block_n), bool(allow_tf32),

@@ -22,7 +22,8 @@ it in the same program. Fewer launches win below 32k (B = 1k-16k: 1.16-4.42 ms a
 ~300 TFLOP/s against ~660).
 FLOPs: 8 B^2 D in GEMMs (6 B^2 D when the matrix is kept from forward to backward: whole in fp32
 at small B, or, within a larger ``logits_budget_mb``, as the forward's bands in the features'
-dtype, read back band by band by the backward), at cuBLAS's rate; the Triton kernels are memory-bound (2-3.5 TB/s on an H200). Bands hold
+dtype, read back band by band by the backward), at cuBLAS's rate; the Triton kernels are
+memory-bound (2-3.5 TB/s on an H200). Bands hold
 <= _BAND_FACTOR max(N D, 2^24) elements, so the extra memory stays O(B D) at any batch size.
 Measured and not kept: one stats kernel for both directions (per-tile reductions both ways:
 0.3-0.6 TB/s; column strips with per-tile row reductions: 0.9-1.3 TB/s, 2-3% slower end to end
@@ -739,7 +740,6 @@ def _run_stats(a, b, keep_logits, band, allow_tf32, kernel: Callable):
     Returns the kept matrix or None."""
     m, d = a.shape
     n = b.shape[0]
-    keep_logits = "whole" if keep_logits is True else keep_logits
     with _precision(a, allow_tf32):
         if keep_logits == "whole":
             s = _mm(a, b.T, torch.float32)
@@ -758,13 +758,13 @@ def _run_stats(a, b, keep_logits, band, allow_tf32, kernel: Callable):
 
 
 def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=0, *,
-                      keep_logits=False, band=0, allow_tf32=False, out=None):
+                      keep_logits="", band=0, allow_tf32=False, out=None):
     """Partial CLIP statistics of S = scale * a b^T (see ops/contrastive_loss.clip_stats).
 
     a: [M, D], b: [N, D]; scale: fp32 [] tensor; shifts and refs: fp32 [M] / [N]. Returns
     (row_sum, col_sum, row_wsum, col_wsum, logits): fp32 sums without the pairs i - j == diag;
-    logits is the kept [M, N] matrix S' when ``keep_logits`` is "whole" (fp32; True says the
-    same) or "bands" (the features' dtype), else None.
+    logits is the kept [M, N] matrix S' when ``keep_logits`` is "whole" (fp32) or "bands" (the
+    features' dtype), else None ("").
     band: rows per GEMM band (0: by memory, :func:`band_rows`). out: a zeroed fp32
     [2 M + 2 N] buffer to add into (row_sum, row_wsum, col_sum, col_wsum, in that order).
     """
@@ -795,7 +795,7 @@ def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=
     return row_sum, col_sum, row_wsum, col_wsum, logits
 
 
-def siglip_stats_triton(a, b, scale, bias, diag=0, *, keep_logits=False, band=0,
+def siglip_stats_triton(a, b, scale, bias, diag=0, *, keep_logits="", band=0,
                         allow_tf32=False):
     """Per-row SigLIP pair-loss sums of the block (fp32 [M]) and the kept logits (or None)."""
     a, b = _prep(a), _prep(b)

@@ -30,7 +30,7 @@ from typing import List, Optional
 
 from torch import Tensor, nn
 
-__all__ = ["StackForward", "layer_stacks", "route_through_stack"]
+__all__ = ["StackForward", "layer_stacks", "route_through_stack", "stack_forward"]
 
 
 class StackForward:
@@ -40,7 +40,6 @@ class StackForward:
     it by a compiled one."""
 
     def __init__(self, encoder: nn.Module) -> None:
-        self.encoder = encoder
         self.inner = functools.partial(type(encoder).forward, encoder)
 
     def __call__(self, inputs_embeds: Tensor, attention_mask: Optional[Tensor] = None, *tensors: Tensor,
