@@ -8,8 +8,10 @@ open_clip and inf_cl are imported here only (wheels on the device machine).
 This op runs as ``ours_bf16`` (CLIP, default settings), ``ours_bf16_banded`` (CLIP,
 logits_budget_mb=0: the recompute path at every B) and ``ours_siglip_bf16``; with --unfused also
 ``ours_bf16_unfused`` / ``ours_siglip_bf16_unfused`` (the recompute path on cuBLAS bands and
-Triton passes at every B; the default takes the fused GEMM kernels up to B = 16,384); with
---keep-mb N also ``ours_bf16_kept`` / ``ours_siglip_bf16_kept`` (logits_budget_mb N: the matrix
+Triton passes at every B; the default takes the fused GEMM kernels up to B = 16,384, and for
+the backward at every B where they load by TMA descriptors); with --pointer also
+``ours_bf16_pointer`` / ``ours_siglip_bf16_pointer`` (the fused kernels with pointer loads, as
+on GPUs without TMA); with --keep-mb N also ``ours_bf16_kept`` / ``ours_siglip_bf16_kept`` (logits_budget_mb N: the matrix
 kept from forward to backward where it fits, as bf16 bands above the fp32 whole-matrix size).
 
     python bench/bench_contrastive_loss.py --out bench/results/contrastive_loss.jsonl
@@ -77,14 +79,16 @@ def make_inf_cl():
     return fn
 
 
-def ours(dtype_mode, loss="clip", fused=True, **kw):
-    """This op; fused=False runs the cuBLAS band + Triton pass path (the fused kernels' anchor)."""
+def ours(dtype_mode, loss="clip", fused=True, tma=None, **kw):
+    """This op; fused=False runs the cuBLAS band + Triton pass path (the fused kernels' anchor),
+    tma=False the fused kernels with pointer loads (the TMA descriptor kernels' anchor)."""
     from infclip.ops import contrastive_loss_triton as tri
 
-    limit = tri._FUSED_MAX_LOGITS if fused else 0
+    limits = (tri._FUSED_MAX_LOGITS, tri._TMA_GRAD_MAX_LOGITS) if fused else (0, 0)
 
     def fn(img, txt, scale, bias):
-        tri._FUSED_MAX_LOGITS = limit
+        tri._FUSED_MAX_LOGITS, tri._TMA_GRAD_MAX_LOGITS = limits
+        tri._TMA_FORCE = tma
         return contrastive_loss(img, txt, scale, bias if loss == "siglip" else None, loss=loss,
                                 impl="triton", allow_tf32=(dtype_mode == "tf32"), **kw)
     return fn
@@ -260,6 +264,8 @@ def main(argv=None):
     p.add_argument("--out", default="bench/results/contrastive_loss.jsonl")
     p.add_argument("--tiles", default="", help="JSON of the fused kernels' tiles (bench_loss_kernels.py --best)")
     p.add_argument("--unfused", action="store_true", help="also the cuBLAS band + Triton pass path")
+    p.add_argument("--pointer", action="store_true",
+                   help="also the fused kernels with pointer loads instead of TMA descriptors")
     p.add_argument("--keep-mb", type=float, default=0.0,
                    help="also ours_bf16_kept / ours_siglip_bf16_kept: logits_budget_mb of this many MiB "
                    "(the matrix kept from forward to backward where it fits)")
@@ -309,6 +315,9 @@ def main(argv=None):
             runs += [("ours_bf16_kept", ours("bf16", logits_budget_mb=args.keep_mb), torch.bfloat16),
                      ("ours_siglip_bf16_kept", ours("bf16", "siglip", logits_budget_mb=args.keep_mb),
                       torch.bfloat16)]
+        if args.pointer:
+            runs += [("ours_bf16_pointer", ours("bf16", tma=False), torch.bfloat16),
+                     ("ours_siglip_bf16_pointer", ours("bf16", "siglip", tma=False), torch.bfloat16)]
         if args.unfused:
             runs += [("ours_bf16_unfused", ours("bf16", fused=False, logits_budget_mb=0), torch.bfloat16),
                      ("ours_siglip_bf16_unfused", ours("bf16", "siglip", fused=False), torch.bfloat16)]

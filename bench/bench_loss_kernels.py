@@ -8,7 +8,9 @@ For each B (D = --dim, bf16, the op's real inputs: unit rows, scale 14.3):
   unfused_stats   that GEMM plus the two Triton statistics passes (what the op runs above _FUSED_MAX_LOGITS);
   fused_stats     one _clip_stats_fused_kernel launch over the whole B x B, per tile config;
   unfused_grad    band GEMM plus _clip_grad_kernel (P in place);
-  fused_grad      one _clip_grad_fused_kernel launch writing P for the band, per tile config.
+  fused_grad      one _clip_grad_fused_kernel launch writing P for the band, per tile config;
+  fused_*_tma     the same kernels loading by TMA tensor descriptors, persistent (Hopper; tile
+                  configs with a seventh entry, programs per SM).
 Each as median ms of --reps and TFLOP/s counting 2 R B D. The fastest fused configs are printed
 and written to --best (JSON: {"stats": [...], "grad": [...]}, read by bench_contrastive_loss.py
 --tiles).
@@ -37,6 +39,10 @@ CONFIGS = [  # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages
     (128, 256, 64, 8, 8, 3), (256, 128, 64, 8, 8, 3), (128, 64, 64, 8, 4, 4),
     (64, 128, 64, 8, 4, 4), (128, 128, 32, 8, 8, 5),
 ]
+TMA_CONFIGS = [  # ... and programs per SM
+    (128, 64, 64, 8, 4, 4, 2), (128, 64, 64, 8, 4, 4, 1), (128, 128, 64, 8, 8, 4, 1),
+    (128, 256, 64, 8, 8, 3, 1), (256, 128, 64, 8, 8, 3, 1),
+]
 
 
 def timed(fn, reps: int) -> float:
@@ -63,17 +69,18 @@ def inputs(b: int, d: int):
     return img, txt, scale, row_shift, col_shift, aux[:b], sums
 
 
-def run_size(b: int, d: int, reps: int, configs, emit) -> None:
+def run_size(b: int, d: int, reps: int, configs, tma_configs, emit) -> None:
     default = tri._FUSED_MAX_LOGITS
     img, txt, scale, row_shift, col_shift, ref, sums = inputs(b, d)
     band = tri.band_rows(b, b, d)
     flops = lambda rows: 2 * rows * b * d  # noqa: E731
     s_full = torch.empty(b, b, device="cuda", dtype=torch.bfloat16) if b <= 65536 else None
 
-    def stats(fused, tiles=None):
+    def stats(fused, tiles=None, tma=False):
         tri._FUSED_MAX_LOGITS = 1 << 62 if fused else 0
+        tri._TMA_FORCE = tma
         if tiles is not None:
-            tri._FUSED_STATS = tiles
+            setattr(tri, "_TMA_STATS" if tma else "_FUSED_STATS", tiles)
         sums.zero_()
         tri.clip_stats_triton(img, txt, scale, row_shift, col_shift, ref, ref, 0, out=sums)
 
@@ -81,17 +88,21 @@ def run_size(b: int, d: int, reps: int, configs, emit) -> None:
     p_band = torch.empty(band, b, device="cuda", dtype=torch.bfloat16)
     k = torch.full((), 1e-4, device="cuda")
 
-    def grad_block(fused, tiles=None):
+    def grad_block(fused, tiles=None, tma=False):
         r = lse[:band].contiguous()
-        coef = k.reshape(1)
+        coef, s1 = k.reshape(1), scale.reshape(1)
+        # (scale, coef, coef_mul, dscale src / dst, row LSE, column LSE, row ref, diag,
+        # diag_value, offset, COEF_SCALE, DSCALE): the op's CLIP backward without smoothing
+        args = (s1, coef, 1.0, s1, s1, r, lse, ref[:band], 0, 2.0, 0.0, True, False)
         if fused:
-            tri._fused(tri._clip_grad_fused_kernel, img[:band], txt, tiles, False, p_band, p_band.stride(0),
-                       scale.reshape(1), coef, r, lse, ref[:band], 0, 2.0, 0.0)
+            tri._TMA_FORCE = tma
+            setattr(tri, "_TMA_GRAD" if tma else "_FUSED_GRAD", tiles)
+            tri._fused(tri._clip_grad_fused_kernel, img[:band], txt, "grad", False, *args, p=p_band)
             return
         torch.mm(img[:band], txt.T, out=p_band)
         tri._clip_grad_kernel[tri._grad_grid(band, b)](
-            p_band, p_band, p_band.stride(0), band, b, scale.reshape(1), coef, r, lse, ref[:band], 0, 2.0, 0.0,
-            BLOCK_M=tri._GRAD_M, BLOCK_N=tri._GRAD_N, num_warps=tri._GRAD_WARPS)
+            p_band, p_band, p_band.stride(0), band, b, *args[:-2], BLOCK_M=tri._GRAD_M,
+            BLOCK_N=tri._GRAD_N, num_warps=tri._GRAD_WARPS, COEF_SCALE=True, DSCALE=False)
 
     if s_full is not None:
         emit(b, "cublas_logits", None, timed(lambda: torch.mm(img, txt.T, out=s_full), reps), flops(b))
@@ -100,11 +111,15 @@ def run_size(b: int, d: int, reps: int, configs, emit) -> None:
     emit(b, "unfused_stats", None, timed(lambda: stats(False), reps), flops(b))
     for cfg in configs:
         emit(b, "fused_stats", cfg, _try(lambda: timed(lambda: stats(True, cfg), reps)), flops(b))
+    for cfg in tma_configs:
+        emit(b, "fused_stats_tma", cfg, _try(lambda: timed(lambda: stats(True, cfg, True), reps)), flops(b))
     emit(b, "cublas_band_logits", None, timed(lambda: torch.mm(img[:band], txt.T, out=p_band), reps), flops(band))
     emit(b, "unfused_grad", None, timed(lambda: grad_block(False), reps), flops(band))
     for cfg in configs:
         emit(b, "fused_grad", cfg, _try(lambda: timed(lambda: grad_block(True, cfg), reps)), flops(band))
-    tri._FUSED_MAX_LOGITS = default
+    for cfg in tma_configs:
+        emit(b, "fused_grad_tma", cfg, _try(lambda: timed(lambda: grad_block(True, cfg, True), reps)), flops(band))
+    tri._FUSED_MAX_LOGITS, tri._TMA_FORCE = default, None
 
 
 def _try(fn):
@@ -121,6 +136,7 @@ def main(argv=None) -> None:
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--out", default="bench/results/loss_kernels.jsonl")
+    p.add_argument("--tma", action="store_true", help="also the TMA descriptor kernels (Hopper)")
     p.add_argument("--best", default="", help="write the fastest fused configs here (JSON)")
     args = p.parse_args(argv)
     import triton
@@ -140,15 +156,18 @@ def main(argv=None) -> None:
             f.write(json.dumps(row) + "\n")
 
     for b in [int(x) for x in args.sizes.split(",") if x]:
-        run_size(b, args.dim, args.reps, CONFIGS, emit)
+        run_size(b, args.dim, args.reps, CONFIGS, TMA_CONFIGS if args.tma else [], emit)
     best = {}
-    for what, key in (("fused_stats", "stats"), ("fused_grad", "grad")):
+    for what, key in (("fused_stats", "stats"), ("fused_grad", "grad"), ("fused_stats_tma", "tma_stats"),
+                      ("fused_grad_tma", "tma_grad")):
         # the config with the least total time over the sizes measured
         totals = {}
         for r in rows:
             if r["what"] == what:
                 t = totals.setdefault(tuple(r["tiles"]), 0.0)
                 totals[tuple(r["tiles"])] = t + (r["ms"] if r["ms"] is not None else float("inf"))
+        if not totals:
+            continue
         best[key] = list(min(totals, key=totals.get))
         print(f"# best {what}: {best[key]} ({totals[tuple(best[key])]:.3f} ms over the sizes)", flush=True)
     if args.best:

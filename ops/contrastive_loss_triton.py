@@ -19,7 +19,10 @@ instead: the logit tile comes from tl.dot in registers and the statistics (forwa
 no band buffer) or P (backward: one launch per band, then the two cuBLAS GEMMs) are taken from
 it in the same program. Fewer launches win below 32k (B = 1k-16k: 1.16-4.42 ms against
 1.66-4.86 ms on an H200); above, cuBLAS's GEMM rate wins (tl.dot at K = 768 with the epilogue:
-~300 TFLOP/s against ~660).
+~300 TFLOP/s against ~660). On Hopper the fused kernels load by TMA tensor descriptors as
+persistent programs (_use_tma: 16-bit features, aligned rows, large blocks), which makes the
+fused gradient block faster than cuBLAS's GEMM plus a pass at every B, so the backward is fused
+there at every size.
 FLOPs: 8 B^2 D in GEMMs (6 B^2 D when the matrix is kept from forward to backward: whole in fp32
 at small B, or, within a larger ``logits_budget_mb``, as the forward's bands in the features'
 dtype, read back band by band by the backward), at cuBLAS's rate; the Triton kernels are
@@ -307,10 +310,10 @@ def _grad_coef(scale, coef_ptr, coef_mul, dscale_src, dscale_dst, COEF_SCALE: tl
 # learns). On the positive pairs S' is row_ref_i, the value the forward's LSEs were taken
 # against (not the GEMM's rounding of it), so P_ii is consistent with the loss. coef: _grad_coef.
 @triton.jit
-def _clip_grad_store(x, offs_m, offs_n, mask_m, mask_n, valid, P, stride_p, scale_ptr, coef_ptr,
-                     coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag, diag_value,
-                     offset, COEF_SCALE: tl.constexpr, DSCALE: tl.constexpr):
-    """coef P of an S' tile (fp32, 0 outside ``valid``) stored into P at its offsets."""
+def _clip_grad_value(x, offs_m, offs_n, mask_m, mask_n, scale_ptr, coef_ptr, coef_mul, dscale_src,
+                     dscale_dst, row_lse, col_lse, row_ref, diag, diag_value, offset,
+                     COEF_SCALE: tl.constexpr, DSCALE: tl.constexpr):
+    """coef P of an S' tile (fp32), to be stored at its offsets where the tile is valid."""
     scale = tl.load(scale_ptr)
     scale2 = scale * 1.4426950408889634
     coef = _grad_coef(scale, coef_ptr, coef_mul, dscale_src, dscale_dst, COEF_SCALE, DSCALE)
@@ -321,8 +324,13 @@ def _clip_grad_store(x, offs_m, offs_n, mask_m, mask_n, valid, P, stride_p, scal
     t2 = tl.where(pos, rr[:, None], x) * scale2
     p = tl.exp2(t2 - r2[:, None]) + tl.exp2(t2 - c2[None, :])
     p -= tl.where(pos, diag_value, 0.0) + offset
-    tl.store(P + offs_m[:, None].to(tl.int64) * stride_p + offs_n[None, :], (p * coef).to(P.dtype.element_ty),
-             mask=valid)
+    return p * coef
+
+
+@triton.jit
+def _store_tile(P, stride_p, offs_m, offs_n, valid, value):
+    tl.store(P + offs_m[:, None].to(tl.int64) * stride_p + offs_n[None, :],
+             value.to(P.dtype.element_ty), mask=valid)
 
 
 @triton.jit
@@ -330,18 +338,19 @@ def _clip_grad_kernel(S, P, stride_s, M, N, scale_ptr, coef_ptr, coef_mul, dscal
                       row_lse, col_lse, row_ref, diag, diag_value, offset, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, COEF_SCALE: tl.constexpr, DSCALE: tl.constexpr):
     offs_m, offs_n, mask_m, mask_n, valid, x = _load_tile(S, stride_s, M, N, BLOCK_M, BLOCK_N)
-    _clip_grad_store(x, offs_m, offs_n, mask_m, mask_n, valid, P, stride_s, scale_ptr, coef_ptr,
-                     coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag, diag_value,
-                     offset, COEF_SCALE, DSCALE)
+    p = _clip_grad_value(x, offs_m, offs_n, mask_m, mask_n, scale_ptr, coef_ptr, coef_mul,
+                         dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag, diag_value, offset,
+                         COEF_SCALE, DSCALE)
+    _store_tile(P, stride_s, offs_m, offs_n, valid, p)
 
 
 # SigLIP gradient tile: P_ij = coef G_ij, G = -z sigmoid(-z x), x = S + bias (P may be S); and
 # per row gsum_i += sum_j G_ij, gwsum_i += sum_j G_ij S'_ij (for d bias and d scale).
 @triton.jit
-def _siglip_grad_store(x, offs_m, offs_n, mask_m, valid, P, stride_p, scale_ptr, bias_ptr, coef_ptr,
-                       gsum, gwsum, diag, COEF_SCALE: tl.constexpr):
-    """coef G of an S' tile stored into P, and the tile's per-row sums added to gsum / gwsum
-    (coef: _grad_coef, coef_mul 1)."""
+def _siglip_grad_value(x, offs_m, offs_n, mask_m, valid, scale_ptr, bias_ptr, coef_ptr, gsum, gwsum,
+                       diag, COEF_SCALE: tl.constexpr):
+    """coef G of an S' tile (to be stored where it is valid); the tile's per-row sums are added
+    to gsum / gwsum (coef: _grad_coef, coef_mul 1)."""
     scale = tl.load(scale_ptr)
     bias = tl.load(bias_ptr)
     coef = _grad_coef(scale, coef_ptr, 1.0, coef_ptr, coef_ptr, COEF_SCALE, False)
@@ -349,16 +358,16 @@ def _siglip_grad_store(x, offs_m, offs_n, mask_m, valid, P, stride_p, scale_ptr,
     g = tl.where(valid, -z * tl.sigmoid(-z * (x * scale + bias)), 0.0)
     tl.atomic_add(gsum + offs_m, tl.sum(g, axis=1), mask=mask_m, sem="relaxed")
     tl.atomic_add(gwsum + offs_m, tl.sum(g * x, axis=1), mask=mask_m, sem="relaxed")
-    tl.store(P + offs_m[:, None].to(tl.int64) * stride_p + offs_n[None, :], (g * coef).to(P.dtype.element_ty),
-             mask=valid)
+    return g * coef
 
 
 @triton.jit
 def _siglip_grad_kernel(S, P, stride_s, M, N, scale_ptr, bias_ptr, coef_ptr, gsum, gwsum, diag,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COEF_SCALE: tl.constexpr):
     offs_m, offs_n, mask_m, mask_n, valid, x = _load_tile(S, stride_s, M, N, BLOCK_M, BLOCK_N)
-    _siglip_grad_store(x, offs_m, offs_n, mask_m, valid, P, stride_s, scale_ptr, bias_ptr, coef_ptr,
-                       gsum, gwsum, diag, COEF_SCALE)
+    g = _siglip_grad_value(x, offs_m, offs_n, mask_m, valid, scale_ptr, bias_ptr, coef_ptr, gsum,
+                           gwsum, diag, COEF_SCALE)
+    _store_tile(P, stride_s, offs_m, offs_n, valid, g)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -369,43 +378,63 @@ def _siglip_grad_kernel(S, P, stride_s, M, N, scale_ptr, bias_ptr, coef_ptr, gsu
 # that a group's column blocks stay in L2.
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _logit_tile(A, Bm, stride_a, stride_b, M, N, D, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
-                PRECISION: tl.constexpr):
-    """The tile program_id(0) owns (grouped order): its row and column offsets, their bounds
-    masks, and S' = A B^T there (fp32, 0 outside the bounds)."""
-    pid = tl.program_id(0)
-    grid_m = tl.cdiv(M, BLOCK_M)
+def _tile_pids(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row block, column block) of tile number ``tile``, walking GROUP_M row blocks at a time
+    (a group's column blocks stay in L2)."""
     grid_n = tl.cdiv(N, BLOCK_N)
     width = GROUP_M * grid_n
-    first_m = (pid // width) * GROUP_M
-    size_m = tl.minimum(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    first_m = (tile // width) * GROUP_M
+    size_m = tl.minimum(tl.cdiv(M, BLOCK_M) - first_m, GROUP_M)
+    return first_m + (tile % width) % size_m, (tile % width) // size_m
+
+
+@triton.jit
+def _logit_tile(A, Bm, stride_a, stride_b, M, N, D, tile, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr):
+    """Tile number ``tile`` of the [M, N] block in grouped order: its row and column offsets,
+    their bounds masks, and S' = A B^T there (fp32, 0 outside the bounds). With TMA, A and Bm
+    are tensor descriptors (blocks [BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K]; the copy engine
+    fills what lies outside with zeros), else pointers with row strides."""
+    pid_m, pid_n = _tile_pids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    # rows past the end read row 0 (unmasked loads stay vectorised); the result is zeroed there
-    rows_a = tl.where(mask_m, offs_m, 0).to(tl.int64)
-    rows_b = tl.where(mask_n, offs_n, 0).to(tl.int64)
-    offs_k = tl.arange(0, BLOCK_K)
-    pa = A + rows_a[:, None] * stride_a + offs_k[None, :]
-    pb = Bm + rows_b[None, :] * stride_b + offs_k[:, None]  # B^T's [BLOCK_K, BLOCK_N] tile
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, D, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(pa)
-            b = tl.load(pb)
-        else:
-            a = tl.load(pa, mask=(offs_k < D - k0)[None, :], other=0.0)
-            b = tl.load(pb, mask=(offs_k < D - k0)[:, None], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        pa += BLOCK_K
-        pb += BLOCK_K
+    if TMA:
+        for k0 in range(0, D, BLOCK_K):
+            a = A.load([pid_m * BLOCK_M, k0])
+            b = Bm.load([pid_n * BLOCK_N, k0])
+            acc = tl.dot(a, b.T, acc, input_precision=PRECISION)
+    else:
+        # rows past the end read row 0 (unmasked loads stay vectorised); zeroed below
+        rows_a = tl.where(mask_m, offs_m, 0).to(tl.int64)
+        rows_b = tl.where(mask_n, offs_n, 0).to(tl.int64)
+        offs_k = tl.arange(0, BLOCK_K)
+        pa = A + rows_a[:, None] * stride_a + offs_k[None, :]
+        pb = Bm + rows_b[None, :] * stride_b + offs_k[:, None]  # B^T's [BLOCK_K, BLOCK_N] tile
+        for k0 in range(0, D, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(pa)
+                b = tl.load(pb)
+            else:
+                a = tl.load(pa, mask=(offs_k < D - k0)[None, :], other=0.0)
+                b = tl.load(pb, mask=(offs_k < D - k0)[:, None], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            pa += BLOCK_K
+            pb += BLOCK_K
     inside = mask_m[:, None] & mask_n[None, :]
     return offs_m, offs_n, mask_m, mask_n, inside, tl.where(inside, acc, 0.0)
 
+
+@triton.jit
+def _tiles(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    return tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+
+
+# Every fused kernel walks tiles tile = program_id, program_id + PROGRAMS, ... (PROGRAMS: the grid;
+# one tile a program, or persistent programs when the grid is smaller than the tile count).
 
 # CLIP statistics of one tile (the sums of _clip_row_stats_kernel and _clip_col_stats_kernel),
 # reduced in the program and added by one fp32 atomic per row and per column.
@@ -413,24 +442,27 @@ def _logit_tile(A, Bm, stride_a, stride_b, M, N, D, BLOCK_M: tl.constexpr, BLOCK
 def _clip_stats_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, scale_ptr, row_shift, row_ref,
                              col_shift, col_ref, row_sum, row_wsum, col_sum, col_wsum, diag,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
-    offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
-        A, Bm, stride_a, stride_b, M, N, D, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION)
+                             GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+                             TMA: tl.constexpr, PROGRAMS: tl.constexpr):
     scale2 = tl.load(scale_ptr) * 1.4426950408889634
-    rs2 = tl.load(row_shift + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
-    rr = tl.load(row_ref + offs_m, mask=mask_m, other=0.0)
-    cs2 = tl.load(col_shift + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
-    cr = tl.load(col_ref + offs_n, mask=mask_n, other=0.0)
-    valid = inside & ((offs_m[:, None] - offs_n[None, :]) != diag)
-    xs = x * scale2
-    p = tl.where(valid, tl.exp2(xs - rs2[:, None]), 0.0)
-    tl.atomic_add(row_sum + offs_m, tl.sum(p, axis=1), mask=mask_m, sem="relaxed")
-    tl.atomic_add(row_wsum + offs_m, tl.sum(p * (x - rr[:, None]), axis=1), mask=mask_m,
-                  sem="relaxed")
-    q = tl.where(valid, tl.exp2(xs - cs2[None, :]), 0.0)
-    tl.atomic_add(col_sum + offs_n, tl.sum(q, axis=0), mask=mask_n, sem="relaxed")
-    tl.atomic_add(col_wsum + offs_n, tl.sum(q * (x - cr[None, :]), axis=0), mask=mask_n,
-                  sem="relaxed")
+    for tile in tl.range(tl.program_id(0), _tiles(M, N, BLOCK_M, BLOCK_N), PROGRAMS, flatten=TMA):
+        offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
+            A, Bm, stride_a, stride_b, M, N, D, tile, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K,
+            PRECISION, TMA)
+        rs2 = tl.load(row_shift + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
+        rr = tl.load(row_ref + offs_m, mask=mask_m, other=0.0)
+        cs2 = tl.load(col_shift + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
+        cr = tl.load(col_ref + offs_n, mask=mask_n, other=0.0)
+        valid = inside & ((offs_m[:, None] - offs_n[None, :]) != diag)
+        xs = x * scale2
+        p = tl.where(valid, tl.exp2(xs - rs2[:, None]), 0.0)
+        tl.atomic_add(row_sum + offs_m, tl.sum(p, axis=1), mask=mask_m, sem="relaxed")
+        tl.atomic_add(row_wsum + offs_m, tl.sum(p * (x - rr[:, None]), axis=1), mask=mask_m,
+                      sem="relaxed")
+        q = tl.where(valid, tl.exp2(xs - cs2[None, :]), 0.0)
+        tl.atomic_add(col_sum + offs_n, tl.sum(q, axis=0), mask=mask_n, sem="relaxed")
+        tl.atomic_add(col_wsum + offs_n, tl.sum(q * (x - cr[None, :]), axis=0), mask=mask_n,
+                      sem="relaxed")
 
 
 # SigLIP pair losses of one tile, summed per row (as _siglip_stats_kernel).
@@ -438,15 +470,30 @@ def _clip_stats_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, scale_ptr, row_
 def _siglip_stats_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, scale_ptr, bias_ptr, row_loss,
                                diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                               EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
-    offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
-        A, Bm, stride_a, stride_b, M, N, D, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION)
+                               EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+                               PROGRAMS: tl.constexpr):
     scale = tl.load(scale_ptr)
     bias = tl.load(bias_ptr)
     nan_sb = scale * 0.0 + bias * 0.0  # NaN iff scale or bias is not finite, else 0
-    sp = _siglip_pair_loss(x, offs_m, offs_n, diag, scale, bias, nan_sb)
-    tl.atomic_add(row_loss + offs_m, tl.sum(tl.where(inside, sp, 0.0), axis=1), mask=mask_m,
-                  sem="relaxed")
+    for tile in tl.range(tl.program_id(0), _tiles(M, N, BLOCK_M, BLOCK_N), PROGRAMS, flatten=TMA):
+        offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
+            A, Bm, stride_a, stride_b, M, N, D, tile, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K,
+            PRECISION, TMA)
+        sp = _siglip_pair_loss(x, offs_m, offs_n, diag, scale, bias, nan_sb)
+        tl.atomic_add(row_loss + offs_m, tl.sum(tl.where(inside, sp, 0.0), axis=1), mask=mask_m,
+                      sem="relaxed")
+
+
+@triton.jit
+def _store_p(P, stride_p, tile, M, N, offs_m, offs_n, inside, value, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, TMA_STORE: tl.constexpr):
+    """A gradient tile into P: by the copy engine when P is a tensor descriptor (it clips the
+    tile at P's bounds), else by pointers masked to ``inside``."""
+    if TMA_STORE:
+        pid_m, pid_n = _tile_pids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        P.store([pid_m * BLOCK_M, pid_n * BLOCK_N], value.to(P.dtype))
+    else:
+        _store_tile(P, stride_p, offs_m, offs_n, inside, value)
 
 
 # CLIP gradient block of one tile into P (as _clip_grad_kernel, from the fp32 tile).
@@ -455,12 +502,17 @@ def _clip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, sca
                             coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag,
                             diag_value, offset, COEF_SCALE: tl.constexpr, DSCALE: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
-    offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
-        A, Bm, stride_a, stride_b, M, N, D, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION)
-    _clip_grad_store(x, offs_m, offs_n, mask_m, mask_n, inside, P, stride_p, scale_ptr, coef_ptr,
-                     coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag, diag_value,
-                     offset, COEF_SCALE, DSCALE)
+                            GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+                            TMA: tl.constexpr, PROGRAMS: tl.constexpr, TMA_STORE: tl.constexpr):
+    for tile in tl.range(tl.program_id(0), _tiles(M, N, BLOCK_M, BLOCK_N), PROGRAMS, flatten=TMA):
+        offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
+            A, Bm, stride_a, stride_b, M, N, D, tile, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K,
+            PRECISION, TMA)
+        p = _clip_grad_value(x, offs_m, offs_n, mask_m, mask_n, scale_ptr, coef_ptr, coef_mul,
+                             dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag, diag_value,
+                             offset, COEF_SCALE, DSCALE)
+        _store_p(P, stride_p, tile, M, N, offs_m, offs_n, inside, p, BLOCK_M, BLOCK_N, GROUP_M,
+                 TMA_STORE)
 
 
 # SigLIP gradient block of one tile into P, with the per-row sums (as _siglip_grad_kernel).
@@ -469,11 +521,16 @@ def _siglip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, s
                               coef_ptr, gsum, gwsum, diag, COEF_SCALE: tl.constexpr,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                               GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
-                              PRECISION: tl.constexpr):
-    offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
-        A, Bm, stride_a, stride_b, M, N, D, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, PRECISION)
-    _siglip_grad_store(x, offs_m, offs_n, mask_m, inside, P, stride_p, scale_ptr, bias_ptr, coef_ptr,
-                       gsum, gwsum, diag, COEF_SCALE)
+                              PRECISION: tl.constexpr, TMA: tl.constexpr, PROGRAMS: tl.constexpr,
+                              TMA_STORE: tl.constexpr):
+    for tile in tl.range(tl.program_id(0), _tiles(M, N, BLOCK_M, BLOCK_N), PROGRAMS, flatten=TMA):
+        offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
+            A, Bm, stride_a, stride_b, M, N, D, tile, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K,
+            PRECISION, TMA)
+        g = _siglip_grad_value(x, offs_m, offs_n, mask_m, inside, scale_ptr, bias_ptr, coef_ptr,
+                               gsum, gwsum, diag, COEF_SCALE)
+        _store_p(P, stride_p, tile, M, N, offs_m, offs_n, inside, g, BLOCK_M, BLOCK_N, GROUP_M,
+                 TMA_STORE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -503,9 +560,54 @@ else:
     _FUSED_GRAD = (128, 256, 64, 8, 8, 3)
 _FUSED_MAX_LOGITS = 1 << 28  # a 16,384 x 16,384 block
 
+# The same kernels with TMA tensor descriptors (Hopper and later, 16-bit features whose rows are
+# 16-byte aligned, blocks of at least _TMA_MIN_LOGITS: below, building the descriptors costs more
+# host time than the kernel saves): the copy engine loads the tiles and persistent programs (a
+# seventh tile entry: programs per SM) walk them; P is stored by the copy engine too. Tiles: the
+# fastest of bench/bench_loss_kernels.py --tma on an H200 (bf16, D = 768, the op's own kernels):
+# statistics of the whole B x B 1.14 / 18.6 ms at B = 16k / 65k (pointer loads 1.44 / 21.7,
+# cuBLAS's GEMM with the two Triton passes 1.34 / 18.1); the gradient block of one backward band
+# (2,048 / 1,536 rows) 0.186 / 0.409 ms (pointer 0.187 / 0.465, cuBLAS's GEMM + the Triton pass
+# 0.158 / 0.424). So with TMA the backward is fused at every size (_TMA_GRAD_MAX_LOGITS); the
+# statistics keep _FUSED_MAX_LOGITS. End to end (the op, fwd + bwd, same process) this gains
+# 1-2% at B = 8k-65k: 56.8 ms against 57.7-58.1 at 65k (bench/results/contrastive_loss_h200_tma.log).
+_TMA_STATS = (128, 64, 64, 8, 4, 4, 2)
+_TMA_GRAD = (128, 64, 64, 8, 4, 4, 2)
+_TMA_GRAD_MAX_LOGITS = 1 << 62
+_TMA_MIN_LOGITS = 1 << 23
+_TMA_FORCE = None  # None: by the device and the tensors; tests set True (interpreter, fp32)
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: pointer kernels only
+    TensorDescriptor = None
+_HOPPER: dict = {}
 
-def _use_fused(m: int, n: int, keep) -> bool:
-    return not keep and m * n <= _FUSED_MAX_LOGITS
+
+def _tma_rows(t: torch.Tensor) -> bool:
+    """Whether a 2-D tensor's rows can be a TMA descriptor's: unit inner stride, 16-byte aligned
+    base and row stride."""
+    return (t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
+            and t.data_ptr() % 16 == 0)
+
+
+def _use_tma(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the fused kernels load a and b by TMA descriptors."""
+    if _TMA_FORCE is not None:
+        return _TMA_FORCE
+    if TensorDescriptor is None or not a.is_cuda or a.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if a.shape[0] * b.shape[0] < _TMA_MIN_LOGITS:
+        return False
+    if a.device not in _HOPPER:
+        _HOPPER[a.device] = torch.cuda.get_device_capability(a.device)[0] >= 9
+    return _HOPPER[a.device] and _tma_rows(a) and _tma_rows(b)
+
+
+def _use_fused(m: int, n: int, keep, grad: bool = False, tma: bool = False) -> bool:
+    """Whether an [m, n] block's statistics (or, ``grad``, its gradient blocks) take the fused
+    kernels (``tma``: loading by descriptors)."""
+    limit = _TMA_GRAD_MAX_LOGITS if grad and tma else _FUSED_MAX_LOGITS
+    return not keep and m * n <= limit
 
 _PRO_M, _PRO_D = (16, 16) if _INTERPRET else (32, 128)
 _VEC = 64 if _INTERPRET else 1024
@@ -514,13 +616,18 @@ _EPI = 64 if _INTERPRET else 2048
 _SMS: dict = {}
 
 
-def _programs_wanted(device: torch.device) -> int:
-    """About four waves of programs on this device (a handful under the interpreter)."""
+def _sm_count(device: torch.device) -> int:
+    """The device's multiprocessors (1 on the CPU: the interpreter runs a handful of programs)."""
     if device.type != "cuda":
-        return 4
+        return 1
     if device not in _SMS:
         _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return 4 * _SMS[device]
+    return _SMS[device]
+
+
+def _programs_wanted(device: torch.device) -> int:
+    """About four waves of programs on this device (a handful under the interpreter)."""
+    return 4 * _sm_count(device)
 
 
 _BAND_FACTOR = 2  # band budget in units of max(n d, 2^24) elements
@@ -591,25 +698,41 @@ def _cdiv(x: int, y: int) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _fused_config(tiles, m: int, n: int, d: int, fp32: bool, allow_tf32: bool):
+def _fused_config(tiles, m: int, n: int, d: int, fp32: bool, allow_tf32: bool, programs: int):
     """(grid, meta-parameters) of a fused kernel over an [m, n] block with K = d (per shape,
-    computed once)."""
-    block_m, block_n, block_k, group_m, warps, stages = tiles
+    computed once). tiles: _FUSED_STATS / _FUSED_GRAD, or with a seventh entry, programs per
+    SM (TMA: persistent programs, at most ``programs`` per SM; else one program per tile)."""
+    block_m, block_n, block_k, group_m, warps, stages = tiles[:6]
     if fp32 and not _INTERPRET:  # fp32 tiles: half the K depth, same shared memory
         block_k, stages = min(block_k, 32), min(stages, 3)
-    grid = (_cdiv(m, block_m) * _cdiv(n, block_n),)
+    count = _cdiv(m, block_m) * _cdiv(n, block_n)
+    tma = len(tiles) > 6
+    grid = (min(count, tiles[6] * programs) if tma else count,)
     meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
                 EVEN_K=d % block_k == 0, PRECISION="tf32" if allow_tf32 or not fp32 else "ieee",
-                num_warps=warps, num_stages=stages)
+                TMA=tma, PROGRAMS=grid[0], num_warps=warps, num_stages=stages)
     return grid, meta
 
 
-def _fused(kernel, a, b, tiles, allow_tf32, *args) -> None:
-    """Launches a fused kernel over all tiles of a b^T (a: [M, D], b: [N, D]) with ``args``
-    after (A, Bm, strides, M, N, D)."""
+def _fused(kernel, a, b, kind: str, allow_tf32, *args, p=None) -> None:
+    """Launches a fused kernel over all tiles of a b^T (a: [M, D], b: [N, D]); kind "stats" or
+    "grad" picks the tiles. ``args`` follow (A, Bm, strides, M, N, D) and, for the gradient
+    kernels, ``p`` (the [M, N] block P, then its row stride). With TMA (_use_tma) A, Bm and an
+    aligned P go as tensor descriptors."""
     (m, d), n = a.shape, b.shape[0]
-    grid, meta = _fused_config(tiles, m, n, d, a.dtype == torch.float32, allow_tf32)
-    kernel[grid](a, b, a.stride(0), b.stride(0), m, n, d, *args, **meta)
+    tma = _use_tma(a, b)
+    tiles = {"stats": (_FUSED_STATS, _TMA_STATS), "grad": (_FUSED_GRAD, _TMA_GRAD)}[kind][tma]
+    programs = _sm_count(a.device) if tma else 1
+    grid, meta = _fused_config(tiles, m, n, d, a.dtype == torch.float32, allow_tf32, programs)
+    if tma:
+        bm, bn, bk = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
+        a, b = TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk])
+    if p is not None:
+        store = tma and _tma_rows(p)
+        args = (TensorDescriptor.from_tensor(p, [bm, bn]) if store else p, p.stride(0), *args)
+        meta = dict(meta, TMA_STORE=store)
+    kernel[grid](a, b, a.stride(0) if not tma else 0, b.stride(0) if not tma else 0, m, n, d,
+                 *args, **meta)
 
 
 def _prep(x: torch.Tensor) -> torch.Tensor:
@@ -788,7 +911,7 @@ def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=
             int(diag) - r0, BLOCK_M=_COLS_M, BLOCK_N=_COLS_N, num_warps=_COLS_WARPS)
 
     if _use_fused(m, n, keep_logits):
-        _fused(_clip_stats_fused_kernel, a, b, _FUSED_STATS, allow_tf32, scale_t, shifts[0],
+        _fused(_clip_stats_fused_kernel, a, b, "stats", allow_tf32, scale_t, shifts[0],
                shifts[1], shifts[2], shifts[3], row_sum, row_wsum, col_sum, col_wsum, int(diag))
         return row_sum, col_sum, row_wsum, col_wsum, None
     logits = _run_stats(a, b, keep_logits, band, allow_tf32, kernel)
@@ -810,7 +933,7 @@ def siglip_stats_triton(a, b, scale, bias, diag=0, *, keep_logits="", band=0,
                                    BLOCK_N=_STATS_N, num_warps=_STATS_WARPS)
 
     if _use_fused(m, n, keep_logits):
-        _fused(_siglip_stats_fused_kernel, a, b, _FUSED_STATS, allow_tf32, scale_t, bias_t,
+        _fused(_siglip_stats_fused_kernel, a, b, "stats", allow_tf32, scale_t, bias_t,
                row_loss, int(diag))
         return row_loss, None
     return row_loss, _run_stats(a, b, keep_logits, band, allow_tf32, kernel)
@@ -828,7 +951,7 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
     n = b.shape[0]
     keep = logits is not None
     kept_bands = keep and logits.dtype != torch.float32  # the forward's bands, in the features' dtype
-    fused = _use_fused(m, n, keep)
+    fused = _use_fused(m, n, keep, grad=True, tma=_use_tma(a, b))
     step = _step(m, n, d, keep and not kept_bands, band)
     grad_a = None if sink_a is not None else torch.empty(m, d, device=a.device, dtype=out_dtype)
 
@@ -921,9 +1044,9 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
             BLOCK_N=_GRAD_N, num_warps=_GRAD_WARPS, **flags)
 
     def fused_fill(r0, r1, p):
-        _fused(_clip_grad_fused_kernel, a[r0:r1], b, _FUSED_GRAD, allow_tf32, p, p.stride(0),
-               scale_t, coef_t, float(coef_mul), src, dst, r[r0:r1], c, ref[r0:r1],
-               label_args[0] - r0, *label_args[1:], *flags.values())
+        _fused(_clip_grad_fused_kernel, a[r0:r1], b, "grad", allow_tf32, scale_t, coef_t,
+               float(coef_mul), src, dst, r[r0:r1], c, ref[r0:r1], label_args[0] - r0,
+               *label_args[1:], *flags.values(), p=p)
 
     grads = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a)
     return grads if dscale_from is None else (*grads, dst)
@@ -947,9 +1070,8 @@ def siglip_grads_triton(a, b, scale, bias, diag=0, *, coef=None, coef_scale=Fals
             num_warps=_GRAD_WARPS, COEF_SCALE=bool(coef_scale))
 
     def fused_fill(r0, r1, p):
-        _fused(_siglip_grad_fused_kernel, a[r0:r1], b, _FUSED_GRAD, allow_tf32, p, p.stride(0),
-               scale_t, bias_t, coef_t, gsum[r0:r1], gwsum[r0:r1], int(diag) - r0,
-               bool(coef_scale))
+        _fused(_siglip_grad_fused_kernel, a[r0:r1], b, "grad", allow_tf32, scale_t, bias_t,
+               coef_t, gsum[r0:r1], gwsum[r0:r1], int(diag) - r0, bool(coef_scale), p=p)
 
     grad_a, grad_b = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype,
                                  sink_a)

@@ -130,6 +130,39 @@ def test_triton_row_bands(monkeypatch, band, loss, fused):
     _check("triton", 70, 36, torch.float32, loss, 0.05 if loss == "clip" else 0.0, block=band)
 
 
+@pytest.mark.parametrize("b,d,dtype,p_store", [(70, 36, torch.float32, False), (72, 40, torch.float16, True)])
+@pytest.mark.parametrize("band", [16, 0])
+@pytest.mark.parametrize("loss,eps", LOSSES)
+def test_triton_tma_descriptor_kernels(monkeypatch, loss, eps, band, b, d, dtype, p_store):
+    """The fused kernels loading by TMA tensor descriptors, as persistent programs (one or two
+    here, each walking many tiles, the last ones partial), give the pointer kernels' numbers and
+    the reference: statistics and gradient blocks, uneven bands (16 rows) and one band, P stored
+    by descriptor when its rows are 16-byte aligned (B = 72) and by pointers when not (B = 70)."""
+    monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 1 << 40)
+    made = []
+    desc = triton_impl.TensorDescriptor
+    monkeypatch.setattr(desc, "from_tensor", classmethod(
+        lambda cls, t, block: (made.append(tuple(t.shape)), cls(t, list(t.shape), list(t.stride()), block))[1]))
+    img, txt, scale, bias = _inputs(b, d, dtype, seed=b + d)
+    run = lambda: _run(lambda i, t, s, bb: contrastive_loss(  # noqa: E731
+        i, t, s, bb, loss=loss, impl="triton", triton_interpret=True, label_smoothing=eps,
+        block_m=band, logits_budget_mb=0), img, txt, scale, bias, loss == "siglip")
+    pointer = run()
+    assert made == []
+    monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
+    tma = run()
+    rows = band or b
+    assert (b, d) in made and (rows, d) in made  # the statistics' A and the first band's A
+    assert ((rows, b) in made) == p_store  # P by descriptor only when its rows are aligned
+    # the same products, summed in another order by the tile loads' layouts: a 16-bit P may
+    # round an element the other way
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-3, atol=1e-4)
+    for key in pointer:
+        torch.testing.assert_close(tma[key], pointer[key], **tol, msg=key)
+    lowp = None if dtype == torch.float32 else _torch_lowp(img, txt, scale, bias, loss, eps)
+    _assert_close(tma, _reference(img, txt, scale, bias, loss, eps), lowp, what="tma")
+
+
 @pytest.mark.parametrize("loss", ["clip", "siglip"])
 def test_triton_kept_logits_and_memory_bands_agree(monkeypatch, loss):
     """The whole-matrix path (logits kept from forward to backward) and the recompute path

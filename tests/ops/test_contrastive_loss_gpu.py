@@ -84,7 +84,7 @@ def _check(b, d, dtype, loss="clip", eps=0.0, tf32=False, **kw):
 
 
 @pytest.mark.parametrize("b", [1, 7, 1000, 4097])
-@pytest.mark.parametrize("d", [64, 640, 768, 1024, 1280])
+@pytest.mark.parametrize("d", [64, 100, 640, 768, 1024, 1280])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_grid_clip(b, d, dtype):
     _check(b, d, dtype)
@@ -99,17 +99,21 @@ def test_siglip_and_smoothing(b, d, dtype):
 
 @pytest.mark.parametrize("loss,eps", [("clip", 0.0), ("clip", 0.1), ("siglip", 0.0)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("path", ["kept", "kept_bands", "banded", "memory_bands"])
+@pytest.mark.parametrize("path", ["kept", "kept_bands", "banded", "banded_aligned", "memory_bands"])
 def test_paths(monkeypatch, path, dtype, loss, eps):
     """The triton paths at awkward shapes: the whole matrix kept from forward to backward (fp32),
     the forward's bands kept in the features' dtype (a budget for 2 bytes a pair, not 6), forced
-    row bands (an uneven last band), and the recompute with bands by the memory rule."""
+    row bands (an uneven last band; "banded_aligned": B = 4,096, whose P rows are 16-byte aligned,
+    so the fused gradient kernels store P by TMA descriptor, else by pointers), and the recompute
+    with bands by the memory rule."""
     kw = {"kept": dict(logits_budget_mb=1024.0), "kept_bands": dict(logits_budget_mb=40.0),
-          "banded": dict(block_m=1000), "memory_bands": dict(logits_budget_mb=0.0)}[path]
+          "banded": dict(block_m=1000), "banded_aligned": dict(block_m=1000),
+          "memory_bands": dict(logits_budget_mb=0.0)}[path]
     if path == "kept_bands":
         op = importlib.import_module("infclip.ops.contrastive_loss")  # (the package's name is the function)
         monkeypatch.setattr(op, "_BANDS_MIN_LOGITS", 0)  # bands kept at this B (default: above 16,384)
-    _check(4097, 640, dtype, loss=loss, eps=eps, **kw)
+    b, d = (4096, 768) if path == "banded_aligned" else (4097, 640)
+    _check(b, d, dtype, loss=loss, eps=eps, **kw)
 
 
 @pytest.mark.parametrize("loss", ["clip", "siglip"])
