@@ -98,11 +98,15 @@ def plain_ms(count: int, numel: int, steps: int, device: torch.device) -> float:
     return _ms_per_step(step, steps, device)
 
 
-def towers_ms(flat: bool, zero: int, steps: int, device: torch.device, width: int, leaf=True) -> tuple:
+def towers_ms(flat: bool, zero: int, steps: int, device: torch.device, width: int, leaf=True,
+              lighten: bool = False) -> tuple:
     """The ViT-B/32 towers' layout (12 + 12 blocks, 399 tensors) at width ``width``, with or
     without ``model.flat_parameters``, through the DeepSpeed step on 2 rows: (tensors, ms).
     Under ZeRO-3, ``leaf`` is ``model.zero3_leaf_layers`` (True: each block, "stack": each
-    tower's stack of blocks, False: none)."""
+    tower's stack of blocks, False: none), and ``lighten`` applies ``pipeline.zero3_step``
+    (False: DeepSpeed's ZeRO-3 step as written, restored if an earlier engine replaced it)."""
+    from infclip.pipeline.zero3_step import lighten_zero3, restore_deepspeed_zero3
+
     from infclip.pipeline.model import CLIPTowers, ModelConfig, mark_zero3_leaf_layers, param_groups
 
     heads = max(1, width // 64)
@@ -122,8 +126,14 @@ def towers_ms(flat: bool, zero: int, steps: int, device: torch.device, width: in
     count = len(list(model.parameters()))
     if zero == 3 and leaf:
         mark_zero3_leaf_layers(model, leaf)
-    return count, _deepspeed_ms(model, param_groups(model), 2, {"stage": zero}, loss, steps, device,
-                                lambda engine: engine.module.bind_flat_views_in_forward())
+    def after_init(engine):
+        engine.module.bind_flat_views_in_forward()
+        if lighten and not lighten_zero3(engine):
+            raise RuntimeError("pipeline.zero3_step refused this engine (debug log says why)")
+
+    if not lighten:
+        restore_deepspeed_zero3()
+    return count, _deepspeed_ms(model, param_groups(model), 2, {"stage": zero}, loss, steps, device, after_init)
 
 
 def main(argv=None) -> int:
@@ -138,6 +148,9 @@ def main(argv=None) -> int:
     p.add_argument("--zero3_leaf", type=lambda v: {"0": False, "1": True}.get(v, v), nargs="+",
                    default=[True, "stack"], choices=[False, True, "stack"],
                    help="--towers at ZeRO-3: model.zero3_leaf_layers values (1: blocks, stack, 0: none)")
+    p.add_argument("--lighten", type=int, nargs="+", default=[0], choices=[0, 1],
+                   help="--towers at ZeRO-3: without (0) / with (1) pipeline.zero3_step, one row each in this "
+                        "order (e.g. 0 1 0 1: compared within one process)")
     args = p.parse_args(argv)
     from infclip.pipeline.train import single_process_env
 
@@ -149,10 +162,12 @@ def main(argv=None) -> int:
         for zero in args.zero:
             for flat in (False, True):
                 for leaf in (args.zero3_leaf if zero == 3 else [True]):
-                    count, ms = towers_ms(flat, zero, args.steps, device, args.width, leaf)
-                    unit = {True: " blocks", False: " no leaf", "stack": " stacks"}[leaf] if zero == 3 else ""
-                    print(f"ZeRO-{zero}{unit:<8} {'flat_parameters' if flat else 'plain':<16} {count:>4} tensors "
-                          f"{ms:7.1f}", flush=True)
+                    for lighten in (args.lighten if zero == 3 else [0]):
+                        count, ms = towers_ms(flat, zero, args.steps, device, args.width, leaf, bool(lighten))
+                        unit = {True: " blocks", False: " no leaf", "stack": " stacks"}[leaf] if zero == 3 else ""
+                        unit += " lightened" if lighten else ""
+                        print(f"ZeRO-{zero}{unit:<18} {'flat_parameters' if flat else 'plain':<16} {count:>4} tensors "
+                              f"{ms:7.1f}", flush=True)
         return 0
     print(f"# {device}, {os.cpu_count()} CPUs, {args.numel:,} elements; ms per step (forward + backward + step)")
     row = lambda label, ms: print(f"{label:<22}" + "  ".join(f"{n:>4} tensors {m:7.1f}" for n, m in zip(args.counts, ms)),

@@ -5,8 +5,9 @@ every rank; partitioned at construction under ZeRO-3 with ``model.zero3_init``),
 ``deepspeed.initialize`` with the user's DeepSpeed keys unchanged (weight decay off for 1-D
 parameters unless ``train.weight_decay_1d``), and wraps the contrastive loss over DeepSpeed's
 data-parallel group. The ZeRO-1/2 optimizer step is kept free of host waits
-(:mod:`pipeline.zero_step`). DeepSpeed rejects a bad key inside its own sections with a pydantic error
-several screens long; it is turned into one :class:`~ops.config.ConfigError` naming the file.
+(:mod:`pipeline.zero_step`), ZeRO-3's step does less Python (:mod:`pipeline.zero3_step`).
+DeepSpeed rejects a bad key inside its own sections with a pydantic error several screens long;
+it is turned into one :class:`~ops.config.ConfigError` naming the file.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from infclip.ops.config import ConfigError
 
 from .config import RunConfig
 from .model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
+from .zero3_step import lighten_zero3
 from .zero_step import keep_step_on_device
 
 __all__ = ["TrainEngine", "build_engine", "contrastive_batch", "export_final", "param_groups"]
@@ -135,6 +137,7 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
     engine = _initialize(model, param_groups(model, tcfg.weight_decay_1d), engine_config, str(run_cfg.source))
     keep_step_on_device(engine)  # ZeRO-1/2 with bf16: no host waits in the optimizer step
     if zero3:
+        lighten_zero3(engine)  # less of DeepSpeed's per-step Python (pipeline.zero3_step)
         engine.module.bind_flat_views_in_forward()  # after DeepSpeed's hooks: views of the gathered tensors
     misaligned = misaligned_parameters(engine.module)
     if misaligned:

@@ -1,0 +1,200 @@
+"""DeepSpeed's ZeRO-3 training step with less host work.
+
+Design: at micro-batch 256 (ViT-B/32, one H200, flat parameters, a ZeRO-3 leaf per layer stack)
+the ZeRO-3 step is bound by the host, not the GPU: DeepSpeed 0.19 recomputes, in Python, things
+that cannot change once the engine is built. Its parameter coordinator asks for a module's
+parameters (``iter_params``: ``named_parameters`` plus the module's external parameters) at every
+fetch, release and end of step; for a leaf module that is a recursive ``named_modules`` walk over
+every submodule of the leaf (~18k ``named_modules`` calls a step in the towers), and
+``partition_all_parameters`` walks the whole model three times a step. Its ``print_rank_0``
+(called ~300 times a step with ``force=False``, so printing nothing) asks the process group for
+the rank before looking at ``force``.
+
+:func:`lighten_zero3` replaces, for one engine, those pieces by equivalents doing less Python:
+
+* ``iter_params(module, recurse)`` keeps the module's own ``named_parameters(recurse=recurse)``
+  in a tuple built at its first call, and chains the module's external parameters (DeepSpeed's
+  ``_external_params`` dict, which its forward hooks may still extend) read live at each call.
+  The same parameters in the same order: ``named_parameters`` depends only on the module tree
+  and its ``_parameters`` dicts, which do not change after the engine is built (DeepSpeed
+  partitions a parameter by replacing its ``.data``, never the Parameter; flat-parameter views
+  live in modules' ``__dict__``, not in ``_parameters``). Only the engine's own modules take the
+  cached path (they carry the cache); any other module, and any call while torch.compile traces,
+  goes to DeepSpeed's function.
+* ``print_rank_0`` looks at ``debug``/``force`` before asking for the rank: it prints the same
+  messages (none unless forced) on the same rank.
+* On CUDA, the accelerator's ``current_stream()`` (~350 calls a step: ZeRO-3 records every
+  gradient and freed parameter on the current stream) names the current device itself:
+  ``torch.cuda.current_stream(None)`` finds that index through torch's generic device-type
+  lookup (``_get_device_index`` -> ``_get_device_attr`` -> ``torch.cuda.is_available``), while an
+  ``int`` is taken as it is. ``torch.cuda.current_device()`` is the index that lookup returns,
+  so the stream is the same.
+
+It applies to DeepSpeed's ``DeepSpeedZeroOptimizer_Stage3`` with no parameter or optimizer
+offload (ZeRO-Infinity's NVMe swapping has its own ordering needs and is left as DeepSpeed wrote
+it). If DeepSpeed's code changes shape (a replaced function is missing or takes other arguments)
+nothing is replaced and the reason is logged at debug level.
+
+Not replaced: the host waits of ZeRO-3's fetch (one-rank no-gather handle) and gradient epilogue
+(``reduce_and_partition_stream.synchronize()``), and the ``bool()`` of ``is_invalid_grad_norm``
+in the step, which decides whether the step is skipped (bf16 and fp32 too, not only fp16's loss
+scale). Skipping the fetch waits was measured slower on an H200 (``pipeline.zero_step``), and the
+step's decision needs the host.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import logging
+import types
+from typing import Any, Iterator
+
+import torch
+
+__all__ = ["lighten_zero3", "cached_iter_params", "cuda_current_stream", "print_rank_0_if_forced",
+           "restore_deepspeed_zero3"]
+
+logger = logging.getLogger(__name__)
+
+_CACHE = "_infclip_param_lists"
+"""Attribute (in a module's ``__dict__``) holding ``{recurse: tuple of parameters}``; its presence
+marks the module as one of a lightened engine's."""
+
+_ORIGINAL: dict = {}
+"""DeepSpeed's own functions, by (module name, attribute), as first seen before replacing."""
+
+
+def _modules() -> dict:
+    from deepspeed.runtime.zero import (parameter_offload, partition_parameters, partitioned_param_coordinator,
+                                        stage3)
+
+    return {"coordinator": partitioned_param_coordinator, "offload": parameter_offload,
+            "partition": partition_parameters, "stage3": stage3}
+
+
+def _original(where: str, name: str):
+    """DeepSpeed's ``name`` in module ``where`` (the one this module replaced, if it did)."""
+    return _ORIGINAL.get((where, name)) or getattr(_modules()[where], name)
+
+
+def cached_iter_params(module: torch.nn.Module, recurse: bool = False) -> Iterator[torch.nn.Parameter]:
+    """DeepSpeed's ``iter_params``: ``module.named_parameters(recurse=recurse)``'s parameters, then
+    the module's external parameters. The first part is built once per module and ``recurse``
+    (module docstring: it cannot change); the external ones are read at every call."""
+    lists = module.__dict__.get(_CACHE)
+    if lists is None or torch.compiler.is_compiling():
+        return _original("coordinator", "iter_params")(module, recurse)
+    own = lists.get(recurse)
+    if own is None:
+        own = lists[recurse] = tuple(p for _, p in module.named_parameters(recurse=recurse))
+    external = module.__dict__["_external_params"]
+    return itertools.chain(own, external.values()) if external else iter(own)
+
+
+def print_rank_0_if_forced(message, debug=False, force=False):
+    """DeepSpeed ZeRO's ``print_rank_0``: ``message`` printed by rank 0 when ``debug`` or
+    ``force``; the rank is only asked for when it may print."""
+    if debug or force:
+        _original("partition", "print_rank_0")(message, debug=debug, force=force)
+
+
+def _stage3_print_rank_0_if_forced(message, debug=False, force=False):
+    """``print_rank_0`` of DeepSpeed's stage3 module (it logs instead of printing), as above."""
+    if debug or force:
+        _original("stage3", "print_rank_0")(message, debug=debug, force=force)
+
+
+def cuda_current_stream(self, device_index=None):
+    """DeepSpeed's CUDA accelerator's ``current_stream``: ``torch.cuda.current_stream`` of
+    ``device_index``, the current device when None, found directly (module docstring)."""
+    return torch.cuda.current_stream(torch.cuda.current_device() if device_index is None else device_index)
+
+
+def _lighten_cuda_stream() -> str:
+    """Give DeepSpeed's CUDA accelerator :func:`cuda_current_stream` ('' when done or nothing to
+    do off CUDA, else why not)."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    try:
+        from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
+    except ImportError:  # pragma: no cover - part of DeepSpeed
+        return ""
+    if not isinstance(accelerator, CUDA_Accelerator):
+        return ""
+    method = getattr(type(accelerator), "current_stream", None)
+    if method is None or list(inspect.signature(method).parameters) != ["self", "device_index"]:
+        return "DeepSpeed's CUDA_Accelerator.current_stream is not the one this module replaces"
+    accelerator.current_stream = types.MethodType(cuda_current_stream, accelerator)
+    return ""
+
+
+_REPLACEMENTS = {
+    ("coordinator", "iter_params"): (cached_iter_params, ["module", "recurse"]),
+    ("offload", "iter_params"): (cached_iter_params, ["module", "recurse"]),
+    ("partition", "print_rank_0"): (print_rank_0_if_forced, ["message", "debug", "force"]),
+    ("coordinator", "print_rank_0"): (print_rank_0_if_forced, ["message", "debug", "force"]),
+    ("offload", "print_rank_0"): (print_rank_0_if_forced, ["message", "debug", "force"]),
+    ("stage3", "print_rank_0"): (_stage3_print_rank_0_if_forced, ["message", "debug", "force"]),
+}
+"""(DeepSpeed module, name) -> (replacement, the parameter names DeepSpeed's function must have)."""
+
+
+def _why_not(engine: Any) -> str:
+    """Why ``engine``'s step is left as DeepSpeed wrote it ('' when it can be lightened)."""
+    try:
+        modules = _modules()
+    except ImportError as exc:  # pragma: no cover - DeepSpeed is a dependency
+        return f"DeepSpeed's ZeRO-3 modules do not import ({exc})"
+    optimizer = getattr(engine, "optimizer", None)
+    if not isinstance(optimizer, modules["stage3"].DeepSpeedZeroOptimizer_Stage3):
+        return f"the optimizer is {type(optimizer).__name__}, not ZeRO-3's"
+    if getattr(optimizer, "offload_optimizer", False) or getattr(optimizer, "offload_param", False):
+        return "parameter or optimizer offload"
+    if not isinstance(getattr(engine, "module", None), torch.nn.Module):
+        return "the engine has no module"
+    for (where, name), (replacement, params) in _REPLACEMENTS.items():
+        current = getattr(modules[where], name, None)
+        if current is replacement:
+            continue
+        if current is None or list(inspect.signature(current).parameters) != params:
+            return f"DeepSpeed's {modules[where].__name__}.{name} is not the one this module replaces"
+    if _original("offload", "iter_params") is not _original("coordinator", "iter_params"):
+        return "DeepSpeed's parameter_offload.iter_params is not its coordinator's"
+    return ""
+
+
+def lighten_zero3(engine: Any) -> bool:
+    """Replace the per-step host work of ``engine``'s ZeRO-3 step listed in the module docstring.
+    Returns whether it did; the reason it did not is logged at debug level."""
+    why = _why_not(engine)
+    if why:
+        logger.debug("ZeRO-3 step left as DeepSpeed wrote it: %s", why)
+        return False
+    modules = _modules()
+    for (where, name), (replacement, _) in _REPLACEMENTS.items():
+        current = getattr(modules[where], name)
+        if current is not replacement:
+            _ORIGINAL.setdefault((where, name), current)
+            setattr(modules[where], name, replacement)
+    why = _lighten_cuda_stream()
+    if why:
+        logger.debug("ZeRO-3's current_stream left as DeepSpeed wrote it: %s", why)
+    for module in engine.module.modules():
+        # the modules DeepSpeed's hooks may hand to iter_params carry their external parameters
+        if isinstance(module.__dict__.get("_external_params"), dict):
+            module.__dict__.setdefault(_CACHE, {})
+    return True
+
+
+def restore_deepspeed_zero3() -> None:
+    """Put DeepSpeed's own functions back in its modules (the process-wide pieces
+    :func:`lighten_zero3` replaces): for measuring DeepSpeed's step as written after an engine
+    of the same process was lightened. Modules of lightened engines keep their cache, unused."""
+    from deepspeed.accelerator import get_accelerator
+
+    modules = _modules()
+    for (where, name), original in _ORIGINAL.items():
+        setattr(modules[where], name, original)
+    vars(get_accelerator()).pop("current_stream", None)
