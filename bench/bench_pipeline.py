@@ -114,12 +114,16 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
     if deepcompile:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # a graph per block
         engine.compile()
+    from infclip.pipeline.zero3_step import lighten_zero3, restore_deepspeed_zero3
     from infclip.pipeline.zero_step import keep_step_on_device, restore_deepspeed_mask
 
-    if on_device_step:
+    if on_device_step and zero == 3:
+        print(f"# ZeRO-3 step lightened: {lighten_zero3(engine)}", flush=True)
+    elif on_device_step:
         print(f"# ZeRO step kept on the device: {keep_step_on_device(engine)}", flush=True)
-    else:  # DeepSpeed's own mask back, in case an earlier row of this process replaced it
+    else:  # DeepSpeed's own functions back, in case an earlier row of this process replaced them
         restore_deepspeed_mask()
+        restore_deepspeed_zero3()
     if zero == 3 and impl != PLAIN:
         engine.module.bind_flat_views_in_forward()
     bad = misaligned_parameters(engine.module)
@@ -275,7 +279,7 @@ def throughput(args, rows):
             for leaf in (args.zero3_leaf if zero == 3 else [0]) for impl in impls
             for ckpt in args.grad_ckpt for comp in args.compile
             for flat in (args.flat_parameters if impl != PLAIN else [0])
-            for on_device in (args.on_device_step if zero in (1, 2) else [1])
+            for on_device in (args.on_device_step if zero in (1, 2, 3) else [1])
             for patch in (args.patch_embedding if impl != PLAIN else ["conv"])]
     for zero, leaf, impl, ckpt, comp, flat, on_device, patch in runs:
         ckpt_v, comp_v = _flag(ckpt), _flag(comp)
@@ -440,7 +444,8 @@ def main(argv=None) -> int:
                    help="model.flat_parameters of the pipeline rows: 0 1 runs both")
     p.add_argument("--on_device_step", type=int, nargs="+", default=[1], choices=[0, 1],
                    help="ZeRO-1/2 rows: the optimizer step without host waits (pipeline.zero_step, as "
-                   "pipeline.train builds it) or as DeepSpeed wrote it (0); 0 1 runs both")
+                   "pipeline.train builds it) or as DeepSpeed wrote it (0); ZeRO-3 rows: the step with less "
+                   "of DeepSpeed's Python (pipeline.zero3_step) or as written (0); 0 1 runs both")
     p.add_argument("--patch_embedding", nargs="+", default=["gemm"], choices=["gemm", "conv"],
                    help="model.patch_embedding of the pipeline rows: gemm conv runs both")
     p.add_argument("--deepcompile", action="store_true",
