@@ -16,6 +16,8 @@ from infclip.ops.config import ConfigError
 from infclip.pipeline.data import CLIP_MEAN, CLIP_STD, build_eval_loader
 from infclip.pipeline.shards import DIGITS_CLASSNAMES
 
+from tests._ranks import run_two_ranks
+
 from .conftest import make_model
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -131,22 +133,15 @@ def test_max_samples_caps_the_count(digits_test, tokenizer):
 def test_sharded_eval_over_two_zero3_ranks_matches_one_process(digits_test, tokenizer, tokenizer_dir, tmp_path):
     """2 real processes (gloo), ZeRO-3 partitioned weights, 3 shards split unevenly (231 / 128
     images): the ranks stay in step (dummy forwards) and both return the single-process metrics."""
-    import subprocess
-
     from infclip.eval.evaluator import Evaluator
 
-    root = os.path.join(os.path.dirname(__file__), "..", "..")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "tests.eval._dist_eval_worker", str(tokenizer_dir), digits_test["shards"], str(tmp_path), "3"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT",
-                                                             "MASTER_ADDR", "LOCAL_WORLD_SIZE")}
-    env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=240)
+    args = ["-m", "tests.eval._dist_eval_worker", str(tokenizer_dir), digits_test["shards"], str(tmp_path), "3"]
+    proc = run_two_ranks(args, timeout=240)
     if proc.returncode != 0 and "terminate called without an active exception" in proc.stderr:
         # Seen once in ~10 runs (CI, 2026-11-22): a worker aborted inside the C++ runtime during
         # the ZeRO-3 gathers (SIGABRT, no Python error), cause not yet found. One retry keeps
         # that crash from failing the suite; any Python error or wrong metric still fails.
-        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=240)
+        proc = run_two_ranks(args, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 

@@ -17,6 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from infclip.ops import contrastive_loss, contrastive_loss_reference
+from tests._ranks import run_two_ranks
 from tests.ops import _dist_worker as W
 
 WORLDS = tuple(range(1, W.WORLD + 1))
@@ -298,17 +299,10 @@ def test_benchmark_checks_each_scheme_against_one_device(tmp_path):
     loss and gradient error against the single-device op on the same rows, and they are at fp32
     rounding level (the benchmark's check of the schemes over NCCL runs the same code)."""
     import json
-    import subprocess
-    import sys
 
-    root = os.path.join(os.path.dirname(__file__), "..", "..")
     out = tmp_path / "rows.jsonl"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT",
-                                                             "MASTER_ADDR", "LOCAL_WORLD_SIZE")}
-    env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "bench/bench_distributed.py", "--smoke", "--dtype", "fp32", "--reps", "1", "--profile", "1", "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=240)
+    proc = run_two_ranks(["bench/bench_distributed.py", "--smoke", "--dtype", "fp32", "--reps", "1", "--profile", "1",
+                          "--out", str(out)], timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     schemes = [r for r in rows if r["scheme"] != "single"]

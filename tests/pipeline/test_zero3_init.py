@@ -2,18 +2,14 @@
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import torch
 
 from infclip.pipeline.model import CLIPTowers, _hf_configs, _new_tower
 from infclip.pipeline.train import _param_groups
+from tests._ranks import run_two_ranks
 from tests.pipeline._zero3_init_worker import checksum as _checksum
 from tests.pipeline.test_chunked import tiny_model
-
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
 
 def _plain_stats(module):
@@ -36,12 +32,7 @@ def test_zero3_init_partitions_at_construction_with_transformers_init(tmp_path):
     1-D parameters; a training step gives the same weights on both ranks."""
     from transformers import CLIPVisionModelWithProjection
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "tests.pipeline._zero3_init_worker", str(tmp_path)]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT",
-                                                             "MASTER_ADDR", "LOCAL_WORLD_SIZE")}
-    env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_two_ranks(["-m", "tests.pipeline._zero3_init_worker", str(tmp_path)], timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 import sys
 
 import pytest
@@ -20,6 +19,8 @@ from infclip.pipeline.model import mark_zero3_leaf_layers, param_groups
 from infclip.pipeline.zero3_step import (_CACHE, cached_iter_params, cuda_current_stream, lighten_zero3,
                                          restore_deepspeed_zero3)
 
+from tests._ranks import run_two_ranks
+
 from .test_flat_params import pair
 from .test_model_speed import batch
 
@@ -27,7 +28,6 @@ deepspeed = pytest.importorskip("deepspeed")
 from deepspeed.runtime.zero import (parameter_offload, partition_parameters,  # noqa: E402
                                     partitioned_param_coordinator, stage3)
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 REPLACED = [(partitioned_param_coordinator, "iter_params"), (parameter_offload, "iter_params"),
             (partition_parameters, "print_rank_0"), (partitioned_param_coordinator, "print_rank_0"),
             (parameter_offload, "print_rank_0"), (stage3, "print_rank_0")]
@@ -278,12 +278,7 @@ def test_two_ranks_train_to_the_same_bits(tmp_path):
     """Two gloo ranks (each parameter split in two partitions, gathered at each fetch, gradients
     reduce-scattered): the lightened engine's losses, norms, weights and Adam state are the
     unpatched engine's, on both ranks."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "tests.pipeline.test_zero3_step", str(tmp_path)]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT",
-                                                             "MASTER_ADDR", "LOCAL_WORLD_SIZE")}
-    env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_two_ranks(["-m", "tests.pipeline.test_zero3_step", str(tmp_path)], timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     for rank in (0, 1):
         want, got = json.loads((tmp_path / f"rank{rank}.json").read_text())
