@@ -116,6 +116,62 @@ def _grad_variant(A, Bm, M, N, D, P, scale_ptr, coef_ptr, row_lse, col_lse, row_
         P.store([pid_m * BLOCK_M, pid_n * BLOCK_N], p.to(P.dtype))
 
 
+# Column strips: a program takes (column block, chunk of CHUNK row blocks) items and walks down
+# the chunk; the column direction is summed element-wise in registers across the walk and reduced
+# across warps once per item (the row direction is reduced per tile: within a warp's threads).
+@triton.jit
+def _stats_strips(A, Bm, M, N, D, scale_ptr, row_shift, row_ref, col_shift, col_ref, row_sum,
+                  row_wsum, col_sum, col_wsum, diag, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROGRAMS: tl.constexpr):
+    scale2 = tl.load(scale_ptr) * 1.4426950408889634
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    items = grid_n * tl.cdiv(grid_m, CHUNK)
+    for item in tl.range(tl.program_id(0), items, PROGRAMS, flatten=True):
+        pid_n = item % grid_n
+        first_m = (item // grid_n) * CHUNK
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        cs2 = tl.load(col_shift + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
+        cr = tl.load(col_ref + offs_n, mask=mask_n, other=0.0)
+        cq = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        cqw = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for pid_m in range(first_m, tl.minimum(first_m + CHUNK, grid_m)):
+            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            mask_m = offs_m < M
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k0 in range(0, D, BLOCK_K):
+                a = A.load([pid_m * BLOCK_M, k0])
+                b = Bm.load([pid_n * BLOCK_N, k0])
+                acc = tl.dot(a, b.T, acc)
+            valid = mask_m[:, None] & mask_n[None, :] & ((offs_m[:, None] - offs_n[None, :]) != diag)
+            x = tl.where(valid, acc, 0.0)
+            rs2 = tl.load(row_shift + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
+            rr = tl.load(row_ref + offs_m, mask=mask_m, other=0.0)
+            xs = x * scale2
+            p = tl.where(valid, tl.exp2(xs - rs2[:, None]), 0.0)
+            tl.atomic_add(row_sum + offs_m, tl.sum(p, axis=1), mask=mask_m, sem="relaxed")
+            tl.atomic_add(row_wsum + offs_m, tl.sum(p * (x - rr[:, None]), axis=1), mask=mask_m,
+                          sem="relaxed")
+            q = tl.where(valid, tl.exp2(xs - cs2[None, :]), 0.0)
+            cq += q
+            cqw += q * (x - cr[None, :])
+        tl.atomic_add(col_sum + offs_n, tl.sum(cq, axis=0), mask=mask_n, sem="relaxed")
+        tl.atomic_add(col_wsum + offs_n, tl.sum(cqw, axis=0), mask=mask_n, sem="relaxed")
+
+
+def launch_strips(a, b, tiles, chunk, *args):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    bm, bn, bk, _, warps, stages, per_sm = tiles
+    (m, d), n = a.shape, b.shape[0]
+    items = tri._cdiv(n, bn) * tri._cdiv(tri._cdiv(m, bm), chunk)
+    programs = min(items, per_sm * tri._sm_count(a.device))
+    da = TensorDescriptor.from_tensor(a, [bm, bk])
+    db = TensorDescriptor.from_tensor(b, [bn, bk])
+    _stats_strips[(programs,)](da, db, m, n, d, *args, CHUNK=chunk, BLOCK_M=bm, BLOCK_N=bn,
+                               BLOCK_K=bk, PROGRAMS=programs, num_warps=warps, num_stages=stages)
+
+
 def launch(kernel, a, b, tiles, *args, p=None, **const):
     from triton.tools.tensor_descriptor import TensorDescriptor
     bm, bn, bk, gm, warps, stages, per_sm = tiles
@@ -132,7 +188,12 @@ CONFIGS = [(128, 64, 64, 8, 4, 4, 2), (128, 128, 64, 8, 8, 4, 1), (128, 128, 64,
            (128, 64, 64, 8, 8, 4, 2), (128, 128, 64, 8, 4, 4, 1)]
 
 
-def run(b: int, d: int, reps: int, configs, scale_value: float) -> None:
+STRIP_CONFIGS = [(128, 64, 64, 0, 4, 4, 2), (128, 64, 64, 0, 8, 4, 2), (128, 128, 64, 0, 8, 4, 1),
+                 (128, 128, 64, 0, 8, 3, 1), (64, 128, 64, 0, 4, 4, 2), (128, 64, 64, 0, 8, 4, 1)]
+
+
+def run(b: int, d: int, reps: int, configs, scale_value: float, modes=(0, 1, 2, 3, 4),
+        grad_too: bool = True) -> None:
     img, txt, scale, row_shift, col_shift, ref, sums = inputs(b, d)
     scale.fill_(scale_value)
     row_shift, col_shift, aux, sums = tri.clip_prologue_triton(img, txt, scale, 64.0)
@@ -151,7 +212,7 @@ def run(b: int, d: int, reps: int, configs, scale_value: float) -> None:
 
     ref_sums = None
     for tiles in configs:
-        for mode in (0, 1, 2, 3, 4):
+        for mode in modes:
             try:
                 ms = timed(lambda: stats(mode, tiles), reps)
             except Exception as exc:  # noqa: BLE001
@@ -167,6 +228,24 @@ def run(b: int, d: int, reps: int, configs, scale_value: float) -> None:
             print(f"B={b} stats mode={mode} {tiles} {ms:.3f} ms {flop / ms / 1e9:.0f} TFLOP/s{check}",
                   flush=True)
 
+    for tiles in STRIP_CONFIGS:
+        for chunk in (16, 64):
+            def strips():
+                sums.zero_()
+                launch_strips(img, txt, tiles, chunk, scale, row_shift, ref, col_shift, ref,
+                              sums[:b], sums[b:2 * b], sums[2 * b:3 * b], sums[3 * b:4 * b], 0)
+            try:
+                ms = timed(strips, reps)
+            except Exception as exc:  # noqa: BLE001
+                print(f"B={b} strips {tiles} chunk={chunk} failed: {type(exc).__name__} {str(exc)[:100]}")
+                continue
+            strips()
+            err = ((sums - ref_sums).abs() / ref_sums.abs().clamp_min(1e-30)).max().item()
+            print(f"B={b} strips {tiles} chunk={chunk} {ms:.3f} ms {flop / ms / 1e9:.0f} TFLOP/s "
+                  f"max rel diff vs mode 0 {err:.2e}", flush=True)
+
+    if not grad_too:
+        return
     band = tri.band_rows(b, b, d)
     p_band = torch.empty(band, b, device="cuda", dtype=torch.bfloat16)
     lse = row_shift + 1.0
@@ -203,10 +282,13 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--scale", type=float, default=14.3)
     p.add_argument("--configs", type=int, default=len(CONFIGS))
+    p.add_argument("--no_grad", action="store_true")
+    p.add_argument("--modes", default="0,1,2,3,4")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__)
     for b in map(int, args.sizes.split(",")):
-        run(b, args.dim, args.reps, CONFIGS[:args.configs], args.scale)
+        run(b, args.dim, args.reps, CONFIGS[:args.configs], args.scale,
+            tuple(map(int, args.modes.split(","))), not args.no_grad)
 
 
 if __name__ == "__main__":
