@@ -30,6 +30,20 @@ the rank before looking at ``force``.
   ``int`` is taken as it is. ``torch.cuda.current_device()`` is the index that lookup returns,
   so the stream is the same.
 
+* ``torch.autograd.Function.apply`` of the autograd functions ZeRO-3 runs per layer and per
+  hooked module (DeepSpeed's ``LinearFunctionForZeroStage3``, which ZeRO-3 installs as
+  ``torch.nn.functional.linear``, and each hooked module's ``pre_bwd_fn``/``post_bwd_fn``) binds
+  the arguments to ``inspect.signature(cls.forward)`` at every call, because these functions
+  define ``setup_context`` (~180 calls a step in the towers, ~8.6k of the step's ~81k Python
+  calls). When ``forward`` takes only positional-or-keyword parameters and the call passes
+  exactly that many positional arguments and no keywords, that binding returns the arguments
+  as they are (every parameter bound, no default applied). Those classes get an ``apply``
+  that skips the binding in exactly that case and otherwise calls torch's own; the rest (dead
+  functorch wrappers unwrapped, ``_FunctionBase.apply``, functorch transforms and
+  torch.compile to torch's path) is torch's code. ``forward`` is compared with the one
+  checked at each call (read live); torch's ``Function.apply`` must be the source this was
+  written against (torch 2.13), else these classes are left alone.
+
 It applies to DeepSpeed's ``DeepSpeedZeroOptimizer_Stage3`` with no parameter or optimizer
 offload (ZeRO-Infinity's NVMe swapping has its own ordering needs and is left as DeepSpeed wrote
 it). If DeepSpeed's code changes shape (a replaced function is missing or takes other arguments)
@@ -44,16 +58,18 @@ step's decision needs the host.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import itertools
 import logging
 import types
+import weakref
 from typing import Any, Iterator
 
 import torch
 
-__all__ = ["lighten_zero3", "cached_iter_params", "cuda_current_stream", "print_rank_0_if_forced",
-           "restore_deepspeed_zero3"]
+__all__ = ["lighten_zero3", "cached_iter_params", "cuda_current_stream", "identity_bound_apply",
+           "print_rank_0_if_forced", "restore_deepspeed_zero3"]
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +146,88 @@ def _lighten_cuda_stream() -> str:
     return ""
 
 
+_ARITY = "_infclip_positional_forward"
+"""Attribute (in an autograd function class's ``__dict__``) holding ``(forward, n)``: the
+``forward`` whose ``n`` parameters are all positional-or-keyword; its presence marks the classes
+given :func:`identity_bound_apply`."""
+
+_FUNCTION_APPLY_SHA = {"bbc5d31817220a84"}
+"""sha256 (first 16 hex digits) of the source of torch's ``Function.apply`` this module's fast path
+reproduces (torch 2.13)."""
+
+_FAST_APPLY_CLASSES: "weakref.WeakSet[type]" = weakref.WeakSet()
+"""The autograd function classes given :func:`identity_bound_apply` (for the restore)."""
+
+
+def _torch_function_apply(cls, *args, **kwargs):
+    """torch's own ``Function.apply`` of ``cls``."""
+    return torch.autograd.Function.__dict__["apply"].__func__(cls, *args, **kwargs)
+
+
+def identity_bound_apply(cls, *args, **kwargs):
+    """torch's ``Function.apply`` for an autograd function whose ``forward`` takes ``n``
+    positional-or-keyword parameters: called with exactly ``n`` positional arguments and no
+    keywords, binding them to ``forward``'s signature (what torch does when ``setup_context`` is
+    defined) gives them back unchanged, so it is skipped; any other call is torch's own."""
+    checked = cls.__dict__.get(_ARITY)
+    if (checked is None or kwargs or len(args) != checked[1] or cls.forward is not checked[0]
+            or torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling()):
+        return _torch_function_apply(cls, *args, **kwargs)
+    # torch's Function.apply from here on, its binding done
+    args = torch._functorch.utils.unwrap_dead_wrappers(args)
+    return super(torch.autograd.Function, cls).apply(*args)
+
+
+def _positional_arity(forward) -> int | None:
+    """The number of parameters of ``forward`` when all are positional(-or-keyword) (then binding
+    exactly that many positional arguments is the identity), else None."""
+    try:
+        params = inspect.signature(forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return len(params) if all(p.kind in kinds for p in params) else None
+
+
+def _give_identity_bound_apply(cls) -> bool:
+    """Give the autograd function class ``cls`` :func:`identity_bound_apply` (whether it did)."""
+    if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
+        return False
+    if cls.__dict__.get(_ARITY) is not None:
+        return True
+    own = [k for k in cls.__mro__ if "apply" in vars(k)]
+    if not own or own[0] is not torch.autograd.Function:  # a class with its own apply keeps it
+        return False
+    from torch.autograd.function import _is_setup_context_defined
+
+    arity = _positional_arity(cls.forward)
+    if arity is None or not _is_setup_context_defined(cls.setup_context):
+        return False
+    setattr(cls, _ARITY, (cls.forward, arity))
+    cls.apply = classmethod(identity_bound_apply)
+    _FAST_APPLY_CLASSES.add(cls)
+    return True
+
+
+def _lighten_function_apply(engine: Any) -> str:
+    """Give ZeRO-3's per-call autograd functions :func:`identity_bound_apply` ('' when done, else
+    why not)."""
+    try:
+        source = inspect.getsource(torch.autograd.Function.__dict__["apply"].__func__)
+    except (OSError, TypeError, KeyError):
+        return "the source of torch's Function.apply is not available"
+    if hashlib.sha256(source.encode()).hexdigest()[:16] not in _FUNCTION_APPLY_SHA:
+        return "torch's Function.apply is not the one this module reproduces"
+    from deepspeed.runtime.zero import linear
+
+    _give_identity_bound_apply(linear.LinearFunctionForZeroStage3)
+    for module in engine.module.modules():
+        for name in ("pre_bwd_fn", "post_bwd_fn"):
+            if name in module.__dict__:
+                _give_identity_bound_apply(module.__dict__[name])
+    return ""
+
+
 _REPLACEMENTS = {
     ("coordinator", "iter_params"): (cached_iter_params, ["module", "recurse"]),
     ("offload", "iter_params"): (cached_iter_params, ["module", "recurse"]),
@@ -181,6 +279,9 @@ def lighten_zero3(engine: Any) -> bool:
     why = _lighten_cuda_stream()
     if why:
         logger.debug("ZeRO-3's current_stream left as DeepSpeed wrote it: %s", why)
+    why = _lighten_function_apply(engine)
+    if why:
+        logger.debug("ZeRO-3's autograd functions left as torch applies them: %s", why)
     for module in engine.module.modules():
         # the modules DeepSpeed's hooks may hand to iter_params carry their external parameters
         if isinstance(module.__dict__.get("_external_params"), dict):
@@ -198,3 +299,8 @@ def restore_deepspeed_zero3() -> None:
     for (where, name), original in _ORIGINAL.items():
         setattr(modules[where], name, original)
     vars(get_accelerator()).pop("current_stream", None)
+    for cls in list(_FAST_APPLY_CLASSES):
+        if cls.__dict__.get(_ARITY) is not None:
+            delattr(cls, "apply")
+            delattr(cls, _ARITY)
+    _FAST_APPLY_CLASSES.clear()

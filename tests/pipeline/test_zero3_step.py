@@ -2,7 +2,7 @@
 (CPU, gloo; CUDA where there is one) train to the same bits with and without it (fp32 and bf16,
 flat parameters with a leaf per layer stack and plain parameters with a leaf per block, gradient
 clipping on and off, a non-finite gradient on the way, and two ranks), the cached parameter lists
-are DeepSpeed's own, and DeepSpeed is left untouched where its functions are not the expected
+are DeepSpeed's own, the autograd functions skip only an identity binding, and DeepSpeed is left untouched where its functions are not the expected
 ones. Run as a module it is one rank of the two-process test."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from infclip.pipeline.model import mark_zero3_leaf_layers, param_groups
-from infclip.pipeline.zero3_step import (_CACHE, cached_iter_params, cuda_current_stream, lighten_zero3,
-                                         restore_deepspeed_zero3)
+from infclip.pipeline import zero3_step
+from infclip.pipeline.zero3_step import (_CACHE, cached_iter_params, cuda_current_stream, identity_bound_apply,
+                                         lighten_zero3, restore_deepspeed_zero3)
 
 from tests._ranks import run_two_ranks
 
@@ -27,6 +28,7 @@ from .test_model_speed import batch
 deepspeed = pytest.importorskip("deepspeed")
 from deepspeed.runtime.zero import (parameter_offload, partition_parameters,  # noqa: E402
                                     partitioned_param_coordinator, stage3)
+from deepspeed.runtime.zero.linear import LinearFunctionForZeroStage3  # noqa: E402
 
 REPLACED = [(partitioned_param_coordinator, "iter_params"), (parameter_offload, "iter_params"),
             (partition_parameters, "print_rank_0"), (partitioned_param_coordinator, "print_rank_0"),
@@ -199,6 +201,57 @@ def test_a_module_of_another_engine_gets_deepspeeds_answer():
             list(cached_iter_params(torch.nn.Linear(2, 2)))
     finally:
         engine.destroy()
+
+
+def test_autograd_functions_skip_only_an_identity_binding(monkeypatch, caplog):
+    """ZeRO-3's linear function and each hooked module's pre/post-backward functions get
+    :func:`identity_bound_apply`: the step binds no argument to a signature, a direct call gives
+    torch's outputs and gradients bit for bit, a call with fewer arguments or keywords is bound by
+    torch as before, an unexpected torch ``Function.apply`` leaves the classes alone, and the
+    restore gives torch's ``apply`` back."""
+    import inspect
+
+    torch_apply = torch.autograd.Function.__dict__["apply"].__func__
+    _, model = pair()
+    engine = _engine(model, _config(torch.float32, 0.0), "stack", False)
+    hooked = [m.__dict__[n] for m in engine.module.modules() for n in ("pre_bwd_fn", "post_bwd_fn") if n in vars(m)]
+    classes = [LinearFunctionForZeroStage3, *hooked]
+    try:
+        monkeypatch.setattr(zero3_step, "_FUNCTION_APPLY_SHA", set())
+        with caplog.at_level(logging.DEBUG, logger="infclip.pipeline.zero3_step"):
+            assert lighten_zero3(engine)  # the other replacements still go in
+        assert "Function.apply is not the one" in caplog.text
+        assert not any("apply" in vars(c) for c in classes)
+        restore_deepspeed_zero3()
+        monkeypatch.undo()
+
+        assert lighten_zero3(engine) and hooked
+        assert all(vars(c)["apply"].__func__ is identity_bound_apply for c in classes)
+        bound = []
+        signature = inspect.signature
+        monkeypatch.setattr(inspect, "signature", lambda f, *a, **k: bound.append(f) or signature(f, *a, **k))
+        engine.backward(_loss(engine, torch.float32))
+        engine.step()
+        assert not [f for f in bound if any(f is c.forward for c in classes)]
+
+        x, w, b = (torch.randn(*shape, requires_grad=True) for shape in [(4, 3), (2, 3), (2,)])
+        results = []
+        for call in (lambda: LinearFunctionForZeroStage3.apply(x, w, b),
+                     lambda: torch_apply(LinearFunctionForZeroStage3, x, w, b)):
+            out = call()
+            out.square().sum().backward()
+            results.append([out.detach(), *(t.grad.clone() for t in (x, w, b))])
+            x.grad = w.grad = b.grad = None
+        assert all(torch.equal(g, t) for g, t in zip(*results))
+        bound.clear()
+        assert torch.equal(LinearFunctionForZeroStage3.apply(x, w), x @ w.T)
+        assert torch.equal(LinearFunctionForZeroStage3.apply(x, w, bias=b), x @ w.T + b)
+        assert len([f for f in bound if f is LinearFunctionForZeroStage3.forward]) == 2  # torch's own path
+    finally:
+        engine.destroy()
+    restore_deepspeed_zero3()
+    assert not any("apply" in vars(c) for c in classes)
+    assert LinearFunctionForZeroStage3.apply.__func__ is torch_apply
 
 
 def test_print_rank_0_prints_what_deepspeeds_does(capsys):

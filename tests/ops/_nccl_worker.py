@@ -1,0 +1,88 @@
+"""Two-GPU worker of tests/ops/test_distributed_nccl.py (torch.distributed.run, NCCL).
+
+Each rank makes the same global batch, runs every scheme on its rows and compares the loss and
+its rows' gradients with one device on the whole batch; then checks that a call makes no
+host-device wait, and that an uneven local batch is one clear error on both ranks after which
+the group still works. Exits non-zero with the failures printed."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from infclip.ops import contrastive_loss  # noqa: E402
+
+B, D = 384, 64
+SCHEMES = ("ring", "disco", "gather", "hierarchical_ring")
+
+
+def batch(device, n=B):
+    gen = torch.Generator(device="cpu").manual_seed(n)
+    img = F.normalize(torch.randn(n, D, generator=gen), dim=-1)
+    txt = F.normalize(img + torch.randn(n, D, generator=gen), dim=-1)
+    return img.to(device), txt.to(device)
+
+
+def loss_and_grads(img, txt, **kw):
+    img, txt = img.clone().requires_grad_(True), txt.clone().requires_grad_(True)
+    scale = torch.tensor([14.0], device=img.device, requires_grad=True)
+    loss = contrastive_loss(img, txt, scale, impl="triton", **kw)
+    loss.backward()
+    return loss.detach(), img.grad, txt.grad
+
+
+def main() -> int:
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(device)
+    failures = []
+    img, txt = batch(device)
+    rows = slice(rank * B // world, (rank + 1) * B // world)
+    want_loss, want_img, want_txt = loss_and_grads(img, txt, distributed="none")
+    for scheme in SCHEMES:
+        loss, g_img, g_txt = loss_and_grads(img[rows], txt[rows], distributed=scheme)
+        # the op's convention: a rank's feature gradient is world x the whole-batch one of its rows
+        for name, got, want, tol in (("loss", loss, want_loss, 1e-5),
+                                     ("img grad", g_img / world, want_img[rows], 1e-4),
+                                     ("txt grad", g_txt / world, want_txt[rows], 1e-4)):
+            err = float((got - want).abs().max() / want.abs().max())
+            if not err <= tol:
+                failures.append(f"rank {rank} {scheme}: {name} differs by {err:.3g} (relative)")
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # any host-device wait raises
+        try:
+            loss_and_grads(img[rows], txt[rows], distributed=scheme)
+        except RuntimeError as exc:
+            failures.append(f"rank {rank} {scheme}: a call waited on the GPU: {str(exc)[:200]}")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    extra = 1 if rank == world - 1 else 0
+    for scheme in ("ring", "disco"):
+        uneven = slice(rows.start, rows.stop + extra)
+        try:
+            loss_and_grads(img[uneven], txt[uneven], distributed=scheme)
+            failures.append(f"rank {rank} {scheme}: an uneven local batch was accepted")
+        except ValueError as exc:
+            msg = str(exc)
+            n = B // world
+            if not ("same local batch" in msg and f"rank 0: {n} x {D}" in msg
+                    and f"rank {world - 1}: {n + 1} x {D}" in msg):
+                failures.append(f"rank {rank} {scheme}: unclear message: {msg}")
+        loss, _, _ = loss_and_grads(img[rows], txt[rows], distributed=scheme)  # still works
+        if not float((loss - want_loss).abs() / want_loss.abs()) <= 1e-5:
+            failures.append(f"rank {rank} {scheme}: wrong loss after the uneven call")
+    for line in failures:
+        print(line, flush=True)
+    print(f"rank {rank}: {len(failures)} failures", flush=True)
+    dist.destroy_process_group()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
