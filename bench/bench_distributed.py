@@ -111,13 +111,20 @@ def comm_fn(sweep, b: int, dim: int, dtype, device):
     return run
 
 
-def measure(fn, device: torch.device, warmup: int, reps: int, group) -> list:
+def measure(fn, device: torch.device, warmup: int, reps: int, group, queued_ms: float = 0.0) -> list:
+    """Times of ``reps`` calls of ``fn`` (after ``warmup``), each after a barrier of ``group``.
+    ``queued_ms``: that much GPU work (a sleep kernel) is queued before each call and the timer
+    starts behind it, as in training, where the loss follows the towers' forward: host work the
+    GPU would wait for on an empty queue is then hidden, unless the call waits on the GPU."""
+    cycles = int(queued_ms * torch.cuda.get_device_properties(device).clock_rate) if queued_ms else 0
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(reps):
         if group is not None:
             dist.barrier(group=group)
+        if cycles:
+            torch.cuda._sleep(cycles)  # clock_rate is in kHz: cycles per ms
         timer = OpTimer(device)
         fn()
         times.append(float(timer.stop()))
@@ -168,6 +175,9 @@ def main(argv=None) -> None:
     p.add_argument("--impl", default=None, help="default: triton on CUDA, chunked_torch on CPU")
     p.add_argument("--local-world-size", type=int, default=None, help="hierarchical_ring node size")
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--queued-ms", type=float, default=0.0,
+                   help="GPU work queued before each timed call (the towers' forward in training; "
+                        "the timer starts behind it); 0: each call starts on an idle GPU")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--budget-s", type=float, default=270.0, help="skip batches projected past this")
     p.add_argument("--profile", type=int, default=0, metavar="N",
@@ -199,7 +209,7 @@ def run(args, cuda: bool) -> None:
     meta = dict(bench="distributed", time=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 device=torch.cuda.get_device_name() if cuda else "cpu", world_size=world,
                 backend=dist.get_backend(), torch=torch.__version__, dim=dim, dtype=args.dtype,
-                impl=impl, warmup=args.warmup, reps=args.reps)
+                impl=impl, warmup=args.warmup, reps=args.reps, queued_ms=args.queued_ms)
     try:
         import triton
 
@@ -233,7 +243,7 @@ def run(args, cuda: bool) -> None:
             ref.update(img=ref["img"][rows_of], txt=ref["txt"][rows_of])
             mine = (img.detach()[rows_of].cpu(), txt.detach()[rows_of].cpu())  # this rank's share
             fn = step_fn(img, txt, scale, impl=impl)
-            times = measure(fn, device, args.warmup, args.reps, None)
+            times = measure(fn, device, args.warmup, args.reps, None, args.queued_ms)
             peak, extra = peak_run(fn, device)
             t1 = all_values(statistics.median(times), device)[0]
             projected["single"] = t1
@@ -254,7 +264,7 @@ def run(args, cuda: bool) -> None:
             kw = dict(impl=impl, distributed=scheme, local_world_size=args.local_world_size)
             errors = check(grads_of(img, txt, scale, **kw), ref, world, device) if t1 is not None else {}
             fn = step_fn(img, txt, scale, **kw)
-            times = measure(fn, device, args.warmup, args.reps, dist.group.WORLD)
+            times = measure(fn, device, args.warmup, args.reps, dist.group.WORLD, args.queued_ms)
             peak, extra = peak_run(fn, device)
             sweep = make_sweep(scheme, None, args.local_world_size)
             comm = measure(comm_fn(sweep, b, dim, dtype, device), device, 1, args.reps,

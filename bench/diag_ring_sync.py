@@ -50,12 +50,32 @@ def sync_points(fn) -> collections.Counter:
     return seen
 
 
+def check_sizes_on_gpu(self, x) -> None:
+    """The size check as it was before the host twin: all-gathered on the GPU, read by the host."""
+    mine = torch.tensor([x.shape[0], x.shape[1]], dtype=torch.int64, device=x.device)
+    sizes = self.all_gather(mine).view(self.world, 2).tolist()
+    if any(s != sizes[0] for s in sizes):
+        raise ValueError(f"uneven local batches: {sizes}")
+
+
+def queued(fn, ms: float):
+    """fn behind ``ms`` of GPU work already queued (as the towers' forward is in training)."""
+    cycles = int(ms * 1e-3 * torch.cuda.get_device_properties(0).clock_rate * 1e3)
+
+    def run():
+        torch.cuda._sleep(cycles)
+        fn()
+    return run
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batches", type=int, nargs="+", default=[32768, 65536])
     p.add_argument("--schemes", nargs="+", default=["ring", "disco"])
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--queued_ms", type=float, default=20.0,
+                   help="GPU work queued before each call in the second timing")
     args = p.parse_args()
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -68,16 +88,23 @@ def main() -> None:
             img, txt = features(b, args.dim, torch.bfloat16, device, seed=batch * world + rank)
             scale = torch.tensor([20.0], device=device, requires_grad=True)
             fn = step_fn(img, txt, scale, impl="triton", distributed=scheme)
-            ms = slowest(sorted(measure(fn, device, 2, args.reps, dist.group.WORLD))[args.reps // 2], device)
+            def timed(run):
+                return slowest(sorted(measure(run, device, 2, args.reps, dist.group.WORLD))[args.reps // 2], device)
+
             waits = sync_points(fn)
-            sweeps.Sweep.check_sizes = lambda self, x: None
-            try:
-                ms_nocheck = slowest(sorted(measure(fn, device, 2, args.reps, dist.group.WORLD))[args.reps // 2], device)
-            finally:
-                sweeps.Sweep.check_sizes = original
+            row = {}
+            for label, check in (("host check", original), ("GPU check", check_sizes_on_gpu),
+                                 ("no check", lambda self, x: None)):
+                sweeps.Sweep.check_sizes = check
+                try:
+                    row[label] = (timed(fn), timed(queued(fn, args.queued_ms)) - args.queued_ms)
+                finally:
+                    sweeps.Sweep.check_sizes = original
             if rank == 0:
-                print(f"{scheme} B={batch} b={b}: {ms:.2f} ms; without the size check {ms_nocheck:.2f} ms; "
-                      f"host waits in one call: {sum(waits.values())}", flush=True)
+                cells = "; ".join(f"{k} {a:.2f} ms alone, {q:.2f} ms behind {args.queued_ms:.0f} ms of queued work"
+                                  for k, (a, q) in row.items())
+                print(f"{scheme} B={batch} b={b}: {cells}; host waits in one call: {sum(waits.values())}",
+                      flush=True)
                 for where, count in waits.most_common():
                     print(f"    {count} x {where}", flush=True)
             del img, txt, fn

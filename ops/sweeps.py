@@ -22,7 +22,8 @@ chooses (strings and ints only, so torch.compile traces it as constants and the 
 can carry it); :func:`make_sweep` builds the sweep with its Topology inside the op.
 Limits: consecutive group ranks share a node (what torchrun and the deepspeed launcher do for
 the world group); the first hierarchical call with a new layout creates sub-groups with a
-collective over the whole world.
+collective over the whole world, and so does the first call on an NCCL group (a gloo twin for
+the per-call size check, which then never waits on the GPU).
 """
 
 from __future__ import annotations
@@ -160,6 +161,29 @@ def _subgroups(group, ranks: tuple, local: int):
     log.debug("hierarchical ring: %d nodes x %d ranks; group ranks %s", len(ranks) // local, local,
               ranks)
     return _SUBGROUPS[key]
+
+
+_HOST_TWINS: dict = {}
+
+
+def _host_group(group):
+    """A group on which CPU tensors can be exchanged between the ranks of ``group`` (None: the
+    world): ``group`` itself unless its backend is NCCL alone, else a gloo twin with the same
+    ranks, built once and cached. Built like the hierarchical sub-groups (every rank of the world
+    creates the twin of every rank's group, in the same order): the first call must be made on
+    all ranks of the world."""
+    if dist.get_backend(group) != "nccl":
+        return group
+    ranks = tuple(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
+    twin = _HOST_TWINS.get(ranks)
+    if twin is not None and _alive(twin):
+        return twin
+    me = dist.get_rank()
+    for lay_ranks, _ in _layouts(group, ranks, 1):
+        pg = dist.new_group(list(lay_ranks), backend="gloo")
+        if me in lay_ranks:
+            _HOST_TWINS[lay_ranks] = pg
+    return _HOST_TWINS[ranks]
 
 
 # Ranks per node as the launchers export it: torchrun, the deepspeed launcher, OpenMPI.
@@ -360,9 +384,14 @@ class Sweep:
         return out
 
     def check_sizes(self, x: Tensor) -> None:
-        """Raise ValueError on every rank unless every rank holds the same [b, D]."""
-        mine = torch.tensor([x.shape[0], x.shape[1]], dtype=torch.int64, device=x.device)
-        sizes = self.all_gather(mine).view(self.world, 2).tolist()
+        """Raise ValueError on every rank unless every rank holds the same [b, D]. The sizes go
+        round on the host (a gloo twin of an NCCL group, :func:`_host_group`): reading them
+        from the GPU would make the host wait for all queued work at every call (0.4-1.5 ms a
+        call of ring / disco on 2 x H200 at B = 32k-65k, bench/diag_ring_sync.py)."""
+        mine = torch.tensor([x.shape[0], x.shape[1]], dtype=torch.int64)
+        every = torch.empty(2 * self.world, dtype=torch.int64)
+        _all_gather_single(every, mine, group=_host_group(self.topo.group))
+        sizes = every.view(self.world, 2).tolist()
         if any(s != sizes[0] for s in sizes):
             listing = ", ".join(f"rank {r}: {s[0]} x {s[1]}" for r, s in enumerate(sizes))
             raise ValueError(f"distributed contrastive loss ({self.name}) needs the same local "

@@ -28,9 +28,12 @@ def batch(device, n=B):
     return img.to(device), txt.to(device)
 
 
-def loss_and_grads(img, txt, **kw):
-    img, txt = img.clone().requires_grad_(True), txt.clone().requires_grad_(True)
-    scale = torch.tensor([14.0], device=img.device, requires_grad=True)
+def leaves(img, txt):
+    scale = torch.full((1,), 14.0, device=img.device)
+    return [x.clone().requires_grad_(True) for x in (img, txt, scale)]
+
+
+def loss_and_grads(img, txt, scale, **kw):
     loss = contrastive_loss(img, txt, scale, impl="triton", **kw)
     loss.backward()
     return loss.detach(), img.grad, txt.grad
@@ -44,9 +47,9 @@ def main() -> int:
     failures = []
     img, txt = batch(device)
     rows = slice(rank * B // world, (rank + 1) * B // world)
-    want_loss, want_img, want_txt = loss_and_grads(img, txt, distributed="none")
+    want_loss, want_img, want_txt = loss_and_grads(*leaves(img, txt), distributed="none")
     for scheme in SCHEMES:
-        loss, g_img, g_txt = loss_and_grads(img[rows], txt[rows], distributed=scheme)
+        loss, g_img, g_txt = loss_and_grads(*leaves(img[rows], txt[rows]), distributed=scheme)
         # the op's convention: a rank's feature gradient is world x the whole-batch one of its rows
         for name, got, want, tol in (("loss", loss, want_loss, 1e-5),
                                      ("img grad", g_img / world, want_img[rows], 1e-4),
@@ -54,27 +57,27 @@ def main() -> int:
             err = float((got - want).abs().max() / want.abs().max())
             if not err <= tol:
                 failures.append(f"rank {rank} {scheme}: {name} differs by {err:.3g} (relative)")
+        inputs = leaves(img[rows], txt[rows])
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")  # any host-device wait raises
         try:
-            loss_and_grads(img[rows], txt[rows], distributed=scheme)
+            loss_and_grads(*inputs, distributed=scheme)
         except RuntimeError as exc:
             failures.append(f"rank {rank} {scheme}: a call waited on the GPU: {str(exc)[:200]}")
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    extra = 1 if rank == world - 1 else 0
+    n = B // world
+    uneven = slice(0, n + (1 if rank == world - 1 else 0))  # the last rank holds one row more
     for scheme in ("ring", "disco"):
-        uneven = slice(rows.start, rows.stop + extra)
         try:
-            loss_and_grads(img[uneven], txt[uneven], distributed=scheme)
+            loss_and_grads(*leaves(img[uneven], txt[uneven]), distributed=scheme)
             failures.append(f"rank {rank} {scheme}: an uneven local batch was accepted")
         except ValueError as exc:
             msg = str(exc)
-            n = B // world
             if not ("same local batch" in msg and f"rank 0: {n} x {D}" in msg
                     and f"rank {world - 1}: {n + 1} x {D}" in msg):
                 failures.append(f"rank {rank} {scheme}: unclear message: {msg}")
-        loss, _, _ = loss_and_grads(img[rows], txt[rows], distributed=scheme)  # still works
+        loss, _, _ = loss_and_grads(*leaves(img[rows], txt[rows]), distributed=scheme)  # still works
         if not float((loss - want_loss).abs() / want_loss.abs()) <= 1e-5:
             failures.append(f"rank {rank} {scheme}: wrong loss after the uneven call")
     for line in failures:
