@@ -44,6 +44,14 @@ the rank before looking at ``force``.
   checked at each call (read live); torch's ``Function.apply`` must be the source this was
   written against (torch 2.13), else these classes are left alone.
 
+* The engine's forward prologue and epilogue (``_forward_prologue``/``_forward_epilogue``) mark
+  every module's parameter dict as in or out of a forward, walking ``self.module.modules()``:
+  a chain of nested ``named_modules`` generators (~5k generator resumptions a step for the
+  towers' ~300 modules, the walk ~0.5-1 ms on this CPU). The engine gets the same two methods
+  (DeepSpeed's code, checked by the hash of its source) walking the same modules in the same
+  order with one recursive function (:func:`modules_preorder`): read live at every call, so a
+  submodule attached after ``deepspeed.initialize`` is marked as DeepSpeed marks it.
+
 It applies to DeepSpeed's ``DeepSpeedZeroOptimizer_Stage3`` with no parameter or optimizer
 offload (ZeRO-Infinity's NVMe swapping has its own ordering needs and is left as DeepSpeed wrote
 it). If DeepSpeed's code changes shape (a replaced function is missing or takes other arguments)
@@ -228,6 +236,114 @@ def _lighten_function_apply(engine: Any) -> str:
     return ""
 
 
+def modules_preorder(root: torch.nn.Module) -> list:
+    """``list(root.modules())``: each module once, in ``named_modules``' order (a module is
+    yielded, then its children's subtrees; one seen before is skipped with its subtree), found
+    by one recursive function instead of a chain of generators."""
+    out = [root]
+    seen = {root}
+
+    def visit(module):
+        for child in module._modules.values():
+            if child is not None and child not in seen:
+                seen.add(child)
+                out.append(child)
+                visit(child)
+
+    visit(root)
+    return out
+
+
+_ENGINE_METHOD_SHA = {"_forward_prologue": "7f3289ffc96f30e2", "_forward_epilogue": "2ffc78bd3da0c8c0"}
+"""sha256 (first 16 hex digits) of the source of the DeepSpeed engine methods reproduced below
+(DeepSpeed 0.19.8)."""
+
+_LIGHT_ENGINES: "weakref.WeakSet" = weakref.WeakSet()
+"""Engines given the methods below (for the restore)."""
+
+
+def _forward_prologue(self, inputs, kwargs):
+    """DeepSpeed 0.19.8's ``DeepSpeedEngine._forward_prologue``, walking the modules with
+    :func:`modules_preorder` (module docstring)."""
+    from deepspeed.runtime import engine as ds
+
+    return_modified = False
+
+    if not self.autotuning_profile_model_info():
+        ds.see_memory_usage("Engine before forward", force=self.memory_breakdown())
+
+    flops_profiler_active = (self.flops_profiler_enabled()
+                             and self.global_steps == self.flops_profiler_profile_step() and self.global_rank == 0)
+
+    if flops_profiler_active:
+        self.flops_profiler.start_profile(ignore_list=None)
+
+    if self.module.training and self.random_ltd_enabled():
+        self.random_ltd_scheduler.update_seq(self.global_steps)
+
+    if self.training_dataloader is None:
+        self.tput_timer.start()
+
+    self._start_timers(self.engine_timers.forward_timers)
+
+    if self.zero_optimization_partition_weights():
+        # Enable automated discovery of external parameters by indicating that
+        # we are in a forward pass.
+        for module in modules_preorder(self.module):
+            ds.ensure_zero_ordered_dict(module)
+            module._parameters._in_forward = True
+
+    if self.fp16_auto_cast():
+        inputs = self._cast_inputs_half(inputs)
+        return_modified = True
+
+    if return_modified:
+        return inputs, kwargs
+
+
+def _forward_epilogue(self):
+    """DeepSpeed 0.19.8's ``DeepSpeedEngine._forward_epilogue``, walking the modules with
+    :func:`modules_preorder` (module docstring)."""
+    from deepspeed.runtime import engine as ds
+
+    if self.zero_optimization_partition_weights():
+        # Disable automated discovery of external parameters
+        for module in modules_preorder(self.module):
+            if isinstance(module._parameters, ds.ZeROOrderedDict):
+                module._parameters._in_forward = False
+
+    self._stop_timers(self.engine_timers.forward_timers)
+
+    flops_profiler_active = (self.flops_profiler_enabled()
+                             and self.global_steps == self.flops_profiler_profile_step() and self.global_rank == 0)
+
+    if flops_profiler_active:
+        self.flops_profiler.stop_profile()
+
+    if not self.autotuning_profile_model_info():
+        ds.see_memory_usage("Engine after forward", force=self.memory_breakdown())
+
+
+_ENGINE_METHODS = {"_forward_prologue": _forward_prologue, "_forward_epilogue": _forward_epilogue}
+
+
+def _lighten_engine_methods(engine: Any) -> str:
+    """Give ``engine`` the forward prologue and epilogue above ('' when done, else why not)."""
+    for name in _ENGINE_METHODS:
+        if name in vars(engine):
+            return f"the engine has its own {name}"
+        try:
+            source = inspect.getsource(getattr(type(engine), name))
+        except (AttributeError, OSError, TypeError):
+            return f"the source of DeepSpeed's {name} is not available"
+        if hashlib.sha256(source.encode()).hexdigest()[:16] != _ENGINE_METHOD_SHA[name]:
+            return f"DeepSpeed's {name} is not the one this module reproduces"
+    for name, method in _ENGINE_METHODS.items():
+        object.__setattr__(engine, name, types.MethodType(method, engine))
+    _LIGHT_ENGINES.add(engine)
+    return ""
+
+
 _REPLACEMENTS = {
     ("coordinator", "iter_params"): (cached_iter_params, ["module", "recurse"]),
     ("offload", "iter_params"): (cached_iter_params, ["module", "recurse"]),
@@ -282,6 +398,9 @@ def lighten_zero3(engine: Any) -> bool:
     why = _lighten_function_apply(engine)
     if why:
         logger.debug("ZeRO-3's autograd functions left as torch applies them: %s", why)
+    why = _lighten_engine_methods(engine)
+    if why:
+        logger.debug("the engine's forward prologue and epilogue left as DeepSpeed wrote them: %s", why)
     for module in engine.module.modules():
         # the modules DeepSpeed's hooks may hand to iter_params carry their external parameters
         if isinstance(module.__dict__.get("_external_params"), dict):
@@ -290,9 +409,10 @@ def lighten_zero3(engine: Any) -> bool:
 
 
 def restore_deepspeed_zero3() -> None:
-    """Put DeepSpeed's own functions back in its modules (the process-wide pieces
-    :func:`lighten_zero3` replaces): for measuring DeepSpeed's step as written after an engine
-    of the same process was lightened. Modules of lightened engines keep their cache, unused."""
+    """Put DeepSpeed's own functions back in its modules, torch's ``apply`` back in the autograd
+    function classes and DeepSpeed's methods back in the lightened engines (everything
+    :func:`lighten_zero3` replaces): for measuring DeepSpeed's step as written after an engine of
+    the same process was lightened. Modules of lightened engines keep their cache, unused."""
     from deepspeed.accelerator import get_accelerator
 
     modules = _modules()
@@ -304,3 +424,9 @@ def restore_deepspeed_zero3() -> None:
             delattr(cls, "apply")
             delattr(cls, _ARITY)
     _FAST_APPLY_CLASSES.clear()
+    for engine in list(_LIGHT_ENGINES):
+        for name, method in _ENGINE_METHODS.items():
+            bound = vars(engine).get(name)
+            if getattr(bound, "__func__", None) is method:
+                del vars(engine)[name]
+    _LIGHT_ENGINES.clear()

@@ -18,7 +18,7 @@ import torch
 from infclip.pipeline.model import mark_zero3_leaf_layers, param_groups
 from infclip.pipeline import zero3_step
 from infclip.pipeline.zero3_step import (_CACHE, cached_iter_params, cuda_current_stream, identity_bound_apply,
-                                         lighten_zero3, restore_deepspeed_zero3)
+                                         lighten_zero3, modules_preorder, restore_deepspeed_zero3)
 
 from tests._ranks import run_two_ranks
 
@@ -252,6 +252,40 @@ def test_autograd_functions_skip_only_an_identity_binding(monkeypatch, caplog):
     restore_deepspeed_zero3()
     assert not any("apply" in vars(c) for c in classes)
     assert LinearFunctionForZeroStage3.apply.__func__ is torch_apply
+
+
+def test_forward_prologue_walks_the_modules_deepspeed_walks(monkeypatch):
+    """The engine's forward prologue/epilogue walk ``modules()``'s modules in its order (a shared
+    module once, None children skipped), read live: a submodule attached after
+    ``deepspeed.initialize`` is marked in the forward and unmarked after it, as DeepSpeed does; an
+    engine method of other source is left alone; the restore gives DeepSpeed's methods back."""
+    tree = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh()))
+    tree[1].add_module("shared", tree[0])
+    tree.add_module("nothing", None)
+    tree.add_module("again", tree[1])
+    assert modules_preorder(tree) == list(tree.modules())
+
+    _, model = pair()
+    engine = _engine(model, _config(torch.float32, 0.0), "stack", False)
+    try:
+        monkeypatch.setattr(zero3_step, "_ENGINE_METHOD_SHA", {"_forward_prologue": "", "_forward_epilogue": ""})
+        assert lighten_zero3(engine) and "_forward_prologue" not in vars(engine)
+        restore_deepspeed_zero3()
+        monkeypatch.undo()
+        assert lighten_zero3(engine)
+        assert vars(engine)["_forward_prologue"].__func__ is zero3_step._forward_prologue
+        assert modules_preorder(engine.module) == list(engine.module.modules())
+        late = torch.nn.Identity()
+        engine.module.vision.add_module("late", late)  # not converted by DeepSpeed's initialize
+        seen = []
+        engine.module.register_forward_pre_hook(lambda *_: seen.append(late._parameters._in_forward))  # after the engine's
+        engine.backward(_loss(engine, torch.float32))
+        engine.step()
+        assert seen == [True] and late._parameters._in_forward is False
+    finally:
+        engine.destroy()
+    restore_deepspeed_zero3()
+    assert "_forward_prologue" not in vars(engine) and "_forward_epilogue" not in vars(engine)
 
 
 def test_print_rank_0_prints_what_deepspeeds_does(capsys):
