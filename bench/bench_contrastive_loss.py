@@ -137,9 +137,12 @@ def inputs(b, d, dtype, device="cuda"):
     return img, txt, scale, bias
 
 
-def measure(fn, b, d, dtype, reps, warmup=2):
+def measure(fn, b, d, dtype, reps, warmup=2, queued_ms=0.0):
     """(median fwd+bwd ms, peak memory above the inputs in GiB, loss), or a status string
-    ("oom", "error: ...")."""
+    ("oom", "error: ..."). ``queued_ms``: that much GPU work (a sleep kernel) is queued before
+    each timed call and the timer starts behind it, as in training, where the loss follows the
+    towers' forward (host work is then hidden unless the call waits on the GPU)."""
+    cycles = int(queued_ms * torch.cuda.get_device_properties(0).clock_rate)  # kHz: cycles per ms
     torch.cuda.empty_cache()
     img, txt, scale, bias = inputs(b, d, dtype)
     try:
@@ -151,6 +154,8 @@ def measure(fn, b, d, dtype, reps, warmup=2):
         base = torch.cuda.memory_allocated()
         times = []
         for _ in range(reps):
+            if cycles:
+                torch.cuda._sleep(cycles)
             timer = OpTimer(img.device)
             loss = fn(img, txt, scale, bias)
             loss.backward()
@@ -257,6 +262,9 @@ def main(argv=None):
     p.add_argument("--anchors", default="compiled_dense,dense_siglip,open_clip,open_clip_siglip",
                    help="any of compiled_dense, dense_siglip, open_clip, open_clip_siglip, naive, inf_cl")
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--queued-ms", type=float, default=0.0,
+                   help="GPU work queued before each timed call, the timer starting behind it (the "
+                        "towers' forward in training); 0: each call starts on an idle GPU")
     p.add_argument("--profile", default="", help="B values whose kernel table goes to --profile-out")
     p.add_argument("--profile-out", default="contrastive_loss_profile.txt")
     p.add_argument("--host-profile", type=int, default=0,
@@ -289,7 +297,7 @@ def main(argv=None):
 
     tflops = matmul_tflops()
     meta = dict(gpu=dev, torch=torch.__version__, triton=triton.__version__, dim=args.dim,
-                matmul_tflops=round(tflops, 1), date=time.strftime("%Y-%m-%d"))
+                matmul_tflops=round(tflops, 1), date=time.strftime("%Y-%m-%d"), queued_ms=args.queued_ms)
     print(f"# {dev}, torch {torch.__version__}, triton {triton.__version__}, bf16 matmul {tflops:.0f} TFLOP/s", flush=True)
 
     anchors = {}
@@ -329,7 +337,8 @@ def main(argv=None):
         for name, fn, dtype in runs:
             reps = args.reps if (b <= 65536 or name.startswith("ours")) else 2
             reps = 3 if b >= 1_000_000 else reps
-            res = measure(fn, b, args.dim, dtype, reps, warmup=1 if b >= 262144 else 2)
+            res = measure(fn, b, args.dim, dtype, reps, warmup=1 if b >= 262144 else 2,
+                          queued_ms=args.queued_ms)
             row = dict(meta, impl=name, B=b, dtype=str(dtype).replace("torch.", ""),
                        roofline_ms=round(roof, 3))
             if isinstance(res, str):
