@@ -84,10 +84,11 @@ def ours(dtype_mode, loss="clip", fused=True, tma=None, **kw):
     tma=False the fused kernels with pointer loads (the TMA descriptor kernels' anchor)."""
     from infclip.ops import contrastive_loss_triton as tri
 
-    limits = (tri._FUSED_MAX_LOGITS, tri._TMA_GRAD_MAX_LOGITS) if fused else (0, 0)
+    limits = ((tri._FUSED_MAX_LOGITS, dict(tri._TMA_MAX_LOGITS)) if fused
+              else (0, dict.fromkeys(tri._TMA_MAX_LOGITS, 0)))
 
     def fn(img, txt, scale, bias):
-        tri._FUSED_MAX_LOGITS, tri._TMA_GRAD_MAX_LOGITS = limits
+        tri._FUSED_MAX_LOGITS, tri._TMA_MAX_LOGITS = limits[0], dict(limits[1])
         tri._TMA_FORCE = tma
         return contrastive_loss(img, txt, scale, bias if loss == "siglip" else None, loss=loss,
                                 impl="triton", allow_tf32=(dtype_mode == "tf32"), **kw)

@@ -41,7 +41,7 @@ CONFIGS = [  # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages
 ]
 TMA_CONFIGS = [  # ... and programs per SM
     (128, 64, 64, 8, 4, 4, 2), (128, 64, 64, 8, 4, 4, 1), (128, 128, 64, 8, 8, 4, 1),
-    (128, 256, 64, 8, 8, 3, 1), (256, 128, 64, 8, 8, 3, 1),
+    (128, 256, 64, 8, 8, 3, 1), (256, 128, 64, 8, 8, 3, 1), (128, 64, 64, 8, 8, 4, 2),
 ]
 
 
@@ -70,14 +70,14 @@ def inputs(b: int, d: int):
 
 
 def run_size(b: int, d: int, reps: int, configs, tma_configs, emit) -> None:
-    default = tri._FUSED_MAX_LOGITS
+    default = _limits()
     img, txt, scale, row_shift, col_shift, ref, sums = inputs(b, d)
     band = tri.band_rows(b, b, d)
     flops = lambda rows: 2 * rows * b * d  # noqa: E731
     s_full = torch.empty(b, b, device="cuda", dtype=torch.bfloat16) if b <= 65536 else None
 
     def stats(fused, tiles=None, tma=False):
-        tri._FUSED_MAX_LOGITS = 1 << 62 if fused else 0
+        _limits(1 << 62 if fused else 0)
         tri._TMA_FORCE = tma
         if tiles is not None:
             setattr(tri, "_TMA_STATS" if tma else "_FUSED_STATS", tiles)
@@ -119,7 +119,53 @@ def run_size(b: int, d: int, reps: int, configs, tma_configs, emit) -> None:
         emit(b, "fused_grad", cfg, _try(lambda: timed(lambda: grad_block(True, cfg), reps)), flops(band))
     for cfg in tma_configs:
         emit(b, "fused_grad_tma", cfg, _try(lambda: timed(lambda: grad_block(True, cfg, True), reps)), flops(band))
-    tri._FUSED_MAX_LOGITS, tri._TMA_FORCE = default, None
+    _limits(*default)
+    tri._TMA_FORCE = None
+
+
+def run_size_siglip(b: int, d: int, reps: int, tma_configs, emit) -> None:
+    """The SigLIP kernels with TMA descriptors, per tile config: the statistics over the whole
+    B x B (and the cuBLAS band path for them) and the gradient block of one backward band
+    (bias -10, scale 14.3)."""
+    default = _limits()
+    img, txt, scale, *_ = inputs(b, d)
+    bias = torch.full((), -10.0, device="cuda")
+    band = tri.band_rows(b, b, d)
+    p_band = torch.empty(band, b, device="cuda", dtype=torch.bfloat16)
+    gsum, gwsum = torch.zeros(2, band, device="cuda").unbind(0)
+    k = torch.full((1,), 1e-4, device="cuda")
+    _limits(1 << 62)
+    tri._TMA_FORCE = True
+
+    def stats(tiles):
+        tri._TMA_SIGLIP_STATS = tiles
+        tri.siglip_stats_triton(img, txt, scale, bias, 0)
+
+    def grad(tiles):
+        tri._TMA_SIGLIP_GRAD = tiles
+        tri._fused(tri._siglip_grad_fused_kernel, img[:band], txt, "siglip_grad", False,
+                   scale.reshape(1), bias.reshape(1), k, gsum, gwsum, 0, True, p=p_band)
+
+    _limits(0)  # cuBLAS bands + the Triton pass, what the op runs above its limit
+    emit(b, "siglip_unfused_stats", None, timed(lambda: tri.siglip_stats_triton(img, txt, scale, bias, 0), reps),
+         2 * b * b * d)
+    _limits(1 << 62)
+    for cfg in tma_configs:
+        emit(b, "siglip_stats_tma", cfg, _try(lambda: timed(lambda: stats(cfg), reps)), 2 * b * b * d)
+    for cfg in tma_configs:
+        emit(b, "siglip_grad_tma", cfg, _try(lambda: timed(lambda: grad(cfg), reps)), 2 * band * b * d)
+    _limits(*default)
+    tri._TMA_FORCE = None
+
+
+def _limits(value=None, tma=None):
+    """Sets the op's fused-kernel limits (pointer and TMA kernels alike) to ``value`` (or to
+    ``value`` and the dict ``tma``); returns the previous (value, dict)."""
+    old = (tri._FUSED_MAX_LOGITS, dict(tri._TMA_MAX_LOGITS))
+    if value is not None:
+        tri._FUSED_MAX_LOGITS = value
+        tri._TMA_MAX_LOGITS = dict(tma) if tma is not None else dict.fromkeys(tri._TMA_MAX_LOGITS, value)
+    return old
 
 
 def _try(fn):
@@ -138,6 +184,9 @@ def main(argv=None) -> None:
     p.add_argument("--out", default="bench/results/loss_kernels.jsonl")
     p.add_argument("--tma", action="store_true", help="also the TMA descriptor kernels (Hopper)")
     p.add_argument("--best", default="", help="write the fastest fused configs here (JSON)")
+    p.add_argument("--configs", type=int, default=len(TMA_CONFIGS), help="siglip: the first N TMA configs")
+    p.add_argument("--loss", default="clip", choices=("clip", "siglip"),
+                   help="siglip: the SigLIP TMA kernels only (statistics, gradient block)")
     args = p.parse_args(argv)
     import triton
 
@@ -156,10 +205,14 @@ def main(argv=None) -> None:
             f.write(json.dumps(row) + "\n")
 
     for b in [int(x) for x in args.sizes.split(",") if x]:
-        run_size(b, args.dim, args.reps, CONFIGS, TMA_CONFIGS if args.tma else [], emit)
+        if args.loss == "siglip":
+            run_size_siglip(b, args.dim, args.reps, TMA_CONFIGS[:args.configs], emit)
+        else:
+            run_size(b, args.dim, args.reps, CONFIGS, TMA_CONFIGS if args.tma else [], emit)
     best = {}
     for what, key in (("fused_stats", "stats"), ("fused_grad", "grad"), ("fused_stats_tma", "tma_stats"),
-                      ("fused_grad_tma", "tma_grad")):
+                      ("fused_grad_tma", "tma_grad"), ("siglip_stats_tma", "tma_siglip_stats"),
+                      ("siglip_grad_tma", "tma_siglip_grad")):
         # the config with the least total time over the sizes measured
         totals = {}
         for r in rows:

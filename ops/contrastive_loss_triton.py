@@ -568,12 +568,20 @@ _FUSED_MAX_LOGITS = 1 << 28  # a 16,384 x 16,384 block
 # statistics of the whole B x B 1.14 / 18.6 ms at B = 16k / 65k (pointer loads 1.44 / 21.7,
 # cuBLAS's GEMM with the two Triton passes 1.34 / 18.1); the gradient block of one backward band
 # (2,048 / 1,536 rows) 0.186 / 0.409 ms (pointer 0.187 / 0.465, cuBLAS's GEMM + the Triton pass
-# 0.158 / 0.424). So with TMA the backward is fused at every size (_TMA_GRAD_MAX_LOGITS); the
-# statistics keep _FUSED_MAX_LOGITS. End to end (the op, fwd + bwd, same process) this gains
+# 0.158 / 0.424). So with TMA the backward is fused at every size (_TMA_MAX_LOGITS); the
+# statistics up to 32k. End to end (the op, fwd + bwd, same process) this gains
 # 1-2% at B = 8k-65k: 56.8 ms against 57.7-58.1 at 65k (bench/results/contrastive_loss_h200_tma.log).
 _TMA_STATS = (128, 64, 64, 8, 4, 4, 2)
 _TMA_GRAD = (128, 64, 64, 8, 4, 4, 2)
-_TMA_GRAD_MAX_LOGITS = 1 << 62
+# SigLIP's kernels reduce rows only (no column sums across warps): larger tiles, 8 warps. H200,
+# bench_loss_kernels.py --loss siglip: statistics 1.23 / 19.1 ms at 16k / 65k against 1.39 / 21.0
+# with the CLIP tiles, gradient block 0.217 / 0.484 ms against 0.257 / 0.481.
+_TMA_SIGLIP_STATS = (128, 128, 64, 8, 8, 4, 1)
+_TMA_SIGLIP_GRAD = (128, 128, 64, 8, 8, 4, 1)
+# Largest block (logits) a TMA kernel takes, per kind; above, cuBLAS bands and Triton passes. The
+# CLIP statistics: TMA 4.25 ms against 4.96 for cuBLAS + the passes at 32k, 18.6 against 18.1 at
+# 65k; the gradient blocks are fused at every size.
+_TMA_MAX_LOGITS = {"stats": 1 << 30, "siglip_stats": 1 << 28, "grad": 1 << 62}
 _TMA_MIN_LOGITS = 1 << 23
 _TMA_FORCE = None  # None: by the device and the tensors; tests set True (interpreter, fp32)
 try:
@@ -603,10 +611,11 @@ def _use_tma(a: torch.Tensor, b: torch.Tensor) -> bool:
     return _HOPPER[a.device] and _tma_rows(a) and _tma_rows(b)
 
 
-def _use_fused(m: int, n: int, keep, grad: bool = False, tma: bool = False) -> bool:
-    """Whether an [m, n] block's statistics (or, ``grad``, its gradient blocks) take the fused
-    kernels (``tma``: loading by descriptors)."""
-    limit = _TMA_GRAD_MAX_LOGITS if grad and tma else _FUSED_MAX_LOGITS
+def _use_fused(m: int, n: int, keep, kind: str = "stats", tma: bool = False) -> bool:
+    """Whether an [m, n] block's statistics (kind "stats" / "siglip_stats") or gradient blocks
+    ("grad") take the fused kernels (``tma``: loading by descriptors, _TMA_MAX_LOGITS; else
+    _FUSED_MAX_LOGITS)."""
+    limit = _TMA_MAX_LOGITS[kind] if tma else _FUSED_MAX_LOGITS
     return not keep and m * n <= limit
 
 _PRO_M, _PRO_D = (16, 16) if _INTERPRET else (32, 128)
@@ -715,13 +724,15 @@ def _fused_config(tiles, m: int, n: int, d: int, fp32: bool, allow_tf32: bool, p
 
 
 def _fused(kernel, a, b, kind: str, allow_tf32, *args, p=None) -> None:
-    """Launches a fused kernel over all tiles of a b^T (a: [M, D], b: [N, D]); kind "stats" or
-    "grad" picks the tiles. ``args`` follow (A, Bm, strides, M, N, D) and, for the gradient
+    """Launches a fused kernel over all tiles of a b^T (a: [M, D], b: [N, D]); kind "stats",
+    "grad", "siglip_stats" or "siglip_grad" picks the tiles. ``args`` follow (A, Bm, strides, M, N, D) and, for the gradient
     kernels, ``p`` (the [M, N] block P, then its row stride). With TMA (_use_tma) A, Bm and an
     aligned P go as tensor descriptors."""
     (m, d), n = a.shape, b.shape[0]
     tma = _use_tma(a, b)
-    tiles = {"stats": (_FUSED_STATS, _TMA_STATS), "grad": (_FUSED_GRAD, _TMA_GRAD)}[kind][tma]
+    tiles = {"stats": (_FUSED_STATS, _TMA_STATS), "grad": (_FUSED_GRAD, _TMA_GRAD),
+             "siglip_stats": (_FUSED_STATS, _TMA_SIGLIP_STATS),
+             "siglip_grad": (_FUSED_GRAD, _TMA_SIGLIP_GRAD)}[kind][tma]
     programs = _sm_count(a.device) if tma else 1
     grid, meta = _fused_config(tiles, m, n, d, a.dtype == torch.float32, allow_tf32, programs)
     if tma:
@@ -910,7 +921,7 @@ def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=
             s, s.stride(0), r1 - r0, n, rows, scale_t, shifts[2], shifts[3], col_sum, col_wsum,
             int(diag) - r0, BLOCK_M=_COLS_M, BLOCK_N=_COLS_N, num_warps=_COLS_WARPS)
 
-    if _use_fused(m, n, keep_logits):
+    if _use_fused(m, n, keep_logits, "stats", _use_tma(a, b)):
         _fused(_clip_stats_fused_kernel, a, b, "stats", allow_tf32, scale_t, shifts[0],
                shifts[1], shifts[2], shifts[3], row_sum, row_wsum, col_sum, col_wsum, int(diag))
         return row_sum, col_sum, row_wsum, col_wsum, None
@@ -932,8 +943,8 @@ def siglip_stats_triton(a, b, scale, bias, diag=0, *, keep_logits="", band=0,
                                    row_loss[r0:r1], int(diag) - r0, BLOCK_M=_STATS_M,
                                    BLOCK_N=_STATS_N, num_warps=_STATS_WARPS)
 
-    if _use_fused(m, n, keep_logits):
-        _fused(_siglip_stats_fused_kernel, a, b, "stats", allow_tf32, scale_t, bias_t,
+    if _use_fused(m, n, keep_logits, "siglip_stats", _use_tma(a, b)):
+        _fused(_siglip_stats_fused_kernel, a, b, "siglip_stats", allow_tf32, scale_t, bias_t,
                row_loss, int(diag))
         return row_loss, None
     return row_loss, _run_stats(a, b, keep_logits, band, allow_tf32, kernel)
@@ -951,7 +962,7 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
     n = b.shape[0]
     keep = logits is not None
     kept_bands = keep and logits.dtype != torch.float32  # the forward's bands, in the features' dtype
-    fused = _use_fused(m, n, keep, grad=True, tma=_use_tma(a, b))
+    fused = _use_fused(m, n, keep, "grad", _use_tma(a, b))
     step = _step(m, n, d, keep and not kept_bands, band)
     grad_a = None if sink_a is not None else torch.empty(m, d, device=a.device, dtype=out_dtype)
 
@@ -1070,7 +1081,7 @@ def siglip_grads_triton(a, b, scale, bias, diag=0, *, coef=None, coef_scale=Fals
             num_warps=_GRAD_WARPS, COEF_SCALE=bool(coef_scale))
 
     def fused_fill(r0, r1, p):
-        _fused(_siglip_grad_fused_kernel, a[r0:r1], b, "grad", allow_tf32, scale_t, bias_t,
+        _fused(_siglip_grad_fused_kernel, a[r0:r1], b, "siglip_grad", allow_tf32, scale_t, bias_t,
                coef_t, gsum[r0:r1], gwsum[r0:r1], int(diag) - r0, bool(coef_scale), p=p)
 
     grad_a, grad_b = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype,
