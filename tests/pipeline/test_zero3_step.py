@@ -361,6 +361,9 @@ def _rank_worker(out: str) -> None:
     dist.destroy_process_group()
 
 
+# 20 s on 2 cores, in the slow run: the default run's 2-process ZeRO-3 chunked ring test
+# (tests/pipeline/test_train.py) trains lightened engines on two ranks against ZeRO-0
+@pytest.mark.slow
 def test_two_ranks_train_to_the_same_bits(tmp_path):
     """Two gloo ranks (each parameter split in two partitions, gathered at each fetch, gradients
     reduce-scattered): the lightened engine's losses, norms, weights and Adam state are the
