@@ -723,13 +723,13 @@ def _fused_config(tiles, m: int, n: int, d: int, fp32: bool, allow_tf32: bool, p
     return grid, meta
 
 
-def _fused(kernel, a, b, kind: str, allow_tf32, *args, p=None) -> None:
+def _fused(kernel, a, b, kind: str, allow_tf32, *args, p=None, tma=None) -> None:
     """Launches a fused kernel over all tiles of a b^T (a: [M, D], b: [N, D]); kind "stats",
-    "grad", "siglip_stats" or "siglip_grad" picks the tiles. ``args`` follow (A, Bm, strides, M, N, D) and, for the gradient
-    kernels, ``p`` (the [M, N] block P, then its row stride). With TMA (_use_tma) A, Bm and an
-    aligned P go as tensor descriptors."""
+    "grad", "siglip_stats" or "siglip_grad" picks the tiles. ``args`` follow (A, Bm, strides, M,
+    N, D) and, for the gradient kernels, ``p`` (the [M, N] block P, then its row stride). With
+    TMA (``tma``, or when None _use_tma(a, b)) A, Bm and an aligned P go as tensor descriptors."""
     (m, d), n = a.shape, b.shape[0]
-    tma = _use_tma(a, b)
+    tma = _use_tma(a, b) if tma is None else tma
     tiles = {"stats": (_FUSED_STATS, _TMA_STATS), "grad": (_FUSED_GRAD, _TMA_GRAD),
              "siglip_stats": (_FUSED_STATS, _TMA_SIGLIP_STATS),
              "siglip_grad": (_FUSED_GRAD, _TMA_SIGLIP_GRAD)}[kind][tma]
@@ -921,9 +921,11 @@ def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=
             s, s.stride(0), r1 - r0, n, rows, scale_t, shifts[2], shifts[3], col_sum, col_wsum,
             int(diag) - r0, BLOCK_M=_COLS_M, BLOCK_N=_COLS_N, num_warps=_COLS_WARPS)
 
-    if _use_fused(m, n, keep_logits, "stats", _use_tma(a, b)):
+    tma = _use_tma(a, b)
+    if _use_fused(m, n, keep_logits, "stats", tma):
         _fused(_clip_stats_fused_kernel, a, b, "stats", allow_tf32, scale_t, shifts[0],
-               shifts[1], shifts[2], shifts[3], row_sum, row_wsum, col_sum, col_wsum, int(diag))
+               shifts[1], shifts[2], shifts[3], row_sum, row_wsum, col_sum, col_wsum, int(diag),
+               tma=tma)
         return row_sum, col_sum, row_wsum, col_wsum, None
     logits = _run_stats(a, b, keep_logits, band, allow_tf32, kernel)
     return row_sum, col_sum, row_wsum, col_wsum, logits
@@ -943,9 +945,10 @@ def siglip_stats_triton(a, b, scale, bias, diag=0, *, keep_logits="", band=0,
                                    row_loss[r0:r1], int(diag) - r0, BLOCK_M=_STATS_M,
                                    BLOCK_N=_STATS_N, num_warps=_STATS_WARPS)
 
-    if _use_fused(m, n, keep_logits, "siglip_stats", _use_tma(a, b)):
+    tma = _use_tma(a, b)
+    if _use_fused(m, n, keep_logits, "siglip_stats", tma):
         _fused(_siglip_stats_fused_kernel, a, b, "siglip_stats", allow_tf32, scale_t, bias_t,
-               row_loss, int(diag))
+               row_loss, int(diag), tma=tma)
         return row_loss, None
     return row_loss, _run_stats(a, b, keep_logits, band, allow_tf32, kernel)
 
