@@ -35,6 +35,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from infclip.ops import contrastive_loss  # noqa: E402
 from infclip.pipeline.step import OpTimer  # noqa: E402  (CUDA events, read without a device-wide sync)
+from gpu_queue import queue_gpu_work  # noqa: E402  (bench/, on sys.path as the script's folder)
 
 
 def matmul_tflops(n: int = 8192, reps: int = 10) -> float:
@@ -143,7 +144,6 @@ def measure(fn, b, d, dtype, reps, warmup=2, queued_ms=0.0):
     ("oom", "error: ..."). ``queued_ms``: that much GPU work (a sleep kernel) is queued before
     each timed call and the timer starts behind it, as in training, where the loss follows the
     towers' forward (host work is then hidden unless the call waits on the GPU)."""
-    cycles = int(queued_ms * torch.cuda.get_device_properties(0).clock_rate)  # kHz: cycles per ms
     torch.cuda.empty_cache()
     img, txt, scale, bias = inputs(b, d, dtype)
     try:
@@ -155,8 +155,7 @@ def measure(fn, b, d, dtype, reps, warmup=2, queued_ms=0.0):
         base = torch.cuda.memory_allocated()
         times = []
         for _ in range(reps):
-            if cycles:
-                torch.cuda._sleep(cycles)
+            queue_gpu_work(queued_ms, img.device)
             timer = OpTimer(img.device)
             loss = fn(img, txt, scale, bias)
             loss.backward()

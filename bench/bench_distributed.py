@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from infclip.ops import contrastive_loss  # noqa: E402
 from infclip.ops.sweeps import SCHEMES, make_sweep  # noqa: E402
 from infclip.pipeline.step import OpTimer  # noqa: E402  (CUDA events on a GPU, the wall clock on CPU)
+from gpu_queue import queue_gpu_work  # noqa: E402  (bench/, on sys.path as the script's folder)
 
 GPU_BATCHES = (32768, 65536, 131072, 262144, 524288)
 SMOKE_BATCHES = (64, 192)
@@ -116,15 +117,13 @@ def measure(fn, device: torch.device, warmup: int, reps: int, group, queued_ms: 
     ``queued_ms``: that much GPU work (a sleep kernel) is queued before each call and the timer
     starts behind it, as in training, where the loss follows the towers' forward: host work the
     GPU would wait for on an empty queue is then hidden, unless the call waits on the GPU."""
-    cycles = int(queued_ms * torch.cuda.get_device_properties(device).clock_rate) if queued_ms else 0
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(reps):
         if group is not None:
             dist.barrier(group=group)
-        if cycles:
-            torch.cuda._sleep(cycles)  # clock_rate is in kHz: cycles per ms
+        queue_gpu_work(queued_ms, device)
         timer = OpTimer(device)
         fn()
         times.append(float(timer.stop()))

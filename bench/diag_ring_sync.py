@@ -58,16 +58,6 @@ def check_sizes_on_gpu(self, x) -> None:
         raise ValueError(f"uneven local batches: {sizes}")
 
 
-def queued(fn, ms: float):
-    """fn behind ``ms`` of GPU work already queued (as the towers' forward is in training)."""
-    cycles = int(ms * 1e-3 * torch.cuda.get_device_properties(0).clock_rate * 1e3)
-
-    def run():
-        torch.cuda._sleep(cycles)
-        fn()
-    return run
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batches", type=int, nargs="+", default=[32768, 65536])
@@ -88,8 +78,9 @@ def main() -> None:
             img, txt = features(b, args.dim, torch.bfloat16, device, seed=batch * world + rank)
             scale = torch.tensor([20.0], device=device, requires_grad=True)
             fn = step_fn(img, txt, scale, impl="triton", distributed=scheme)
-            def timed(run):
-                return slowest(sorted(measure(run, device, 2, args.reps, dist.group.WORLD))[args.reps // 2], device)
+            def timed(queued_ms=0.0):
+                times = measure(fn, device, 2, args.reps, dist.group.WORLD, queued_ms)
+                return slowest(sorted(times)[args.reps // 2], device)
 
             waits = sync_points(fn)
             row = {}
@@ -97,7 +88,7 @@ def main() -> None:
                                  ("no check", lambda self, x: None)):
                 sweeps.Sweep.check_sizes = check
                 try:
-                    row[label] = (timed(fn), timed(queued(fn, args.queued_ms)) - args.queued_ms)
+                    row[label] = (timed(), timed(args.queued_ms))
                 finally:
                     sweeps.Sweep.check_sizes = original
             if rank == 0:
