@@ -167,6 +167,12 @@ _FAST_APPLY_CLASSES: "weakref.WeakSet[type]" = weakref.WeakSet()
 """The autograd function classes given :func:`identity_bound_apply` (for the restore)."""
 
 
+def _source_digest(function) -> str:
+    """sha256 (first 16 hex digits) of ``function``'s source: what the hashes above pin (raises
+    as ``inspect.getsource`` does when the source is not available)."""
+    return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
+
+
 def _torch_function_apply(cls, *args, **kwargs):
     """torch's own ``Function.apply`` of ``cls``."""
     return torch.autograd.Function.__dict__["apply"].__func__(cls, *args, **kwargs)
@@ -221,10 +227,10 @@ def _lighten_function_apply(engine: Any) -> str:
     """Give ZeRO-3's per-call autograd functions :func:`identity_bound_apply` ('' when done, else
     why not)."""
     try:
-        source = inspect.getsource(torch.autograd.Function.__dict__["apply"].__func__)
+        digest = _source_digest(torch.autograd.Function.__dict__["apply"].__func__)
     except (OSError, TypeError, KeyError):
         return "the source of torch's Function.apply is not available"
-    if hashlib.sha256(source.encode()).hexdigest()[:16] not in _FUNCTION_APPLY_SHA:
+    if digest not in _FUNCTION_APPLY_SHA:
         return "torch's Function.apply is not the one this module reproduces"
     from deepspeed.runtime.zero import linear
 
@@ -333,10 +339,10 @@ def _lighten_engine_methods(engine: Any) -> str:
         if name in vars(engine):
             return f"the engine has its own {name}"
         try:
-            source = inspect.getsource(getattr(type(engine), name))
+            digest = _source_digest(getattr(type(engine), name))
         except (AttributeError, OSError, TypeError):
             return f"the source of DeepSpeed's {name} is not available"
-        if hashlib.sha256(source.encode()).hexdigest()[:16] != _ENGINE_METHOD_SHA[name]:
+        if digest != _ENGINE_METHOD_SHA[name]:
             return f"DeepSpeed's {name} is not the one this module reproduces"
     for name, method in _ENGINE_METHODS.items():
         object.__setattr__(engine, name, types.MethodType(method, engine))
