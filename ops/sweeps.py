@@ -28,6 +28,7 @@ the per-call size check, which then never waits on the GPU).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import os
@@ -97,6 +98,16 @@ class Topology:
 
 
 _SUBGROUPS: dict = {}
+_HOST_TWINS: dict = {}
+
+
+@atexit.register
+def _release_cached_groups() -> None:
+    """Drop the cached groups while the interpreter is whole. A gloo group still referenced when
+    the interpreter finalizes can abort the process: its worker thread frees a finished
+    collective's tensors, needs the GIL to do it and exits mid-destructor (std::terminate)."""
+    _SUBGROUPS.clear()
+    _HOST_TWINS.clear()
 
 
 def _alive(group) -> bool:
@@ -161,9 +172,6 @@ def _subgroups(group, ranks: tuple, local: int):
     log.debug("hierarchical ring: %d nodes x %d ranks; group ranks %s", len(ranks) // local, local,
               ranks)
     return _SUBGROUPS[key]
-
-
-_HOST_TWINS: dict = {}
 
 
 def _host_group(group):

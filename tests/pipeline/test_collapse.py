@@ -188,7 +188,8 @@ dist.init_process_group("gloo")
 rank, group = dist.get_rank(), _cpu_group()
 print("verdicts", [_rank0_verdict(flag, group) for flag in ((rank == 0), (rank == 1), True, False)], flush=True)
 dist.barrier()
-dist.destroy_process_group()  # a gloo group left to interpreter exit can abort the process
+del group  # the last reference outside torch: destroying the group now joins its worker threads, which
+dist.destroy_process_group()  # at interpreter exit could still be freeing the barrier's work (abort)
 """
 
 
