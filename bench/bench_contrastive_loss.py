@@ -23,6 +23,7 @@ Rows are appended as JSON lines; a table is printed last (each B: ms, and ours /
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -80,10 +81,13 @@ def make_inf_cl():
     return fn
 
 
-def ours(dtype_mode, loss="clip", fused=True, tma=None, **kw):
+def ours(dtype_mode, loss="clip", fused=True, tma=None, two_pass=False, **kw):
     """This op; fused=False runs the cuBLAS band + Triton pass path (the fused kernels' anchor),
-    tma=False the fused kernels with pointer loads (the TMA descriptor kernels' anchor)."""
+    tma=False the fused kernels with pointer loads (the TMA descriptor kernels' anchor),
+    two_pass=True SigLIP's statistics pass in the forward and gradient pass in the backward (the
+    anchor of its gradients taken in the forward)."""
     from infclip.ops import contrastive_loss_triton as tri
+    op = importlib.import_module("infclip.ops.contrastive_loss")
 
     limits = ((tri._FUSED_MAX_LOGITS, dict(tri._TMA_MAX_LOGITS)) if fused
               else (0, dict.fromkeys(tri._TMA_MAX_LOGITS, 0)))
@@ -91,6 +95,7 @@ def ours(dtype_mode, loss="clip", fused=True, tma=None, **kw):
     def fn(img, txt, scale, bias):
         tri._FUSED_MAX_LOGITS, tri._TMA_MAX_LOGITS = limits[0], dict(limits[1])
         tri._TMA_FORCE = tma
+        op._SIGLIP_GRADS_IN_FORWARD = not two_pass
         return contrastive_loss(img, txt, scale, bias if loss == "siglip" else None, loss=loss,
                                 impl="triton", allow_tf32=(dtype_mode == "tf32"), **kw)
     return fn
@@ -277,6 +282,9 @@ def main(argv=None):
     p.add_argument("--keep-mb", type=float, default=0.0,
                    help="also ours_bf16_kept / ours_siglip_bf16_kept: logits_budget_mb of this many MiB "
                    "(the matrix kept from forward to backward where it fits)")
+    p.add_argument("--siglip-two-pass", action="store_true",
+                   help="also ours_siglip_bf16_two_pass: SigLIP's statistics pass in the forward, its "
+                   "gradient pass in the backward (before the gradients moved into the forward)")
     p.add_argument("--host-only", action="store_true",
                    help="CPU only (TRITON_INTERPRET=1): time the op's Python layers with the Triton launches stubbed")
     args = p.parse_args(argv)
@@ -326,6 +334,8 @@ def main(argv=None):
         if args.pointer:
             runs += [("ours_bf16_pointer", ours("bf16", tma=False), torch.bfloat16),
                      ("ours_siglip_bf16_pointer", ours("bf16", "siglip", tma=False), torch.bfloat16)]
+        if args.siglip_two_pass:
+            runs.append(("ours_siglip_bf16_two_pass", ours("bf16", "siglip", two_pass=True), torch.bfloat16))
         if args.unfused:
             runs += [("ours_bf16_unfused", ours("bf16", fused=False, logits_budget_mb=0), torch.bfloat16),
                      ("ours_siglip_bf16_unfused", ours("bf16", "siglip", fused=False), torch.bfloat16)]

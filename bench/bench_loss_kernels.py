@@ -144,7 +144,7 @@ def run_size_siglip(b: int, d: int, reps: int, tma_configs, emit) -> None:
     def grad(tiles):
         tri._TMA_SIGLIP_GRAD = tiles
         tri._fused(tri._siglip_grad_fused_kernel, img[:band], txt, "siglip_grad", False,
-                   scale.reshape(1), bias.reshape(1), k, gsum, gwsum, 0, True, p=p_band)
+                   scale.reshape(1), bias.reshape(1), k, gsum, gwsum, gsum, 0, True, False, p=p_band)
 
     _limits(0)  # cuBLAS bands + the Triton pass, what the op runs above its limit
     emit(b, "siglip_unfused_stats", None, timed(lambda: tri.siglip_stats_triton(img, txt, scale, bias, 0), reps),

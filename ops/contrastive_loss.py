@@ -245,6 +245,28 @@ def _siglip_forward(img, txt, scale, bias, impl, bm, bn, tf32, keep):
     return loss, (logits if logits is not None else img.new_empty(0))
 
 
+def _siglip_forward_with_grads(img, txt, scale, bias, bm, tf32):
+    """The triton SigLIP forward of a call whose backward will follow: one pass gives the pair
+    losses and the gradients for an incoming gradient of 1 (no statistics pass: a pair's
+    gradient needs no row statistic). Returns (loss, d_img, d_txt, [sum G S', sum G]); the
+    gradients in the features' dtype (fp32 for fp16, see _clip_backward), k = s / B folded in."""
+    n = img.shape[0]
+    fold = img.dtype != torch.float16
+    row_loss, d_img, d_txt, gsum, gwsum = _triton().siglip_grads_triton(
+        img, txt, scale, bias, 0, coef=1.0 / n if fold else None, coef_scale=fold, band=bm,
+        out_dtype=img.dtype if fold else torch.float32, allow_tf32=tf32, with_loss=True)
+    if not fold:
+        k = scale / n
+        d_img, d_txt = d_img.mul_(k), d_txt.mul_(k)
+    return row_loss.sum() / n, d_img, d_txt, torch.stack([gwsum, gsum])
+
+
+def _siglip_backward_from_forward(grad, n, d_img, d_txt, sums):
+    """The backward of _siglip_forward_with_grads: its results times the incoming gradient."""
+    coef = grad / n
+    return d_img * grad, d_txt * grad, coef * sums[0], coef * sums[1]
+
+
 def _siglip_backward(grad, img, txt, scale, bias, logits, impl, bm, bn, tf32):
     coef = grad / img.shape[0]
     if impl == "triton":
@@ -278,8 +300,8 @@ def _siglip_backward(grad, img, txt, scale, bias, logits, impl, bm, bn, tf32):
 _LIB = torch.library.Library("infclip", "FRAGMENT")
 _LIB.define("contrastive_loss(Tensor image_features, Tensor text_features, Tensor logit_scale, "
             "Tensor? logit_bias, str loss, str impl, float label_smoothing, int block_m, "
-            "int block_n, bool allow_tf32, float logits_budget_mb=0.0) "
-            "-> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+            "int block_n, bool allow_tf32, float logits_budget_mb=0.0, "
+            "bool grads_in_forward=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
 _LIB.define("contrastive_loss_backward(Tensor grad, Tensor image_features, Tensor text_features, "
             "Tensor logit_scale, Tensor? logit_bias, Tensor row_lse, Tensor col_lse, Tensor aux, "
             "Tensor logits, str loss, str impl, float label_smoothing, int block_m, int block_n, "
@@ -289,13 +311,21 @@ _LIB.define("contrastive_loss_backward(Tensor grad, Tensor image_features, Tenso
 def _contrastive_loss_op(image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
                          logit_bias: Optional[Tensor], loss: str, impl: str,
                          label_smoothing: float, block_m: int, block_n: int,
-                         allow_tf32: bool, logits_budget_mb: float = 0.0
+                         allow_tf32: bool, logits_budget_mb: float = 0.0,
+                         grads_in_forward: bool = False
                          ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Returns (loss [], row_lse [B], col_lse [B], aux [B + 2], logits [B, B] or [0]); the last
     four feed the backward (row_lse, col_lse, aux empty for siglip; aux: see _clip_forward;
-    logits: the kept S' of the triton impl when it fits in ``logits_budget_mb``)."""
+    logits: the kept S' of the triton impl when it fits in ``logits_budget_mb``). SigLIP on the
+    triton impl with ``grads_in_forward`` (the caller's promise that a backward follows):
+    (loss, d_img [B, D], d_txt [B, D], sums [2], [0]) of _siglip_forward_with_grads instead."""
     scale = logit_scale.detach().float().reshape(())
     n = image_features.shape[0]
+    if _grads_in_forward(loss, impl, grads_in_forward):
+        bias = logit_bias.detach().float().reshape(())
+        value, d_img, d_txt, sums = _siglip_forward_with_grads(
+            image_features, text_features, scale, bias, block_m, allow_tf32)
+        return value, d_img, d_txt, sums, value.new_empty(0)
     keep = _keep_logits(impl, n, image_features.dtype, block_m, logits_budget_mb)
     if loss == "clip":
         return _clip_forward(image_features, text_features, scale, label_smoothing, impl,
@@ -306,13 +336,28 @@ def _contrastive_loss_op(image_features: Tensor, text_features: Tensor, logit_sc
     return value, value.new_empty(0), value.new_empty(0), value.new_empty(0), logits
 
 
+_SIGLIP_GRADS_IN_FORWARD = True
+"""False: SigLIP's forward runs the statistics pass and its backward the gradient pass, as
+before (bench_contrastive_loss.py --siglip-two-pass times that path beside this one)."""
+
+
+def _grads_in_forward(loss: str, impl: str, asked: bool) -> bool:
+    """Whether the forward takes the gradients too: asked for, and SigLIP on the triton impl."""
+    return asked and loss == "siglip" and impl == "triton" and _SIGLIP_GRADS_IN_FORWARD
+
+
 @torch.library.register_fake("infclip::contrastive_loss", lib=_LIB)
 def _(image_features, text_features, logit_scale, logit_bias, loss, impl, label_smoothing,
-      block_m, block_n, allow_tf32, logits_budget_mb=0.0):
+      block_m, block_n, allow_tf32, logits_budget_mb=0.0, grads_in_forward=False):
     n = image_features.shape[0]
+    new = image_features.new_empty
+    if _grads_in_forward(loss, impl, grads_in_forward):
+        dtype = torch.float32 if image_features.dtype == torch.float16 else image_features.dtype
+        return (new((), dtype=torch.float32), new(image_features.shape, dtype=dtype),
+                new(text_features.shape, dtype=dtype), new((2,), dtype=torch.float32),
+                new((0,), dtype=torch.float32))
     keep = _keep_logits(impl, n, image_features.dtype, block_m, logits_budget_mb)
     m = n if loss == "clip" else 0
-    new = image_features.new_empty
     return (new((), dtype=torch.float32), new((m,), dtype=torch.float32),
             new((m,), dtype=torch.float32), new((n + 2 if loss == "clip" else 0,), dtype=torch.float32),
             new((n, n) if keep else (0,), dtype=torch.float32 if keep == "whole" else None))
@@ -334,10 +379,14 @@ def _contrastive_loss_backward_op(grad: Tensor, image_features: Tensor, text_fea
                                                block_m, block_n, allow_tf32)
         d_bias = logit_scale.new_empty(0)
     else:
-        bias = logit_bias.detach().float().reshape(())
-        d_img, d_txt, d_scale, d_bias = _siglip_backward(g, image_features, text_features, scale,
-                                                         bias, logits, impl, block_m, block_n,
-                                                         allow_tf32)
+        if row_lse.dim() == 2:  # the forward took the gradients (_siglip_forward_with_grads)
+            d_img, d_txt, d_scale, d_bias = _siglip_backward_from_forward(
+                g, image_features.shape[0], row_lse, col_lse, aux)
+        else:
+            bias = logit_bias.detach().float().reshape(())
+            d_img, d_txt, d_scale, d_bias = _siglip_backward(g, image_features, text_features,
+                                                             scale, bias, logits, impl, block_m,
+                                                             block_n, allow_tf32)
         d_bias = d_bias.reshape(logit_bias.shape).to(logit_bias.dtype)
     return (d_img.to(image_features.dtype), d_txt.to(text_features.dtype),
             d_scale.reshape(logit_scale.shape).to(logit_scale.dtype), d_bias)
@@ -526,10 +575,11 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
     inputs = (image_features, text_features, logit_scale, logit_bias if loss == "siglip" else None)
     # the test _autograd_kernel makes, in Python: dynamo cannot trace torch._C._any_requires_grad,
     # and this function compiles with fullgraph=True
-    if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)):
+    backward = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
+    if not backward:
         logits_budget_mb = 0.0  # no backward will come: nothing to keep for it
     out = _OP(*inputs, loss, impl_run, float(label_smoothing), int(block_m), int(block_n), bool(allow_tf32),
-              float(logits_budget_mb))
+              float(logits_budget_mb), backward)
     return out[0]
 
 

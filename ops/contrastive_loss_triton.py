@@ -25,7 +25,11 @@ fused gradient block faster than cuBLAS's GEMM plus a pass at every B, so the ba
 there at every size.
 FLOPs: 8 B^2 D in GEMMs (6 B^2 D when the matrix is kept from forward to backward: whole in fp32
 at small B, or, within a larger ``logits_budget_mb``, as the forward's bands in the features'
-dtype, read back band by band by the backward), at cuBLAS's rate; the Triton kernels are
+dtype, read back band by band by the backward). SigLIP's gradient needs no statistic of the whole
+row, so a forward whose backward will follow runs the gradient pass itself, the pair losses
+summed in the same epilogue (``siglip_grads_triton(with_loss=True)``): 6 B^2 D and no
+statistics pass, the backward only scales the result by the incoming gradient. GEMMs run at
+cuBLAS's rate or tl.dot's; the Triton kernels are
 memory-bound (2-3.5 TB/s on an H200). Bands hold
 <= _BAND_FACTOR max(N D, 2^24) elements, so the extra memory stays O(B D) at any batch size.
 Measured and not kept: one stats kernel for both directions (per-tile reductions both ways:
@@ -345,28 +349,43 @@ def _clip_grad_kernel(S, P, stride_s, M, N, scale_ptr, coef_ptr, coef_mul, dscal
 
 
 # SigLIP gradient tile: P_ij = coef G_ij, G = -z sigmoid(-z x), x = S + bias (P may be S); and
-# per row gsum_i += sum_j G_ij, gwsum_i += sum_j G_ij S'_ij (for d bias and d scale).
+# per row gsum_i += sum_j G_ij, gwsum_i += sum_j G_ij S'_ij (for d bias and d scale). With LOSS
+# also row_loss_i += sum_j softplus(-z x) (as _siglip_stats_kernel): the forward of a loss whose
+# backward will follow takes its gradients in the same pass. One exponential serves both:
+# e = exp(-|t|), t = -z x: softplus(t) = max(t, 0) + log1p(e), sigmoid(t) = 1/(1 + e) or e/(1 + e).
 @triton.jit
 def _siglip_grad_value(x, offs_m, offs_n, mask_m, valid, scale_ptr, bias_ptr, coef_ptr, gsum, gwsum,
-                       diag, COEF_SCALE: tl.constexpr):
+                       row_loss, diag, COEF_SCALE: tl.constexpr, LOSS: tl.constexpr):
     """coef G of an S' tile (to be stored where it is valid); the tile's per-row sums are added
-    to gsum / gwsum (coef: _grad_coef, coef_mul 1)."""
+    to gsum / gwsum, and with LOSS its pair losses to row_loss (coef: _grad_coef, coef_mul 1)."""
     scale = tl.load(scale_ptr)
     bias = tl.load(bias_ptr)
     coef = _grad_coef(scale, coef_ptr, 1.0, coef_ptr, coef_ptr, COEF_SCALE, False)
     z = tl.where((offs_m[:, None] - offs_n[None, :]) == diag, 1.0, -1.0)
-    g = tl.where(valid, -z * tl.sigmoid(-z * (x * scale + bias)), 0.0)
+    t = -z * (x * scale + bias)
+    if LOSS:
+        e = tl.exp(-tl.abs(t))
+        r = 1.0 / (1.0 + e)
+        sig = tl.where(t >= 0.0, r, e * r)
+        nan_sb = scale * 0.0 + bias * 0.0  # NaN iff scale or bias is not finite, else 0
+        sp = tl.maximum(t, 0.0) + _log1p(e) + (x * 0.0 + nan_sb)
+        tl.atomic_add(row_loss + offs_m, tl.sum(tl.where(valid, sp, 0.0), axis=1), mask=mask_m,
+                      sem="relaxed")
+    else:
+        sig = tl.sigmoid(t)
+    g = tl.where(valid, -z * sig, 0.0)
     tl.atomic_add(gsum + offs_m, tl.sum(g, axis=1), mask=mask_m, sem="relaxed")
     tl.atomic_add(gwsum + offs_m, tl.sum(g * x, axis=1), mask=mask_m, sem="relaxed")
     return g * coef
 
 
 @triton.jit
-def _siglip_grad_kernel(S, P, stride_s, M, N, scale_ptr, bias_ptr, coef_ptr, gsum, gwsum, diag,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COEF_SCALE: tl.constexpr):
+def _siglip_grad_kernel(S, P, stride_s, M, N, scale_ptr, bias_ptr, coef_ptr, gsum, gwsum, row_loss,
+                        diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        COEF_SCALE: tl.constexpr, LOSS: tl.constexpr):
     offs_m, offs_n, mask_m, mask_n, valid, x = _load_tile(S, stride_s, M, N, BLOCK_M, BLOCK_N)
     g = _siglip_grad_value(x, offs_m, offs_n, mask_m, valid, scale_ptr, bias_ptr, coef_ptr, gsum,
-                           gwsum, diag, COEF_SCALE)
+                           gwsum, row_loss, diag, COEF_SCALE, LOSS)
     _store_tile(P, stride_s, offs_m, offs_n, valid, g)
 
 
@@ -518,8 +537,8 @@ def _clip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, sca
 # SigLIP gradient block of one tile into P, with the per-row sums (as _siglip_grad_kernel).
 @triton.jit
 def _siglip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, scale_ptr, bias_ptr,
-                              coef_ptr, gsum, gwsum, diag, COEF_SCALE: tl.constexpr,
-                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              coef_ptr, gsum, gwsum, row_loss, diag, COEF_SCALE: tl.constexpr,
+                              LOSS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                               GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
                               PRECISION: tl.constexpr, TMA: tl.constexpr, PROGRAMS: tl.constexpr,
                               TMA_STORE: tl.constexpr):
@@ -528,7 +547,7 @@ def _siglip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, s
             A, Bm, stride_a, stride_b, M, N, D, tile, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K,
             PRECISION, TMA)
         g = _siglip_grad_value(x, offs_m, offs_n, mask_m, inside, scale_ptr, bias_ptr, coef_ptr,
-                               gsum, gwsum, diag, COEF_SCALE)
+                               gsum, gwsum, row_loss, diag, COEF_SCALE, LOSS)
         _store_p(P, stride_p, tile, M, N, offs_m, offs_n, inside, g, BLOCK_M, BLOCK_N, GROUP_M,
                  TMA_STORE)
 
@@ -1067,26 +1086,32 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
 
 
 def siglip_grads_triton(a, b, scale, bias, diag=0, *, coef=None, coef_scale=False, logits=None,
-                        band=0, out_dtype=torch.float32, allow_tf32=False, sink_a=None):
+                        band=0, out_dtype=torch.float32, allow_tf32=False, sink_a=None,
+                        with_loss=False):
     """(k G @ b, k G^T @ a, sum(G), sum(G * S')): gradients in ``out_dtype``, the two sums
     fp32 [] without k (see ops/contrastive_loss.siglip_grads); k = coef (None: 1), times scale
-    if ``coef_scale`` (taken in the kernel)."""
+    if ``coef_scale`` (taken in the kernel). ``with_loss``: the same pass also sums the pair
+    losses, returned first (fp32 [M], as siglip_stats_triton's)."""
     a, b = _prep(a), _prep(b)
     m = a.shape[0]
-    gsum, gwsum = torch.zeros(2, m, device=a.device, dtype=torch.float32).unbind(0)
+    sums = torch.zeros(3 if with_loss else 2, m, device=a.device, dtype=torch.float32)
+    gsum, gwsum = sums[0], sums[1]
+    row_loss = sums[2] if with_loss else gsum  # (not touched without LOSS)
     scale_t, bias_t = _scalar(scale, a.device), _scalar(bias, a.device)
     coef_t = _scalar(1.0 if coef is None else coef, a.device)
 
     def fill(s, p, r0, r1):
         _siglip_grad_kernel[_grad_grid(r1 - r0, s.shape[1])](
             s, p, s.stride(0), r1 - r0, s.shape[1], scale_t, bias_t, coef_t, gsum[r0:r1],
-            gwsum[r0:r1], int(diag) - r0, BLOCK_M=_GRAD_M, BLOCK_N=_GRAD_N,
-            num_warps=_GRAD_WARPS, COEF_SCALE=bool(coef_scale))
+            gwsum[r0:r1], row_loss[r0:r1], int(diag) - r0, BLOCK_M=_GRAD_M, BLOCK_N=_GRAD_N,
+            num_warps=_GRAD_WARPS, COEF_SCALE=bool(coef_scale), LOSS=with_loss)
 
     def fused_fill(r0, r1, p):
         _fused(_siglip_grad_fused_kernel, a[r0:r1], b, "siglip_grad", allow_tf32, scale_t, bias_t,
-               coef_t, gsum[r0:r1], gwsum[r0:r1], int(diag) - r0, bool(coef_scale), p=p)
+               coef_t, gsum[r0:r1], gwsum[r0:r1], row_loss[r0:r1], int(diag) - r0,
+               bool(coef_scale), with_loss, p=p)
 
     grad_a, grad_b = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype,
                                  sink_a)
-    return grad_a, grad_b, gsum.sum(), gwsum.sum()
+    grads = (grad_a, grad_b, gsum.sum(), gwsum.sum())
+    return (row_loss, *grads) if with_loss else grads
