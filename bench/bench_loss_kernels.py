@@ -126,13 +126,14 @@ def run_size(b: int, d: int, reps: int, configs, tma_configs, emit) -> None:
 def run_size_siglip(b: int, d: int, reps: int, tma_configs, emit) -> None:
     """The SigLIP kernels with TMA descriptors, per tile config: the statistics over the whole
     B x B (and the cuBLAS band path for them) and the gradient block of one backward band
-    (bias -10, scale 14.3)."""
+    (bias -10, scale 14.3), without and with the pair losses summed in the same pass (LOSS: the
+    forward of a call whose backward will follow)."""
     default = _limits()
     img, txt, scale, *_ = inputs(b, d)
     bias = torch.full((), -10.0, device="cuda")
     band = tri.band_rows(b, b, d)
     p_band = torch.empty(band, b, device="cuda", dtype=torch.bfloat16)
-    gsum, gwsum = torch.zeros(2, band, device="cuda").unbind(0)
+    gsum, gwsum, row_loss = torch.zeros(3, band, device="cuda").unbind(0)
     k = torch.full((1,), 1e-4, device="cuda")
     _limits(1 << 62)
     tri._TMA_FORCE = True
@@ -141,10 +142,10 @@ def run_size_siglip(b: int, d: int, reps: int, tma_configs, emit) -> None:
         tri._TMA_SIGLIP_STATS = tiles
         tri.siglip_stats_triton(img, txt, scale, bias, 0)
 
-    def grad(tiles):
-        tri._TMA_SIGLIP_GRAD = tiles
-        tri._fused(tri._siglip_grad_fused_kernel, img[:band], txt, "siglip_grad", False,
-                   scale.reshape(1), bias.reshape(1), k, gsum, gwsum, gsum, 0, True, False, p=p_band)
+    def grad(tiles, loss=False):
+        tri._TMA_SIGLIP_GRAD = tri._TMA_SIGLIP_GRAD_LOSS = tiles
+        tri._fused(tri._siglip_grad_fused_kernel, img[:band], txt, "siglip_grad_loss" if loss else "siglip_grad", False,
+                   scale.reshape(1), bias.reshape(1), k, gsum, gwsum, row_loss, 0, True, loss, p=p_band)
 
     _limits(0)  # cuBLAS bands + the Triton pass, what the op runs above its limit
     emit(b, "siglip_unfused_stats", None, timed(lambda: tri.siglip_stats_triton(img, txt, scale, bias, 0), reps),
@@ -154,6 +155,8 @@ def run_size_siglip(b: int, d: int, reps: int, tma_configs, emit) -> None:
         emit(b, "siglip_stats_tma", cfg, _try(lambda: timed(lambda: stats(cfg), reps)), 2 * b * b * d)
     for cfg in tma_configs:
         emit(b, "siglip_grad_tma", cfg, _try(lambda: timed(lambda: grad(cfg), reps)), 2 * band * b * d)
+    for cfg in tma_configs:
+        emit(b, "siglip_grad_loss_tma", cfg, _try(lambda: timed(lambda: grad(cfg, True), reps)), 2 * band * b * d)
     _limits(*default)
     tri._TMA_FORCE = None
 

@@ -597,6 +597,10 @@ _TMA_GRAD = (128, 64, 64, 8, 4, 4, 2)
 # with the CLIP tiles, gradient block 0.217 / 0.484 ms against 0.257 / 0.481.
 _TMA_SIGLIP_STATS = (128, 128, 64, 8, 8, 4, 1)
 _TMA_SIGLIP_GRAD = (128, 128, 64, 8, 8, 4, 1)
+# The gradient kernel with the pair losses in its epilogue (a forward whose backward follows): the
+# same tiles until measured (bench/device/h200_ao.sh); with them it spills 352 bytes a thread on
+# sm_90, with (128, 64, 64, 8, 8, 4) none (bench/diag_kernel_resources.py).
+_TMA_SIGLIP_GRAD_LOSS = _TMA_SIGLIP_GRAD
 # Largest block (logits) a TMA kernel takes, per kind; above, cuBLAS bands and Triton passes. The
 # CLIP statistics: TMA 4.25 ms against 4.96 for cuBLAS + the passes at 32k, 18.6 against 18.1 at
 # 65k; the gradient blocks are fused at every size.
@@ -744,14 +748,15 @@ def _fused_config(tiles, m: int, n: int, d: int, fp32: bool, allow_tf32: bool, p
 
 def _fused(kernel, a, b, kind: str, allow_tf32, *args, p=None, tma=None) -> None:
     """Launches a fused kernel over all tiles of a b^T (a: [M, D], b: [N, D]); kind "stats",
-    "grad", "siglip_stats" or "siglip_grad" picks the tiles. ``args`` follow (A, Bm, strides, M,
+    "grad", "siglip_stats", "siglip_grad" or "siglip_grad_loss" picks the tiles. ``args`` follow (A, Bm, strides, M,
     N, D) and, for the gradient kernels, ``p`` (the [M, N] block P, then its row stride). With
     TMA (``tma``, or when None _use_tma(a, b)) A, Bm and an aligned P go as tensor descriptors."""
     (m, d), n = a.shape, b.shape[0]
     tma = _use_tma(a, b) if tma is None else tma
     tiles = {"stats": (_FUSED_STATS, _TMA_STATS), "grad": (_FUSED_GRAD, _TMA_GRAD),
              "siglip_stats": (_FUSED_STATS, _TMA_SIGLIP_STATS),
-             "siglip_grad": (_FUSED_GRAD, _TMA_SIGLIP_GRAD)}[kind][tma]
+             "siglip_grad": (_FUSED_GRAD, _TMA_SIGLIP_GRAD),
+             "siglip_grad_loss": (_FUSED_GRAD, _TMA_SIGLIP_GRAD_LOSS)}[kind][tma]
     programs = _sm_count(a.device) if tma else 1
     grid, meta = _fused_config(tiles, m, n, d, a.dtype == torch.float32, allow_tf32, programs)
     if tma:
@@ -1099,6 +1104,7 @@ def siglip_grads_triton(a, b, scale, bias, diag=0, *, coef=None, coef_scale=Fals
     row_loss = sums[2] if with_loss else gsum  # (not touched without LOSS)
     scale_t, bias_t = _scalar(scale, a.device), _scalar(bias, a.device)
     coef_t = _scalar(1.0 if coef is None else coef, a.device)
+    kind = "siglip_grad_loss" if with_loss else "siglip_grad"
 
     def fill(s, p, r0, r1):
         _siglip_grad_kernel[_grad_grid(r1 - r0, s.shape[1])](
@@ -1107,9 +1113,9 @@ def siglip_grads_triton(a, b, scale, bias, diag=0, *, coef=None, coef_scale=Fals
             num_warps=_GRAD_WARPS, COEF_SCALE=bool(coef_scale), LOSS=with_loss)
 
     def fused_fill(r0, r1, p):
-        _fused(_siglip_grad_fused_kernel, a[r0:r1], b, "siglip_grad", allow_tf32, scale_t, bias_t,
-               coef_t, gsum[r0:r1], gwsum[r0:r1], row_loss[r0:r1], int(diag) - r0,
-               bool(coef_scale), with_loss, p=p)
+        _fused(_siglip_grad_fused_kernel, a[r0:r1], b, kind, allow_tf32, scale_t, bias_t, coef_t,
+               gsum[r0:r1], gwsum[r0:r1], row_loss[r0:r1], int(diag) - r0, bool(coef_scale),
+               with_loss, p=p)
 
     grad_a, grad_b = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype,
                                  sink_a)

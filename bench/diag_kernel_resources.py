@@ -1,0 +1,98 @@
+"""Registers, spill stack and shared memory of the op's fused kernels, compiled for a GPU that
+need not be there: Triton compiles to a cubin with its own ptxas and cuobjdump reads the
+resources back. A spill stack above a few dozen bytes means the epilogue no longer fits in the
+registers beside the accumulator tile. Runs on a CPU-only machine (CUDA target, default sm_90):
+
+    python bench/diag_kernel_resources.py                  # the tiles the op uses now
+    python bench/diag_kernel_resources.py --tiles "128,64,64,8,8,4"   # other tiles too
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+import infclip.ops.contrastive_loss_triton as tri  # noqa: E402
+
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def resources(kernel, types: dict, constexprs: dict, target, warps: int, stages: int) -> dict:
+    """Compile ``kernel`` for ``target``; returns its REG / STACK (spills) / shared bytes."""
+    sig = {name: "constexpr" if name in constexprs else types[name] for name in kernel.arg_names}
+    compiled = triton.compile(ASTSource(kernel, sig, constexprs), target=target,
+                              options=dict(num_warps=warps, num_stages=stages))
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+    try:
+        out = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True,
+                             text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+    found = dict(re.findall(r"(REG|STACK):(\d+)", out))
+    return dict(regs=int(found.get("REG", -1)), stack=int(found.get("STACK", -1)),
+                shared=compiled.metadata.shared)
+
+
+def _fused_types(tiles, tma: bool, store: bool, extra: dict) -> dict:
+    bm, bn, bk = tiles[:3]
+    types = dict(A=f"tensordesc<bf16[{bm}, {bk}]>" if tma else "*bf16",
+                 Bm=f"tensordesc<bf16[{bn}, {bk}]>" if tma else "*bf16",
+                 stride_a="i32", stride_b="i32", M="i32", N="i32", D="i32", diag="i32",
+                 P=f"tensordesc<bf16[{bm}, {bn}]>" if store else "*bf16", stride_p="i32")
+    return dict(types, **extra)
+
+
+def _fused_constexprs(tiles, tma: bool, **flags) -> dict:
+    bm, bn, bk, group, _, _ = tiles[:6]
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, EVEN_K=True, PRECISION="tf32",
+                TMA=tma, PROGRAMS=132, **flags)
+
+
+def variants(siglip_grad_tiles: list, pointer_grad_tiles):
+    """(name, kernel, types, constexprs, tiles) of each kernel variant to compile."""
+    f32 = "*fp32"
+    siglip = dict(scale_ptr=f32, bias_ptr=f32, coef_ptr=f32, gsum=f32, gwsum=f32, row_loss=f32)
+    for tiles in siglip_grad_tiles:
+        for store in (True, False):
+            for loss in (False, True):
+                yield (f"siglip_grad tma store={store} loss={loss}", tri._siglip_grad_fused_kernel,
+                       _fused_types(tiles, True, store, siglip),
+                       _fused_constexprs(tiles, True, COEF_SCALE=True, LOSS=loss, TMA_STORE=store), tiles)
+    for loss in (False, True):
+        yield (f"siglip_grad pointer loss={loss}", tri._siglip_grad_fused_kernel,
+               _fused_types(pointer_grad_tiles, False, False, siglip),
+               _fused_constexprs(pointer_grad_tiles, False, COEF_SCALE=True, LOSS=loss, TMA_STORE=False),
+               pointer_grad_tiles)
+    stats = dict(scale_ptr=f32, bias_ptr=f32, row_loss=f32)
+    tiles = tri._TMA_SIGLIP_STATS
+    yield ("siglip_stats tma", tri._siglip_stats_fused_kernel, _fused_types(tiles, True, False, stats),
+           _fused_constexprs(tiles, True), tiles)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (Hopper)")
+    p.add_argument("--tiles", action="append", default=[],
+                   help="more SigLIP gradient tiles: BLOCK_M,BLOCK_N,BLOCK_K,GROUP_M,warps,stages")
+    args = p.parse_args(argv)
+    target = GPUTarget("cuda", args.arch, 32)
+    grad_tiles = sorted({tri._TMA_SIGLIP_GRAD[:6], tri._TMA_SIGLIP_GRAD_LOSS[:6]}) + [tuple(int(x) for x in t.split(",")) for t in args.tiles]
+    print("| kernel | tiles (M, N, K, group, warps, stages) | registers | spill stack (bytes) | shared (bytes) |")
+    print("|---|---|---|---|---|")
+    for name, kernel, types, constexprs, tiles in variants(grad_tiles, tri._FUSED_GRAD):
+        r = resources(kernel, types, constexprs, target, tiles[4], tiles[5])
+        print(f"| {name} | {tuple(tiles[:6])} | {r['regs']} | {r['stack']} | {r['shared']} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
