@@ -118,7 +118,7 @@ def _torch_siglip_stats(a, b, scale, bias, diag, bm, bn):
     return row_loss
 
 
-def _torch_siglip_grads(a, b, scale, bias, diag, bm, bn, sink_a=None):
+def _torch_siglip_grads(a, b, scale, bias, diag, bm, bn, sink_a=None, row_loss=None):
     a32, b32 = a.float(), b.float()
     grad_a = torch.zeros_like(a32) if sink_a is None else None
     grad_b = torch.zeros_like(b32)
@@ -131,6 +131,8 @@ def _torch_siglip_grads(a, b, scale, bias, diag, bm, bn, sink_a=None):
             x = scale * dots + bias
             z = _pair_signs(i0, i1, j0, j1, diag, a.device)
             g = -z * torch.sigmoid(-z * x)
+            if row_loss is not None:
+                row_loss[i0:i1] += F.softplus(-z * x).sum(1)
             rows += g @ b32[j0:j1]
             grad_b[j0:j1] += g.T @ a32[i0:i1]
             gsum += g.sum()
@@ -221,16 +223,20 @@ def siglip_stats(a: Tensor, b: Tensor, scale: Tensor, bias: Tensor, diag: int = 
 
 def siglip_grads(a: Tensor, b: Tensor, scale: Tensor, bias: Tensor, diag: int = 0, *,
                  impl: str = "chunked_torch", block_m: int = 0, block_n: int = 0,
-                 allow_tf32: bool = False, sink_a=None):
+                 allow_tf32: bool = False, sink_a=None, with_loss: bool = False):
     """(G @ b [M, D], G^T @ a [N, D], sum(G) [], sum(G * S') []) in fp32, G = -z sigmoid(-z x).
 
-    ``sink_a`` as in :func:`clip_grads`."""
+    ``sink_a`` as in :func:`clip_grads`. ``with_loss``: the same pass also gives the
+    :func:`siglip_stats` row sums, returned first (a forward whose backward will follow)."""
     if impl == "triton":
         return _triton().siglip_grads_triton(a, b, scale, bias, diag, band=block_m,
-                                             allow_tf32=allow_tf32, sink_a=sink_a)
+                                             allow_tf32=allow_tf32, sink_a=sink_a,
+                                             with_loss=with_loss)
     bm, bn = _blocks(impl, a, b, block_m, block_n)
+    row_loss = a.new_zeros(a.shape[0], dtype=torch.float32) if with_loss else None
     with matmul_precision(allow_tf32):
-        return _torch_siglip_grads(a, b, scale, bias, diag, bm, bn, sink_a)
+        grads = _torch_siglip_grads(a, b, scale, bias, diag, bm, bn, sink_a, row_loss)
+    return (row_loss, *grads) if with_loss else grads
 
 
 def rowdot(a: Tensor, b: Tensor, chunk_elems: int = 1 << 22) -> Tensor:

@@ -195,23 +195,52 @@ def _siglip_forward(img, txt, s, bias, sw: Sweep, o: _Options):
     return total[0].float(), (full[0] if full is not None else None)
 
 
-def _siglip_backward(g, img, txt, s, bias, kept_txt, sw: Sweep, o: _Options):
+def _siglip_sweep(img, txt, s, bias, kept_txt, sw: Sweep, o: _Options, row_loss=None):
+    """The SigLIP gradient sweep: (G @ T rows [b, D], G^T @ I of this rank's columns [b, D], both
+    fp32 without the factor, [sum G S', sum G]); with ``row_loss`` ([b] fp32) the pair losses of
+    the same blocks are added to it (the forward of a call whose backward will follow)."""
     b = img.shape[0]
     row_offset = sw.rank * b
     rows = [torch.zeros(img.shape, dtype=torch.float32, device=img.device),
             img.new_zeros((), dtype=torch.float32), img.new_zeros((), dtype=torch.float32)]
 
     def step(col_offset, held):
-        grad_a, grad_b, gsum, gwsum = siglip_grads(img, held[0], s, bias, col_offset - row_offset,
-                                                   **o.kw)
+        out = siglip_grads(img, held[0], s, bias, col_offset - row_offset, **o.kw,
+                           with_loss=row_loss is not None)
+        if row_loss is not None:
+            row_loss.add_(out[0])
+        grad_a, grad_b, gsum, gwsum = out[-4:]
         rows[0] += grad_a
         rows[1] += gsum
         rows[2] += gwsum
         return [grad_b]
 
-    (d_txt,), _ = sw.columns([txt], step, "sum", [kept_txt] if sw.gathers_columns else None)
+    (d_txt,), _ = sw.columns([txt], step, "sum", [kept_txt] if kept_txt is not None else None)
+    return rows[0], d_txt, torch.stack([rows[2], rows[1]])
+
+
+def _siglip_forward_with_grads(img, txt, s, bias, sw: Sweep, o: _Options):
+    """(loss [], d_img, d_txt, sums): one sweep for the loss and the gradient (a SigLIP pair's
+    gradient needs no row statistic); the backward finishes the gradient (_siglip_finish)."""
+    b = img.shape[0]
+    row_loss = torch.zeros(b, dtype=torch.float32, device=img.device)
+    d_img, d_txt, sums = _siglip_sweep(img, txt, s, bias, None, sw, o, row_loss)
+    total = sw.sum((row_loss.sum() / (sw.world * b)).reshape(1))
+    return total[0].float(), d_img, d_txt, sums
+
+
+def _siglip_finish(g, s, b, d_img, d_txt, sums, sw: Sweep, o: _Options, inplace: bool):
+    """The gradients from the sweep's results: (d_img, d_txt, d_scale, d_bias), times c; in
+    place on the sweep's buffers unless they are saved tensors (a backward may run twice)."""
     coef = g / (sw.world * b) * o.factor
-    return rows[0].mul_(coef * s), d_txt.mul_(coef * s), coef * rows[2], coef * rows[1]
+    mul = torch.Tensor.mul_ if inplace else torch.Tensor.mul
+    return mul(d_img, coef * s), mul(d_txt, coef * s), coef * sums[0], coef * sums[1]
+
+
+def _siglip_backward(g, img, txt, s, bias, kept_txt, sw: Sweep, o: _Options):
+    d_img, d_txt, sums = _siglip_sweep(img, txt, s, bias,
+                                       kept_txt if sw.gathers_columns else None, sw, o)
+    return _siglip_finish(g, s, img.shape[0], d_img, d_txt, sums, sw, o, inplace=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -221,8 +250,9 @@ _LIB = torch.library.Library("infclip", "FRAGMENT")
 _OPTIONS = ("str scheme, str group_name, int local_world_size, str loss, str impl, "
             "float label_smoothing, int block_m, int block_n, bool allow_tf32, str grad_reduction")
 _LIB.define("distributed_contrastive_loss(Tensor image_features, Tensor text_features, "
-            "Tensor logit_scale, Tensor? logit_bias, " + _OPTIONS + ") "
-            "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+            "Tensor logit_scale, Tensor? logit_bias, " + _OPTIONS + ", "
+            "bool grads_in_forward=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+_N_OPTIONS = _OPTIONS.count(",") + 1  # the options both ops take (the forward's flag is not one)
 _LIB.define("distributed_contrastive_loss_backward(Tensor grad, Tensor image_features, "
             "Tensor text_features, Tensor logit_scale, Tensor? logit_bias, Tensor row_lse, "
             "Tensor col_lse, Tensor aux, Tensor kept_image, Tensor kept_text, Tensor kept_params, "
@@ -241,10 +271,19 @@ def _op(image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
         logit_bias: Optional[Tensor], *options) -> tuple:
     """Returns (loss [], row_lse [b], col_lse [b], aux, kept_image, kept_text, kept_params): the
     last six feed the backward (aux: see _clip_forward; kept_*: what a gathering sweep gathered,
-    [B, D], [B, D], [B, 3] fp32, else empty; SigLIP: everything but kept_text empty)."""
+    [B, D], [B, D], [B, 3] fp32, else empty; SigLIP: everything but kept_text empty). SigLIP with
+    ``grads_in_forward`` (the caller's promise that a backward follows): (loss, d_img [b, D],
+    d_txt [b, D], sums [2], then empty) of _siglip_forward_with_grads instead."""
+    options, eager = options[:_N_OPTIONS], bool(options[_N_OPTIONS:] and options[_N_OPTIONS])
     sw, o = _sweep_and_options(*options)
     sw.check_sizes(image_features)
     s = logit_scale.detach().float().reshape(())
+    if o.loss == "siglip" and eager:
+        bias = logit_bias.detach().float().reshape(())
+        loss, d_img, d_txt, sums = _siglip_forward_with_grads(image_features, text_features, s,
+                                                              bias, sw, o)
+        empty = [image_features.new_empty(0) for _ in range(3)]
+        return (loss, d_img, d_txt, sums, *empty)
     if o.loss == "clip":
         loss, row_lse, col_lse, aux, kept = _clip_forward(image_features, text_features, s, sw, o)
     else:
@@ -267,6 +306,9 @@ def _(image_features, text_features, logit_scale, logit_bias, scheme, group_name
     clip = loss == "clip"
     new = image_features.new_empty
     f32 = torch.float32
+    if not clip and rest[_N_OPTIONS - 6:] and rest[_N_OPTIONS - 6]:  # grads_in_forward
+        return (new((), dtype=f32), new((b, d), dtype=f32), new((b, d), dtype=f32),
+                new((2,), dtype=f32), new((0,)), new((0,)), new((0,)))
     m = b if clip else 0
     aux = (b + 2 + (2 * d if label_smoothing else 0)) if clip else 0
     return (new((), dtype=f32), new((m,), dtype=f32), new((m,), dtype=f32), new((aux,), dtype=f32),
@@ -289,9 +331,13 @@ def _backward_op(grad: Tensor, image_features: Tensor, text_features: Tensor, lo
                                                sw, o)
         d_bias = logit_scale.new_zeros(0)
     else:
-        bias = logit_bias.detach().float().reshape(())
-        d_img, d_txt, d_scale, d_bias = _siglip_backward(g, image_features, text_features, s, bias,
-                                                         kept_text, sw, o)
+        if row_lse.dim() == 2:  # the forward took the gradients (_siglip_forward_with_grads)
+            d_img, d_txt, d_scale, d_bias = _siglip_finish(g, s, image_features.shape[0], row_lse,
+                                                           col_lse, aux, sw, o, inplace=False)
+        else:
+            bias = logit_bias.detach().float().reshape(())
+            d_img, d_txt, d_scale, d_bias = _siglip_backward(g, image_features, text_features, s,
+                                                             bias, kept_text, sw, o)
         d_bias = d_bias.reshape(logit_bias.shape).to(logit_bias.dtype)
     return (d_img.to(image_features.dtype), d_txt.to(text_features.dtype),
             d_scale.reshape(logit_scale.shape).to(logit_scale.dtype), d_bias)
@@ -321,7 +367,8 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_loss, *_grad_saved):
     (image_features, text_features, logit_scale, logit_bias, *saved) = ctx.saved_tensors
     d_img, d_txt, d_scale, d_bias = torch.ops.infclip.distributed_contrastive_loss_backward(
-        grad_loss, image_features, text_features, logit_scale, logit_bias, *saved, *ctx.options)
+        grad_loss, image_features, text_features, logit_scale, logit_bias, *saved,
+        *ctx.options[:_N_OPTIONS])
     return (d_img, d_txt, d_scale, (d_bias if logit_bias is not None else None)) + (None,) * len(ctx.options)
 
 
@@ -368,9 +415,12 @@ def distributed_contrastive_loss(image_features: Tensor, text_features: Tensor, 
                          f"text {tuple(text_features.shape)}")
     if not isinstance(scheme, Scheme):
         scheme = choose_scheme(scheme, process_group, local_world_size, world_one_is_local=False)
+    inputs = (image_features, text_features, logit_scale, logit_bias if loss == "siglip" else None)
+    # SigLIP takes its gradients in the forward's sweep when a backward will come (in Python:
+    # dynamo cannot trace torch._C._any_requires_grad)
+    backward = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
     out = torch.ops.infclip.distributed_contrastive_loss(
-        image_features, text_features, logit_scale, logit_bias if loss == "siglip" else None,
-        scheme.name, scheme.group_name, scheme.local_world_size, loss, impl,
+        *inputs, scheme.name, scheme.group_name, scheme.local_world_size, loss, impl,
         float(label_smoothing), int(block_m or 0), int(block_n or 0), bool(allow_tf32),
-        grad_reduction)
+        grad_reduction, backward and loss == "siglip")
     return out[0]

@@ -244,6 +244,53 @@ def test_local_sweep_through_the_distributed_op_is_the_single_device_loss(loss, 
             torch.tensor([W.SCALE], requires_grad=True), bias, "none", "", 0, loss,
             "chunked_torch", eps, W.BLOCK_M, W.BLOCK_N, False, "mean")
     torch.library.opcheck(torch.ops.infclip.distributed_contrastive_loss.default, args)
+    if loss == "siglip":  # the forward that takes the gradients (grads_in_forward)
+        torch.library.opcheck(torch.ops.infclip.distributed_contrastive_loss.default, args + (True,))
+
+
+@pytest.mark.parametrize("impl", ["chunked_torch", "triton"])
+def test_distributed_siglip_sweeps_once_when_a_backward_follows(monkeypatch, impl):
+    """SigLIP through the distributed op sweeps the blocks once, in the forward, when a backward
+    will follow: the backward runs no sweep (no ring round, no gather) and gives the gradients
+    of the two-sweep path (bit for bit in torch: the same block sums, scaled the same way); under no_grad
+    the forward runs the statistics sweep and the loss agrees."""
+    from infclip.ops import distributed as dist_op
+    from infclip.ops import sweeps
+
+    img_all, txt_all = W.global_batch(3 * W.LOCAL_B, torch.float32)
+    sweeps_run = []
+    columns = sweeps.Local.columns
+    monkeypatch.setattr(sweeps.Local, "columns", lambda self, *a, **k: (sweeps_run.append(1), columns(self, *a, **k))[1])
+    kw = dict(scheme="none", loss="siglip", impl=impl, block_m=W.BLOCK_M, block_n=W.BLOCK_N)
+
+    def run(eager):
+        monkeypatch.setattr(dist_op, "_siglip_forward_with_grads", real if eager else unused)
+        img, txt = img_all.clone().requires_grad_(True), txt_all.clone().requires_grad_(True)
+        scale, bias = torch.tensor([W.SCALE], requires_grad=True), torch.tensor([W.BIAS], requires_grad=True)
+        sweeps_run.clear()
+        out = dist_op.distributed_contrastive_loss(img, txt, scale, bias, **kw)
+        forward = len(sweeps_run)
+        (out * W.UPSTREAM).backward()
+        return forward, len(sweeps_run) - forward, [out.detach(), img.grad, txt.grad, scale.grad, bias.grad]
+
+    real = dist_op._siglip_forward_with_grads
+    unused = lambda *a: pytest.fail("the two-sweep path took the gradients in the forward")  # noqa: E731
+    fwd, bwd, eager = run(True)
+    assert (fwd, bwd) == (1, 0)
+    # the previous path: the op called with the flag off
+    entry = torch.ops.infclip.distributed_contrastive_loss
+    monkeypatch.setattr(torch.ops.infclip, "distributed_contrastive_loss", lambda *a: entry(*a[:-1], False))
+    fwd, bwd, two_pass = run(False)
+    assert (fwd, bwd) == (1, 1)
+    # triton: the gradient kernel with the loss takes sigmoid from the softplus's exponential
+    tol = dict(rtol=0, atol=0) if impl == "chunked_torch" else dict(rtol=1e-5, atol=1e-7)
+    for got, want in zip(eager, two_pass):
+        torch.testing.assert_close(got, want, **tol)
+    monkeypatch.undo()
+    with torch.no_grad():
+        alone = dist_op.distributed_contrastive_loss(img_all, txt_all, torch.tensor([W.SCALE]),
+                                                    torch.tensor([W.BIAS]), **kw)
+    torch.testing.assert_close(alone, eager[0], rtol=1e-6, atol=0)
 
 
 def test_scheme_is_parsed_in_one_place():
