@@ -5,6 +5,10 @@ registers beside the accumulator tile. Runs on a CPU-only machine (CUDA target, 
 
     python bench/diag_kernel_resources.py                  # the tiles the op uses now
     python bench/diag_kernel_resources.py --tiles "128,64,64,8,8,4"   # other tiles too
+    python bench/diag_kernel_resources.py --match loss=True           # some variants only
+
+(Run without TRITON_INTERPRET: the interpreter's kernels cannot be compiled.) tests/ops/
+test_kernel_build.py runs it: a kernel that no longer compiles for the GPU fails on a CPU machine.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import infclip.ops.contrastive_loss_triton as tri  # noqa: E402
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -84,12 +88,17 @@ def main(argv=None) -> None:
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (Hopper)")
     p.add_argument("--tiles", action="append", default=[],
                    help="more SigLIP gradient tiles: BLOCK_M,BLOCK_N,BLOCK_K,GROUP_M,warps,stages")
+    p.add_argument("--match", default="", help="only the variants whose name contains this")
     args = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("unset TRITON_INTERPRET: interpreted kernels cannot be compiled for a GPU")
     target = GPUTarget("cuda", args.arch, 32)
     grad_tiles = sorted({tri._TMA_SIGLIP_GRAD[:6], tri._TMA_SIGLIP_GRAD_LOSS[:6]}) + [tuple(int(x) for x in t.split(",")) for t in args.tiles]
     print("| kernel | tiles (M, N, K, group, warps, stages) | registers | spill stack (bytes) | shared (bytes) |")
     print("|---|---|---|---|---|")
     for name, kernel, types, constexprs, tiles in variants(grad_tiles, tri._FUSED_GRAD):
+        if args.match not in name:
+            continue
         r = resources(kernel, types, constexprs, target, tiles[4], tiles[5])
         print(f"| {name} | {tuple(tiles[:6])} | {r['regs']} | {r['stack']} | {r['shared']} |", flush=True)
 
