@@ -64,7 +64,7 @@ from .blocks import (
     siglip_stats,
 )
 from .config import ConfigError, ContrastiveLossConfig
-from .distributed import distributed_contrastive_loss
+from .distributed import backward_follows, distributed_contrastive_loss
 from .sweeps import choose_scheme
 
 __all__ = [
@@ -245,19 +245,31 @@ def _siglip_forward(img, txt, scale, bias, impl, bm, bn, tf32, keep):
     return loss, (logits if logits is not None else img.new_empty(0))
 
 
+def _siglip_triton_grads(coef, img, txt, scale, bias, logits, bm, tf32, with_loss=False):
+    """The triton SigLIP gradient pass, scaled by k = coef s: (d_img, d_txt, sum G, sum G S'),
+    the gradients in the features' dtype, k folded into G before its rounding in the kernel
+    (for fp16, whose range would flush k G, in fp32 and multiplied after: see _clip_backward);
+    ``with_loss``: the row sums of the pair losses first."""
+    fold = img.dtype != torch.float16
+    out = _triton().siglip_grads_triton(
+        img, txt, scale, bias, 0, coef=coef if fold else None, coef_scale=fold, logits=logits,
+        band=bm, out_dtype=img.dtype if fold else torch.float32, allow_tf32=tf32,
+        with_loss=with_loss)
+    if not fold:
+        k = coef * scale
+        for grad in out[-4:-2]:  # d_img, d_txt (fp32)
+            grad.mul_(k)
+    return out
+
+
 def _siglip_forward_with_grads(img, txt, scale, bias, bm, tf32):
     """The triton SigLIP forward of a call whose backward will follow: one pass gives the pair
     losses and the gradients for an incoming gradient of 1 (no statistics pass: a pair's
-    gradient needs no row statistic). Returns (loss, d_img, d_txt, [sum G S', sum G]); the
-    gradients in the features' dtype (fp32 for fp16, see _clip_backward), k = s / B folded in."""
+    gradient needs no row statistic). Returns (loss, d_img, d_txt, [sum G S', sum G]), k = s / B
+    folded in (_siglip_triton_grads)."""
     n = img.shape[0]
-    fold = img.dtype != torch.float16
-    row_loss, d_img, d_txt, gsum, gwsum = _triton().siglip_grads_triton(
-        img, txt, scale, bias, 0, coef=1.0 / n if fold else None, coef_scale=fold, band=bm,
-        out_dtype=img.dtype if fold else torch.float32, allow_tf32=tf32, with_loss=True)
-    if not fold:
-        k = scale / n
-        d_img, d_txt = d_img.mul_(k), d_txt.mul_(k)
+    row_loss, d_img, d_txt, gsum, gwsum = _siglip_triton_grads(1.0 / n, img, txt, scale, bias,
+                                                               None, bm, tf32, with_loss=True)
     return row_loss.sum() / n, d_img, d_txt, torch.stack([gwsum, gsum])
 
 
@@ -270,15 +282,8 @@ def _siglip_backward_from_forward(grad, n, d_img, d_txt, sums):
 def _siglip_backward(grad, img, txt, scale, bias, logits, impl, bm, bn, tf32):
     coef = grad / img.shape[0]
     if impl == "triton":
-        fold = img.dtype != torch.float16  # see _clip_backward
-        # k = coef s folded into G before its rounding, taken in the kernel
-        d_img, d_txt, gsum, gwsum = _triton().siglip_grads_triton(
-            img, txt, scale, bias, 0, coef=coef if fold else None, coef_scale=fold,
-            logits=logits if logits.numel() else None, band=bm,
-            out_dtype=img.dtype if fold else torch.float32, allow_tf32=tf32)
-        if not fold:
-            k = coef * scale
-            d_img, d_txt = d_img.mul_(k), d_txt.mul_(k)
+        d_img, d_txt, gsum, gwsum = _siglip_triton_grads(
+            coef, img, txt, scale, bias, logits if logits.numel() else None, bm, tf32)
         return d_img, d_txt, coef * gwsum, coef * gsum
     k = coef * scale
     d_img = torch.empty_like(img)
@@ -573,9 +578,7 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
             impl=impl_run, label_smoothing=label_smoothing, allow_tf32=allow_tf32,
             block_m=block_m, block_n=block_n, grad_reduction=grad_reduction)
     inputs = (image_features, text_features, logit_scale, logit_bias if loss == "siglip" else None)
-    # the test _autograd_kernel makes, in Python: dynamo cannot trace torch._C._any_requires_grad,
-    # and this function compiles with fullgraph=True
-    backward = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
+    backward = backward_follows(inputs)  # (the test _autograd_kernel makes)
     if not backward:
         logits_budget_mb = 0.0  # no backward will come: nothing to keep for it
     out = _OP(*inputs, loss, impl_run, float(label_smoothing), int(block_m), int(block_n), bool(allow_tf32),

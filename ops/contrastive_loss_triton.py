@@ -247,12 +247,18 @@ def _clip_col_stats_kernel(S, stride_s, M, N, ROWS, scale_ptr, col_shift, col_re
 
 
 @triton.jit
+def _softplus_pairs(t, e, x, nan_sb):
+    """softplus(t) = max(t, 0) + log1p(e), e = exp(-|t|) (the caller's, which the gradient also
+    uses); NaN where S' (x) is not finite (a non-finite feature) or nan_sb is (scale or bias)."""
+    return tl.maximum(t, 0.0) + _log1p(e) + (x * 0.0 + nan_sb)
+
+
+@triton.jit
 def _siglip_pair_loss(x, offs_m, offs_n, diag, scale, bias, nan_sb):
-    """softplus(-z (S + bias)) of an S' tile, z = +1 on the pairs i - j == diag; NaN where S' is
-    not finite (a non-finite feature) or nan_sb is (scale or bias)."""
+    """softplus(-z (S + bias)) of an S' tile, z = +1 on the pairs i - j == diag (_softplus_pairs)."""
     z = tl.where((offs_m[:, None] - offs_n[None, :]) == diag, 1.0, -1.0)
     t = -z * (x * scale + bias)
-    return tl.maximum(t, 0.0) + _log1p(tl.exp(-tl.abs(t))) + (x * 0.0 + nan_sb)
+    return _softplus_pairs(t, tl.exp(-tl.abs(t)), x, nan_sb)
 
 
 # SigLIP statistics: row_loss_i += sum_j softplus(-z_ij (S_ij + bias)), z = +1 iff i - j == diag.
@@ -367,8 +373,7 @@ def _siglip_grad_value(x, offs_m, offs_n, mask_m, valid, scale_ptr, bias_ptr, co
         e = tl.exp(-tl.abs(t))
         r = 1.0 / (1.0 + e)
         sig = tl.where(t >= 0.0, r, e * r)
-        nan_sb = scale * 0.0 + bias * 0.0  # NaN iff scale or bias is not finite, else 0
-        sp = tl.maximum(t, 0.0) + _log1p(e) + (x * 0.0 + nan_sb)
+        sp = _softplus_pairs(t, e, x, scale * 0.0 + bias * 0.0)
         tl.atomic_add(row_loss + offs_m, tl.sum(tl.where(valid, sp, 0.0), axis=1), mask=mask_m,
                       sem="relaxed")
     else:
@@ -538,8 +543,8 @@ def _clip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, sca
 @triton.jit
 def _siglip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, scale_ptr, bias_ptr,
                               coef_ptr, gsum, gwsum, row_loss, diag, COEF_SCALE: tl.constexpr,
-                              LOSS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                              GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+                              LOSS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
                               PRECISION: tl.constexpr, TMA: tl.constexpr, PROGRAMS: tl.constexpr,
                               TMA_STORE: tl.constexpr):
     for tile in tl.range(tl.program_id(0), _tiles(M, N, BLOCK_M, BLOCK_N), PROGRAMS, flatten=TMA):
@@ -748,9 +753,10 @@ def _fused_config(tiles, m: int, n: int, d: int, fp32: bool, allow_tf32: bool, p
 
 def _fused(kernel, a, b, kind: str, allow_tf32, *args, p=None, tma=None) -> None:
     """Launches a fused kernel over all tiles of a b^T (a: [M, D], b: [N, D]); kind "stats",
-    "grad", "siglip_stats", "siglip_grad" or "siglip_grad_loss" picks the tiles. ``args`` follow (A, Bm, strides, M,
-    N, D) and, for the gradient kernels, ``p`` (the [M, N] block P, then its row stride). With
-    TMA (``tma``, or when None _use_tma(a, b)) A, Bm and an aligned P go as tensor descriptors."""
+    "grad", "siglip_stats", "siglip_grad" or "siglip_grad_loss" picks the tiles. ``args``
+    follow (A, Bm, strides, M, N, D) and, for the gradient kernels, ``p`` (the [M, N] block P,
+    then its row stride). With TMA (``tma``, or when None _use_tma(a, b)) A, Bm and an aligned P
+    go as tensor descriptors."""
     (m, d), n = a.shape, b.shape[0]
     tma = _use_tma(a, b) if tma is None else tma
     tiles = {"stats": (_FUSED_STATS, _TMA_STATS), "grad": (_FUSED_GRAD, _TMA_GRAD),

@@ -253,6 +253,19 @@ _LIB.define("distributed_contrastive_loss(Tensor image_features, Tensor text_fea
             "Tensor logit_scale, Tensor? logit_bias, " + _OPTIONS + ", "
             "bool grads_in_forward=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 _N_OPTIONS = _OPTIONS.count(",") + 1  # the options both ops take (the forward's flag is not one)
+
+
+def _split_options(options: tuple) -> tuple[tuple, bool]:
+    """The forward op's trailing arguments as (the shared options, grads_in_forward); the
+    dispatcher leaves the flag out when it has its default."""
+    return options[:_N_OPTIONS], bool(options[_N_OPTIONS:] and options[_N_OPTIONS])
+
+
+def backward_follows(inputs) -> bool:
+    """Whether autograd will call the loss's backward: grad enabled and an input requiring grad
+    (the test the ops' autograd makes, in Python: dynamo cannot trace
+    torch._C._any_requires_grad, and the entry points compile with fullgraph=True)."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
 _LIB.define("distributed_contrastive_loss_backward(Tensor grad, Tensor image_features, "
             "Tensor text_features, Tensor logit_scale, Tensor? logit_bias, Tensor row_lse, "
             "Tensor col_lse, Tensor aux, Tensor kept_image, Tensor kept_text, Tensor kept_params, "
@@ -274,7 +287,7 @@ def _op(image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
     [B, D], [B, D], [B, 3] fp32, else empty; SigLIP: everything but kept_text empty). SigLIP with
     ``grads_in_forward`` (the caller's promise that a backward follows): (loss, d_img [b, D],
     d_txt [b, D], sums [2], then empty) of _siglip_forward_with_grads instead."""
-    options, eager = options[:_N_OPTIONS], bool(options[_N_OPTIONS:] and options[_N_OPTIONS])
+    options, eager = _split_options(options)
     sw, o = _sweep_and_options(*options)
     sw.check_sizes(image_features)
     s = logit_scale.detach().float().reshape(())
@@ -298,15 +311,16 @@ def _op(image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
 
 
 @torch.library.register_fake("infclip::distributed_contrastive_loss", lib=_LIB)
-def _(image_features, text_features, logit_scale, logit_bias, scheme, group_name,
-      local_world_size, loss, impl, label_smoothing, *rest):
+def _(image_features, text_features, logit_scale, logit_bias, *options):
+    options, eager = _split_options(options)
+    scheme, group_name, _, loss, _, label_smoothing = options[:6]
     cls = sweep_class(scheme)
     b, d = image_features.shape
     n = b * (1 if cls is Local else dist.get_world_size(resolve_group(group_name)))
     clip = loss == "clip"
     new = image_features.new_empty
     f32 = torch.float32
-    if not clip and rest[_N_OPTIONS - 6:] and rest[_N_OPTIONS - 6]:  # grads_in_forward
+    if not clip and eager:
         return (new((), dtype=f32), new((b, d), dtype=f32), new((b, d), dtype=f32),
                 new((2,), dtype=f32), new((0,)), new((0,)), new((0,)))
     m = b if clip else 0
@@ -416,11 +430,8 @@ def distributed_contrastive_loss(image_features: Tensor, text_features: Tensor, 
     if not isinstance(scheme, Scheme):
         scheme = choose_scheme(scheme, process_group, local_world_size, world_one_is_local=False)
     inputs = (image_features, text_features, logit_scale, logit_bias if loss == "siglip" else None)
-    # SigLIP takes its gradients in the forward's sweep when a backward will come (in Python:
-    # dynamo cannot trace torch._C._any_requires_grad)
-    backward = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
     out = torch.ops.infclip.distributed_contrastive_loss(
         *inputs, scheme.name, scheme.group_name, scheme.local_world_size, loss, impl,
         float(label_smoothing), int(block_m or 0), int(block_n or 0), bool(allow_tf32),
-        grad_reduction, backward and loss == "siglip")
+        grad_reduction, loss == "siglip" and backward_follows(inputs))  # SigLIP: one sweep
     return out[0]
