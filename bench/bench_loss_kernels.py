@@ -144,8 +144,9 @@ def run_size_siglip(b: int, d: int, reps: int, tma_configs, emit) -> None:
 
     def grad(tiles, loss=False):
         tri._TMA_SIGLIP_GRAD = tri._TMA_SIGLIP_GRAD_LOSS = tiles
-        tri._fused(tri._siglip_grad_fused_kernel, img[:band], txt, "siglip_grad_loss" if loss else "siglip_grad", False,
-                   scale.reshape(1), bias.reshape(1), k, gsum, gwsum, row_loss, 0, True, loss, p=p_band)
+        kind = "siglip_grad_loss" if loss else "siglip_grad"
+        tri._fused(tri._siglip_grad_fused_kernel, img[:band], txt, kind, False, scale.reshape(1),
+                   bias.reshape(1), k, gsum, gwsum, row_loss, 0, True, loss, p=p_band)
 
     _limits(0)  # cuBLAS bands + the Triton pass, what the op runs above its limit
     emit(b, "siglip_unfused_stats", None, timed(lambda: tri.siglip_stats_triton(img, txt, scale, bias, 0), reps),
