@@ -60,6 +60,12 @@ def timed(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def timed_queued(fn, reps: int, calls: int = 20) -> float:
+    """Median ms of one fn() over reps runs of ``calls`` back-to-back calls: small kernels whose
+    launch costs more host time than they take on the GPU are timed behind each other."""
+    return timed(lambda: [fn() for _ in range(calls)], reps) / calls
+
+
 def inputs(b: int, d: int):
     gen = torch.Generator(device="cuda").manual_seed(0)
     img = F.normalize(torch.randn(b, d, device="cuda", generator=gen), dim=-1).bfloat16()
@@ -123,6 +129,12 @@ def run_size(b: int, d: int, reps: int, configs, tma_configs, emit) -> None:
     tri._TMA_FORCE = None
 
 
+POINTER_SIGLIP_CONFIGS = [  # the SigLIP gradient kernel with pointer loads: spill-free tiles first
+    (128, 64, 64, 8, 8, 3), (64, 64, 64, 8, 4, 3), (64, 64, 64, 8, 4, 4), (128, 128, 64, 8, 8, 3),
+    (128, 256, 64, 8, 8, 3),
+]
+
+
 def run_size_siglip(b: int, d: int, reps: int, tma_configs, emit) -> None:
     """The SigLIP kernels with TMA descriptors, per tile config: the statistics over the whole
     B x B (and the cuBLAS band path for them) and the gradient block of one backward band
@@ -162,6 +174,30 @@ def run_size_siglip(b: int, d: int, reps: int, tma_configs, emit) -> None:
     tri._TMA_FORCE = None
 
 
+def run_size_siglip_pointer(b: int, d: int, reps: int, emit) -> None:
+    """The SigLIP gradient kernel with pointer loads (what the op runs below _TMA_MIN_LOGITS and
+    on GPUs without TMA) over the whole B x B, per tile config, without and with the pair losses;
+    each call timed behind 19 others (timed_queued)."""
+    img, txt, scale, *_ = inputs(b, d)
+    bias = torch.full((1,), -10.0, device="cuda")
+    p = torch.empty(b, b, device="cuda", dtype=torch.bfloat16)
+    gsum, gwsum, row_loss = torch.zeros(3, b, device="cuda").unbind(0)
+    k = torch.full((1,), 1e-4, device="cuda")
+    saved = tri._FUSED_GRAD, tri._FUSED_SIGLIP_GRAD_LOSS
+
+    def grad(tiles, loss):
+        tri._FUSED_GRAD = tri._FUSED_SIGLIP_GRAD_LOSS = tiles
+        kind = "siglip_grad_loss" if loss else "siglip_grad"
+        tri._fused(tri._siglip_grad_fused_kernel, img, txt, kind, False, scale.reshape(1), bias, k,
+                   gsum, gwsum, row_loss, 0, True, loss, p=p, tma=False)
+
+    for loss in (False, True):
+        for cfg in POINTER_SIGLIP_CONFIGS:
+            emit(b, "siglip_grad_loss_ptr" if loss else "siglip_grad_ptr", cfg,
+                 _try(lambda: timed_queued(lambda: grad(cfg, loss), reps)), 2 * b * b * d)
+    tri._FUSED_GRAD, tri._FUSED_SIGLIP_GRAD_LOSS = saved
+
+
 def _limits(value=None, tma=None):
     """Sets the op's fused-kernel limits (pointer and TMA kernels alike) to ``value`` (or to
     ``value`` and the dict ``tma``); returns the previous (value, dict)."""
@@ -189,8 +225,9 @@ def main(argv=None) -> None:
     p.add_argument("--tma", action="store_true", help="also the TMA descriptor kernels (Hopper)")
     p.add_argument("--best", default="", help="write the fastest fused configs here (JSON)")
     p.add_argument("--configs", type=int, default=len(TMA_CONFIGS), help="siglip: the first N TMA configs")
-    p.add_argument("--loss", default="clip", choices=("clip", "siglip"),
-                   help="siglip: the SigLIP TMA kernels only (statistics, gradient block)")
+    p.add_argument("--loss", default="clip", choices=("clip", "siglip", "siglip_pointer"),
+                   help="siglip: the SigLIP TMA kernels only (statistics, gradient block); "
+                        "siglip_pointer: SigLIP's gradient kernel with pointer loads (small B)")
     args = p.parse_args(argv)
     import triton
 
@@ -211,12 +248,15 @@ def main(argv=None) -> None:
     for b in [int(x) for x in args.sizes.split(",") if x]:
         if args.loss == "siglip":
             run_size_siglip(b, args.dim, args.reps, TMA_CONFIGS[:args.configs], emit)
+        elif args.loss == "siglip_pointer":
+            run_size_siglip_pointer(b, args.dim, args.reps, emit)
         else:
             run_size(b, args.dim, args.reps, CONFIGS, TMA_CONFIGS if args.tma else [], emit)
     best = {}
     for what, key in (("fused_stats", "stats"), ("fused_grad", "grad"), ("fused_stats_tma", "tma_stats"),
                       ("fused_grad_tma", "tma_grad"), ("siglip_stats_tma", "tma_siglip_stats"),
-                      ("siglip_grad_tma", "tma_siglip_grad")):
+                      ("siglip_grad_tma", "tma_siglip_grad"), ("siglip_grad_loss_tma", "tma_siglip_grad_loss"),
+                      ("siglip_grad_ptr", "siglip_grad"), ("siglip_grad_loss_ptr", "siglip_grad_loss")):
         # the config with the least total time over the sizes measured
         totals = {}
         for r in rows:

@@ -62,7 +62,7 @@ def _fused_constexprs(tiles, tma: bool, **flags) -> dict:
                 TMA=tma, PROGRAMS=132, **flags)
 
 
-def variants(siglip_grad_tiles: list, pointer_grad_tiles):
+def variants(siglip_grad_tiles: list, pointer_grad_tiles: list):
     """(name, kernel, types, constexprs, tiles) of each kernel variant to compile."""
     f32 = "*fp32"
     siglip = dict(scale_ptr=f32, bias_ptr=f32, coef_ptr=f32, gsum=f32, gwsum=f32, row_loss=f32)
@@ -72,11 +72,11 @@ def variants(siglip_grad_tiles: list, pointer_grad_tiles):
                 yield (f"siglip_grad tma store={store} loss={loss}", tri._siglip_grad_fused_kernel,
                        _fused_types(tiles, True, store, siglip),
                        _fused_constexprs(tiles, True, COEF_SCALE=True, LOSS=loss, TMA_STORE=store), tiles)
-    for loss in (False, True):
-        yield (f"siglip_grad pointer loss={loss}", tri._siglip_grad_fused_kernel,
-               _fused_types(pointer_grad_tiles, False, False, siglip),
-               _fused_constexprs(pointer_grad_tiles, False, COEF_SCALE=True, LOSS=loss, TMA_STORE=False),
-               pointer_grad_tiles)
+    for tiles in pointer_grad_tiles:
+        for loss in (False, True):
+            yield (f"siglip_grad pointer loss={loss}", tri._siglip_grad_fused_kernel,
+                   _fused_types(tiles, False, False, siglip),
+                   _fused_constexprs(tiles, False, COEF_SCALE=True, LOSS=loss, TMA_STORE=False), tiles)
     stats = dict(scale_ptr=f32, bias_ptr=f32, row_loss=f32)
     tiles = tri._TMA_SIGLIP_STATS
     yield ("siglip_stats tma", tri._siglip_stats_fused_kernel, _fused_types(tiles, True, False, stats),
@@ -87,20 +87,37 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (Hopper)")
     p.add_argument("--tiles", action="append", default=[],
-                   help="more SigLIP gradient tiles: BLOCK_M,BLOCK_N,BLOCK_K,GROUP_M,warps,stages")
+                   help="more TMA SigLIP gradient tiles: BLOCK_M,BLOCK_N,BLOCK_K,GROUP_M,warps,stages")
+    p.add_argument("--pointer-tiles", action="append", default=[],
+                   help="more pointer (pre-Hopper, small block) SigLIP gradient tiles, same form")
     p.add_argument("--match", default="", help="only the variants whose name contains this")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: interpreted kernels cannot be compiled for a GPU")
     target = GPUTarget("cuda", args.arch, 32)
-    grad_tiles = sorted({tri._TMA_SIGLIP_GRAD[:6], tri._TMA_SIGLIP_GRAD_LOSS[:6]}) + [tuple(int(x) for x in t.split(",")) for t in args.tiles]
-    print("| kernel | tiles (M, N, K, group, warps, stages) | registers | spill stack (bytes) | shared (bytes) |")
-    print("|---|---|---|---|---|")
-    for name, kernel, types, constexprs, tiles in variants(grad_tiles, tri._FUSED_GRAD):
+    parse = lambda given: [tuple(int(x) for x in t.split(",")) for t in given]  # noqa: E731
+    grad_tiles = sorted({tri._TMA_SIGLIP_GRAD[:6], tri._TMA_SIGLIP_GRAD_LOSS[:6]}) + parse(args.tiles)
+    pointer_tiles = sorted({tri._FUSED_GRAD[:6], tri._FUSED_SIGLIP_GRAD_LOSS[:6]}) + parse(args.pointer_tiles)
+    print("| kernel | tiles (M, N, K, group, warps, stages) | registers | spill stack (bytes) | shared (bytes) "
+          "| the op's tiles |")
+    print("|---|---|---|---|---|---|")
+    for name, kernel, types, constexprs, tiles in variants(grad_tiles, pointer_tiles):
         if args.match not in name:
             continue
         r = resources(kernel, types, constexprs, target, tiles[4], tiles[5])
-        print(f"| {name} | {tuple(tiles[:6])} | {r['regs']} | {r['stack']} | {r['shared']} |", flush=True)
+        ours = tuple(tiles[:6]) == op_tiles(name)[:6]
+        print(f"| {name} | {tuple(tiles[:6])} | {r['regs']} | {r['stack']} | {r['shared']} | "
+              f"{'yes' if ours else ''} |", flush=True)
+
+
+def op_tiles(name: str) -> tuple:
+    """The tiles the op launches the variant ``name`` with on a Hopper GPU."""
+    loss = "loss=True" in name
+    if "pointer" in name:
+        return tri._FUSED_SIGLIP_GRAD_LOSS if loss else tri._FUSED_GRAD
+    if "stats" in name:
+        return tri._TMA_SIGLIP_STATS
+    return tri._TMA_SIGLIP_GRAD_LOSS if loss else tri._TMA_SIGLIP_GRAD
 
 
 if __name__ == "__main__":

@@ -84,6 +84,21 @@ def _log1p(u):
     return tl.where(u < 1e-2, u * (1.0 - u * (0.5 - u * 0.3333333333333333)), tl.log(1.0 + u))
 
 
+@triton.jit
+def _log1p_unit(u):
+    """log(1 + u) for 0 <= u <= 1 (u = exp(-|t|) of a logit pair) to 2e-7 relative: u times a
+    degree-8 polynomial (Chebyshev fit of log1p(u) / u on [0, 1]), 9 FMAs and no special
+    function (libdevice's log, _log1p's, costs ~20 instructions, once per pair); NaN stays NaN."""
+    p = 0.005253457929939032 * u - 0.02958850748836994
+    p = p * u + 0.07836166769266129
+    p = p * u - 0.13674770295619965
+    p = p * u + 0.19111430644989014
+    p = p * u - 0.24844369292259216
+    p = p * u + 0.33319270610809326
+    p = p * u - 0.49999502301216125
+    return (p * u + 1.0) * u
+
+
 # Prologue (O(B D), one read of the features): ref_i = <A_i, B_i> (the positive's S'),
 # |A_i|, |B_i| in fp32, and the largest norms by fp32 atomic max (norms are >= 0). Gradient: none
 # (the shifts are constants of the loss; ref's gradient is taken inside the GEMMs).
@@ -135,7 +150,7 @@ def _clip_shift_kernel(scale_ptr, ref, norm_a, norm_b, norm_max, row_shift, col_
 def _softplus_log(off, delta):
     """LSE_i - d_i from the off-diagonal sum and delta = shift - d >= 0 (clip_terms)."""
     x = tl.log(off) + delta
-    sp = tl.maximum(x, 0.0) + _log1p(tl.exp(-tl.abs(x)))
+    sp = tl.maximum(x, 0.0) + _log1p_unit(tl.exp(-tl.abs(x)))
     return tl.where(delta == 0.0, _log1p(off), sp)
 
 
@@ -250,7 +265,7 @@ def _clip_col_stats_kernel(S, stride_s, M, N, ROWS, scale_ptr, col_shift, col_re
 def _softplus_pairs(t, e, x, nan_sb):
     """softplus(t) = max(t, 0) + log1p(e), e = exp(-|t|) (the caller's, which the gradient also
     uses); NaN where S' (x) is not finite (a non-finite feature) or nan_sb is (scale or bias)."""
-    return tl.maximum(t, 0.0) + _log1p(e) + (x * 0.0 + nan_sb)
+    return tl.maximum(t, 0.0) + _log1p_unit(e) + (x * 0.0 + nan_sb)
 
 
 @triton.jit
@@ -582,6 +597,10 @@ if _INTERPRET:
 else:
     _FUSED_STATS = (128, 64, 64, 8, 4, 4)
     _FUSED_GRAD = (128, 256, 64, 8, 8, 3)
+# SigLIP's gradient kernel with the pair losses in its epilogue (pointer loads: blocks below
+# _TMA_MIN_LOGITS on Hopper, every block before it): with _FUSED_GRAD's tiles it spills 4 KB a
+# thread on sm_90, with these none (bench/diag_kernel_resources.py).
+_FUSED_SIGLIP_GRAD_LOSS = _FUSED_GRAD if _INTERPRET else (128, 64, 64, 8, 8, 3)
 _FUSED_MAX_LOGITS = 1 << 28  # a 16,384 x 16,384 block
 
 # The same kernels with TMA tensor descriptors (Hopper and later, 16-bit features whose rows are
@@ -602,10 +621,11 @@ _TMA_GRAD = (128, 64, 64, 8, 4, 4, 2)
 # with the CLIP tiles, gradient block 0.217 / 0.484 ms against 0.257 / 0.481.
 _TMA_SIGLIP_STATS = (128, 128, 64, 8, 8, 4, 1)
 _TMA_SIGLIP_GRAD = (128, 128, 64, 8, 8, 4, 1)
-# The gradient kernel with the pair losses in its epilogue (a forward whose backward follows): the
-# same tiles until measured (bench/device/h200_ao.sh); with them it spills 352 bytes a thread on
-# sm_90, with (128, 64, 64, 8, 8, 4) none (bench/diag_kernel_resources.py).
-_TMA_SIGLIP_GRAD_LOSS = _TMA_SIGLIP_GRAD
+# The gradient kernel with the pair losses in its epilogue (a forward whose backward follows):
+# 128 x 64 tiles, 8 warps, 2 programs per SM, the fastest of bench_loss_kernels.py --loss siglip on
+# an H200 (0.286 / 0.704 ms at 16k / 65k against 0.330 / 0.698 with the 128 x 128 tiles, which
+# spill on sm_90: bench/diag_kernel_resources.py, bench/results/loss_kernels_siglip_loss_h200.log).
+_TMA_SIGLIP_GRAD_LOSS = (128, 64, 64, 8, 8, 4, 2)
 # Largest block (logits) a TMA kernel takes, per kind; above, cuBLAS bands and Triton passes. The
 # CLIP statistics: TMA 4.25 ms against 4.96 for cuBLAS + the passes at 32k, 18.6 against 18.1 at
 # 65k; the gradient blocks are fused at every size.
@@ -762,7 +782,7 @@ def _fused(kernel, a, b, kind: str, allow_tf32, *args, p=None, tma=None) -> None
     tiles = {"stats": (_FUSED_STATS, _TMA_STATS), "grad": (_FUSED_GRAD, _TMA_GRAD),
              "siglip_stats": (_FUSED_STATS, _TMA_SIGLIP_STATS),
              "siglip_grad": (_FUSED_GRAD, _TMA_SIGLIP_GRAD),
-             "siglip_grad_loss": (_FUSED_GRAD, _TMA_SIGLIP_GRAD_LOSS)}[kind][tma]
+             "siglip_grad_loss": (_FUSED_SIGLIP_GRAD_LOSS, _TMA_SIGLIP_GRAD_LOSS)}[kind][tma]
     programs = _sm_count(a.device) if tma else 1
     grid, meta = _fused_config(tiles, m, n, d, a.dtype == torch.float32, allow_tf32, programs)
     if tma:

@@ -27,9 +27,16 @@ def test_siglip_gradient_with_loss_compiles_for_sm90(tmp_path):
                           "--arch", "90", "--match", "loss=True"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = [line.split("|")[1:-1] for line in out.stdout.splitlines() if "siglip_grad" in line]
-    assert sorted(r[0].strip() for r in rows) == ["siglip_grad pointer loss=True",
-                                                  "siglip_grad tma store=False loss=True",
-                                                  "siglip_grad tma store=True loss=True"]
-    for name, _tiles, regs, _stack, shared in rows:
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.stdout.splitlines()
+            if "siglip_grad" in line]
+    assert {r[0] for r in rows} == {"siglip_grad pointer loss=True",
+                                    "siglip_grad tma store=False loss=True",
+                                    "siglip_grad tma store=True loss=True"}
+    for name, _tiles, regs, _stack, shared, _ours in rows:
         assert 0 < int(regs) <= 255 and int(shared) > 0, name
+    # the tiles the op runs this variant with keep its epilogue in registers (a spill stack of
+    # kilobytes made the pointer kernel 2x slower at B = 1k-2k on an H200)
+    ours = [r for r in rows if r[5] == "yes"]
+    assert len(ours) == 3, rows
+    for name, tiles, _regs, stack, _shared, _ours in ours:
+        assert int(stack) <= 64, f"{name} {tiles}: {stack} bytes of spill stack"
