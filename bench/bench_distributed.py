@@ -56,6 +56,8 @@ def step_fn(img, txt, scale, **kw):
         loss = contrastive_loss(img, txt, scale, check_finite=False, **kw)
         loss.backward()
         img.grad = txt.grad = scale.grad = None
+        if kw.get("logit_bias") is not None:
+            kw["logit_bias"].grad = None
     return run
 
 
@@ -84,16 +86,22 @@ def check(ours: dict, ref: dict, world: int, device) -> dict:
             "scale_grad_rel_err": scale_err}
 
 
-def comm_fn(sweep, b: int, dim: int, dtype, device):
+def comm_fn(sweep, b: int, dim: int, dtype, device, loss: str = "clip"):
     """The scheme's communication alone, at the sizes of a real step (compute replaced by
     zeros): the size check, the forward and backward sweeps / collectives and the loss
-    all-reduce, through the same :class:`ops.sweeps.Sweep` the op uses."""
+    all-reduce, through the same :class:`ops.sweeps.Sweep` the op uses. SigLIP with a backward
+    to follow takes one sweep: the text features round, [., D] gradient partials home (gather,
+    which gathers rows: CLIP's collectives, an upper bound)."""
     f32 = dict(device=device, dtype=torch.float32)
     feats = torch.zeros(b, dim, device=device, dtype=dtype)
     vec = torch.zeros(b, **f32)
 
     def run():
         sweep.all_gather(torch.zeros(2, dtype=torch.int64, device=device))
+        if loss == "siglip" and not sweep.gathers_rows:
+            sweep.columns([feats], lambda off, held: [torch.zeros(held[0].shape[0], dim, **f32)], "sum")
+            sweep.sum(torch.zeros(1, **f32))
+            return
         if sweep.gathers_rows:  # gather: I and T gathered, the partials of both reduce-scattered
             n = sweep.world * b
             sweep.all_gather(feats)
@@ -171,6 +179,8 @@ def main(argv=None) -> None:
     p.add_argument("--batches", nargs="+", type=int, default=None, help="global batch sizes")
     p.add_argument("--dim", type=int, default=None)
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    p.add_argument("--loss", default="clip", choices=("clip", "siglip"),
+                   help="siglip: bias -10, its gradient too (one sweep a call: gradients in the forward)")
     p.add_argument("--impl", default=None, help="default: triton on CUDA, chunked_torch on CPU")
     p.add_argument("--local-world-size", type=int, default=None, help="hierarchical_ring node size")
     p.add_argument("--warmup", type=int, default=1)
@@ -208,7 +218,7 @@ def run(args, cuda: bool) -> None:
     meta = dict(bench="distributed", time=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 device=torch.cuda.get_device_name() if cuda else "cpu", world_size=world,
                 backend=dist.get_backend(), torch=torch.__version__, dim=dim, dtype=args.dtype,
-                impl=impl, warmup=args.warmup, reps=args.reps, queued_ms=args.queued_ms)
+                impl=impl, warmup=args.warmup, reps=args.reps, queued_ms=args.queued_ms, loss=args.loss)
     try:
         import triton
 
@@ -224,6 +234,12 @@ def run(args, cuda: bool) -> None:
         est = projected[name] * (batch / prev_batch) ** 2 * (args.warmup + args.reps + 1) / 1e3
         return time.monotonic() - t_start + est > args.budget_s
 
+    def loss_kw() -> dict:
+        """The loss's own arguments (SigLIP: its learnable bias, a fresh leaf per call site)."""
+        if args.loss == "clip":
+            return {}
+        return dict(loss="siglip", logit_bias=torch.tensor([-10.0], device=device, requires_grad=True))
+
     prev = None
     for batch in batches:
         if batch % world:
@@ -237,11 +253,11 @@ def run(args, cuda: bool) -> None:
         else:
             img, txt = features(batch, dim, dtype, device, seed=batch)
             scale = torch.tensor([20.0], device=device, requires_grad=True)
-            ref = grads_of(img, txt, scale, impl=impl)
+            ref = grads_of(img, txt, scale, impl=impl, **loss_kw())
             rows_of = slice(rank * b, (rank + 1) * b)
             ref.update(img=ref["img"][rows_of], txt=ref["txt"][rows_of])
             mine = (img.detach()[rows_of].cpu(), txt.detach()[rows_of].cpu())  # this rank's share
-            fn = step_fn(img, txt, scale, impl=impl)
+            fn = step_fn(img, txt, scale, impl=impl, **loss_kw())
             times = measure(fn, device, args.warmup, args.reps, None, args.queued_ms)
             peak, extra = peak_run(fn, device)
             t1 = all_values(statistics.median(times), device)[0]
@@ -260,13 +276,13 @@ def run(args, cuda: bool) -> None:
             else:
                 img, txt = features(b, dim, dtype, device, seed=batch * world + rank)
             scale = torch.tensor([20.0], device=device, requires_grad=True)
-            kw = dict(impl=impl, distributed=scheme, local_world_size=args.local_world_size)
+            kw = dict(impl=impl, distributed=scheme, local_world_size=args.local_world_size, **loss_kw())
             errors = check(grads_of(img, txt, scale, **kw), ref, world, device) if t1 is not None else {}
             fn = step_fn(img, txt, scale, **kw)
             times = measure(fn, device, args.warmup, args.reps, dist.group.WORLD, args.queued_ms)
             peak, extra = peak_run(fn, device)
             sweep = make_sweep(scheme, None, args.local_world_size)
-            comm = measure(comm_fn(sweep, b, dim, dtype, device), device, 1, args.reps,
+            comm = measure(comm_fn(sweep, b, dim, dtype, device, args.loss), device, 1, args.reps,
                            dist.group.WORLD)
             per_rank = all_values(statistics.median(times), device)
             t_n = max(per_rank)

@@ -341,7 +341,8 @@ def test_launcher_local_world_size_precedence(monkeypatch):
     assert launcher_local_world_size() == 2
 
 
-def test_benchmark_checks_each_scheme_against_one_device(tmp_path):
+@pytest.mark.parametrize("loss", ["clip", "siglip"])
+def test_benchmark_checks_each_scheme_against_one_device(tmp_path, loss):
     """bench/bench_distributed.py --smoke (2 gloo ranks, fp32): every scheme's row carries its
     loss and gradient error against the single-device op on the same rows, and they are at fp32
     rounding level (the benchmark's check of the schemes over NCCL runs the same code)."""
@@ -349,9 +350,10 @@ def test_benchmark_checks_each_scheme_against_one_device(tmp_path):
 
     out = tmp_path / "rows.jsonl"
     proc = run_two_ranks(["bench/bench_distributed.py", "--smoke", "--dtype", "fp32", "--reps", "1", "--profile", "1",
-                          "--out", str(out)], timeout=240)
+                          "--loss", loss, "--out", str(out)], timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["loss"] for r in rows} == {loss}
     schemes = [r for r in rows if r["scheme"] != "single"]
     assert {r["scheme"] for r in schemes} == {"gather", "disco", "ring", "hierarchical_ring"}
     for r in schemes:
