@@ -598,9 +598,10 @@ else:
     _FUSED_STATS = (128, 64, 64, 8, 4, 4)
     _FUSED_GRAD = (128, 256, 64, 8, 8, 3)
 # SigLIP's gradient kernel with the pair losses in its epilogue (pointer loads: blocks below
-# _TMA_MIN_LOGITS on Hopper, every block before it): with _FUSED_GRAD's tiles it spills 4 KB a
-# thread on sm_90, with these none (bench/diag_kernel_resources.py).
-_FUSED_SIGLIP_GRAD_LOSS = _FUSED_GRAD if _INTERPRET else (128, 64, 64, 8, 8, 3)
+# _TMA_MIN_LOGITS on Hopper, every block before it). With _FUSED_GRAD's tiles it spills 4 KB a
+# thread on sm_90 (bench/diag_kernel_resources.py) and took 0.045 / 0.065 ms at B = 1k / 2k on an
+# H200, with these 0.025 / 0.027 (bench/results/loss_kernels_siglip_pointer_h200.log).
+_FUSED_SIGLIP_GRAD_LOSS = _FUSED_GRAD if _INTERPRET else (128, 128, 64, 8, 8, 3)
 _FUSED_MAX_LOGITS = 1 << 28  # a 16,384 x 16,384 block
 
 # The same kernels with TMA tensor descriptors (Hopper and later, 16-bit features whose rows are
@@ -617,19 +618,22 @@ _FUSED_MAX_LOGITS = 1 << 28  # a 16,384 x 16,384 block
 _TMA_STATS = (128, 64, 64, 8, 4, 4, 2)
 _TMA_GRAD = (128, 64, 64, 8, 4, 4, 2)
 # SigLIP's kernels reduce rows only (no column sums across warps): larger tiles, 8 warps. H200,
-# bench_loss_kernels.py --loss siglip: statistics 1.23 / 19.1 ms at 16k / 65k against 1.39 / 21.0
-# with the CLIP tiles, gradient block 0.217 / 0.484 ms against 0.257 / 0.481.
-_TMA_SIGLIP_STATS = (128, 128, 64, 8, 8, 4, 1)
+# bench_loss_kernels.py --loss siglip: the gradient block 0.217 / 0.484 ms at 16k / 65k against
+# 0.257 / 0.481 with the CLIP tiles; the statistics (a no-grad call: with a backward to follow the
+# forward takes the gradient kernel) with the polynomial log1p 0.887 / 14.0 ms against 0.948 / 15.1
+# with 128 x 128 tiles and 1.06 / 15.4 for cuBLAS + the Triton pass, so fused at every size
+# (bench/results/loss_kernels_siglip_loss_poly_h200.log).
+_TMA_SIGLIP_STATS = (256, 128, 64, 8, 8, 3, 1)
 _TMA_SIGLIP_GRAD = (128, 128, 64, 8, 8, 4, 1)
-# The gradient kernel with the pair losses in its epilogue (a forward whose backward follows):
-# 128 x 64 tiles, 8 warps, 2 programs per SM, the fastest of bench_loss_kernels.py --loss siglip on
-# an H200 (0.286 / 0.704 ms at 16k / 65k against 0.330 / 0.698 with the 128 x 128 tiles, which
-# spill on sm_90: bench/diag_kernel_resources.py, bench/results/loss_kernels_siglip_loss_h200.log).
-_TMA_SIGLIP_GRAD_LOSS = (128, 64, 64, 8, 8, 4, 2)
+# The gradient kernel with the pair losses in its epilogue (a forward whose backward follows): the
+# same tiles, the fastest of bench_loss_kernels.py --loss siglip on an H200 with the polynomial
+# log1p: 0.240 / 0.590 ms at 16k / 65k (128 x 64 tiles: 0.244-0.257 / 0.619-0.659; with libdevice's
+# log 0.330 / 0.698; bench/results/loss_kernels_siglip_loss{,_poly}_h200.log).
+_TMA_SIGLIP_GRAD_LOSS = _TMA_SIGLIP_GRAD
 # Largest block (logits) a TMA kernel takes, per kind; above, cuBLAS bands and Triton passes. The
 # CLIP statistics: TMA 4.25 ms against 4.96 for cuBLAS + the passes at 32k, 18.6 against 18.1 at
-# 65k; the gradient blocks are fused at every size.
-_TMA_MAX_LOGITS = {"stats": 1 << 30, "siglip_stats": 1 << 28, "grad": 1 << 62}
+# 65k; SigLIP's statistics and every gradient block are fused at every size.
+_TMA_MAX_LOGITS = {"stats": 1 << 30, "siglip_stats": 1 << 62, "grad": 1 << 62}
 _TMA_MIN_LOGITS = 1 << 23
 _TMA_FORCE = None  # None: by the device and the tensors; tests set True (interpreter, fp32)
 try:
