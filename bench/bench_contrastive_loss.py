@@ -270,7 +270,8 @@ def main(argv=None):
     p.add_argument("--queued-ms", type=float, default=0.0,
                    help="GPU work queued before each timed call, the timer starting behind it (the "
                         "towers' forward in training); 0: each call starts on an idle GPU")
-    p.add_argument("--profile", default="", help="B values whose kernel table goes to --profile-out")
+    p.add_argument("--profile", default="", help="B values whose kernel table (ours and the compiled dense "
+                   "anchors) goes to --profile-out")
     p.add_argument("--profile-out", default="contrastive_loss_profile.txt")
     p.add_argument("--host-profile", type=int, default=0,
                    help="B at which to print where the op's host time goes (cProfile of 20 forward + backward calls)")
@@ -364,7 +365,8 @@ def main(argv=None):
                 f.write(json.dumps(row) + "\n")
 
     for b in [int(x) for x in args.profile.split(",") if x]:
-        for name, fn in (("ours_bf16", ours("bf16")), ("ours_siglip_bf16", ours("bf16", "siglip"))):
+        for name, fn in (("ours_bf16", ours("bf16")), ("ours_siglip_bf16", ours("bf16", "siglip")),
+                         *((a, anchors[a]) for a in ("compiled_dense", "dense_siglip") if a in anchors)):
             with open(args.profile_out, "a") as f:
                 f.write(f"\n# {name}")
             profile(fn, b, args.dim, torch.bfloat16, args.profile_out)
