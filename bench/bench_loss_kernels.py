@@ -129,6 +129,15 @@ def run_size(b: int, d: int, reps: int, configs, tma_configs, emit) -> None:
     tri._TMA_FORCE = None
 
 
+def _siglip_grad_block(img, txt, scale, bias, k, sums, p, loss: bool, tma=None) -> None:
+    """One launch of the op's SigLIP gradient kernel over img x txt^T into ``p`` (scale and bias:
+    0-d or [1] device tensors; coefficient ``k``, times the scale in the kernel; ``sums`` = gsum,
+    gwsum, row_loss), with the tiles the op's settings hold now; ``loss``: the pair losses too."""
+    kind = "siglip_grad_loss" if loss else "siglip_grad"
+    tri._fused(tri._siglip_grad_fused_kernel, img, txt, kind, False, scale.reshape(1), bias.reshape(1), k,
+               *sums, 0, True, loss, p=p, tma=tma)
+
+
 POINTER_SIGLIP_CONFIGS = [  # the SigLIP gradient kernel with pointer loads: spill-free tiles first
     (128, 64, 64, 8, 8, 3), (64, 64, 64, 8, 4, 3), (64, 64, 64, 8, 4, 4), (128, 128, 64, 8, 8, 3),
     (128, 256, 64, 8, 8, 3),
@@ -156,9 +165,7 @@ def run_size_siglip(b: int, d: int, reps: int, tma_configs, emit) -> None:
 
     def grad(tiles, loss=False):
         tri._TMA_SIGLIP_GRAD = tri._TMA_SIGLIP_GRAD_LOSS = tiles
-        kind = "siglip_grad_loss" if loss else "siglip_grad"
-        tri._fused(tri._siglip_grad_fused_kernel, img[:band], txt, kind, False, scale.reshape(1),
-                   bias.reshape(1), k, gsum, gwsum, row_loss, 0, True, loss, p=p_band)
+        _siglip_grad_block(img[:band], txt, scale, bias, k, (gsum, gwsum, row_loss), p_band, loss)
 
     _limits(0)  # cuBLAS bands + the Triton pass, what the op runs above its limit
     emit(b, "siglip_unfused_stats", None, timed(lambda: tri.siglip_stats_triton(img, txt, scale, bias, 0), reps),
@@ -187,9 +194,7 @@ def run_size_siglip_pointer(b: int, d: int, reps: int, emit) -> None:
 
     def grad(tiles, loss):
         tri._FUSED_GRAD = tri._FUSED_SIGLIP_GRAD_LOSS = tiles
-        kind = "siglip_grad_loss" if loss else "siglip_grad"
-        tri._fused(tri._siglip_grad_fused_kernel, img, txt, kind, False, scale.reshape(1), bias, k,
-                   gsum, gwsum, row_loss, 0, True, loss, p=p, tma=False)
+        _siglip_grad_block(img, txt, scale, bias, k, (gsum, gwsum, row_loss), p, loss, tma=False)
 
     for loss in (False, True):
         for cfg in POINTER_SIGLIP_CONFIGS:

@@ -95,9 +95,9 @@ def main(argv=None) -> None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: interpreted kernels cannot be compiled for a GPU")
     target = GPUTarget("cuda", args.arch, 32)
-    parse = lambda given: [tuple(int(x) for x in t.split(",")) for t in given]  # noqa: E731
-    grad_tiles = sorted({tri._TMA_SIGLIP_GRAD[:6], tri._TMA_SIGLIP_GRAD_LOSS[:6]}) + parse(args.tiles)
-    pointer_tiles = sorted({tri._FUSED_GRAD[:6], tri._FUSED_SIGLIP_GRAD_LOSS[:6]}) + parse(args.pointer_tiles)
+    grad_tiles = sorted({tri._TMA_SIGLIP_GRAD[:6], tri._TMA_SIGLIP_GRAD_LOSS[:6]}) + _parse_tiles(args.tiles)
+    pointer_tiles = (sorted({tri._FUSED_GRAD[:6], tri._FUSED_SIGLIP_GRAD_LOSS[:6]})
+                     + _parse_tiles(args.pointer_tiles))
     print("| kernel | tiles (M, N, K, group, warps, stages) | registers | spill stack (bytes) | shared (bytes) "
           "| the op's tiles |")
     print("|---|---|---|---|---|---|")
@@ -108,6 +108,11 @@ def main(argv=None) -> None:
         ours = tuple(tiles[:6]) == op_tiles(name)[:6]
         print(f"| {name} | {tuple(tiles[:6])} | {r['regs']} | {r['stack']} | {r['shared']} | "
               f"{'yes' if ours else ''} |", flush=True)
+
+
+def _parse_tiles(given: list) -> list:
+    """"128,64,64,8,8,4" strings as tuples of ints."""
+    return [tuple(int(x) for x in t.split(",")) for t in given]
 
 
 def op_tiles(name: str) -> tuple:

@@ -253,6 +253,10 @@ _LIB.define("distributed_contrastive_loss(Tensor image_features, Tensor text_fea
             "Tensor logit_scale, Tensor? logit_bias, " + _OPTIONS + ", "
             "bool grads_in_forward=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 _N_OPTIONS = _OPTIONS.count(",") + 1  # the options both ops take (the forward's flag is not one)
+_LIB.define("distributed_contrastive_loss_backward(Tensor grad, Tensor image_features, "
+            "Tensor text_features, Tensor logit_scale, Tensor? logit_bias, Tensor row_lse, "
+            "Tensor col_lse, Tensor aux, Tensor kept_image, Tensor kept_text, Tensor kept_params, "
+            + _OPTIONS + ") -> (Tensor, Tensor, Tensor, Tensor)")
 
 
 def _split_options(options: tuple) -> tuple[tuple, bool]:
@@ -266,10 +270,6 @@ def backward_follows(inputs) -> bool:
     (the test the ops' autograd makes, in Python: dynamo cannot trace
     torch._C._any_requires_grad, and the entry points compile with fullgraph=True)."""
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
-_LIB.define("distributed_contrastive_loss_backward(Tensor grad, Tensor image_features, "
-            "Tensor text_features, Tensor logit_scale, Tensor? logit_bias, Tensor row_lse, "
-            "Tensor col_lse, Tensor aux, Tensor kept_image, Tensor kept_text, Tensor kept_params, "
-            + _OPTIONS + ") -> (Tensor, Tensor, Tensor, Tensor)")
 
 
 def _sweep_and_options(scheme, group_name, local_world_size, loss, impl, label_smoothing,
