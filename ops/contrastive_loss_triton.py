@@ -8,9 +8,12 @@ the features' dtype (bf16 logits, as autocast rounds them), then:
            sums and the column partial sums of exp(S - shift) and exp(S - shift) (S' - ref), or
            the SigLIP pair losses, accumulated element-wise in registers and reduced once per
            program (fp32 atomics across programs).
-  backward (_clip_grad_kernel / _siglip_grad_kernel): recomputes the band with one GEMM (or
+  backward (_clip_grad_kernel / _siglip_grad_kernel): recomputes the block with one GEMM (or
            reads the kept whole matrix), writes P = coef (exp(S - r) + exp(S - c) - labels)
            (SigLIP: coef G) in the features' dtype, and two GEMMs give P @ Bm and P^T @ A_band.
+           Where the whole matrix does not fit the band budget its blocks are _GRAD_BLOCK rows x
+           columns (not full-width bands): the fp32 sums of both GEMMs then take few, long
+           accumulations (_grad_bands).
   The O(B) prologue (positives, norms, shifts) and epilogue (loss terms, LSEs, d-scale sums) of
   the single-device loss are one kernel launch each (_clip_prologue_kernel, _clip_shift_kernel,
   _clip_epilogue_kernel): no host sync anywhere, capturable in a CUDA graph.
@@ -709,23 +712,19 @@ def _side_stream(device) -> "torch.cuda.Stream":
     return _SIDE[device]
 
 
-def _pipeline(bands, a, gemm: Callable, kernel: Callable, finish: Callable, bufs):
-    """Runs, per band i (r0, r1): s = gemm(r0, r1, buf) on the current stream, kernel(s, r0, r1)
-    and then finish(s, r0, r1) (None: no finish step). On CUDA with two buffers the kernel runs
-    on a side stream, so that band i's memory-bound kernel overlaps band i+1's GEMM and band
-    i-1's finishing GEMMs; the streams join at the end (capturable in a CUDA graph)."""
+def _pipeline(bands, a, gemm: Callable, kernel: Callable, bufs):
+    """Runs, per band (r0, r1): s = gemm(r0, r1, buf) on the current stream, then kernel(s, r0,
+    r1). On CUDA with two buffers the kernel runs on a side stream, so that band i's
+    memory-bound kernel overlaps band i+1's GEMM; the streams join at the end (capturable in a
+    CUDA graph)."""
     if not (a.is_cuda and len(bufs) == 2 and len(bands) > 1):
         for r0, r1 in bands:
-            s = gemm(r0, r1, bufs[0])
-            kernel(s, r0, r1)
-            if finish is not None:
-                finish(s, r0, r1)
+            kernel(gemm(r0, r1, bufs[0]), r0, r1)
         return
     main = torch.cuda.current_stream(a.device)
     side = _side_stream(a.device)
     side.wait_stream(main)
     freed = [None, None]  # per buffer: the event after which it may be overwritten
-    pending = None  # (s, r0, r1, event) of the band whose finish is due
     for i, (r0, r1) in enumerate(bands):
         j = i % 2
         if freed[j] is not None:
@@ -736,20 +735,8 @@ def _pipeline(bands, a, gemm: Callable, kernel: Callable, finish: Callable, bufs
         with torch.cuda.stream(side):
             side.wait_event(made)
             kernel(s, r0, r1)
-            done = torch.cuda.Event()
-            done.record(side)
-        if finish is None:
-            freed[j] = done
-            continue
-        if pending is not None:
-            ps, p0, p1, pev = pending
-            main.wait_event(pev)
-            finish(ps, p0, p1)  # same stream as the GEMMs: frees its buffer in order
-        pending = (s, r0, r1, done)
-    if pending is not None:
-        ps, p0, p1, pev = pending
-        main.wait_event(pev)
-        finish(ps, p0, p1)
+            freed[j] = torch.cuda.Event()
+            freed[j].record(side)
     main.wait_stream(side)
 
 
@@ -844,10 +831,15 @@ def _mm(p: torch.Tensor, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tenso
     return (p.float() @ x.float()).to(out_dtype)
 
 
-def _addmm_(acc: torch.Tensor, p: torch.Tensor, x: torch.Tensor) -> None:
-    """acc (fp32) += p @ x."""
+def _addmm_(acc: torch.Tensor, p: torch.Tensor, x: torch.Tensor, first: bool = False) -> None:
+    """acc (fp32) += p @ x; ``first``: acc = p @ x (acc's old values unread)."""
     if p.is_cuda and p.dtype != torch.float32:
-        torch.addmm(acc, p, x, out_dtype=torch.float32, out=acc)
+        if first:
+            torch.mm(p, x, out_dtype=torch.float32, out=acc)
+        else:
+            torch.addmm(acc, p, x, out_dtype=torch.float32, out=acc)
+    elif first:
+        torch.mm(p.float(), x.float(), out=acc)
     else:
         acc.addmm_(p.float(), x.float())
 
@@ -941,7 +933,7 @@ def _run_stats(a, b, keep_logits, band, allow_tf32, kernel: Callable):
                 kernel(_logits(a[r0:r1], b, kept[r0:r1]), r0, r1)
             return kept
         _pipeline(bands, a, lambda r0, r1, buf: _logits(a[r0:r1], b, buf[: r1 - r0]), kernel,
-                  None, _band_buffers(a, n, step, len(bands)))
+                  _band_buffers(a, n, step, len(bands)))
     return None
 
 
@@ -1007,67 +999,113 @@ def siglip_stats_triton(a, b, scale, bias, diag=0, *, keep_logits="", band=0,
     return row_loss, _run_stats(a, b, keep_logits, band, allow_tf32, kernel)
 
 
+# The backward's recompute path over blocks of at most _GRAD_BLOCK rows x columns (when the whole
+# block does not fit the band budget): P of one block, then grad_a rows += P @ b_block (fp32 over
+# the column blocks of a row band, unless there is one) and grad_b rows += P^T @ a_band (fp32 over
+# the row bands, unless there is one). Full-width row bands re-read and re-wrote the whole [B, D]
+# fp32 sum of grad_b once per band of ~1,536 rows; blocks of 8,192 rows do it 5x less often with a
+# smaller buffer. H200, bf16, D = 768, the op's gradient pass (bench/bench_blocked_loss.py,
+# bench/results/blocked_loss_h200.log): 9.32 / 37.14 ms at 32k / 65k against 9.69 / 39.98 with
+# full-width bands; 8,192 x 8,192 blocks 8.99 / 35.73 (against 9.33 / 38.27 in that run) but
+# 56 MiB more at 65k; the same fp64 error either way (the bf16 rounding of the gradients).
+_GRAD_BLOCK = (8192, 4096)
+
+
+def _grad_block(m: int, n: int, d: int, band: int) -> tuple[int, int]:
+    """(rows, columns) of the backward's recompute blocks: the whole [m, n] when it fits the band
+    budget (band_rows), full-width bands of ``band`` rows when a band height is forced, else
+    _GRAD_BLOCK."""
+    if band > 0:
+        return min(m, band), n
+    if band_rows(m, n, d) >= m:
+        return m, n
+    return min(m, _GRAD_BLOCK[0]), min(n, _GRAD_BLOCK[1])
+
+
 def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Callable, out_dtype,
                 sink_a):
-    """Shared band loop of the backward: per band, the scaled gradient block P, then grad_a rows
-    = P @ b and grad_b += P^T @ a_band. P comes from ``fused_fill(r0, r1, p)`` (one fused launch,
-    when nothing is kept and the block is small enough: _use_fused) or from S' (recomputed by cuBLAS, or the kept ``logits``)
-    and ``fill(s, p, r0, r1)`` (in place, p is s, except for the kept logits, which stay
-    untouched: the registered op declares no mutation). Returns (grad_a or None, grad_b)."""
+    """Shared block loop of the backward: per block, the scaled gradient block P, then grad_a
+    rows += P @ b_block and grad_b rows += P^T @ a_band. P comes from ``fused_fill(r0, r1, c0,
+    c1, p)`` (one fused launch, when nothing is kept and the matrix is small enough or loads by
+    TMA: _use_fused) or from S' (recomputed by cuBLAS, or the kept ``logits``) and ``fill(s, p,
+    r0, r1, c0, c1)`` (in place, p is s, except for the kept logits, which stay untouched: the
+    registered op declares no mutation). A kept matrix is read in full-width row bands.
+    With ``sink_a(i0, i1, rows)`` the finished fp32 rows of grad_a are handed over instead.
+    Returns (grad_a or None, grad_b)."""
     a, b = _prep(a), _prep(b)
     m, d = a.shape
     n = b.shape[0]
     keep = logits is not None
     kept_bands = keep and logits.dtype != torch.float32  # the forward's bands, in the features' dtype
     fused = _use_fused(m, n, keep, "grad", _use_tma(a, b))
-    step = _step(m, n, d, keep and not kept_bands, band)
+    if keep:
+        rows, cols = _step(m, n, d, not kept_bands, band), n
+    else:
+        rows, cols = _grad_block(m, n, d, band)
     grad_a = None if sink_a is not None else torch.empty(m, d, device=a.device, dtype=out_dtype)
-
-    def block(r0, r1, buf):
-        if fused:
-            fused_fill(r0, r1, buf)
-        else:
-            _logits(a[r0:r1], b, buf)
-        return buf
-
     with _precision(a, allow_tf32):
-        if step >= m:  # one band: two plain GEMMs, no fp32 accumulator
-            s = logits if keep else block(0, m, torch.empty(m, n, device=a.device, dtype=a.dtype))
-            p = torch.empty(m, n, device=a.device, dtype=a.dtype) if keep else s
-            if not fused:
-                fill(s, p, 0, m)
-            s = p
-            rows = _mm(s, b, out_dtype if sink_a is None else torch.float32)
-            grad_b = _mm(s.T, a, out_dtype)
+        if rows >= m and cols >= n:  # one block: two plain GEMMs, no fp32 accumulator
+            if keep:
+                p = torch.empty(m, n, device=a.device, dtype=a.dtype)
+                fill(logits, p, 0, m, 0, n)
+            else:
+                p = torch.empty(m, n, device=a.device, dtype=a.dtype)
+                _gradient_block(p, a, b, 0, m, 0, n, fused, fill, fused_fill)
+            rows_out = _mm(p, b, out_dtype if sink_a is None else torch.float32)
+            grad_b = _mm(p.T, a, out_dtype)
             if sink_a is None:
-                grad_a = rows
+                grad_a = rows_out
             else:
-                sink_a(0, m, rows)
+                sink_a(0, m, rows_out)
             return grad_a, grad_b
-        acc_b = torch.zeros(n, d, device=a.device, dtype=torch.float32)
-        bands = list(_bands(m, step))
-        bufs = _band_buffers(a, n, step, len(bands))
-
-        def finish(s, r0, r1):
-            if sink_a is None and a.is_cuda and out_dtype == a.dtype:
-                torch.mm(s, b, out=grad_a[r0:r1])  # the band's rows, written in place
-            elif sink_a is None:
-                grad_a[r0:r1] = _mm(s, b, out_dtype)
-            else:
-                sink_a(r0, r1, _mm(s, b, torch.float32))
-            _addmm_(acc_b, s.T, a[r0:r1])
-
-        if kept_bands:  # no GEMM to redo: each band's P read from the kept rows
-            for r0, r1 in bands:
-                p = bufs[0][: r1 - r0]
-                fill(logits[r0:r1], p, r0, r1)
-                finish(p, r0, r1)
-        else:
-            _pipeline(bands, a, lambda r0, r1, buf: block(r0, r1, buf[: r1 - r0]),
-                      (lambda s, r0, r1: None) if fused else (lambda s, r0, r1: fill(s, s, r0, r1)),
-                      finish, bufs)
-        del bufs  # before the cast below: the peak holds one of the two
+        buf = torch.empty(rows * cols, device=a.device, dtype=a.dtype)
+        # fp32 sums where a result takes several blocks; else each block writes its final rows
+        acc_b = torch.zeros(n, d, device=a.device, dtype=torch.float32) if rows < m else None
+        acc_a = torch.empty(rows, d, device=a.device, dtype=torch.float32) if cols < n else None
+        grad_b = None if acc_b is not None else torch.empty(n, d, device=a.device, dtype=out_dtype)
+        for r0, r1 in _bands(m, rows):
+            for c0, c1 in _bands(n, cols):
+                p = buf[: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0)
+                if kept_bands:  # no GEMM to redo: P from the kept rows
+                    fill(logits[r0:r1], p, r0, r1, 0, n)
+                else:
+                    _gradient_block(p, a, b, r0, r1, c0, c1, fused, fill, fused_fill)
+                if acc_a is None:
+                    _emit_rows(grad_a, sink_a, r0, r1, p, b, out_dtype)
+                else:
+                    _addmm_(acc_a[: r1 - r0], p, b[c0:c1], first=c0 == 0)
+                if acc_b is None:
+                    grad_b[c0:c1] = _mm(p.T, a[r0:r1], out_dtype)
+                else:
+                    _addmm_(acc_b[c0:c1], p.T, a[r0:r1])
+            if acc_a is not None:
+                if sink_a is None:
+                    grad_a[r0:r1] = acc_a[: r1 - r0]
+                else:
+                    sink_a(r0, r1, acc_a[: r1 - r0])
+        del buf, acc_a  # before the cast below: the peak holds neither
+    if acc_b is None:
+        return grad_a, grad_b
     return grad_a, (acc_b if out_dtype == torch.float32 else acc_b.to(out_dtype))
+
+
+def _gradient_block(p, a, b, r0, r1, c0, c1, fused: bool, fill: Callable, fused_fill: Callable):
+    """P of rows r0:r1 x columns c0:c1 into p: one fused launch, or cuBLAS's S' then the pass."""
+    if fused:
+        fused_fill(r0, r1, c0, c1, p)
+    else:
+        fill(_logits(a[r0:r1], b[c0:c1], p), p, r0, r1, c0, c1)
+
+
+def _emit_rows(grad_a, sink_a, r0, r1, p, b, out_dtype) -> None:
+    """Rows r0:r1 of grad_a = P @ b from a full-width block: written in place, or handed to the
+    sink in fp32."""
+    if sink_a is not None:
+        sink_a(r0, r1, _mm(p, b, torch.float32))
+    elif p.is_cuda and out_dtype == p.dtype:
+        torch.mm(p, b, out=grad_a[r0:r1])
+    else:
+        grad_a[r0:r1] = _mm(p, b, out_dtype)
 
 
 def _band_buffers(a, n, step, count):
@@ -1105,16 +1143,17 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
     flags = dict(COEF_SCALE=bool(coef_scale), DSCALE=dscale_from is not None)
     label_args = (int(diag), float(diag_value), float(offset))
 
-    def fill(s, p, r0, r1):
-        _clip_grad_kernel[_grad_grid(r1 - r0, s.shape[1])](
-            s, p, s.stride(0), r1 - r0, s.shape[1], scale_t, coef_t, float(coef_mul), src, dst,
-            r[r0:r1], c, ref[r0:r1], label_args[0] - r0, *label_args[1:], BLOCK_M=_GRAD_M,
-            BLOCK_N=_GRAD_N, num_warps=_GRAD_WARPS, **flags)
+    # a block of rows r0:r1 and columns c0:c1 holds the positives at local i - j == diag - r0 + c0
+    def fill(s, p, r0, r1, c0, c1):
+        _clip_grad_kernel[_grad_grid(r1 - r0, c1 - c0)](
+            s, p, s.stride(0), r1 - r0, c1 - c0, scale_t, coef_t, float(coef_mul), src, dst,
+            r[r0:r1], c[c0:c1], ref[r0:r1], label_args[0] - r0 + c0, *label_args[1:],
+            BLOCK_M=_GRAD_M, BLOCK_N=_GRAD_N, num_warps=_GRAD_WARPS, **flags)
 
-    def fused_fill(r0, r1, p):
-        _fused(_clip_grad_fused_kernel, a[r0:r1], b, "grad", allow_tf32, scale_t, coef_t,
-               float(coef_mul), src, dst, r[r0:r1], c, ref[r0:r1], label_args[0] - r0,
-               *label_args[1:], *flags.values(), p=p)
+    def fused_fill(r0, r1, c0, c1, p):
+        _fused(_clip_grad_fused_kernel, a[r0:r1], b[c0:c1], "grad", allow_tf32, scale_t, coef_t,
+               float(coef_mul), src, dst, r[r0:r1], c[c0:c1], ref[r0:r1],
+               label_args[0] - r0 + c0, *label_args[1:], *flags.values(), p=p)
 
     grads = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a)
     return grads if dscale_from is None else (*grads, dst)
@@ -1136,16 +1175,16 @@ def siglip_grads_triton(a, b, scale, bias, diag=0, *, coef=None, coef_scale=Fals
     coef_t = _scalar(1.0 if coef is None else coef, a.device)
     kind = "siglip_grad_loss" if with_loss else "siglip_grad"
 
-    def fill(s, p, r0, r1):
-        _siglip_grad_kernel[_grad_grid(r1 - r0, s.shape[1])](
-            s, p, s.stride(0), r1 - r0, s.shape[1], scale_t, bias_t, coef_t, gsum[r0:r1],
-            gwsum[r0:r1], row_loss[r0:r1], int(diag) - r0, BLOCK_M=_GRAD_M, BLOCK_N=_GRAD_N,
+    def fill(s, p, r0, r1, c0, c1):  # (positives as in clip_grads_triton's blocks)
+        _siglip_grad_kernel[_grad_grid(r1 - r0, c1 - c0)](
+            s, p, s.stride(0), r1 - r0, c1 - c0, scale_t, bias_t, coef_t, gsum[r0:r1],
+            gwsum[r0:r1], row_loss[r0:r1], int(diag) - r0 + c0, BLOCK_M=_GRAD_M, BLOCK_N=_GRAD_N,
             num_warps=_GRAD_WARPS, COEF_SCALE=bool(coef_scale), LOSS=with_loss)
 
-    def fused_fill(r0, r1, p):
-        _fused(_siglip_grad_fused_kernel, a[r0:r1], b, kind, allow_tf32, scale_t, bias_t, coef_t,
-               gsum[r0:r1], gwsum[r0:r1], row_loss[r0:r1], int(diag) - r0, bool(coef_scale),
-               with_loss, p=p)
+    def fused_fill(r0, r1, c0, c1, p):
+        _fused(_siglip_grad_fused_kernel, a[r0:r1], b[c0:c1], kind, allow_tf32, scale_t, bias_t,
+               coef_t, gsum[r0:r1], gwsum[r0:r1], row_loss[r0:r1], int(diag) - r0 + c0,
+               bool(coef_scale), with_loss, p=p)
 
     grad_a, grad_b = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype,
                                  sink_a)

@@ -165,20 +165,59 @@ def test_triton_tma_descriptor_kernels(monkeypatch, loss, eps, band, b, d, dtype
     _assert_close(tma, _reference(img, txt, scale, bias, loss, eps), lowp, what="tma")
 
 
-@pytest.mark.parametrize("loss", ["clip", "siglip"])
-def test_triton_kept_logits_and_memory_bands_agree(monkeypatch, loss):
+@pytest.mark.parametrize("loss,block", [("clip", (16, 20)), ("siglip", (16, 20)), ("clip", (64, 20)),
+                                        ("clip", (16, 64)), ("siglip", (64, 20))])
+def test_triton_kept_logits_and_memory_bands_agree(monkeypatch, loss, block):
     """The whole-matrix path (logits kept from forward to backward) and the recompute path
-    with bands chosen by the memory rule (forced small here) give the same numbers."""
+    with bands chosen by the memory rule (forced small here: 10 rows in the forward) and the
+    backward's blocks of rows x columns (_GRAD_BLOCK, uneven last blocks; one row band, one
+    column block or neither) give the same numbers."""
     img, txt, scale, bias = _inputs(53, 24, torch.float32, seed=11)
     run = lambda **kw: _run(lambda i, t, s, b: contrastive_loss(  # noqa: E731
         i, t, s, b, loss=loss, impl="triton", triton_interpret=True, **kw),
         img, txt, scale, bias, loss == "siglip")
     kept = run()
     monkeypatch.setattr(triton_impl, "band_rows", lambda m, n, d: 10)
+    monkeypatch.setattr(triton_impl, "_GRAD_BLOCK", block)
     banded = run(logits_budget_mb=0)
     for key in kept:
         torch.testing.assert_close(banded[key], kept[key], rtol=1e-5, atol=1e-7)
     _assert_close(banded, _reference(img, txt, scale, bias, loss, 0.0), what="banded")
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("diag", [0, -21, 9])
+def test_triton_gradient_blocks_of_an_off_diagonal_block(monkeypatch, diag, fused):
+    """The block primitives' triton backward over blocks of rows x columns (forced small) on a
+    [45, 38] block whose positives sit at i - j == diag (a distributed step's block; 9: the
+    positives leave through the bottom edge): the CLIP and SigLIP gradient blocks, their
+    per-row sums and d-scale, as plain torch tiles give them."""
+    from infclip.ops.blocks import clip_grads, siglip_grads
+
+    monkeypatch.setattr(triton_impl, "band_rows", lambda m, n, d: 8)
+    monkeypatch.setattr(triton_impl, "_GRAD_BLOCK", (16, 12))  # 3 x 4 blocks, uneven last ones
+    monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 1 << 40 if fused else 0)
+    img, _, scale, bias = _inputs(45, 20, torch.float32, seed=3)
+    txt = _inputs(38, 20, torch.float32, seed=4)[0]
+    s = scale.reshape(())
+    logits = s * img @ txt.T
+    rows = torch.arange(45)
+    ref = torch.where((rows - diag >= 0) & (rows - diag < 38),
+                      (img * txt[(rows - diag).clamp(0, 37)]).sum(-1), 0.3)
+    # LSEs a little above the block's own: P of the size a step's block has
+    row_lse, col_lse = logits.logsumexp(1) + 0.5, logits.logsumexp(0) + 0.3
+    label = dict(diag=diag, diag_value=1.9, offset=0.01)
+    want = clip_grads(img, txt, s, row_lse, col_lse, ref, **label, impl="chunked_torch",
+                      block_m=7, block_n=9)
+    got = clip_grads(img, txt, s, row_lse, col_lse, ref, **label, impl="triton")
+    for w, g, name in zip(want, got, ("clip rows", "clip columns")):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, msg=name)
+    b = bias.reshape(())
+    want = siglip_grads(img, txt, s, b, diag, impl="chunked_torch", block_m=7, block_n=9,
+                        with_loss=True)
+    got = siglip_grads(img, txt, s, b, diag, impl="triton", with_loss=True)
+    for w, g, name in zip(want, got, ("pair losses", "rows", "columns", "sum G", "sum G S'")):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, msg=f"siglip {name}")
 
 
 @pytest.mark.parametrize("loss,eps", [("clip", 0.0), ("clip", 0.1)])
@@ -190,6 +229,7 @@ def test_triton_logits_kept_as_bands_give_the_recompute_numbers(monkeypatch, los
     op = importlib.import_module("infclip.ops.contrastive_loss")  # (the package's name is the function)
     monkeypatch.setattr(op, "_BANDS_MIN_LOGITS", 0)  # bands kept at this small B
     monkeypatch.setattr(triton_impl, "band_rows", lambda m, n, d: 16)
+    monkeypatch.setattr(triton_impl, "_GRAD_BLOCK", (16, 64))  # the backward in the same bands
     monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 0)  # the recompute: cuBLAS bands
     img, txt, scale, bias = _inputs(53, 24, torch.float16, seed=5)
     whole = 53 * 53 * 6 / 2**20  # MiB for S' fp32 + dS fp16
@@ -220,6 +260,7 @@ def test_triton_siglip_takes_its_gradients_in_the_forward(monkeypatch, fused):
     budget; the numbers match the reference, and the loss the statistics pass gives without a
     backward; the backward scales by the incoming gradient (UPSTREAM)."""
     monkeypatch.setattr(triton_impl, "band_rows", lambda m, n, d: 16)
+    monkeypatch.setattr(triton_impl, "_GRAD_BLOCK", (16, 64))  # full-width bands of 16 rows
     if not fused:
         monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 0)  # cuBLAS bands + the pass
     img, txt, scale, bias = _inputs(53, 24, torch.float32, seed=6)

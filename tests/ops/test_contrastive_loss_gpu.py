@@ -99,19 +99,26 @@ def test_siglip_and_smoothing(b, d, dtype):
 
 @pytest.mark.parametrize("loss,eps", [("clip", 0.0), ("clip", 0.1), ("siglip", 0.0)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("path", ["kept", "kept_bands", "banded", "banded_aligned", "memory_bands"])
+@pytest.mark.parametrize("path", ["kept", "kept_bands", "banded", "banded_aligned", "memory_bands",
+                                  "blocks"])
 def test_paths(monkeypatch, path, dtype, loss, eps):
     """The triton paths at awkward shapes: the whole matrix kept from forward to backward (fp32),
     the forward's bands kept in the features' dtype (a budget for 2 bytes a pair, not 6), forced
     row bands (an uneven last band; "banded_aligned": B = 4,096, whose P rows are 16-byte aligned,
-    so the fused gradient kernels store P by TMA descriptor, else by pointers), and the recompute
-    with bands by the memory rule."""
+    so the fused gradient kernels store P by TMA descriptor, else by pointers), the recompute
+    with bands by the memory rule, and ("blocks") the backward's blocks of rows x columns where
+    the memory rule says the matrix does not fit (forced small: 1,536 x 1,000, the last column
+    block 97 wide, whose P rows are not 16-byte aligned)."""
     kw = {"kept": dict(logits_budget_mb=1024.0), "kept_bands": dict(logits_budget_mb=40.0),
           "banded": dict(block_m=1000), "banded_aligned": dict(block_m=1000),
-          "memory_bands": dict(logits_budget_mb=0.0)}[path]
+          "memory_bands": dict(logits_budget_mb=0.0), "blocks": dict(logits_budget_mb=0.0)}[path]
     if path == "kept_bands":
         op = importlib.import_module("infclip.ops.contrastive_loss")  # (the package's name is the function)
         monkeypatch.setattr(op, "_BANDS_MIN_LOGITS", 0)  # bands kept at this B (default: above 16,384)
+    if path == "blocks":
+        tri = importlib.import_module("infclip.ops.contrastive_loss_triton")
+        monkeypatch.setattr(tri, "band_rows", lambda m, n, d: 1000)
+        monkeypatch.setattr(tri, "_GRAD_BLOCK", (1536, 1000))
     b, d = (4096, 768) if path == "banded_aligned" else (4097, 640)
     _check(b, d, dtype, loss=loss, eps=eps, **kw)
 
