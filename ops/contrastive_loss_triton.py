@@ -1007,19 +1007,25 @@ def siglip_stats_triton(a, b, scale, bias, diag=0, *, keep_logits="", band=0,
 # smaller buffer. H200, bf16, D = 768, the op's gradient pass (bench/bench_blocked_loss.py,
 # bench/results/blocked_loss_h200.log): 9.32 / 37.14 ms at 32k / 65k against 9.69 / 39.98 with
 # full-width bands; 8,192 x 8,192 blocks 8.99 / 35.73 (against 9.33 / 38.27 in that run) but
-# 56 MiB more at 65k; the same fp64 error either way (the bf16 rounding of the gradients).
+# 56 MiB more at 65k; the same fp64 error either way (the bf16 rounding of the gradients). A block
+# and its fp32 row sum never take more than a full-width band (_grad_block): the op's peak is
+# then no higher than with bands at any B (bench/diag_loss_memory.py lists what it holds).
 _GRAD_BLOCK = (8192, 4096)
 
 
-def _grad_block(m: int, n: int, d: int, band: int) -> tuple[int, int]:
+def _grad_block(m: int, n: int, d: int, band: int, itemsize: int) -> tuple[int, int]:
     """(rows, columns) of the backward's recompute blocks: the whole [m, n] when it fits the band
     budget (band_rows), full-width bands of ``band`` rows when a band height is forced, else
-    _GRAD_BLOCK."""
+    _GRAD_BLOCK, with fewer rows (multiples of 256) where a block and its fp32 [rows, D] sum of
+    grad_a would take more than a full-width band (B = 16,384: 5,120 rows)."""
     if band > 0:
         return min(m, band), n
     if band_rows(m, n, d) >= m:
         return m, n
-    return min(m, _GRAD_BLOCK[0]), min(n, _GRAD_BLOCK[1])
+    cols = min(n, _GRAD_BLOCK[1])
+    budget = _BAND_FACTOR * max(n * d, 1 << 24) * itemsize  # bytes of a full-width band
+    rows = max(256, budget // (cols * itemsize + d * 4) // 256 * 256)
+    return min(m, _GRAD_BLOCK[0], rows), cols
 
 
 def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Callable, out_dtype,
@@ -1041,7 +1047,7 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
     if keep:
         rows, cols = _step(m, n, d, not kept_bands, band), n
     else:
-        rows, cols = _grad_block(m, n, d, band)
+        rows, cols = _grad_block(m, n, d, band, a.element_size())
     grad_a = None if sink_a is not None else torch.empty(m, d, device=a.device, dtype=out_dtype)
     with _precision(a, allow_tf32):
         if rows >= m and cols >= n:  # one block: two plain GEMMs, no fp32 accumulator
@@ -1083,7 +1089,7 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
                     grad_a[r0:r1] = acc_a[: r1 - r0]
                 else:
                     sink_a(r0, r1, acc_a[: r1 - r0])
-        del buf, acc_a  # before the cast below: the peak holds neither
+        del buf, p, acc_a  # before the cast below: the peak holds neither (nor the view p)
     if acc_b is None:
         return grad_a, grad_b
     return grad_a, (acc_b if out_dtype == torch.float32 else acc_b.to(out_dtype))
