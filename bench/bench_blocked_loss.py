@@ -37,28 +37,32 @@ def _view(buf: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return buf[: rows * cols].view(rows, cols)
 
 
+def _blocks(n: int, rows: int, cols: int):
+    """(r0, r1, c0, c1) of the rows x cols blocks of an [n, n] matrix, row band by row band."""
+    for r0, r1 in tri._bands(n, rows):
+        for c0, c1 in tri._bands(n, cols):
+            yield r0, r1, c0, c1
+
+
 def blocked_stats(img, txt, scale, shifts, sums, rows: int, cols: int, buf) -> None:
     """The forward statistics of the op (clip_stats_triton's sums) over rows x cols blocks:
     cuBLAS's GEMM into ``buf`` then the op's two Triton passes on the block."""
     n = img.shape[0]
     row_shift, row_ref, col_shift, col_ref = shifts
     row_sum, row_wsum, col_sum, col_wsum = sums.view(4, n).unbind(0)
-    for r0 in range(0, n, rows):
-        r1 = min(n, r0 + rows)
-        for c0 in range(0, n, cols):
-            c1 = min(n, c0 + cols)
-            m, k = r1 - r0, c1 - c0
-            s = torch.mm(img[r0:r1], txt[c0:c1].T, out=_view(buf, m, k))
-            grid, span = tri._row_grid(m, k, img.device)
-            tri._clip_row_stats_kernel[grid](
-                s, s.stride(0), m, k, span, scale, row_shift[r0:r1], row_ref[r0:r1],
-                row_sum[r0:r1], row_wsum[r0:r1], c0 - r0, BLOCK_M=tri._STATS_M,
-                BLOCK_N=tri._STATS_N, num_warps=tri._STATS_WARPS)
-            grid, span = tri._col_grid(m, k, img.device)
-            tri._clip_col_stats_kernel[grid](
-                s, s.stride(0), m, k, span, scale, col_shift[c0:c1], col_ref[c0:c1],
-                col_sum[c0:c1], col_wsum[c0:c1], c0 - r0, BLOCK_M=tri._COLS_M,
-                BLOCK_N=tri._COLS_N, num_warps=tri._COLS_WARPS)
+    for r0, r1, c0, c1 in _blocks(n, rows, cols):
+        m, k = r1 - r0, c1 - c0
+        s = torch.mm(img[r0:r1], txt[c0:c1].T, out=_view(buf, m, k))
+        grid, span = tri._row_grid(m, k, img.device)
+        tri._clip_row_stats_kernel[grid](
+            s, s.stride(0), m, k, span, scale, row_shift[r0:r1], row_ref[r0:r1],
+            row_sum[r0:r1], row_wsum[r0:r1], c0 - r0, BLOCK_M=tri._STATS_M,
+            BLOCK_N=tri._STATS_N, num_warps=tri._STATS_WARPS)
+        grid, span = tri._col_grid(m, k, img.device)
+        tri._clip_col_stats_kernel[grid](
+            s, s.stride(0), m, k, span, scale, col_shift[c0:c1], col_ref[c0:c1],
+            col_sum[c0:c1], col_wsum[c0:c1], c0 - r0, BLOCK_M=tri._COLS_M,
+            BLOCK_N=tri._COLS_N, num_warps=tri._COLS_WARPS)
 
 
 def blocked_fused_stats(img, txt, scale, shifts, sums, rows: int, cols: int) -> None:
@@ -66,13 +70,10 @@ def blocked_fused_stats(img, txt, scale, shifts, sums, rows: int, cols: int) -> 
     n = img.shape[0]
     row_shift, row_ref, col_shift, col_ref = shifts
     row_sum, row_wsum, col_sum, col_wsum = sums.view(4, n).unbind(0)
-    for r0 in range(0, n, rows):
-        r1 = min(n, r0 + rows)
-        for c0 in range(0, n, cols):
-            c1 = min(n, c0 + cols)
-            tri._fused(tri._clip_stats_fused_kernel, img[r0:r1], txt[c0:c1], "stats", False,
-                       scale, row_shift[r0:r1], row_ref[r0:r1], col_shift[c0:c1], col_ref[c0:c1],
-                       row_sum[r0:r1], row_wsum[r0:r1], col_sum[c0:c1], col_wsum[c0:c1], c0 - r0)
+    for r0, r1, c0, c1 in _blocks(n, rows, cols):
+        tri._fused(tri._clip_stats_fused_kernel, img[r0:r1], txt[c0:c1], "stats", False,
+                   scale, row_shift[r0:r1], row_ref[r0:r1], col_shift[c0:c1], col_ref[c0:c1],
+                   row_sum[r0:r1], row_wsum[r0:r1], col_sum[c0:c1], col_wsum[c0:c1], c0 - r0)
 
 
 def blocked_grads(img, txt, scale, coef, aux, row_lse, col_lse, rows: int, cols: int, buf):

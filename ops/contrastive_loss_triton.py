@@ -831,15 +831,20 @@ def _mm(p: torch.Tensor, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tenso
     return (p.float() @ x.float()).to(out_dtype)
 
 
-def _addmm_(acc: torch.Tensor, p: torch.Tensor, x: torch.Tensor, first: bool = False) -> None:
-    """acc (fp32) += p @ x; ``first``: acc = p @ x (acc's old values unread)."""
+def _mm_into(out: torch.Tensor, p: torch.Tensor, x: torch.Tensor) -> None:
+    """out = p @ x with fp32 accumulation, rounded once to out's dtype (out may be a row slice)."""
+    if not p.is_cuda:
+        out.copy_(p.float() @ x.float())
+    elif out.dtype == p.dtype:
+        torch.mm(p, x, out=out)
+    else:
+        torch.mm(p, x, out_dtype=out.dtype, out=out)
+
+
+def _addmm_(acc: torch.Tensor, p: torch.Tensor, x: torch.Tensor) -> None:
+    """acc (fp32) += p @ x."""
     if p.is_cuda and p.dtype != torch.float32:
-        if first:
-            torch.mm(p, x, out_dtype=torch.float32, out=acc)
-        else:
-            torch.addmm(acc, p, x, out_dtype=torch.float32, out=acc)
-    elif first:
-        torch.mm(p.float(), x.float(), out=acc)
+        torch.addmm(acc, p, x, out_dtype=torch.float32, out=acc)
     else:
         acc.addmm_(p.float(), x.float())
 
@@ -1020,7 +1025,7 @@ def _grad_block(m: int, n: int, d: int, band: int, itemsize: int) -> tuple[int, 
     full-width band (B >= ~30k at D = 768), else full-width bands. (Capping the rows instead,
     5,888 at 8k-16k, measured 1.05 / 1.00x the compiled dense loss against 0.96 / 0.99x with bands,
     bench/results/contrastive_loss_h200_blocks_capped_queued20.log.)"""
-    step = band if band > 0 else band_rows(m, n, d)
+    step = _step(m, n, d, False, band)
     if step >= m:
         return m, n
     rows, cols = min(m, _GRAD_BLOCK[0]), min(n, _GRAD_BLOCK[1])
@@ -1050,70 +1055,43 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
         rows, cols = _step(m, n, d, not kept_bands, band), n
     else:
         rows, cols = _grad_block(m, n, d, band, a.element_size())
-    grad_a = None if sink_a is not None else torch.empty(m, d, device=a.device, dtype=out_dtype)
+    dev = a.device
+    grad_a = None if sink_a is not None else torch.empty(m, d, device=dev, dtype=out_dtype)
     with _precision(a, allow_tf32):
-        if rows >= m and cols >= n:  # one block: two plain GEMMs, no fp32 accumulator
-            if keep:
-                p = torch.empty(m, n, device=a.device, dtype=a.dtype)
-                fill(logits, p, 0, m, 0, n)
-            else:
-                p = torch.empty(m, n, device=a.device, dtype=a.dtype)
-                _gradient_block(p, a, b, 0, m, 0, n, fused, fill, fused_fill)
-            rows_out = _mm(p, b, out_dtype if sink_a is None else torch.float32)
-            grad_b = _mm(p.T, a, out_dtype)
-            if sink_a is None:
-                grad_a = rows_out
-            else:
-                sink_a(0, m, rows_out)
-            return grad_a, grad_b
-        buf = torch.empty(rows * cols, device=a.device, dtype=a.dtype)
+        buf = torch.empty(rows * cols, device=dev, dtype=a.dtype)
         # fp32 sums where a result takes several blocks; else each block writes its final rows
-        acc_b = torch.zeros(n, d, device=a.device, dtype=torch.float32) if rows < m else None
-        acc_a = torch.empty(rows, d, device=a.device, dtype=torch.float32) if cols < n else None
-        grad_b = None if acc_b is not None else torch.empty(n, d, device=a.device, dtype=out_dtype)
+        acc_a = torch.empty(rows, d, device=dev, dtype=torch.float32) if cols < n else None
+        acc_b = torch.zeros(n, d, device=dev, dtype=torch.float32) if rows < m else None
+        grad_b = acc_b if acc_b is not None else torch.empty(n, d, device=dev, dtype=out_dtype)
         for r0, r1 in _bands(m, rows):
             for c0, c1 in _bands(n, cols):
                 p = buf[: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0)
-                if kept_bands:  # no GEMM to redo: P from the kept rows
+                if keep:  # no GEMM to redo: P from the kept rows (full-width bands)
                     fill(logits[r0:r1], p, r0, r1, 0, n)
+                elif fused:
+                    fused_fill(r0, r1, c0, c1, p)
                 else:
-                    _gradient_block(p, a, b, r0, r1, c0, c1, fused, fill, fused_fill)
-                if acc_a is None:
-                    _emit_rows(grad_a, sink_a, r0, r1, p, b, out_dtype)
+                    fill(_logits(a[r0:r1], b[c0:c1], p), p, r0, r1, c0, c1)
+                if acc_a is None and sink_a is None:
+                    _mm_into(grad_a[r0:r1], p, b)
+                elif acc_a is None:
+                    sink_a(r0, r1, _mm(p, b, torch.float32))
+                elif c0 == 0:
+                    _mm_into(acc_a[: r1 - r0], p, b[c0:c1])
                 else:
-                    _addmm_(acc_a[: r1 - r0], p, b[c0:c1], first=c0 == 0)
+                    _addmm_(acc_a[: r1 - r0], p, b[c0:c1])
                 if acc_b is None:
-                    grad_b[c0:c1] = _mm(p.T, a[r0:r1], out_dtype)
+                    _mm_into(grad_b[c0:c1], p.T, a[r0:r1])
                 else:
                     _addmm_(acc_b[c0:c1], p.T, a[r0:r1])
-            if acc_a is not None:
-                if sink_a is None:
-                    grad_a[r0:r1] = acc_a[: r1 - r0]
-                else:
-                    sink_a(r0, r1, acc_a[: r1 - r0])
+            if acc_a is not None and sink_a is None:
+                grad_a[r0:r1] = acc_a[: r1 - r0]
+            elif acc_a is not None:
+                sink_a(r0, r1, acc_a[: r1 - r0])
         del buf, p, acc_a  # before the cast below: the peak holds neither (nor the view p)
-    if acc_b is None:
+    if acc_b is None or out_dtype == torch.float32:
         return grad_a, grad_b
-    return grad_a, (acc_b if out_dtype == torch.float32 else acc_b.to(out_dtype))
-
-
-def _gradient_block(p, a, b, r0, r1, c0, c1, fused: bool, fill: Callable, fused_fill: Callable):
-    """P of rows r0:r1 x columns c0:c1 into p: one fused launch, or cuBLAS's S' then the pass."""
-    if fused:
-        fused_fill(r0, r1, c0, c1, p)
-    else:
-        fill(_logits(a[r0:r1], b[c0:c1], p), p, r0, r1, c0, c1)
-
-
-def _emit_rows(grad_a, sink_a, r0, r1, p, b, out_dtype) -> None:
-    """Rows r0:r1 of grad_a = P @ b from a full-width block: written in place, or handed to the
-    sink in fp32."""
-    if sink_a is not None:
-        sink_a(r0, r1, _mm(p, b, torch.float32))
-    elif p.is_cuda and out_dtype == p.dtype:
-        torch.mm(p, b, out=grad_a[r0:r1])
-    else:
-        grad_a[r0:r1] = _mm(p, b, out_dtype)
+    return grad_a, acc_b.to(out_dtype)
 
 
 def _band_buffers(a, n, step, count):
