@@ -699,11 +699,32 @@ class CLIPTowers(nn.Module):
         feats = self.vision.visual_projection(out.pooler_output)
         return nn.functional.normalize(feats, dim=-1)
 
+    def _text_attention_mask(self, attention_mask: Optional[Tensor]) -> Optional[Tensor]:
+        """The text tower's attention mask, for SDPA as the 4D boolean mask transformers builds from a
+        [B,L] 0/1 mask (causal AND key not padded: [B,1,L,L], True = attend); other attention
+        implementations get the [B,L] mask as it is.
+
+        Why: from a [B,L] mask, transformers' ``create_causal_mask`` first asks whether the mask is
+        all ones (then it passes no mask and SDPA's ``is_causal``) with two ``bool()`` of device
+        sums: two host waits per text forward where the tower runs eager (ZeRO-3's hooked
+        modules, checkpointing, evaluation). A 4D mask is passed through as it is. The same values
+        as transformers' mask, so a batch with padding gives the same bits; a batch without any
+        padding now takes the explicit mask too, as the compiled towers always did (under
+        torch.compile transformers never skips it)."""
+        if (attention_mask is None or attention_mask.dim() != 2
+                or getattr(self.text.config, "_attn_implementation", None) != "sdpa"):
+            return attention_mask
+        length = attention_mask.shape[1]
+        pos = torch.arange(length, device=attention_mask.device)
+        causal = pos[None, None, None, :] <= pos[None, None, :, None]  # key <= query: [1,1,L,L]
+        return causal & attention_mask.bool()[:, None, None, :]
+
     def _text_features(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
         if input_ids.shape[1] > self.context_length:
             raise ValueError(f"input_ids has {input_ids.shape[1]} tokens, the text tower takes at most "
                              f"{self.context_length}")
-        hidden = self.text.text_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = self.text.text_model(input_ids=input_ids,
+                                      attention_mask=self._text_attention_mask(attention_mask)).last_hidden_state
         is_eos = input_ids == self.eos_token_id
         first_eos = is_eos.int().argmax(dim=1)
         if attention_mask is not None:

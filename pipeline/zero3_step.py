@@ -57,11 +57,41 @@ offload (ZeRO-Infinity's NVMe swapping has its own ordering needs and is left as
 it). If DeepSpeed's code changes shape (a replaced function is missing or takes other arguments)
 nothing is replaced and the reason is logged at debug level.
 
-Not replaced: the host waits of ZeRO-3's fetch (one-rank no-gather handle) and gradient epilogue
-(``reduce_and_partition_stream.synchronize()``), and the ``bool()`` of ``is_invalid_grad_norm``
-in the step, which decides whether the step is skipped (bf16 and fp32 too, not only fp16's loss
-scale). Skipping the fetch waits was measured slower on an H200 (``pipeline.zero_step``), and the
-step's decision needs the host.
+Host waits (each drains the GPU's queue, so the host's work after it is idle GPU time):
+:func:`lighten_zero3` also removes three kinds, each by an equivalent that gives the same bits.
+
+* One-rank fetch: with one rank per partition group DeepSpeed "gathers" a module's parameters
+  through a no-gather handle: each parameter's ``.data`` becomes a view of its own partition
+  (``.to(device)``: no copy when the partition is on the device), then ``wait()`` synchronises
+  the current stream (the allgather stream in the fetch, the compute stream in ``_post_step``'s
+  all-gather of persistent parameters). Nothing was enqueued, so nothing is waited for: the
+  handles' ``wait`` (process-wide, :func:`wait_unless_copied`) marks the parameters available
+  without the synchronisation when every parameter of the handle belongs to a lightened engine,
+  is not quantised, and its ``.data`` shares its partition's storage; any other handle (an
+  offloaded or quantised partition, another engine's parameters) waits as DeepSpeed does.
+  Device order is unchanged: the fetch still makes the compute stream wait for the allgather
+  stream. The fetch also records an event after each wait and, with more than two unfinished,
+  waits on the host for the oldest (a bound on all-gather buffers in flight); once ``wait`` no
+  longer synchronises, that would drain the queue instead. With every parameter its own
+  one-rank partition a fetch allocates nothing, so that cap is lifted for the engine's
+  coordinator (kept with several ranks). An earlier attempt that skipped the waits without
+  lifting the cap measured slower (``pipeline.zero_step``'s docstring).
+* The gradient norm (``get_grad_norm_direct``) marks a non-finite norm with
+  ``torch.tensor(-1.0, device=...)``: a copy from pageable host memory, which waits for the
+  stream. The engine's optimizer gets the same method (DeepSpeed 0.19.8's source, checked by
+  hash) building that -1 with ``torch.full`` on the device: same value, dtype and device.
+* The gradient epilogue (``independent_gradient_partition_epilogue``) ends with
+  ``reduce_and_partition_stream.synchronize()``. With ``overlap_comm: false`` that stream is the
+  compute stream itself: the reduction's kernels were queued on it, so everything queued later
+  already runs after them, and the host reads none of their results. The optimizer gets the same
+  method (source checked by hash) that synchronises only when that stream is not the current
+  stream (``overlap_comm: true``: as DeepSpeed does).
+
+Not replaced: the ``bool()`` of ``is_invalid_grad_norm`` in the step (one host wait per step),
+which decides whether the step is skipped (bf16 and fp32 too, not only fp16's loss scale):
+DeepSpeed's FusedAdam counts its steps on the host (``state['step']``, the bias correction of the
+next step), so a skip decided on the device would leave that count, the LR scheduler's step and
+``skipped_steps`` wrong until the host reads the decision.
 """
 
 from __future__ import annotations
@@ -77,7 +107,7 @@ from typing import Any, Iterator
 import torch
 
 __all__ = ["lighten_zero3", "cached_iter_params", "cuda_current_stream", "identity_bound_apply",
-           "print_rank_0_if_forced", "restore_deepspeed_zero3"]
+           "print_rank_0_if_forced", "restore_deepspeed_zero3", "wait_unless_copied"]
 
 logger = logging.getLogger(__name__)
 
@@ -350,6 +380,233 @@ def _lighten_engine_methods(engine: Any) -> str:
     return ""
 
 
+# ----------------------------------------------------------------------------------------------
+# Host waits: the one-rank fetch, the gradient norm's -1, the gradient epilogue
+# ----------------------------------------------------------------------------------------------
+_LIGHT_PARAM = "_infclip_light"
+"""Attribute set on a lightened engine's parameters: their no-gather handles may skip the wait."""
+
+_HANDLE_SHA = {("NoGatherHandle", "__init__"): "401cee9c0bdb6b96", ("NoGatherHandle", "wait"): "b86a33702302c9ff",
+               ("NoGatherCoalescedHandle", "__init__"): "81c2cdda2e7d898a",
+               ("NoGatherCoalescedHandle", "wait"): "e8a53706e84e13f0"}
+"""sha256 (first 16 hex digits) of the sources of DeepSpeed 0.19.8's no-gather handle methods
+:func:`wait_unless_copied` reproduces (the constructors: where the handle keeps its parameters)."""
+
+_OPTIMIZER_SHA = {"get_grad_norm_direct": "5ba2252d5f16b541", "independent_gradient_partition_epilogue": "f1575b87b3d6c083"}
+"""sha256 (first 16 hex digits) of the sources of DeepSpeed 0.19.8's ZeRO-3 optimizer methods
+reproduced below (under DeepSpeed's ``instrument_w_nvtx``)."""
+
+_DEEPSPEED_WAITS: dict = {}
+"""DeepSpeed's own ``wait`` of each no-gather handle class, as first seen before replacing."""
+
+_LIGHT_OPTIMIZERS: "weakref.WeakSet" = weakref.WeakSet()
+"""Optimizers given the methods below (for the restore)."""
+
+
+def _undecorated(function):
+    """``function`` without DeepSpeed's ``instrument_w_nvtx`` wrapper (which keeps no
+    ``__wrapped__``): the function it closes over."""
+    if getattr(function, "__name__", "") == "wrapped_fn" and function.__closure__:
+        for cell in function.__closure__:
+            if inspect.isfunction(cell.cell_contents):
+                return cell.cell_contents
+    return function
+
+
+def _handle_params(handle: Any) -> list:
+    """The parameters of one of DeepSpeed's no-gather handles (its private attributes)."""
+    if "_NoGatherHandle__param" in vars(handle):
+        return [vars(handle)["_NoGatherHandle__param"]]
+    return list(vars(handle).get("_NoGatherCoalescedHandle__params", ()))
+
+
+def _not_copied(param: Any) -> bool:
+    """Whether the no-gather handle only pointed ``param`` at its own partition: a lightened
+    engine's parameter, not quantised, its ``.data`` sharing the partition's storage."""
+    part = getattr(param, "ds_tensor", None)
+    return (param.__dict__.get(_LIGHT_PARAM, False) and part is not None and not hasattr(part, "ds_quant_scale")
+            and param.data.device == part.device
+            and param.data.untyped_storage().data_ptr() == part.untyped_storage().data_ptr())
+
+
+def wait_unless_copied(self, **kwargs) -> None:
+    """DeepSpeed's no-gather ``wait()`` (``NoGatherHandle`` and ``NoGatherCoalescedHandle``) without
+    the stream synchronisation when nothing was copied (module docstring); DeepSpeed's own
+    otherwise."""
+    params = _handle_params(self)
+    if not params or not all(_not_copied(p) for p in params):
+        return _DEEPSPEED_WAITS[type(self).__name__](self, **kwargs)
+    complete = f"_{type(self).__name__}__complete"
+    if getattr(self, complete):
+        return None
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    coalesced = type(self).__name__ == "NoGatherCoalescedHandle"
+    for param in params:
+        if coalesced:
+            assert param.ds_status == ZeroParamStatus.INFLIGHT, f"expected param {param.ds_summary()} to be inflight"
+        param.ds_status = ZeroParamStatus.AVAILABLE
+    setattr(self, complete, True)
+    return None
+
+
+def _lighten_fetch_waits(engine: Any) -> str:
+    """Give DeepSpeed's no-gather handles :func:`wait_unless_copied` and mark ``engine``'s
+    parameters ('' when done, else why not)."""
+    from deepspeed.runtime.zero import partition_parameters as pp
+
+    for (name, method), digest in _HANDLE_SHA.items():
+        cls = getattr(pp, name, None)
+        try:
+            current = getattr(cls, method)
+            if current is wait_unless_copied:  # replaced before: check DeepSpeed's
+                current = _DEEPSPEED_WAITS[name]
+            if _source_digest(_undecorated(current)) != digest:
+                return f"DeepSpeed's {name}.{method} is not the one this module reproduces"
+        except (AttributeError, OSError, TypeError):
+            return f"the source of DeepSpeed's {name}.{method} is not available"
+    for name in ("NoGatherHandle", "NoGatherCoalescedHandle"):
+        cls = getattr(pp, name)
+        _DEEPSPEED_WAITS.setdefault(name, cls.wait)
+        cls.wait = wait_unless_copied
+    for param in engine.module.parameters():
+        param.__dict__[_LIGHT_PARAM] = True
+    return _lift_fetch_event_cap(engine)
+
+
+_EVENT_CAP = "_PartitionedParameterCoordinator__max_ongoing_fetch_events"
+_LIFTED_CAPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+"""Coordinators whose fetch-event cap was lifted -> DeepSpeed's cap (for the restore)."""
+
+
+def _lift_fetch_event_cap(engine: Any) -> str:
+    """On one rank, lift the cap of ``engine``'s parameter coordinator on fetch events not yet
+    reached by the GPU ('' when done or nothing to do, else why not).
+
+    After each parameter's ``wait()`` the fetch records an event, and with more than two of them
+    unfinished it waits on the host for the oldest: a bound on the all-gather buffers in flight.
+    With DeepSpeed's synchronising ``wait`` the events are reached at once; without it they trail
+    the GPU's queue and that wait would drain it. With every parameter its own (one-rank)
+    partition, a fetch allocates nothing (the parameter becomes a view of its partition), so the
+    cap bounds nothing and is lifted; with several ranks it stays."""
+    import torch.distributed as dist
+
+    coordinator = getattr(getattr(engine.optimizer, "parameter_offload", None), "param_coordinator", None)
+    if not isinstance(getattr(coordinator, _EVENT_CAP, None), int):
+        return "DeepSpeed's parameter coordinator has no fetch-event cap where this module expects it"
+    for param in engine.module.parameters():
+        group = getattr(param, "ds_process_group", None)
+        if dist.is_initialized() and dist.get_world_size(group) != 1:
+            return ""  # gathered from several ranks: the cap bounds the buffers in flight
+    _LIFTED_CAPS.setdefault(coordinator, getattr(coordinator, _EVENT_CAP))
+    setattr(coordinator, _EVENT_CAP, 2**62)
+    return ""
+
+
+def _get_grad_norm_direct(self, gradients, params, norm_type=2):
+    """DeepSpeed 0.19.8's ``DeepSpeedZeroOptimizer_Stage3.get_grad_norm_direct``, the -1 of a
+    non-finite norm built on the device (module docstring)."""
+    from deepspeed.runtime.zero import stage3 as ds
+
+    self._assert_same_partition_group(params)
+    process_group = self._get_param_partition_group(params[0])
+    norm_type = float(norm_type)
+    if norm_type == ds.inf:
+        total_norm = max(g.data.abs().max() for g in gradients)
+        total_norm_cuda = ds.get_accelerator().FloatTensor([float(total_norm)])
+        ds.dist.all_reduce(total_norm_cuda, op=ds.dist.ReduceOp.MAX, group=process_group)
+
+        # Take max across all GPUs.
+        self._model_parallel_all_reduce(tensor=total_norm_cuda, op=ds.dist.ReduceOp.MAX)
+        autoep_ep_group = self._autoep_expert_parallel_group(params)
+        if ds.pg_utils.is_parallel(autoep_ep_group):
+            ds.dist.all_reduce(total_norm_cuda, op=ds.dist.ReduceOp.MAX, group=autoep_ep_group)
+        total_norm = total_norm_cuda[0]
+    else:
+        counts_every_rank = self._grad_norm_counts_every_rank(params, process_group)
+        grad_norms = []
+        for g, p in zip(gradients, params):
+            if counts_every_rank or ds.is_model_parallel_parameter(p) or (self.model_parallel_rank == 0):
+                grad_norms.append(
+                    g.to(ds.get_accelerator().device_name(), non_blocking=True).to(ds.get_norm_dtype()).norm(norm_type))
+
+        # Sum across all model parallel GPUs.
+        if len(grad_norms) == 0:
+            total_norm_cuda = torch.tensor(0, dtype=gradients[0].dtype).to(ds.get_accelerator().device_name()).to(
+                ds.get_norm_dtype())
+        else:
+            total_norm_cuda = torch.sum(torch.pow(torch.stack(grad_norms), norm_type))
+
+        ds.dist.all_reduce(total_norm_cuda, op=ds.dist.ReduceOp.SUM, group=process_group)
+
+        if not counts_every_rank:
+            self._model_parallel_all_reduce(tensor=total_norm_cuda, op=ds.dist.ReduceOp.SUM)
+        autoep_ep_group = self._autoep_expert_parallel_group(params)
+        if ds.pg_utils.is_parallel(autoep_ep_group):
+            ds.dist.all_reduce(total_norm_cuda, op=ds.dist.ReduceOp.SUM, group=autoep_ep_group)
+
+        total_norm = total_norm_cuda**(1. / norm_type)
+
+    norm_is_inf = total_norm.isinf()
+    norm_is_nan = total_norm.isnan()
+    inf_or_nan = norm_is_nan.logical_or(norm_is_inf)
+
+    # DeepSpeed: torch.tensor(-1.0, device=self.device, dtype=torch.float), a host-to-device copy
+    err = torch.full((), -1.0, device=self.device, dtype=torch.float)
+    total_norm = torch.where(inf_or_nan, err, total_norm)
+
+    return total_norm
+
+
+def _independent_gradient_partition_epilogue(self):
+    """DeepSpeed 0.19.8's ``DeepSpeedZeroOptimizer_Stage3.independent_gradient_partition_epilogue``,
+    synchronising the reduce stream only when it is not the current stream (module docstring)."""
+    from deepspeed.runtime.zero import stage3 as ds
+
+    self.report_ipg_memory_usage("In ipg_epilogue before reduce_ipg_grads", 0)
+    for comm_dtype in ds.sort_dtypes(self.ipg_buckets.keys()):
+        self._DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads(comm_dtype)
+    self.report_ipg_memory_usage("In ipg_epilogue after reduce_ipg_grads", 0)
+
+    accelerator = ds.get_accelerator()
+    if not accelerator.resolves_data_dependency() and not self.reduce_and_partition_stream == accelerator.current_stream():
+        self.reduce_and_partition_stream.synchronize()
+
+    for param_id in self.params_already_reduced.keys():
+        self.params_already_reduced[param_id] = False
+
+    if not self.offload_optimizer:
+        grad_partitions = self._DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition
+        for i, sub_group in enumerate(self.fp16_groups):
+            self.averaged_gradients[i] = [
+                grad_partitions[param.ds_id] if param.requires_grad else torch.zeros_like(param.ds_tensor)
+                for param in sub_group
+            ]
+    self._epilogue_ran_this_backward = True
+
+
+_OPTIMIZER_METHODS = {"get_grad_norm_direct": _get_grad_norm_direct,
+                      "independent_gradient_partition_epilogue": _independent_gradient_partition_epilogue}
+
+
+def _lighten_optimizer_methods(optimizer: Any) -> str:
+    """Give ``optimizer`` (ZeRO-3's) the two methods above ('' when done, else why not)."""
+    from deepspeed.utils.nvtx import instrument_w_nvtx
+
+    for name, digest in _OPTIMIZER_SHA.items():
+        if name in vars(optimizer):
+            return f"the optimizer has its own {name}"
+        try:
+            if _source_digest(_undecorated(getattr(type(optimizer), name))) != digest:
+                return f"DeepSpeed's {name} is not the one this module reproduces"
+        except (AttributeError, OSError, TypeError):
+            return f"the source of DeepSpeed's {name} is not available"
+    for name, method in _OPTIMIZER_METHODS.items():
+        vars(optimizer)[name] = types.MethodType(instrument_w_nvtx(method), optimizer)
+    _LIGHT_OPTIMIZERS.add(optimizer)
+    return ""
+
+
 _REPLACEMENTS = {
     ("coordinator", "iter_params"): (cached_iter_params, ["module", "recurse"]),
     ("offload", "iter_params"): (cached_iter_params, ["module", "recurse"]),
@@ -407,6 +664,12 @@ def lighten_zero3(engine: Any) -> bool:
     why = _lighten_engine_methods(engine)
     if why:
         logger.debug("the engine's forward prologue and epilogue left as DeepSpeed wrote them: %s", why)
+    why = _lighten_fetch_waits(engine)
+    if why:
+        logger.debug("ZeRO-3's one-rank fetch left as DeepSpeed wrote it: %s", why)
+    why = _lighten_optimizer_methods(engine.optimizer)
+    if why:
+        logger.debug("ZeRO-3's gradient norm and epilogue left as DeepSpeed wrote them: %s", why)
     for module in engine.module.modules():
         # the modules DeepSpeed's hooks may hand to iter_params carry their external parameters
         if isinstance(module.__dict__.get("_external_params"), dict):
@@ -416,7 +679,8 @@ def lighten_zero3(engine: Any) -> bool:
 
 def restore_deepspeed_zero3() -> None:
     """Put DeepSpeed's own functions back in its modules, torch's ``apply`` back in the autograd
-    function classes and DeepSpeed's methods back in the lightened engines (everything
+    function classes, DeepSpeed's ``wait`` back in its no-gather handles and DeepSpeed's methods
+    back in the lightened engines and optimizers (everything
     :func:`lighten_zero3` replaces): for measuring DeepSpeed's step as written after an engine of
     the same process was lightened. Modules of lightened engines keep their cache, unused."""
     from deepspeed.accelerator import get_accelerator
@@ -436,3 +700,14 @@ def restore_deepspeed_zero3() -> None:
             if getattr(bound, "__func__", None) is method:
                 del vars(engine)[name]
     _LIGHT_ENGINES.clear()
+    from deepspeed.runtime.zero import partition_parameters as pp
+
+    for name, wait in _DEEPSPEED_WAITS.items():
+        setattr(getattr(pp, name), "wait", wait)
+    for coordinator, cap in list(_LIFTED_CAPS.items()):
+        setattr(coordinator, _EVENT_CAP, cap)
+    _LIFTED_CAPS.clear()
+    for optimizer in list(_LIGHT_OPTIMIZERS):
+        for name in _OPTIMIZER_METHODS:
+            vars(optimizer).pop(name, None)
+    _LIGHT_OPTIMIZERS.clear()

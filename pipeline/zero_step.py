@@ -22,9 +22,11 @@ and another optimizer is left as DeepSpeed built it. If DeepSpeed's code changes
 functions are not where this module expects them) nothing is replaced and the reason is logged.
 
 ZeRO-3's fetch on one rank also synchronises the device once per fetch (DeepSpeed's no-gather
-handle). Skipping that wait (the partition is already on the device, nothing was copied) was
-measured and left out: on an H200, ViT-B/32 ZeRO-3 with flat parameters ran 1,565 samples/s
-without the waits against 2,061 with them, same process (README "End to end").
+handle). A first attempt at skipping that wait (the partition is already on the device, nothing
+was copied) measured slower on an H200 (ViT-B/32 ZeRO-3 with flat parameters: 1,565 samples/s
+without the waits against 2,061 with them, same process): the fetch then waited on the host for
+its own fetch events (at most two unfinished), which trail the queue once ``wait`` does not
+synchronise. ``pipeline.zero3_step`` now skips the wait and lifts that cap on one rank.
 """
 
 from __future__ import annotations
