@@ -23,7 +23,6 @@ Rows are appended as JSON lines; a table is printed last (each B: ms, and ours /
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import statistics
@@ -87,7 +86,7 @@ def ours(dtype_mode, loss="clip", fused=True, tma=None, two_pass=False, **kw):
     two_pass=True SigLIP's statistics pass in the forward and gradient pass in the backward (the
     anchor of its gradients taken in the forward)."""
     from infclip.ops import contrastive_loss_triton as tri
-    op = importlib.import_module("infclip.ops.contrastive_loss")
+    from infclip.ops import assembly
 
     limits = ((tri._FUSED_MAX_LOGITS, dict(tri._TMA_MAX_LOGITS)) if fused
               else (0, dict.fromkeys(tri._TMA_MAX_LOGITS, 0)))
@@ -95,7 +94,7 @@ def ours(dtype_mode, loss="clip", fused=True, tma=None, two_pass=False, **kw):
     def fn(img, txt, scale, bias):
         tri._FUSED_MAX_LOGITS, tri._TMA_MAX_LOGITS = limits[0], dict(limits[1])
         tri._TMA_FORCE = tma
-        op._SIGLIP_GRADS_IN_FORWARD = not two_pass
+        assembly.SIGLIP_GRADS_IN_FORWARD = not two_pass
         return contrastive_loss(img, txt, scale, bias if loss == "siglip" else None, loss=loss,
                                 impl="triton", allow_tf32=(dtype_mode == "tf32"), **kw)
     return fn

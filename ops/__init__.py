@@ -1,11 +1,19 @@
-"""The contrastive loss: block primitives, a registered torch.library op, distributed schemes.
+"""The contrastive loss: block primitives, Triton kernels, sweeps (one per scheme), the loss
+assembly written once against a sweep, one registered torch.library op for every scheme.
 
-Public API: :func:`contrastive_loss` (functional), :class:`ContrastiveLoss` (module built
-from the ``contrastive_loss`` config section), :class:`ContrastiveLossConfig`.
+Public API: :func:`contrastive_loss` (functional), :func:`distributed_contrastive_loss` (one
+scheme spelled out), :class:`ContrastiveLoss` (module built from the ``contrastive_loss``
+config section), :class:`ContrastiveLossConfig`.
 """
 
 from .config import ConfigError, ContrastiveLossConfig, parse_section
-from .contrastive_loss import ContrastiveLoss, contrastive_loss, contrastive_loss_reference, resolve_impl
+from .contrastive_loss import (
+    ContrastiveLoss,
+    contrastive_loss,
+    contrastive_loss_reference,
+    distributed_contrastive_loss,
+    resolve_impl,
+)
 
 __all__ = [
     "ConfigError",
@@ -13,6 +21,7 @@ __all__ = [
     "ContrastiveLossConfig",
     "contrastive_loss",
     "contrastive_loss_reference",
+    "distributed_contrastive_loss",
     "parse_section",
     "resolve_impl",
 ]

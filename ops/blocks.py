@@ -2,7 +2,7 @@
 
 One role: given a pair of feature blocks (rows A, columns Bm), return partial results that merge
 by plain addition: the single-device op (ops/contrastive_loss.py) runs them on the whole batch,
-the distributed schemes (ops/distributed.py) on the blocks a sweep hands them. The torch
+the distributed schemes on the blocks a sweep hands them (ops/assembly.py). The torch
 versions tile in plain torch (any device; a tile >= the block is the ``naive`` impl); ``triton``
 dispatches to ops/contrastive_loss_triton.py. :func:`clip_shifts` and :func:`clip_terms` are the
 shifts the sums are taken against and the per-row terms assembled from the complete sums (the

@@ -132,7 +132,7 @@ def _clip_prologue_kernel(A, Bm, stride_a, stride_b, M, D, ref, norm_a, norm_b, 
 
 
 # Shifts: row_shift_i = max(s ref_i, s |A_i| max|B| - MARGIN), col likewise (see
-# ops/contrastive_loss.clip_shifts). A non-finite norm or scale gives a non-finite shift.
+# ops/blocks.clip_shifts). A non-finite norm or scale gives a non-finite shift.
 @triton.jit
 def _clip_shift_kernel(scale_ptr, ref, norm_a, norm_b, norm_max, row_shift, col_shift, M, margin,
                        BLOCK: tl.constexpr):
@@ -157,13 +157,13 @@ def _softplus_log(off, delta):
     return tl.where(delta == 0.0, _log1p(off), sp)
 
 
-# Epilogue (O(B), one program): the per-row and per-column terms of ops/contrastive_loss.clip_terms
-# from the complete sums, their means, and the d-scale sums: out[0] = 1/2 (mean row + mean col
-# loss) (NaN if any shift is non-finite), aux[i] = ref_i is kept, aux[M] = sum of the
+# Epilogue (O(B), one program): the per-row and per-column terms of ops/blocks.clip_terms from the
+# complete sums, their sums over 2 count (count = B, or the global batch for one rank's share), and
+# the d-scale sums: out[0] = 1/2 (mean row + mean col loss) (NaN if any shift is non-finite), aux[i] = ref_i is kept, aux[M] = sum of the
 # E[S'] - S'_ii terms, aux[M + 1] = sum ref. Writes the final LSEs for the backward.
 @triton.jit
 def _clip_epilogue_kernel(scale_ptr, sums, row_shift, col_shift, aux, row_lse, col_lse, out, M,
-                          BLOCK: tl.constexpr):
+                          count, BLOCK: tl.constexpr):
     scale = tl.load(scale_ptr)
     acc_loss = tl.zeros((BLOCK,), dtype=tl.float32)
     acc_e = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -195,7 +195,7 @@ def _clip_epilogue_kernel(scale_ptr, sums, row_shift, col_shift, aux, row_lse, c
         acc_ref += tl.where(mask, r, 0.0)
         finite = (tl.abs(rs) < float("inf")) & (tl.abs(cs) < float("inf"))
         bad += tl.where(mask & (finite == 0), 1.0, 0.0)
-    loss = 0.5 * tl.sum(acc_loss, axis=0) / M
+    loss = 0.5 * tl.sum(acc_loss, axis=0) / count
     loss = tl.where(tl.sum(bad, axis=0) > 0, float("nan"), loss)
     tl.store(out, loss)
     tl.store(aux + M, tl.sum(acc_e, axis=0))
@@ -881,11 +881,12 @@ def _bands(m: int, step: int):
         yield r0, min(m, r0 + step)
 
 
-def clip_prologue_triton(a, b, scale, margin):
-    """The single-device loss's O(B D) start in two launches (after one zero fill):
-    returns (row_shift [B], col_shift [B], aux [B + 2], sums [4 B]) fp32, with aux[:B] = ref
-    (the positives' S') and sums zeroed for :func:`clip_stats_triton` (out=) and
-    :func:`clip_epilogue_triton`. Shifts as ops/contrastive_loss.clip_shifts."""
+def clip_prologue_triton(a, b, scale, margin, combine_max: Callable | None = None):
+    """The loss's O(B D) start in two launches (after one zero fill): returns (row_shift [B],
+    col_shift [B], aux [B + 2], sums [4 B]) fp32, with aux[:B] = ref (the positives' S') and
+    sums zeroed for :func:`clip_stats_triton` (out=) and :func:`clip_epilogue_triton`. Shifts
+    as ops/blocks.clip_shifts. ``combine_max``: applied in place to the two largest norms
+    ([2] fp32) between the launches (a sweep's max over its process group)."""
     a, b = _prep(a), _prep(b)
     m, d = a.shape
     f32 = dict(device=a.device, dtype=torch.float32)
@@ -899,21 +900,25 @@ def clip_prologue_triton(a, b, scale, margin):
     _clip_prologue_kernel[(_cdiv(m, _PRO_M),)](
         a, b, a.stride(0), b.stride(0), m, d, aux, norm_a, norm_b, norm_max, BLOCK_M=_PRO_M,
         BLOCK_D=_PRO_D, num_warps=4)
+    if combine_max is not None:
+        combine_max(norm_max)
     _clip_shift_kernel[(_cdiv(m, _VEC),)](
         _scalar(scale, a.device), aux, norm_a, norm_b, norm_max, row_shift, col_shift, m,
         float(margin), BLOCK=_VEC, num_warps=4)
     return row_shift, col_shift, aux, sums
 
 
-def clip_epilogue_triton(scale, sums, row_shift, col_shift, aux):
-    """The single-device loss from the complete sums in one launch: returns (loss [], row_lse [B],
-    col_lse [B]); fills aux[B] (sum of the E[S'] - S'_ii terms) and aux[B + 1] (sum ref)."""
+def clip_epilogue_triton(scale, sums, row_shift, col_shift, aux, count=None):
+    """The loss from the complete sums in one launch: returns (loss [], row_lse [B], col_lse [B])
+    with loss = the rows' and columns' terms summed / (2 count) (count: B by default; the global
+    batch when these B rows are one rank's share); fills aux[B] (sum of the E[S'] - S'_ii terms)
+    and aux[B + 1] (sum ref)."""
     m = row_shift.shape[0]
     f32 = dict(device=sums.device, dtype=torch.float32)
     # three buffers, not views of one: the registered op's outputs must not alias
     loss, row_lse, col_lse = torch.empty((), **f32), torch.empty(m, **f32), torch.empty(m, **f32)
     _clip_epilogue_kernel[(1,)](_scalar(scale, sums.device), sums, row_shift, col_shift, aux,
-                                row_lse, col_lse, loss, m, BLOCK=_EPI,
+                                row_lse, col_lse, loss, m, float(count or m), BLOCK=_EPI,
                                 num_warps=8 if not _INTERPRET else 4)
     return loss, row_lse, col_lse
 
@@ -944,21 +949,24 @@ def _run_stats(a, b, keep_logits, band, allow_tf32, kernel: Callable):
 
 def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=0, *,
                       keep_logits="", band=0, allow_tf32=False, out=None):
-    """Partial CLIP statistics of S = scale * a b^T (see ops/contrastive_loss.clip_stats).
+    """Partial CLIP statistics of S = scale * a b^T (see ops/blocks.clip_stats).
 
     a: [M, D], b: [N, D]; scale: fp32 [] tensor; shifts and refs: fp32 [M] / [N]. Returns
     (row_sum, col_sum, row_wsum, col_wsum, logits): fp32 sums without the pairs i - j == diag;
     logits is the kept [M, N] matrix S' when ``keep_logits`` is "whole" (fp32) or "bands" (the
     features' dtype), else None ("").
-    band: rows per GEMM band (0: by memory, :func:`band_rows`). out: a zeroed fp32
-    [2 M + 2 N] buffer to add into (row_sum, row_wsum, col_sum, col_wsum, in that order).
+    band: rows per GEMM band (0: by memory, :func:`band_rows`). out: fp32 buffers to add into,
+    either one [2 M + 2 N] (row_sum, row_wsum, col_sum, col_wsum, in that order) or those four
+    ([M], [M], [N], [N], contiguous each).
     """
     a, b = _prep(a), _prep(b)
     m, d = a.shape
     n = b.shape[0]
-    sums = torch.zeros(2 * m + 2 * n, device=a.device, dtype=torch.float32) if out is None else out
-    row_sum, row_wsum = sums[:m], sums[m:2 * m]
-    col_sum, col_wsum = sums[2 * m:2 * m + n], sums[2 * m + n:]
+    if out is None:
+        out = torch.zeros(2 * m + 2 * n, device=a.device, dtype=torch.float32)
+    if isinstance(out, torch.Tensor):
+        out = (out[:m], out[m:2 * m], out[2 * m:2 * m + n], out[2 * m + n:])
+    row_sum, row_wsum, col_sum, col_wsum = out
     scale_t = _scalar(scale, a.device)
     shifts = [t.float().contiguous() for t in (row_shift, row_ref, col_shift, col_ref)]
     def kernel(s, r0, r1):
@@ -1109,7 +1117,7 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
                       offset=0.0, coef=None, coef_mul=1.0, coef_scale=False, dscale_from=None,
                       dscale_index=0, logits=None, band=0, out_dtype=torch.float32,
                       allow_tf32=False, sink_a=None):
-    """(k P @ b, k P^T @ a) in ``out_dtype`` (see ops/contrastive_loss.clip_grads), k folded into
+    """(k P @ b, k P^T @ a) in ``out_dtype`` (see ops/blocks.clip_grads), k folded into
     P before its rounding: k = c scale if ``coef_scale`` else c, c = coef coef_mul.
 
     coef: None (1) or an fp32 one-element device tensor; logits: the kept [M, N] S' of the
@@ -1149,7 +1157,7 @@ def siglip_grads_triton(a, b, scale, bias, diag=0, *, coef=None, coef_scale=Fals
                         band=0, out_dtype=torch.float32, allow_tf32=False, sink_a=None,
                         with_loss=False):
     """(k G @ b, k G^T @ a, sum(G), sum(G * S')): gradients in ``out_dtype``, the two sums
-    fp32 [] without k (see ops/contrastive_loss.siglip_grads); k = coef (None: 1), times scale
+    fp32 [] without k (see ops/blocks.siglip_grads); k = coef (None: 1), times scale
     if ``coef_scale`` (taken in the kernel). ``with_loss``: the same pass also sums the pair
     losses, returned first (fp32 [M], as siglip_stats_triton's)."""
     a, b = _prep(a), _prep(b)

@@ -2,8 +2,8 @@
 
 One role: communication. A sweep runs a step function on every column block of the global
 batch against this rank's rows and brings each block's column partials home to the block's
-owner; the loss assembly (ops/distributed.py) is written once against the :class:`Sweep`
-interface and never asks which scheme it runs. The scheme string is parsed here and only here
+owner; the loss assembly (ops/assembly.py) is written once against the :class:`Sweep`
+interface and never asks which scheme it runs (only what the sweep's class attributes allow). The scheme string is parsed here and only here
 (:func:`sweep_class`), once per call, into one of
 
     Local              every block on this device (no process group; world size 1)
@@ -319,8 +319,9 @@ def ring_sweep(topo: Topology, block: List[Tensor], fn: StepFn, merge: str = "su
                        merge)
 
 
-def all_gather(x: Tensor, topo: Topology) -> Tensor:
-    out = x.new_empty((topo.world * x.shape[0],) + tuple(x.shape[1:]))
+def all_gather(x: Tensor, topo: Topology, out: Optional[Tensor] = None) -> Tensor:
+    if out is None:
+        out = x.new_empty((topo.world * x.shape[0],) + tuple(x.shape[1:]))
     _all_gather_single(out, x.contiguous(), group=topo.group)
     return out
 
@@ -337,12 +338,14 @@ def reduce_scatter(x: Tensor, topo: Topology, merge: str = "sum") -> Tensor:
 # ----------------------------------------------------------------------------------------------
 class Sweep:
     """Rank r's rows against every column block of the group, and the collectives the loss
-    assembly needs. Class attributes say what the assembly must keep for the backward:
-    ``gathers_columns`` (the all-gathered column block [B, ...] is returned by :meth:`columns`
+    assembly needs. Class attributes say what the assembly may do and must keep: ``in_place``
+    (one step on this rank's own block, whose partials :meth:`columns` returns as the step made
+    them: the step may write its results where they are finally read), ``gathers_columns`` (the all-gathered column block [B, ...] is returned by :meth:`columns`
     and may be handed back to it) and ``gathers_rows`` (gather: rank r also computes its columns
     against all rows, from all-gathered rows)."""
 
     name: ClassVar[str]
+    in_place: ClassVar[bool] = False
     gathers_columns: ClassVar[bool] = False
     gathers_rows: ClassVar[bool] = False
 
@@ -374,8 +377,9 @@ class Sweep:
         now)."""
         raise NotImplementedError
 
-    def all_gather(self, x: Tensor) -> Tensor:
-        return all_gather(x, self.topo)
+    def all_gather(self, x: Tensor, out: Optional[Tensor] = None) -> Tensor:
+        """x of every rank, concatenated in rank order (into ``out`` when given)."""
+        return all_gather(x, self.topo, out)
 
     def reduce_scatter(self, x: Tensor, merge: str = "sum") -> Tensor:
         return reduce_scatter(x, self.topo, merge)
@@ -410,24 +414,19 @@ class Local(Sweep):
     """All blocks on this device: one step on the whole batch, collectives are identities."""
 
     name = "none"
+    in_place = True
+    world = 1  # (plain attributes over the base class's properties)
+    rank = 0
 
     @classmethod
     def build(cls, process_group=None, local_world_size: Optional[int] = None) -> "Sweep":
-        return cls(None)
-
-    @property
-    def world(self) -> int:
-        return 1
-
-    @property
-    def rank(self) -> int:
-        return 0
+        return _LOCAL
 
     def columns(self, block, fn, merge="sum", kept=None):
         return fn(0, list(block)), None
 
-    def all_gather(self, x):
-        return x
+    def all_gather(self, x, out=None):
+        return x if out is None else out.copy_(x)
 
     def reduce_scatter(self, x, merge="sum"):
         return x
@@ -440,6 +439,9 @@ class Local(Sweep):
 
     def check_sizes(self, x):
         return None
+
+
+_LOCAL = Local(None)  # (stateless: one instance serves every call)
 
 
 class Gathered(Sweep):

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from infclip.ops import contrastive_loss, sweeps
-from infclip.ops.distributed import distributed_contrastive_loss
+from infclip.ops.contrastive_loss import distributed_contrastive_loss
 
 WORLD = 4
 LOCAL_B = 5  # rows per rank: not a multiple of the tiles below
@@ -255,7 +255,7 @@ def _compiled_cases(rank, world, group):
 
 
 def _opcheck_cases(group):
-    """torch.library.opcheck of infclip::distributed_contrastive_loss on a 1-rank gloo group
+    """torch.library.opcheck of infclip::contrastive_loss with each scheme on a 1-rank gloo group
     (schema, fake kernel, autograd registration, AOT dispatch with dynamic shapes)."""
     out = {}
     img, txt = global_batch(LOCAL_B, torch.float32)
@@ -264,9 +264,9 @@ def _opcheck_cases(group):
                               ("hierarchical_ring", "clip", 0.1)):
         bias = torch.tensor([BIAS], requires_grad=True) if loss == "siglip" else None
         args = (img.clone().requires_grad_(True), txt.clone().requires_grad_(True),
-                torch.tensor([SCALE], requires_grad=True), bias, scheme, group.group_name, 0, loss,
-                "chunked_torch", eps, BLOCK_M, BLOCK_N, False, "mean")
-        torch.library.opcheck(torch.ops.infclip.distributed_contrastive_loss.default, args)
+                torch.tensor([SCALE], requires_grad=True), bias, loss, "chunked_torch", eps, BLOCK_M,
+                BLOCK_N, False, 0.0, False, scheme, group.group_name, 0, "mean")
+        torch.library.opcheck(torch.ops.infclip.contrastive_loss.default, args)
         out[f"{scheme}-{loss}"] = "ok"
     return out
 

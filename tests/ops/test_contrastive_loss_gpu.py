@@ -113,7 +113,7 @@ def test_paths(monkeypatch, path, dtype, loss, eps):
           "banded": dict(block_m=1000), "banded_aligned": dict(block_m=1000),
           "memory_bands": dict(logits_budget_mb=0.0), "blocks": dict(logits_budget_mb=0.0)}[path]
     if path == "kept_bands":
-        op = importlib.import_module("infclip.ops.contrastive_loss")  # (the package's name is the function)
+        op = importlib.import_module("infclip.ops.assembly")
         monkeypatch.setattr(op, "_BANDS_MIN_LOGITS", 0)  # bands kept at this B (default: above 16,384)
     if path == "blocks":
         tri = importlib.import_module("infclip.ops.contrastive_loss_triton")

@@ -216,11 +216,11 @@ def test_distributed_op_passes_opcheck(tmp_path_factory):
 
 
 @pytest.mark.parametrize("loss,eps", [("clip", 0.0), ("clip", 0.1), ("siglip", 0.0)])
-def test_local_sweep_through_the_distributed_op_is_the_single_device_loss(loss, eps):
+def test_local_sweep_through_the_distributed_entry_is_the_single_device_loss(loss, eps):
     """Scheme "none" (the Local sweep: every block on this device, no process group) through
-    infclip::distributed_contrastive_loss gives the single-device op's loss and gradients, and
-    the op passes opcheck there."""
-    from infclip.ops.distributed import distributed_contrastive_loss
+    distributed_contrastive_loss gives the single-device loss and gradients (the same op), and
+    the op passes opcheck with the scheme's arguments spelled out."""
+    from infclip.ops.contrastive_loss import distributed_contrastive_loss
 
     img_all, txt_all = W.global_batch(3 * W.LOCAL_B, torch.float32)
 
@@ -238,59 +238,61 @@ def test_local_sweep_through_the_distributed_op_is_the_single_device_loss(loss, 
     want = run(lambda i, t, s, b: contrastive_loss(i, t, s, b, **kw))
     got = run(lambda i, t, s, b: distributed_contrastive_loss(i, t, s, b, scheme="none", **kw))
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=2e-6, atol=1e-7)
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
     bias = torch.tensor([W.BIAS], requires_grad=True) if loss == "siglip" else None
     args = (img_all.clone().requires_grad_(True), txt_all.clone().requires_grad_(True),
-            torch.tensor([W.SCALE], requires_grad=True), bias, "none", "", 0, loss,
-            "chunked_torch", eps, W.BLOCK_M, W.BLOCK_N, False, "mean")
-    torch.library.opcheck(torch.ops.infclip.distributed_contrastive_loss.default, args)
+            torch.tensor([W.SCALE], requires_grad=True), bias, loss, "chunked_torch", eps,
+            W.BLOCK_M, W.BLOCK_N, False, 0.0, False, "none", "", 0, "mean")
+    torch.library.opcheck(torch.ops.infclip.contrastive_loss.default, args)
     if loss == "siglip":  # the forward that takes the gradients (grads_in_forward)
-        torch.library.opcheck(torch.ops.infclip.distributed_contrastive_loss.default, args + (True,))
+        eager = args[:11] + (True,) + args[12:]
+        torch.library.opcheck(torch.ops.infclip.contrastive_loss.default, eager)
 
 
 @pytest.mark.parametrize("impl", ["chunked_torch", "triton"])
-def test_distributed_siglip_sweeps_once_when_a_backward_follows(monkeypatch, impl):
-    """SigLIP through the distributed op sweeps the blocks once, in the forward, when a backward
-    will follow: the backward runs no sweep (no ring round, no gather) and gives the gradients
-    of the two-sweep path (bit for bit in torch: the same block sums, scaled the same way); under no_grad
-    the forward runs the statistics sweep and the loss agrees."""
-    from infclip.ops import distributed as dist_op
-    from infclip.ops import sweeps
+def test_siglip_sweeps_once_when_a_backward_follows(monkeypatch, impl):
+    """SigLIP sweeps the blocks once, in the forward, when a backward will follow: the backward
+    runs no sweep (no ring round, no gather) and gives the gradients of the two-sweep path (bit
+    for bit in torch: the same block sums, scaled the same way); under no_grad the forward runs
+    the statistics sweep and the loss agrees. Through the Local sweep (scheme "none" on the
+    distributed entry) and through the single-device entry."""
+    from infclip.ops import assembly, sweeps
+    from infclip.ops.contrastive_loss import distributed_contrastive_loss
 
     img_all, txt_all = W.global_batch(3 * W.LOCAL_B, torch.float32)
     sweeps_run = []
     columns = sweeps.Local.columns
     monkeypatch.setattr(sweeps.Local, "columns", lambda self, *a, **k: (sweeps_run.append(1), columns(self, *a, **k))[1])
-    kw = dict(scheme="none", loss="siglip", impl=impl, block_m=W.BLOCK_M, block_n=W.BLOCK_N)
+    kw = dict(loss="siglip", impl=impl, block_m=W.BLOCK_M, block_n=W.BLOCK_N)
+    entries = {"distributed": lambda *a: distributed_contrastive_loss(*a, scheme="none", **kw),
+               "local": lambda *a: contrastive_loss(*a, **kw, triton_interpret=impl == "triton")}
 
-    def run(eager):
-        monkeypatch.setattr(dist_op, "_siglip_forward_with_grads", real if eager else unused)
+    def run(entry, one_sweep):
+        monkeypatch.setattr(assembly, "SIGLIP_GRADS_IN_FORWARD", one_sweep)
         img, txt = img_all.clone().requires_grad_(True), txt_all.clone().requires_grad_(True)
         scale, bias = torch.tensor([W.SCALE], requires_grad=True), torch.tensor([W.BIAS], requires_grad=True)
         sweeps_run.clear()
-        out = dist_op.distributed_contrastive_loss(img, txt, scale, bias, **kw)
+        calls = []
+        real = assembly.siglip_forward_with_grads
+        monkeypatch.setattr(assembly, "siglip_forward_with_grads", lambda *a: (calls.append(1), real(*a))[1])
+        out = entries[entry](img, txt, scale, bias)
         forward = len(sweeps_run)
         (out * W.UPSTREAM).backward()
-        return forward, len(sweeps_run) - forward, [out.detach(), img.grad, txt.grad, scale.grad, bias.grad]
+        monkeypatch.setattr(assembly, "siglip_forward_with_grads", real)
+        return forward, len(sweeps_run) - forward, len(calls), [out.detach(), img.grad, txt.grad, scale.grad, bias.grad]
 
-    real = dist_op._siglip_forward_with_grads
-    unused = lambda *a: pytest.fail("the two-sweep path took the gradients in the forward")  # noqa: E731
-    fwd, bwd, eager = run(True)
-    assert (fwd, bwd) == (1, 0)
-    # the previous path: the op called with the flag off
-    entry = torch.ops.infclip.distributed_contrastive_loss
-    monkeypatch.setattr(torch.ops.infclip, "distributed_contrastive_loss", lambda *a: entry(*a[:-1], False))
-    fwd, bwd, two_pass = run(False)
-    assert (fwd, bwd) == (1, 1)
-    # triton: the gradient kernel with the loss takes sigmoid from the softplus's exponential
-    tol = dict(rtol=0, atol=0) if impl == "chunked_torch" else dict(rtol=1e-5, atol=1e-7)
-    for got, want in zip(eager, two_pass):
-        torch.testing.assert_close(got, want, **tol)
-    monkeypatch.undo()
-    with torch.no_grad():
-        alone = dist_op.distributed_contrastive_loss(img_all, txt_all, torch.tensor([W.SCALE]),
-                                                    torch.tensor([W.BIAS]), **kw)
-    torch.testing.assert_close(alone, eager[0], rtol=1e-6, atol=0)
+    for entry in entries:
+        fwd, bwd, took, eager = run(entry, True)
+        assert (fwd, bwd, took) == (1, 0, 1), entry
+        fwd, bwd, took, two_pass = run(entry, False)
+        assert (fwd, bwd, took) == (1, 1, 0), entry
+        # triton: the gradient kernel with the loss takes sigmoid from the softplus's exponential
+        tol = dict(rtol=0, atol=0) if impl == "chunked_torch" else dict(rtol=1e-5, atol=1e-7)
+        for got, want in zip(eager, two_pass):
+            torch.testing.assert_close(got, want, **tol)
+        with torch.no_grad():
+            alone = entries[entry](img_all, txt_all, torch.tensor([W.SCALE]), torch.tensor([W.BIAS]))
+        torch.testing.assert_close(alone, eager[0], rtol=1e-6, atol=0)
 
 
 def test_scheme_is_parsed_in_one_place():

@@ -1,0 +1,211 @@
+"""The registered op ``infclip::contrastive_loss``: one op for every scheme, its backward op, fake
+kernels and autograd.
+
+One role: registration. The op takes the scheme as plain values (its name, the process group's
+``group_name``, the ranks per node), builds the sweep inside (ops/sweeps.py) and calls the loss
+assembly (ops/assembly.py), so torch.compile sees one opaque op with a shape rule for the
+single-device loss and every distributed scheme alike, not a graph break.
+
+Defined through torch.library.Library rather than the custom_op decorator: the decorator's Python
+wrapper (aliasing checks, dynamo guards) cost ~0.2-0.3 ms of host time per call on the H200
+machine's host, a third of a whole call at B = 1,024. The autograd is hand-written for the same
+reason (:class:`_Function`).
+
+Outputs of the forward op: (loss [], row_lse, col_lse, aux, kept); all but the loss feed the
+backward op (empty where there is none: see ops/assembly.clip_forward; ``kept`` is the kept S'
+on one device, the gathered features under disco and gather). SigLIP with ``grads_in_forward`` (the caller's promise that a
+backward follows) returns (loss, d_img, d_txt, sums [2], then empty) instead
+(ops/assembly.siglip_forward_with_grads).
+The op runs collectives inside its kernel for the distributed schemes: under torch.compile every
+rank must run the same compiled graph (as data-parallel training does).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from . import assembly
+from .sweeps import Sweep, make_sweep, resolve_group, sweep_class
+
+__all__ = ["OP", "OP_BACKWARD"]
+
+_LIB = torch.library.Library("infclip", "FRAGMENT")
+_SCHEME_ARGS = ('str scheme="none", str group_name="", int local_world_size=0, '
+                'str grad_reduction="mean"')
+_LIB.define("contrastive_loss(Tensor image_features, Tensor text_features, Tensor logit_scale, "
+            "Tensor? logit_bias, str loss, str impl, float label_smoothing, int block_m, "
+            "int block_n, bool allow_tf32, float logits_budget_mb=0.0, "
+            "bool grads_in_forward=False, " + _SCHEME_ARGS + ") -> "
+            "(Tensor, Tensor, Tensor, Tensor, Tensor)")
+_LIB.define("contrastive_loss_backward(Tensor grad, Tensor image_features, Tensor text_features, "
+            "Tensor logit_scale, Tensor? logit_bias, Tensor row_lse, Tensor col_lse, Tensor aux, "
+            "Tensor kept, str loss, "
+            "str impl, float label_smoothing, int block_m, int block_n, bool allow_tf32, "
+            + _SCHEME_ARGS + ") -> (Tensor, Tensor, Tensor, Tensor)")
+
+# the forward op's arguments after the four tensors, with their defaults (the dispatcher leaves
+# trailing defaults out)
+_DEFAULTS = (None, None, None, None, None, None, 0.0, False, "none", "", 0, "mean")
+_OPTIONS = slice(0, 6)  # loss, impl, label_smoothing, block_m, block_n, allow_tf32
+_SCHEME = slice(8, 12)  # scheme, group_name, local_world_size, grad_reduction
+
+
+def _full(options: tuple) -> tuple:
+    return tuple(options) + _DEFAULTS[len(options):]
+
+
+def _setup(image_features, options: tuple, scheme: tuple, budget_mb: float
+           ) -> tuple[Sweep, assembly.Options]:
+    """The call's sweep and options (what to keep of S' decided for this batch)."""
+    loss, impl, eps, block_m, block_n, allow_tf32 = options
+    name, group_name, local_world_size, grad_reduction = scheme
+    sw = make_sweep(name, resolve_group(group_name), local_world_size or None)
+    keep = ""
+    if sw.in_place:
+        keep = assembly.keep_logits(impl, image_features.shape[0], image_features.dtype,
+                                    int(block_m), budget_mb)
+    factor = float(sw.world if grad_reduction == "mean" else 1)
+    return sw, assembly.Options(loss, impl, float(eps), bool(allow_tf32), int(block_m),
+                                int(block_n), factor, keep)
+
+
+def _empty_unless(values: tuple, like: Tensor) -> tuple:
+    """None outputs as empty tensors, each its own (outputs must not alias)."""
+    return tuple([x if x is not None else like.new_empty(0) for x in values])
+
+
+def _forward(image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
+             logit_bias: Optional[Tensor], *options) -> tuple:
+    options = _full(options)
+    eager = assembly.grads_in_forward(options[0], bool(options[7]))
+    # (the forward that takes the gradients keeps no S' for the backward)
+    sw, o = _setup(image_features, options[_OPTIONS], options[_SCHEME],
+                   0.0 if eager else float(options[6]))
+    sw.check_sizes(image_features)
+    s = logit_scale.detach().float().reshape(())
+    bias = logit_bias.detach().float().reshape(()) if o.loss == "siglip" else None
+    args = (image_features, text_features, s)
+    if o.loss == "clip":
+        out = assembly.clip_forward(*args, sw, o)
+    elif eager:
+        out = assembly.siglip_forward_with_grads(*args, bias, sw, o) + (None,)
+    else:
+        loss, kept = assembly.siglip_forward(*args, bias, sw, o)
+        out = (loss, None, None, None, kept)
+    return _empty_unless(out, image_features)
+
+
+@torch.library.register_fake("infclip::contrastive_loss", lib=_LIB)
+def _(image_features, text_features, logit_scale, logit_bias, *options):
+    options = _full(options)
+    loss, impl, eps, block_m = options[:4]
+    name, group_name = options[8:10]
+    cls = sweep_class(name)
+    b, d = image_features.shape
+    n = b if cls.in_place else b * dist.get_world_size(resolve_group(group_name))
+    new = image_features.new_empty
+    f32 = torch.float32
+    if assembly.grads_in_forward(loss, bool(options[7])):
+        folds = assembly.folds_coefficients(cls.in_place, impl, image_features.dtype)
+        dtype = image_features.dtype if folds else f32
+        return (new((), dtype=f32), new((b, d), dtype=dtype), new((b, d), dtype=dtype),
+                new((2,), dtype=f32), new((0,)))
+    clip = loss == "clip"
+    keep = ""
+    if cls.in_place:
+        keep = assembly.keep_logits(impl, b, image_features.dtype, int(block_m), float(options[6]))
+    m = b if clip else 0
+    aux = (b + 2 + (2 * d if eps else 0)) if clip else 0
+    if keep:
+        kept = new((n, n), dtype=f32 if keep == "whole" else None)
+    elif clip and cls.gathers_rows:
+        kept = new((2, n, d))
+    else:
+        kept = new((n, d) if cls.gathers_columns else (0,))
+    return (new((), dtype=f32), new((m,), dtype=f32), new((m,), dtype=f32), new((aux,), dtype=f32),
+            kept)
+
+
+def _backward(grad: Tensor, image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
+              logit_bias: Optional[Tensor], row_lse: Tensor, col_lse: Tensor, aux: Tensor,
+              kept: Tensor, *options) -> tuple:
+    """Returns (d_image [b, D], d_text [b, D], d_scale like logit_scale, d_bias like logit_bias
+    or empty), each times the convention's factor c."""
+    options = _full(tuple(options[:6]) + (0.0, False) + tuple(options[6:]))
+    sw, o = _setup(image_features, options[_OPTIONS], options[_SCHEME], 0.0)
+    s = logit_scale.detach().float().reshape(())
+    g = grad.float().reshape(())
+    args = (image_features, text_features, s)
+    if o.loss == "clip":
+        d_img, d_txt, d_scale = assembly.clip_backward(g, *args, row_lse, col_lse, aux, kept, sw, o)
+        d_bias = logit_scale.new_empty(0)
+    else:
+        if row_lse.dim() == 2:  # the forward took the gradients (siglip_forward_with_grads)
+            d_img, d_txt, d_scale, d_bias = assembly.siglip_backward_from_forward(
+                g, s, image_features.dtype, row_lse, col_lse, aux, sw, o)
+        else:
+            bias = logit_bias.detach().float().reshape(())
+            d_img, d_txt, d_scale, d_bias = assembly.siglip_backward(g, *args, bias, kept, sw, o)
+        d_bias = d_bias.reshape(logit_bias.shape).to(logit_bias.dtype)
+    return (d_img.to(image_features.dtype), d_txt.to(text_features.dtype),
+            d_scale.reshape(logit_scale.shape).to(logit_scale.dtype), d_bias)
+
+
+@torch.library.register_fake("infclip::contrastive_loss_backward", lib=_LIB)
+def _(grad, image_features, text_features, logit_scale, logit_bias, *rest):
+    loss = rest[4]
+    d_bias = (torch.empty_like(logit_bias) if loss == "siglip" and logit_bias is not None
+              else logit_scale.new_empty(0))
+    return (torch.empty_like(image_features), torch.empty_like(text_features),
+            torch.empty_like(logit_scale), d_bias)
+
+
+class _Function(torch.autograd.Function):
+    """The op's autograd: runs the op below autograd and saves what its backward op needs.
+
+    Hand-written rather than torch.library.register_autograd, whose per-call Python (argument
+    defaults filled back in, pytree work, a generated Function with metadata) showed in the
+    host profile at B = 1,024 (bench_contrastive_loss.py --host-profile). ``args`` are the op's
+    arguments as the dispatcher passes them (trailing defaults may be left out). Once
+    differentiable: the backward op has no derivative."""
+
+    @staticmethod
+    def forward(ctx, keyset, *args):
+        with torch._C._AutoDispatchBelowAutograd():
+            out = OP.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+        # the outputs besides the loss only feed the backward: without this autograd would
+        # allocate and zero-fill a gradient for each of them (the kept [B, B] logits or gathered
+        # features among them) per call
+        ctx.mark_non_differentiable(*out[1:])
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*args[:4], *out[1:])
+        options = _full(args[4:])
+        ctx.options = options[_OPTIONS] + options[_SCHEME]
+        ctx.count = len(args)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_loss, *_grad_saved):
+        saved = ctx.saved_tensors
+        d_img, d_txt, d_scale, d_bias = OP_BACKWARD(grad_loss, *saved, *ctx.options)
+        return ((None, d_img, d_txt, d_scale, d_bias if saved[3] is not None else None)
+                + (None,) * (ctx.count - 4))
+
+
+def _autograd_kernel(keyset, *args):
+    """The op's Autograd kernel: a graph node only when a gradient can flow."""
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args[:4]):
+        return _Function.apply(keyset, *args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return OP.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+
+
+_LIB.impl("contrastive_loss", _forward, "CompositeExplicitAutograd")
+_LIB.impl("contrastive_loss_backward", _backward, "CompositeExplicitAutograd")
+_LIB.impl("contrastive_loss", _autograd_kernel, "Autograd", with_keyset=True)
+OP = torch.ops.infclip.contrastive_loss.default
+OP_BACKWARD = torch.ops.infclip.contrastive_loss_backward.default
