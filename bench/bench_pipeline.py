@@ -118,7 +118,11 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
     from infclip.pipeline.zero_step import keep_step_on_device, restore_deepspeed_mask
 
     if on_device_step and zero == 3:
-        print(f"# ZeRO-3 step lightened: {lighten_zero3(engine)}", flush=True)
+        keep = {1: (), 2: ("fetch", "norm"), 3: ("fetch",)}[int(on_device_step)]
+        if keep:  # DeepSpeed's own host waits, kept in the lightened step (an earlier row may have replaced them)
+            restore_deepspeed_zero3()
+        print(f"# ZeRO-3 step lightened: {lighten_zero3(engine, keep_waits=keep)}"
+              f"{', DeepSpeed host waits kept: ' + ' '.join(keep) if keep else ''}", flush=True)
     elif on_device_step:
         print(f"# ZeRO step kept on the device: {keep_step_on_device(engine)}", flush=True)
     else:  # DeepSpeed's own functions back, in case an earlier row of this process replaced them
@@ -279,7 +283,8 @@ def throughput(args, rows):
             for leaf in (args.zero3_leaf if zero == 3 else [0]) for impl in impls
             for ckpt in args.grad_ckpt for comp in args.compile
             for flat in (args.flat_parameters if impl != PLAIN else [0])
-            for on_device in (args.on_device_step if zero in (1, 2, 3) else [1])
+            for on_device in (args.on_device_step if zero == 3 else
+                              sorted({min(v, 1) for v in args.on_device_step}) if zero in (1, 2) else [1])
             for patch in (args.patch_embedding if impl != PLAIN else ["conv"])]
     for zero, leaf, impl, ckpt, comp, flat, on_device, patch in runs:
         ckpt_v, comp_v = _flag(ckpt), _flag(comp)
@@ -290,6 +295,8 @@ def throughput(args, rows):
                "patch_embedding": patch}
         if zero == 3:
             row["zero3_leaf_layers"] = leaf
+            if on_device in (2, 3):
+                row["zero3_host_waits_kept"] = {2: "fetch norm", 3: "fetch"}[on_device]
         if zero == 3 and args.deepcompile:
             row["deepcompile"] = True
         if zero == 3 and args.zero3_extra != "{}":
@@ -305,7 +312,7 @@ def throughput(args, rows):
             engine, cfg, loss_fn = build(args.throughput_model, zero, args.micro_batch, ckpt_v, impl,
                                          json.loads(args.zero3_extra), leaf, comp_v, args.bf16_overflow_check,
                                          args.distributed, args.compile_mode, bool(args.overlap_comm), bool(flat),
-                                         bool(on_device), bool(args.deepspeed_timers), bool(args.deepcompile),
+                                         int(on_device), bool(args.deepspeed_timers), bool(args.deepcompile),
                                          patch)
             batch = synthetic_batch(args.micro_batch, cfg, engine.device, torch.bfloat16)
             timed_steps(engine, loss_fn, batch, args.warmup, None)
@@ -406,6 +413,7 @@ def fmt(r) -> str:
     leaf += f" x{r['world_size']} {r['distributed']}" if r.get("world_size", 1) > 1 else ""
     leaf += " flat" if r.get("flat_parameters") else ""
     leaf += " ds-step" if r.get("on_device_step") is False else ""
+    leaf += f" ds-waits:{r['zero3_host_waits_kept'].replace(' ', ',')}" if r.get("zero3_host_waits_kept") else ""
     leaf += " ds-timers" if r.get("deepspeed_timers") else ""
     leaf += " deepcompile" if r.get("deepcompile") else ""
     leaf += " conv" if r.get("patch_embedding") == "conv" and r.get("loss_impl") != PLAIN else ""
@@ -442,10 +450,12 @@ def main(argv=None) -> int:
     p.add_argument("--overlap_comm", type=int, default=1, choices=[0, 1], help="zero_optimization.overlap_comm")
     p.add_argument("--flat_parameters", type=int, nargs="+", default=[0], choices=[0, 1],
                    help="model.flat_parameters of the pipeline rows: 0 1 runs both")
-    p.add_argument("--on_device_step", type=int, nargs="+", default=[1], choices=[0, 1],
+    p.add_argument("--on_device_step", type=int, nargs="+", default=[1], choices=[0, 1, 2, 3],
                    help="ZeRO-1/2 rows: the optimizer step without host waits (pipeline.zero_step, as "
                    "pipeline.train builds it) or as DeepSpeed wrote it (0); ZeRO-3 rows: the step with less "
-                   "of DeepSpeed's Python (pipeline.zero3_step) or as written (0); 0 1 runs both")
+                   "of DeepSpeed's Python and host waits (pipeline.zero3_step) or as written (0), lightened with "
+                   "DeepSpeed's host waits kept (2: fetch, norm and epilogue; 3: fetch only); 0 1 runs both "
+                   "(ZeRO-1/2 rows: one per distinct on/off)")
     p.add_argument("--patch_embedding", nargs="+", default=["gemm"], choices=["gemm", "conv"],
                    help="model.patch_embedding of the pipeline rows: gemm conv runs both")
     p.add_argument("--deepcompile", action="store_true",

@@ -433,12 +433,12 @@ def wait_unless_copied(self, **kwargs) -> None:
     """DeepSpeed's no-gather ``wait()`` (``NoGatherHandle`` and ``NoGatherCoalescedHandle``) without
     the stream synchronisation when nothing was copied (module docstring); DeepSpeed's own
     otherwise."""
+    complete = f"_{type(self).__name__}__complete"
+    if vars(self).get(complete):  # DeepSpeed's wait returns at once too (each parameter asks)
+        return None
     params = _handle_params(self)
     if not params or not all(_not_copied(p) for p in params):
         return _DEEPSPEED_WAITS[type(self).__name__](self, **kwargs)
-    complete = f"_{type(self).__name__}__complete"
-    if getattr(self, complete):
-        return None
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
     coalesced = type(self).__name__ == "NoGatherCoalescedHandle"
@@ -642,9 +642,11 @@ def _why_not(engine: Any) -> str:
     return ""
 
 
-def lighten_zero3(engine: Any) -> bool:
+def lighten_zero3(engine: Any, keep_waits: tuple = ()) -> bool:
     """Replace the per-step host work of ``engine``'s ZeRO-3 step listed in the module docstring.
-    Returns whether it did; the reason it did not is logged at debug level."""
+    ``keep_waits`` names host waits left as DeepSpeed wrote them (for measuring): "fetch", "norm"
+    (the gradient norm and epilogue). Returns whether it did; the reason it did not is logged at
+    debug level."""
     why = _why_not(engine)
     if why:
         logger.debug("ZeRO-3 step left as DeepSpeed wrote it: %s", why)
@@ -664,10 +666,10 @@ def lighten_zero3(engine: Any) -> bool:
     why = _lighten_engine_methods(engine)
     if why:
         logger.debug("the engine's forward prologue and epilogue left as DeepSpeed wrote them: %s", why)
-    why = _lighten_fetch_waits(engine)
+    why = _lighten_fetch_waits(engine) if "fetch" not in keep_waits else "asked to keep it"
     if why:
         logger.debug("ZeRO-3's one-rank fetch left as DeepSpeed wrote it: %s", why)
-    why = _lighten_optimizer_methods(engine.optimizer)
+    why = _lighten_optimizer_methods(engine.optimizer) if "norm" not in keep_waits else "asked to keep them"
     if why:
         logger.debug("ZeRO-3's gradient norm and epilogue left as DeepSpeed wrote them: %s", why)
     for module in engine.module.modules():

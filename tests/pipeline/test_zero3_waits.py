@@ -326,3 +326,18 @@ def test_other_attention_implementations_get_the_2d_mask():
     _, _, mask = batch()
     assert model._text_attention_mask(mask) is mask
     assert _towers()._text_attention_mask(None) is None
+
+
+def test_waits_kept_when_asked():
+    """``keep_waits`` (for measuring) leaves those host waits as DeepSpeed wrote them."""
+    _, model = _models(True, torch.float32)
+    engine = _engine(model, _config(torch.float32, 0.0), "stack", False)
+    try:
+        assert lighten_zero3(engine, keep_waits=("fetch", "norm"))
+        assert pp.NoGatherHandle.wait is not wait_unless_copied and "get_grad_norm_direct" not in vars(engine.optimizer)
+        assert "_forward_prologue" in vars(engine)  # the rest is lightened
+        restore_deepspeed_zero3()
+        assert lighten_zero3(engine, keep_waits=("fetch",))
+        assert pp.NoGatherHandle.wait is not wait_unless_copied and "get_grad_norm_direct" in vars(engine.optimizer)
+    finally:
+        engine.destroy()
