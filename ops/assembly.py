@@ -47,6 +47,7 @@ from .blocks import (
     rownorm,
     siglip_grads,
     siglip_stats,
+    triton_kernels,
 )
 from .sweeps import Sweep
 
@@ -117,18 +118,6 @@ def folds_coefficients(sweep_in_place: bool, impl: str, dtype: torch.dtype) -> b
     return sweep_in_place and impl == "triton" and dtype != torch.float16
 
 
-_TRITON = []
-
-
-def _triton():
-    """ops/contrastive_loss_triton.py, imported at first use (it defines the kernels)."""
-    if not _TRITON:
-        from . import contrastive_loss_triton
-
-        _TRITON.append(contrastive_loss_triton)
-    return _TRITON[0]
-
-
 def _finite(*values: Tensor) -> Tensor:
     """A device bool: all values finite (no host sync)."""
     return torch.stack([torch.isfinite(v).all() for v in values]).all()
@@ -167,7 +156,7 @@ def _clip_prologue(img, txt, s, sw: Sweep, o: Options):
     sums zeroed (row_sum, row_wsum, col_sum, col_wsum). The shift bounds need the largest feature
     norms of the whole batch (one tiny all-reduce of the sweep)."""
     if o.impl == "triton":
-        return _triton().clip_prologue_triton(img, txt, s, SHIFT_MARGIN, combine_max=sw.max_)
+        return triton_kernels().clip_prologue_triton(img, txt, s, SHIFT_MARGIN, combine_max=sw.max_)
     b = img.shape[0]
     norms = sw.max_(torch.stack([rownorm(img).max(), rownorm(txt).max()]))
     row_shift, col_shift, ref = clip_shifts(img, txt, s, a_max=norms[0], b_max=norms[1])
@@ -180,7 +169,7 @@ def _clip_block_stats(a, b, s, row_shift, col_shift, row_ref, col_ref, diag, row
     """Adds the statistics of the block a x b into rows = [row_sum, row_wsum] ([M] each) and
     cols = [col_sum, col_wsum] ([N] each); returns the kept S' (triton, ``keep``) or None."""
     if o.impl == "triton":
-        return _triton().clip_stats_triton(a, b, s, row_shift, col_shift, row_ref, col_ref, diag,
+        return triton_kernels().clip_stats_triton(a, b, s, row_shift, col_shift, row_ref, col_ref, diag,
                                            keep_logits=keep, band=o.block_m,
                                            allow_tf32=o.allow_tf32, out=(*rows, *cols))[4]
     r_sum, c_sum, r_w, c_w = clip_stats(a, b, s, row_shift, col_shift, row_ref, col_ref, diag,
@@ -195,7 +184,7 @@ def _clip_epilogue(s, sums, row_shift, col_shift, aux, n_global: int, o: Options
     aux[b] (sum of the E[S'] - S'_ii terms, for d loss / d s) and aux[b + 1] (sum ref). A
     non-finite shift (non-finite features or scale) makes the share NaN (no sync)."""
     if o.impl == "triton":
-        return _triton().clip_epilogue_triton(s, sums, row_shift, col_shift, aux, count=n_global)
+        return triton_kernels().clip_epilogue_triton(s, sums, row_shift, col_shift, aux, count=n_global)
     b = row_shift.shape[0]
     ref = aux[:b]
     r_loss, row_lse, r_e = clip_terms(sums[:b], sums[b:2 * b], row_shift, ref, s)
@@ -272,14 +261,14 @@ def _clip_own_block_grads(g, img, txt, s, row_lse, col_lse, aux, logits, o: Opti
     if folds_coefficients(True, o.impl, img.dtype):
         # k = coef s folded into P before its rounding: the GEMMs write the final gradients. The
         # kernel takes coef = g / (2B), k and d_scale = coef aux[B] itself (no torch launches).
-        return _triton().clip_grads_triton(
+        return triton_kernels().clip_grads_triton(
             img, txt, s, row_lse, col_lse, ref, **labels, coef=g, coef_mul=1 / (2 * n),
             coef_scale=True, dscale_from=aux, dscale_index=n, logits=kept, band=o.block_m,
             out_dtype=img.dtype, allow_tf32=o.allow_tf32)
     coef = g / (2 * n)
     k = coef * s
     if o.impl == "triton":  # fp16: k multiplies the fp32 results
-        d_img, d_txt = _triton().clip_grads_triton(
+        d_img, d_txt = triton_kernels().clip_grads_triton(
             img, txt, s, row_lse, col_lse, ref, **labels, logits=kept, band=o.block_m,
             out_dtype=torch.float32, allow_tf32=o.allow_tf32)
         d_img, d_txt = d_img.mul_(k), d_txt.mul_(k)
@@ -377,7 +366,7 @@ def siglip_forward(img, txt, s, bias, sw: Sweep, o: Options) -> tuple:
         nonlocal row_loss, kept
         diag = col_offset - row_offset
         if o.impl == "triton":
-            part, kept = _triton().siglip_stats_triton(img, held[0], s, bias, diag,
+            part, kept = triton_kernels().siglip_stats_triton(img, held[0], s, bias, diag,
                                                          keep_logits=o.keep, band=o.block_m,
                                                          allow_tf32=o.allow_tf32)
         else:
@@ -410,7 +399,7 @@ def _siglip_own_block_grads(coef, img, txt, s, bias, logits, o: Options, with_lo
         return (*out[:-4], d_img, d_txt.mul_(k), gsum, gwsum)
     fold = folds_coefficients(True, o.impl, img.dtype)
     kept = logits if logits is not None and logits.numel() else None
-    out = _triton().siglip_grads_triton(
+    out = triton_kernels().siglip_grads_triton(
         img, txt, s, bias, 0, coef=coef if fold else None, coef_scale=fold, logits=kept,
         band=o.block_m, out_dtype=img.dtype if fold else torch.float32,
         allow_tf32=o.allow_tf32, with_loss=with_loss)

@@ -30,6 +30,7 @@ __all__ = [
     "siglip_grads",
     "rowdot",
     "rownorm",
+    "triton_kernels",
 ]
 
 _DEFAULT_TORCH_BLOCK = 1024
@@ -150,10 +151,16 @@ def _blocks(impl: str, a: Tensor, b: Tensor, block_m: int, block_n: int):
     return block_m or _DEFAULT_TORCH_BLOCK, block_n or _DEFAULT_TORCH_BLOCK
 
 
-def _triton():
-    from . import contrastive_loss_triton
+_TRITON = []
 
-    return contrastive_loss_triton
+
+def triton_kernels():
+    """ops/contrastive_loss_triton.py, imported at first use (it defines the kernels) and kept."""
+    if not _TRITON:
+        from . import contrastive_loss_triton
+
+        _TRITON.append(contrastive_loss_triton)
+    return _TRITON[0]
 
 
 def clip_stats(a: Tensor, b: Tensor, scale: Tensor, row_shift: Tensor, col_shift: Tensor,
@@ -170,7 +177,7 @@ def clip_stats(a: Tensor, b: Tensor, scale: Tensor, row_shift: Tensor, col_shift
     For triton, block_m is the rows per GEMM band (0: by memory) and block_n is unused.
     """
     if impl == "triton":
-        return _triton().clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref,
+        return triton_kernels().clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref,
                                            diag, band=block_m, allow_tf32=allow_tf32)[:4]
     bm, bn = _blocks(impl, a, b, block_m, block_n)
     with matmul_precision(allow_tf32):
@@ -196,7 +203,7 @@ def clip_grads(a: Tensor, b: Tensor, scale: Tensor, row_lse: Tensor, col_lse: Te
     so the caller can write its final gradient without an [M, D] fp32 buffer.
     """
     if impl == "triton":
-        return _triton().clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, diag=diag,
+        return triton_kernels().clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, diag=diag,
                                            diag_value=diag_value, offset=offset, band=block_m,
                                            allow_tf32=allow_tf32, sink_a=sink_a)
     bm, bn = _blocks(impl, a, b, block_m, block_n)
@@ -214,7 +221,7 @@ def siglip_stats(a: Tensor, b: Tensor, scale: Tensor, bias: Tensor, diag: int = 
     diagonal; out of range for a block with no positives). Returns fp32 [M].
     """
     if impl == "triton":
-        return _triton().siglip_stats_triton(a, b, scale, bias, diag, band=block_m,
+        return triton_kernels().siglip_stats_triton(a, b, scale, bias, diag, band=block_m,
                                              allow_tf32=allow_tf32)[0]
     bm, bn = _blocks(impl, a, b, block_m, block_n)
     with matmul_precision(allow_tf32):
@@ -229,7 +236,7 @@ def siglip_grads(a: Tensor, b: Tensor, scale: Tensor, bias: Tensor, diag: int = 
     ``sink_a`` as in :func:`clip_grads`. ``with_loss``: the same pass also gives the
     :func:`siglip_stats` row sums, returned first (a forward whose backward will follow)."""
     if impl == "triton":
-        return _triton().siglip_grads_triton(a, b, scale, bias, diag, band=block_m,
+        return triton_kernels().siglip_grads_triton(a, b, scale, bias, diag, band=block_m,
                                              allow_tf32=allow_tf32, sink_a=sink_a,
                                              with_loss=with_loss)
     bm, bn = _blocks(impl, a, b, block_m, block_n)

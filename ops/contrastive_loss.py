@@ -231,8 +231,6 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
     impl_run, why = resolve_impl(impl, image_features.device, triton_interpret)
     if impl == "triton" and impl_run != "triton":
         warnings.warn(f"contrastive_loss: {why}", stacklevel=2)
-    if not scheme.local:
-        logits_budget_mb = 0.0  # (S' is kept on one device only)
     return _call(image_features, text_features, logit_scale, logit_bias, scheme, loss, impl_run,
                  label_smoothing, block_m, block_n, allow_tf32, grad_reduction, logits_budget_mb)
 

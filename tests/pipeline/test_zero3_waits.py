@@ -18,22 +18,13 @@ from infclip.pipeline.zero3_step import lighten_zero3, restore_deepspeed_zero3, 
 
 from .test_model_speed import batch, cfg
 from .test_zero3_step import _assert_same, _config, _engine, _loss, _models, _state
+from .test_zero3_step import deepspeed_as_written  # noqa: F401  (autouse: DeepSpeed's own functions around each test)
 
 deepspeed = pytest.importorskip("deepspeed")
 from deepspeed.runtime.zero import partition_parameters as pp  # noqa: E402
 from deepspeed.runtime.zero import stage3  # noqa: E402
 
 _CAP = zero3_step._EVENT_CAP
-
-
-@pytest.fixture(autouse=True)
-def deepspeed_as_written():
-    from infclip.pipeline.train import single_process_env
-
-    single_process_env()
-    restore_deepspeed_zero3()
-    yield
-    restore_deepspeed_zero3()
 
 
 class CountingStream:
