@@ -103,8 +103,9 @@ def towers_ms(flat: bool, zero: int, steps: int, device: torch.device, width: in
     """The ViT-B/32 towers' layout (12 + 12 blocks, 399 tensors) at width ``width``, with or
     without ``model.flat_parameters``, through the DeepSpeed step on 2 rows: (tensors, ms).
     Under ZeRO-3, ``leaf`` is ``model.zero3_leaf_layers`` (True: each block, "stack": each
-    tower's stack of blocks, False: none), and ``lighten`` applies ``pipeline.zero3_step``
+    tower's stack of blocks, "tower": each tower, False: none), and ``lighten`` applies ``pipeline.zero3_step``
     (False: DeepSpeed's ZeRO-3 step as written, restored if an earlier engine replaced it)."""
+    from infclip.pipeline.tower_unit import reduce_when_accumulated
     from infclip.pipeline.zero3_step import lighten_zero3, restore_deepspeed_zero3
 
     from infclip.pipeline.model import CLIPTowers, ModelConfig, mark_zero3_leaf_layers, param_groups
@@ -130,6 +131,8 @@ def towers_ms(flat: bool, zero: int, steps: int, device: torch.device, width: in
         engine.module.bind_flat_views_in_forward()
         if lighten and not lighten_zero3(engine):
             raise RuntimeError("pipeline.zero3_step refused this engine (debug log says why)")
+        if zero == 3 and leaf == "tower":
+            reduce_when_accumulated(engine, [("vision", model.vision), ("text", model.text)])
 
     if not lighten:
         restore_deepspeed_zero3()
@@ -146,8 +149,8 @@ def main(argv=None) -> int:
                    help="instead: the ViT-B/32 towers' layout (narrow) with and without model.flat_parameters")
     p.add_argument("--width", type=int, default=64, help="--towers: hidden size of both towers")
     p.add_argument("--zero3_leaf", type=lambda v: {"0": False, "1": True}.get(v, v), nargs="+",
-                   default=[True, "stack"], choices=[False, True, "stack"],
-                   help="--towers at ZeRO-3: model.zero3_leaf_layers values (1: blocks, stack, 0: none)")
+                   default=[True, "stack"], choices=[False, True, "stack", "tower"],
+                   help="--towers at ZeRO-3: model.zero3_leaf_layers values (1: blocks, stack, tower, 0: none)")
     p.add_argument("--lighten", type=int, nargs="+", default=[0], choices=[0, 1],
                    help="--towers at ZeRO-3: without (0) / with (1) pipeline.zero3_step, one row each in this "
                         "order (e.g. 0 1 0 1: compared within one process)")
@@ -164,7 +167,7 @@ def main(argv=None) -> int:
                 for leaf in (args.zero3_leaf if zero == 3 else [True]):
                     for lighten in (args.lighten if zero == 3 else [0]):
                         count, ms = towers_ms(flat, zero, args.steps, device, args.width, leaf, bool(lighten))
-                        unit = {True: " blocks", False: " no leaf", "stack": " stacks"}[leaf] if zero == 3 else ""
+                        unit = {True: " blocks", False: " no leaf", "stack": " stacks", "tower": " towers"}[leaf] if zero == 3 else ""
                         unit += " lightened" if lighten else ""
                         print(f"ZeRO-{zero}{unit:<18} {'flat_parameters' if flat else 'plain':<16} {count:>4} tensors "
                               f"{ms:7.1f}", flush=True)

@@ -130,6 +130,10 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
         restore_deepspeed_zero3()
     if zero == 3 and impl != PLAIN:
         engine.module.bind_flat_views_in_forward()
+    if zero == 3 and leaf == "tower":
+        from infclip.pipeline.tower_unit import reduce_when_accumulated
+
+        reduce_when_accumulated(engine, [("vision", engine.module.vision), ("text", engine.module.text)])
     bad = misaligned_parameters(engine.module)
     if bad:
         print(f"# {len(bad)} parameters not 16-byte aligned, e.g. {bad[:3]}", flush=True)
@@ -409,7 +413,7 @@ def report(row, rows, args) -> None:
 
 def fmt(r) -> str:
     num = (lambda k, f: format(r[k], f) if isinstance(r.get(k), (int, float)) else "-")
-    leaf = {True: "+leaf", False: "-leaf", "stack": "+stack"}.get(r.get("zero3_leaf_layers"), "")
+    leaf = {True: "+leaf", False: "-leaf", "stack": "+stack", "tower": "+tower"}.get(r.get("zero3_leaf_layers"), "")
     leaf += f" x{r['world_size']} {r['distributed']}" if r.get("world_size", 1) > 1 else ""
     leaf += " flat" if r.get("flat_parameters") else ""
     leaf += " ds-step" if r.get("on_device_step") is False else ""
@@ -441,8 +445,9 @@ def main(argv=None) -> int:
     p.add_argument("--zero3_extra", default="{}", help="JSON merged into zero_optimization at stage 3, e.g. "
                    "'{\"stage3_module_granularity_threshold\": 12000}'")
     p.add_argument("--zero3_leaf", type=lambda v: {"0": False, "1": True}.get(v, v), nargs="+", default=[True],
-                   choices=[False, True, "stack"], help="ZeRO-3 units (model.zero3_leaf_layers): each transformer "
-                   "block (1, the pipeline's default), each tower's stack of blocks (stack), or none (0)")
+                   choices=[False, True, "stack", "tower"], help="ZeRO-3 units (model.zero3_leaf_layers): each "
+                   "transformer block (1, the pipeline's default), each tower's stack of blocks (stack), each whole "
+                   "tower (tower), or none (0)")
     p.add_argument("--distributed", default="gather", help="loss scheme with several ranks (the vitb32 preset's: "
                    "gather); per-GPU samples/s against a one-GPU run of the same command is the scaling")
     p.add_argument("--compile_mode", default="default", choices=["default", "reduce-overhead",

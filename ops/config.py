@@ -28,6 +28,16 @@ def _where(section: str, source: Optional[str]) -> str:
     return f"'{section}'" + (f" in {source}" if source else "")
 
 
+def _describe(hint: Any) -> str:
+    """What a value of ``hint`` is, in a config error's words."""
+    if typing.get_origin(hint) is typing.Literal:
+        return f"one of {list(typing.get_args(hint))}"
+    if typing.get_origin(hint) in (list, tuple):
+        return "a list"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+            dict: "an object"}.get(typing.get_origin(hint) or hint, str(hint))
+
+
 def _check_type(value: Any, hint: Any, key: str, where: str) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
@@ -36,15 +46,16 @@ def _check_type(value: Any, hint: Any, key: str, where: str) -> Any:
     if origin is typing.Union:
         if value is None and type(None) in args:
             return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
+        options = [arg for arg in args if arg is not type(None)]
+        for arg in options:
             try:
                 return _check_type(value, arg, key, where)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r} ({where})")
+            except ConfigError:
+                pass
+        if len(options) == 1:
+            return _check_type(value, options[0], key, where)  # its own message
+        wanted = " or ".join(_describe(arg) for arg in options)
+        raise ConfigError(f"{where}: '{key}' must be {wanted}, got {value!r}")
     if origin is typing.Literal:
         if value not in args:
             raise ConfigError(f"{where}: '{key}' must be one of {list(args)}, got {value!r}")

@@ -28,6 +28,7 @@ from infclip.ops.config import ConfigError
 
 from .config import RunConfig
 from .model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
+from .tower_unit import reduce_when_accumulated
 from .zero3_step import lighten_zero3
 from .zero_step import keep_step_on_device
 
@@ -146,6 +147,8 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
         # less of DeepSpeed's per-step Python (pipeline.zero3_step); its host waits kept
         lighten_zero3(engine, keep_waits=ZERO3_KEPT_WAITS)
         engine.module.bind_flat_views_in_forward()  # after DeepSpeed's hooks: views of the gathered tensors
+        if model_cfg.zero3_leaf_layers == "tower":  # the towers' gradients reduced once accumulated
+            reduce_when_accumulated(engine, [("vision", engine.module.vision), ("text", engine.module.text)])
     misaligned = misaligned_parameters(engine.module)
     if misaligned:
         logger.warning("%d parameters do not start on a 16-byte boundary (slow GEMM and elementwise kernels), "

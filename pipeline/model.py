@@ -181,13 +181,15 @@ class ModelConfig:
     """ZeRO-3 only: build the towers inside ``deepspeed.zero.Init`` so that no rank ever holds
     the whole model (each keeps its shard from the start); transformers' weight init then runs
     on rank 0 one module at a time, gathered, and is broadcast. Not for ``pretrained``."""
-    zero3_leaf_layers: typing.Union[bool, typing.Literal["stack"]] = True
+    zero3_leaf_layers: typing.Union[bool, typing.Literal["stack", "tower"]] = True
     """ZeRO-3 only: the unit whose parameters DeepSpeed gathers at once (its "leaf modules").
     ``true``: each transformer block (one fetch per block instead of one per Linear/LayerNorm; one
     block's weights live at a time). ``"stack"``: each tower's whole stack of blocks
     (``pipeline/layer_stack.py``): two fetches per step and, compiled, one graph per tower instead
-    of one per block, at the cost of a tower's weights live during its forward. Not with locked
-    towers. ``false``: DeepSpeed's per-module fetch."""
+    of one per block, at the cost of a tower's weights live during its forward. ``"tower"``: each
+    whole tower (``pipeline/tower_unit.py``): DeepSpeed's hooks on 3 modules instead of 20, a
+    tower's weights gathered from its forward to the optimizer step. ``"stack"`` and ``"tower"``
+    not with locked towers. ``false``: DeepSpeed's per-module fetch."""
     patch_embedding: typing.Literal["gemm", "conv"] = "gemm"
     """The image tower's patch embedding: ``"gemm"`` cuts the image into its patches and multiplies
     them by the kernel (``pipeline/patch_embed.py``; same weights, same results), ``"conv"`` keeps
@@ -215,9 +217,9 @@ class ModelConfig:
         if not 0.0 < self.checkpointing_memory_fraction <= 1.0:
             raise ConfigError(f"'checkpointing_memory_fraction' must be in (0, 1], got "
                               f"{self.checkpointing_memory_fraction}")
-        if self.zero3_leaf_layers == "stack" and (self.lock_image or self.lock_text):
-            raise ConfigError("'zero3_leaf_layers': \"stack\" does not support locked towers ('lock_image' / "
-                              "'lock_text'); use true")
+        if self.zero3_leaf_layers in ("stack", "tower") and (self.lock_image or self.lock_text):
+            raise ConfigError(f"'zero3_leaf_layers': \"{self.zero3_leaf_layers}\" does not support locked towers "
+                              "('lock_image' / 'lock_text'); use true")
         if self.flat_parameters and (self.lock_image or self.lock_text):
             raise ConfigError("'flat_parameters' does not support locked towers ('lock_image' / 'lock_text')")
         if math.exp(self.init_logit_scale) > self.max_logit_scale * (1 + 1e-6):
@@ -468,11 +470,21 @@ def _encoders(model: nn.Module) -> list[nn.Module]:
 def mark_zero3_leaf_layers(model: nn.Module, unit: typing.Union[bool, str] = True) -> int:
     """Flag DeepSpeed ZeRO-3 leaf modules in ``model``, whose parameters are gathered and
     released as one unit (call before ``deepspeed.initialize``): each HF transformer block
-    (``*EncoderLayer``), or with ``unit="stack"`` each encoder's whole stack of blocks, routed
-    through :func:`pipeline.layer_stack.route_through_stack`. Returns how many were flagged."""
+    (``*EncoderLayer``), with ``unit="stack"`` each encoder's whole stack of blocks, routed
+    through :func:`pipeline.layer_stack.route_through_stack`, with ``unit="tower"`` each tower of
+    a :class:`CLIPTowers` (:meth:`CLIPTowers.route_towers`; its stacks routed too, for one graph
+    each; after ``deepspeed.initialize`` call :func:`pipeline.tower_unit.reduce_when_accumulated`).
+    Returns how many were flagged."""
     from deepspeed.utils import set_z3_leaf_module
 
-    leaves = [route_through_stack(e) for e in _encoders(model)] if unit == "stack" else _encoder_layers(model)
+    if unit == "tower":
+        for encoder in _encoders(model):
+            route_through_stack(encoder)
+        leaves = model.route_towers()
+    elif unit == "stack":
+        leaves = [route_through_stack(e) for e in _encoders(model)]
+    else:
+        leaves = _encoder_layers(model)
     for leaf in leaves:
         set_z3_leaf_module(leaf, True)
     return len(leaves)
@@ -535,6 +547,7 @@ class CLIPTowers(nn.Module):
         self.max_logit_scale = float(cfg.max_logit_scale)
         self._checkpoint_function: Optional[Any] = None
         self._planned = False
+        self._towers_routed = False
         self.compiled: Optional[str] = None
         """What :meth:`_plan` compiled: None, "towers" or "blocks"."""
         self.set_gradient_checkpointing(cfg.gradient_checkpointing is True)
@@ -694,7 +707,25 @@ class CLIPTowers(nn.Module):
         bind_views(self._flat_blocks)
         return self._text_features(input_ids, attention_mask)
 
+    def route_towers(self) -> list[nn.Module]:
+        """Make each tower module's call compute its features (ZeRO-3 with whole towers as units,
+        ``pipeline/tower_unit.py``): ``vision(pixel_values)`` and ``text(input_ids,
+        attention_mask)``, positional, return the normalised features, and this model calls the
+        towers that way. Module names and state dicts are untouched. Returns the two towers."""
+        self.vision.forward = self._image_tower
+        self.text.forward = self._text_tower
+        self._towers_routed = True
+        return [self.vision, self.text]
+
     def _image_features(self, pixel_values: Tensor) -> Tensor:
+        return self.vision(pixel_values) if self._towers_routed else self._image_tower(pixel_values)
+
+    def _text_features(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
+        if self._towers_routed:
+            return self.text(input_ids, attention_mask)
+        return self._text_tower(input_ids, attention_mask)
+
+    def _image_tower(self, pixel_values: Tensor) -> Tensor:
         out = self.vision.vision_model(pixel_values=pixel_values)
         feats = self.vision.visual_projection(out.pooler_output)
         return nn.functional.normalize(feats, dim=-1)
@@ -719,7 +750,7 @@ class CLIPTowers(nn.Module):
         causal = pos[None, None, None, :] <= pos[None, None, :, None]  # key <= query: [1,1,L,L]
         return causal & attention_mask.bool()[:, None, None, :]
 
-    def _text_features(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
+    def _text_tower(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
         if input_ids.shape[1] > self.context_length:
             raise ValueError(f"input_ids has {input_ids.shape[1]} tokens, the text tower takes at most "
                              f"{self.context_length}")

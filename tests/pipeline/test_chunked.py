@@ -184,14 +184,17 @@ def test_chunked_matches_one_graph_deepspeed(dist_world_of_one, stage):
         torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-4, atol=1e-6, msg=n)
 
 
-@pytest.mark.parametrize("unit", [True, "stack"])
+@pytest.mark.parametrize("unit", [True, "stack", "tower"])
 @pytest.mark.parametrize("grad_ckpt", [False, True])
 def test_zero3_leaf_layers_match_zero0(dist_world_of_one, grad_ckpt, unit):
     """ZeRO-3 with each transformer block gathered as one unit (model.zero3_leaf_layers, the
-    default) or each tower's stack of blocks (``"stack"``) gives ZeRO-0's gradients, with and
-    without activation checkpointing (reentrant: the blocks recompute inside the stack's
-    backward), over two steps (the second runs on DeepSpeed's recorded prefetch trace)."""
+    default), each tower's stack of blocks (``"stack"``) or each whole tower (``"tower"``, its
+    gradients reduced once accumulated) gives ZeRO-0's gradients, with and without activation
+    checkpointing (reentrant: the blocks recompute inside the stack's backward), over two steps
+    (the second runs on DeepSpeed's recorded prefetch trace)."""
     import deepspeed
+
+    from infclip.pipeline.tower_unit import reduce_when_accumulated
 
     pv, ids, mask = batch()
     loss_fn = make_loss("clip")
@@ -202,11 +205,13 @@ def test_zero3_leaf_layers_match_zero0(dist_world_of_one, grad_ckpt, unit):
             model.vision.config))  # two blocks, so the leaf hooks run in sequence
         model.set_gradient_checkpointing(grad_ckpt)
         if leaf:
-            assert mark_zero3_leaf_layers(model, unit) == (2 if unit == "stack" else 3)
+            assert mark_zero3_leaf_layers(model, unit) == (3 if unit is True else 2)
         cfg = {"train_micro_batch_size_per_gpu": B, "gradient_accumulation_steps": 1,
                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
                "zero_optimization": {"stage": stage}, "steps_per_print": 10**9}
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        if leaf and unit == "tower":
+            reduce_when_accumulated(engine, [("vision", model.vision), ("text", model.text)])
         engine.train()
         for step in range(2):
             img, txt, scale, bias = engine(pv, ids, mask)

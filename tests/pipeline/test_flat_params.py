@@ -170,6 +170,10 @@ def _zero3_run(model, steps=4, leaf=True):
         mark_zero3_leaf_layers(model, leaf)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
     engine.module.bind_flat_views_in_forward()
+    if leaf == "tower":
+        from infclip.pipeline.tower_unit import reduce_when_accumulated
+
+        reduce_when_accumulated(engine, [("vision", model.vision), ("text", model.text)])
     losses = []
     for _ in range(steps):
         loss = loss_of(engine)
@@ -182,7 +186,8 @@ def _zero3_run(model, steps=4, leaf=True):
     return losses, state
 
 
-@pytest.mark.parametrize("leaf, ckpt", [(True, False), (False, False), ("stack", False), (True, True), ("stack", True)])
+@pytest.mark.parametrize("leaf, ckpt", [(True, False), (False, False), ("stack", False), ("tower", False), (True, True),
+                                        ("stack", True), ("tower", True)])
 def test_deepspeed_zero3_trains_the_flat_model_as_the_plain_one(leaf, ckpt):
     """ZeRO-3 partitions the flat tensors; each block (or each layer stack) binds its views after
     DeepSpeed's gather. With leaf modules ZeRO-3 reduces a leaf's gradients in a hook on its
