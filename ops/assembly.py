@@ -155,8 +155,9 @@ def _clip_prologue(img, txt, s, sw: Sweep, o: Options):
     """(row_shift [b], col_shift [b], aux [b + 2], sums [4 b]): aux[:b] = ref (the positives' S'),
     sums zeroed (row_sum, row_wsum, col_sum, col_wsum). The shift bounds need the largest feature
     norms of the whole batch (one tiny all-reduce of the sweep)."""
-    if o.impl == "triton":
-        return triton_kernels().clip_prologue_triton(img, txt, s, SHIFT_MARGIN, combine_max=sw.max_)
+    if o.impl == "triton":  # (one rank: no max to combine, no reduction launched for it)
+        return triton_kernels().clip_prologue_triton(img, txt, s, SHIFT_MARGIN,
+                                                     combine_max=sw.max_ if sw.world > 1 else None)
     b = img.shape[0]
     norms = sw.max_(torch.stack([rownorm(img).max(), rownorm(txt).max()]))
     row_shift, col_shift, ref = clip_shifts(img, txt, s, a_max=norms[0], b_max=norms[1])
@@ -265,24 +266,23 @@ def _clip_own_block_grads(g, img, txt, s, row_lse, col_lse, aux, logits, o: Opti
             img, txt, s, row_lse, col_lse, ref, **labels, coef=g, coef_mul=1 / (2 * n),
             coef_scale=True, dscale_from=aux, dscale_index=n, logits=kept, band=o.block_m,
             out_dtype=img.dtype, allow_tf32=o.allow_tf32)
-    coef = g / (2 * n)
-    k = coef * s
-    if o.impl == "triton":  # fp16: k multiplies the fp32 results
-        d_img, d_txt = triton_kernels().clip_grads_triton(
+    if o.impl == "triton":  # fp16: k = coef s multiplies the fp32 results, d_scale = coef aux[n]
+        tri = triton_kernels()
+        d_img, d_txt = tri.clip_grads_triton(
             img, txt, s, row_lse, col_lse, ref, **labels, logits=kept, band=o.block_m,
             out_dtype=torch.float32, allow_tf32=o.allow_tf32)
-        d_img, d_txt = d_img.mul_(k), d_txt.mul_(k)
-    else:
-        # dI is finished band by band (no [B, D] fp32 buffer), dT in place on its fp32 sum.
-        d_img = torch.empty_like(img)
+        return tri.scale_grads_triton(g, d_img, d_txt, 2 * n, scale=s, scalars=(aux[n],),
+                                      out_dtype=img.dtype)
+    coef = g / (2 * n)
+    k = coef * s
+    # dI is finished band by band (no [B, D] fp32 buffer), dT in place on its fp32 sum.
+    d_img = torch.empty_like(img)
 
-        def finish_img(i0, i1, rows):
-            d_img[i0:i1] = rows.mul_(k)
+    def finish_img(i0, i1, rows):
+        d_img[i0:i1] = rows.mul_(k)
 
-        _, d_txt = clip_grads(img, txt, s, row_lse, col_lse, ref, **labels, **o.kw,
-                              sink_a=finish_img)
-        d_txt.mul_(k)
-    return d_img, d_txt, coef * aux[n]
+    _, d_txt = clip_grads(img, txt, s, row_lse, col_lse, ref, **labels, **o.kw, sink_a=finish_img)
+    return d_img, d_txt.mul_(k), coef * aux[n]
 
 
 def _clip_gathered_grads(img, txt, s, row_lse, col_lse, ref, kept, sw: Sweep, o: Options):
@@ -331,19 +331,20 @@ def clip_backward(g, img, txt, s, row_lse, col_lse, aux, kept, sw: Sweep, o: Opt
     the forward's (see clip_forward; empty or None for none)."""
     b, d = img.shape
     n_global = sw.world * b
-    coef = g / (2 * n_global)
     if sw.in_place:
         d_img, d_txt, d_scale = _own_block(sw, [txt, col_lse], lambda held: _clip_own_block_grads(
             g, img, held[0], s, row_lse, held[1], aux, kept, o))
     else:
         grads = _clip_gathered_grads if sw.gathers_rows else _clip_swept_grads
         d_img, d_txt = grads(img, txt, s, row_lse, col_lse, aux[:b], kept, sw, o)
+        coef = g / (2 * n_global)
         k = coef * s * o.factor
         d_img.mul_(k)
         d_txt.mul_(k)
         # this rank's share: sum over its rows and columns of E[S'] - S'_ii (see clip_terms)
         d_scale = coef * aux[b] * o.factor
     if o.eps:
+        coef = g / (2 * n_global)  # (here only: in place the kernels take coef themselves)
         img_sum, txt_sum = aux[b + 2:b + 2 + d], aux[b + 2 + d:]
         # the global term -2 eps / B <sum I, sum T>: each rank takes 1/N of it
         d_scale = d_scale + coef * o.factor * 2 * o.eps * (
@@ -383,10 +384,10 @@ def siglip_forward(img, txt, s, bias, sw: Sweep, o: Options) -> tuple:
     return loss, (full[0] if full is not None else kept)
 
 
-def _siglip_own_block_grads(coef, img, txt, s, bias, logits, o: Options, with_loss=False):
+def _siglip_own_block_grads(coef, img, txt, s, bias, logits, o: Options):
     """An in-place sweep's one block, scaled by k = coef s: (d_img, d_txt, sum G, sum G S'), the
     gradients finished (folds_coefficients: k folded into G before its rounding in the kernel;
-    otherwise fp32 times k after); ``with_loss``: the row sums of the pair losses first."""
+    otherwise fp32 times k after)."""
     if o.impl != "triton":
         k = coef * s
         d_img = torch.empty_like(img)
@@ -394,18 +395,16 @@ def _siglip_own_block_grads(coef, img, txt, s, bias, logits, o: Options, with_lo
         def finish_img(i0, i1, rows):
             d_img[i0:i1] = rows.mul_(k)
 
-        out = siglip_grads(img, txt, s, bias, 0, **o.kw, sink_a=finish_img, with_loss=with_loss)
-        _, d_txt, gsum, gwsum = out[-4:]
-        return (*out[:-4], d_img, d_txt.mul_(k), gsum, gwsum)
+        _, d_txt, gsum, gwsum = siglip_grads(img, txt, s, bias, 0, **o.kw, sink_a=finish_img)
+        return d_img, d_txt.mul_(k), gsum, gwsum
     fold = folds_coefficients(True, o.impl, img.dtype)
     kept = logits if logits is not None and logits.numel() else None
     out = triton_kernels().siglip_grads_triton(
         img, txt, s, bias, 0, coef=coef if fold else None, coef_scale=fold, logits=kept,
-        band=o.block_m, out_dtype=img.dtype if fold else torch.float32,
-        allow_tf32=o.allow_tf32, with_loss=with_loss)
+        band=o.block_m, out_dtype=img.dtype if fold else torch.float32, allow_tf32=o.allow_tf32)
     if not fold:
         k = coef * s
-        for grad in out[-4:-2]:  # d_img, d_txt (fp32)
+        for grad in out[:2]:  # d_img, d_txt (fp32)
             grad.mul_(k)
     return out
 
@@ -438,17 +437,20 @@ def _siglip_swept_grads(img, txt, s, bias, kept_text, sw: Sweep, o: Options, row
 
 def siglip_forward_with_grads(img, txt, s, bias, sw: Sweep, o: Options) -> tuple:
     """One sweep for the loss and the gradients (a forward whose backward will follow): (loss,
-    d_img, d_txt, sums [2] = (sum G S', sum G)). In place the gradients are those of an upstream
-    gradient of 1, finished where folds_coefficients (k = s / B); otherwise fp32 without k.
-    :func:`siglip_backward_from_forward` scales them."""
+    d_img, d_txt, sums [2] = (sum G S', sum G)). The gradients are those of an upstream gradient
+    of 1, finished where folds_coefficients (k = s / B), otherwise fp32 without k;
+    :func:`siglip_backward_from_forward` scales them. In place the triton impl runs the block's
+    gradient pass and one finishing launch (loss and sums), nothing else."""
     b = img.shape[0]
     n_global = sw.world * b
-    if folds_coefficients(sw.in_place, o.impl, img.dtype):
-        row_loss, d_img, d_txt, gsum, gwsum = _own_block(sw, [txt], lambda held: (
-            _siglip_own_block_grads(1.0 / n_global, img, held[0], s, bias, None, o, with_loss=True)))
-    else:
-        row_loss = torch.zeros(b, dtype=torch.float32, device=img.device)
-        d_img, d_txt, gsum, gwsum = _siglip_swept_grads(img, txt, s, bias, None, sw, o, row_loss)
+    if sw.in_place and o.impl == "triton":
+        fold = folds_coefficients(True, o.impl, img.dtype)
+        return _own_block(sw, [txt], lambda held: triton_kernels().siglip_loss_grads_triton(
+            img, held[0], s, bias, n_global, coef=1.0 / n_global if fold else None,
+            coef_scale=fold, band=o.block_m, out_dtype=img.dtype if fold else torch.float32,
+            allow_tf32=o.allow_tf32))
+    row_loss = torch.zeros(b, dtype=torch.float32, device=img.device)
+    d_img, d_txt, gsum, gwsum = _siglip_swept_grads(img, txt, s, bias, None, sw, o, row_loss)
     (loss,) = _sum_over_ranks(sw, row_loss.sum() / n_global)
     return loss, d_img, d_txt, torch.stack([gwsum, gsum])
 
@@ -456,11 +458,20 @@ def siglip_forward_with_grads(img, txt, s, bias, sw: Sweep, o: Options) -> tuple
 def siglip_backward_from_forward(g, s, dtype, d_img, d_txt, sums, sw: Sweep, o: Options) -> tuple:
     """(d_img, d_txt, d_scale, d_bias) from :func:`siglip_forward_with_grads`' results for
     features of ``dtype``, times the upstream gradient (and c); new tensors (the saved ones stay
-    intact: a backward may run twice)."""
-    coef = g / (sw.world * d_img.shape[0])
+    intact: a backward may run twice). The triton impl does it in one launch, with the fp32
+    arithmetic of the torch ops below as they run on the CPU (on CUDA, eager torch rounds a 0-dim
+    fp32 k to bf16 before a bf16 product and divides by a number through its reciprocal; the
+    kernel keeps k in fp32 and divides)."""
+    n_global = sw.world * d_img.shape[0]
+    folded = folds_coefficients(sw.in_place, o.impl, dtype)
+    if o.impl == "triton":
+        return triton_kernels().scale_grads_triton(
+            g, d_img, d_txt, n_global, factor=o.factor, scale=None if folded else s,
+            scalars=(sums[0], sums[1]), out_dtype=dtype)
+    coef = g / n_global
     if o.factor != 1:
         coef = coef * o.factor
-    k = g if folds_coefficients(sw.in_place, o.impl, dtype) else coef * s
+    k = g if folded else coef * s
     return d_img * k, d_txt * k, coef * sums[0], coef * sums[1]
 
 

@@ -14,9 +14,14 @@ the features' dtype (bf16 logits, as autocast rounds them), then:
            Where the whole matrix does not fit the band budget its blocks are _GRAD_BLOCK rows x
            columns (not full-width bands): the fp32 sums of both GEMMs then take few, long
            accumulations (_grad_bands).
-  The O(B) prologue (positives, norms, shifts) and epilogue (loss terms, LSEs, d-scale sums) of
-  the single-device loss are one kernel launch each (_clip_prologue_kernel, _clip_shift_kernel,
-  _clip_epilogue_kernel): no host sync anywhere, capturable in a CUDA graph.
+  The O(B) prologue (positives, norms, shifts, the sums zeroed) and epilogue (loss terms, LSEs,
+  d-scale sums) of the single-device loss are one kernel launch each (_clip_prologue_kernel,
+  _clip_shift_kernel, _clip_epilogue_kernel); SigLIP's forward finishes in one launch
+  (_siglip_finish_kernel) and its backward is one (_scale_grads_kernel, as is CLIP's fp16 scaling):
+  no host sync anywhere, capturable in a CUDA graph. At small B the GPU time is set by the number
+  of launches: SigLIP 6 a forward + backward (was 15), CLIP 8 (was 11); on an H200, bf16, D = 768,
+  behind queued work, 0.92x / 0.90x the compiled dense losses at B = 1,024 (were 1.54x / 1.02x;
+  bench/results/contrastive_loss_h200_fewer_launches_queued20.log).
 Blocks of at most _FUSED_MAX_LOGITS logits (16,384^2) that are not kept take fused kernels
 instead: the logit tile comes from tl.dot in registers and the statistics (forward: one launch,
 no band buffer) or P (backward: one launch per band, then the two cuBLAS GEMMs) are taken from
@@ -41,7 +46,7 @@ at B = 32k-65k than two kernels) and overlapping a band's Triton kernel with the
 on a second stream (no gain at B = 16k-65k: the GEMMs hold every SM; _OVERLAP, off).
 Limits: band logits are rounded to the features' dtype before the exponentials (as a dense bf16
 loss does; a kept whole matrix stays fp32); B = 1k-8k is bound by the host (~1 ms a call:
-Python, ~7 Triton launches, 3-4 cuBLAS calls, two registered-op dispatches); the fp32 atomics make the last bits of the sums depend on the order in which
+Python, 5-6 Triton launches, 2-3 cuBLAS calls, two registered-op dispatches); the fp32 atomics make the last bits of the sums depend on the order in which
 programs finish (not bitwise deterministic run to run).
 Under TRITON_INTERPRET=1 (CPU) the kernels run exactly for fp32/fp16 (the host side does the
 GEMMs in fp32 there); bf16 needs a GPU.
@@ -68,6 +73,8 @@ __all__ = [
     "clip_grads_triton",
     "siglip_stats_triton",
     "siglip_grads_triton",
+    "siglip_loss_grads_triton",
+    "scale_grads_triton",
 ]
 
 LOG2E = 1.4426950408889634
@@ -103,10 +110,13 @@ def _log1p_unit(u):
 
 
 # Prologue (O(B D), one read of the features): ref_i = <A_i, B_i> (the positive's S'),
-# |A_i|, |B_i| in fp32, and the largest norms by fp32 atomic max (norms are >= 0). Gradient: none
-# (the shifts are constants of the loss; ref's gradient is taken inside the GEMMs).
+# |A_i|, |B_i| in fp32, and each program's largest norms, written to its own slot part_max[pid]
+# (norms are >= 0; the shift kernel takes the max of the slots: no buffer to zero first, where an
+# atomic max would need one). Each program also zeroes its rows of the four [M] statistics sums
+# of the stats kernels (what would otherwise be a separate fill launch). Gradient: none (the
+# shifts are constants of the loss; ref's gradient is taken inside the GEMMs).
 @triton.jit
-def _clip_prologue_kernel(A, Bm, stride_a, stride_b, M, D, ref, norm_a, norm_b, norm_max,
+def _clip_prologue_kernel(A, Bm, stride_a, stride_b, M, D, ref, norm_a, norm_b, part_max, sums,
                           BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     pid = tl.program_id(0)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -127,23 +137,32 @@ def _clip_prologue_kernel(A, Bm, stride_a, stride_b, M, D, ref, norm_a, norm_b, 
     tl.store(ref + offs_m, dot, mask=mask_m)
     tl.store(norm_a + offs_m, na, mask=mask_m)
     tl.store(norm_b + offs_m, nb, mask=mask_m)
-    tl.atomic_max(norm_max, tl.max(tl.where(mask_m, na, 0.0), axis=0))
-    tl.atomic_max(norm_max + 1, tl.max(tl.where(mask_m, nb, 0.0), axis=0))
+    tl.store(part_max + 2 * pid, tl.max(tl.where(mask_m, na, 0.0), axis=0))
+    tl.store(part_max + 2 * pid + 1, tl.max(tl.where(mask_m, nb, 0.0), axis=0))
+    for j in tl.static_range(4):
+        tl.store(sums + j * M + offs_m, tl.zeros((BLOCK_M,), dtype=tl.float32), mask=mask_m)
 
 
 # Shifts: row_shift_i = max(s ref_i, s |A_i| max|B| - MARGIN), col likewise (see
-# ops/blocks.clip_shifts). A non-finite norm or scale gives a non-finite shift.
+# ops/blocks.clip_shifts), max|A| and max|B| the largest of the ``parts`` pairs in part_max. A
+# non-finite norm or scale gives a non-finite shift.
 @triton.jit
-def _clip_shift_kernel(scale_ptr, ref, norm_a, norm_b, norm_max, row_shift, col_shift, M, margin,
-                       BLOCK: tl.constexpr):
+def _clip_shift_kernel(scale_ptr, ref, norm_a, norm_b, part_max, parts, row_shift, col_shift, M,
+                       margin, BLOCK: tl.constexpr, PARTS: tl.constexpr):
+    max_a = tl.zeros((PARTS,), dtype=tl.float32)
+    max_b = tl.zeros((PARTS,), dtype=tl.float32)
+    for p0 in range(0, parts, PARTS):
+        offs_p = p0 + tl.arange(0, PARTS)
+        max_a = tl.maximum(max_a, tl.load(part_max + 2 * offs_p, mask=offs_p < parts, other=0.0))
+        max_b = tl.maximum(max_b, tl.load(part_max + 2 * offs_p + 1, mask=offs_p < parts, other=0.0))
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M
     scale = tl.load(scale_ptr)
     d = scale * tl.load(ref + offs, mask=mask, other=0.0)
     na = tl.load(norm_a + offs, mask=mask, other=0.0)
     nb = tl.load(norm_b + offs, mask=mask, other=0.0)
-    bound_r = scale * na * tl.load(norm_max + 1) - margin
-    bound_c = scale * nb * tl.load(norm_max) - margin
+    bound_r = scale * na * tl.max(max_b, axis=0) - margin
+    bound_c = scale * nb * tl.max(max_a, axis=0) - margin
     # where(a > b, a, b) rather than maximum: a NaN in either must reach the shift
     tl.store(row_shift + offs, tl.where(bound_r > d, bound_r, d + 0.0 * bound_r), mask=mask)
     tl.store(col_shift + offs, tl.where(bound_c > d, bound_c, d + 0.0 * bound_c), mask=mask)
@@ -208,15 +227,16 @@ def _clip_epilogue_kernel(scale_ptr, sums, row_shift, col_shift, aux, row_lse, c
 #   col_sum_j  += sum_i exp(S_ij - cs_j),  col_wsum_j += sum_i exp(S_ij - cs_j) (S'_ij - cr_j)
 # rs/cs: fixed shifts (no running max: partial sums add); rr/cr: the diagonal S' (weights taken
 # relative to it, so E[S'] - S'_ii never cancels). Gradient: none (the backward recomputes).
-# Two kernels, one per direction, each reading the band once: a program walks its rows (its
+# Two passes, one per direction, each reading the band once: a program walks its rows (its
 # columns) tile by tile adding into element-wise register accumulators, and reduces them once at
 # the end (one fp32 atomic per row or column per program). Reducing every tile, and in both
-# directions in one kernel, ran at 0.3-0.6 TB/s on an H200; two kernels reach the memory rate.
+# directions in one program, ran at 0.3-0.6 TB/s on an H200; one pass per direction reaches the
+# memory rate. The op launches both passes as one grid (_clip_stats_kernel: the row programs,
+# then the column programs; one launch fewer per band, each program doing what it did in its
+# own kernel); the two kernels below run one pass each (benchmarks).
 @triton.jit
-def _clip_row_stats_kernel(S, stride_s, M, N, COLS, scale_ptr, row_shift, row_ref, row_sum,
-                           row_wsum, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+def _clip_row_stats(S, stride_s, M, N, COLS, scale_ptr, row_shift, row_ref, row_sum, row_wsum,
+                    diag, pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
     scale2 = tl.load(scale_ptr) * 1.4426950408889634
@@ -240,10 +260,8 @@ def _clip_row_stats_kernel(S, stride_s, M, N, COLS, scale_ptr, row_shift, row_re
 
 
 @triton.jit
-def _clip_col_stats_kernel(S, stride_s, M, N, ROWS, scale_ptr, col_shift, col_ref, col_sum,
-                           col_wsum, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
+def _clip_col_stats(S, stride_s, M, N, ROWS, scale_ptr, col_shift, col_ref, col_sum, col_wsum,
+                    diag, pid_n, pid_m, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     scale2 = tl.load(scale_ptr) * 1.4426950408889634
@@ -262,6 +280,38 @@ def _clip_col_stats_kernel(S, stride_s, M, N, ROWS, scale_ptr, col_shift, col_re
         acc_w += q * (x - cr[None, :])
     tl.atomic_add(col_sum + offs_n, tl.sum(acc, axis=0), mask=mask_n, sem="relaxed")
     tl.atomic_add(col_wsum + offs_n, tl.sum(acc_w, axis=0), mask=mask_n, sem="relaxed")
+
+
+@triton.jit
+def _clip_stats_kernel(S, stride_s, M, N, COLS, ROWS, GRID_M, ROW_PROGRAMS, GRID_N, scale_ptr,
+                       row_shift, row_ref, row_sum, row_wsum, col_shift, col_ref, col_sum,
+                       col_wsum, diag, ROW_M: tl.constexpr, ROW_N: tl.constexpr,
+                       COL_M: tl.constexpr, COL_N: tl.constexpr):
+    """Both passes in one launch: programs [0, ROW_PROGRAMS) are the row grid (GRID_M row blocks
+    x column spans of COLS), the rest the column grid (GRID_N column strips x row spans of ROWS),
+    each numbered as in its own 2-D grid (the first index fastest)."""
+    pid = tl.program_id(0)
+    if pid < ROW_PROGRAMS:
+        _clip_row_stats(S, stride_s, M, N, COLS, scale_ptr, row_shift, row_ref, row_sum, row_wsum,
+                        diag, pid % GRID_M, pid // GRID_M, ROW_M, ROW_N)
+    else:
+        col = pid - ROW_PROGRAMS
+        _clip_col_stats(S, stride_s, M, N, ROWS, scale_ptr, col_shift, col_ref, col_sum, col_wsum,
+                        diag, col % GRID_N, col // GRID_N, COL_M, COL_N)
+
+
+@triton.jit
+def _clip_row_stats_kernel(S, stride_s, M, N, COLS, scale_ptr, row_shift, row_ref, row_sum,
+                           row_wsum, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    _clip_row_stats(S, stride_s, M, N, COLS, scale_ptr, row_shift, row_ref, row_sum, row_wsum,
+                    diag, tl.program_id(0), tl.program_id(1), BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _clip_col_stats_kernel(S, stride_s, M, N, ROWS, scale_ptr, col_shift, col_ref, col_sum,
+                           col_wsum, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    _clip_col_stats(S, stride_s, M, N, ROWS, scale_ptr, col_shift, col_ref, col_sum, col_wsum,
+                    diag, tl.program_id(0), tl.program_id(1), BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -576,6 +626,85 @@ def _siglip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, s
 
 
 # ----------------------------------------------------------------------------------------------
+# Finishing launches (O(B) and O(B D)): what would otherwise be several small torch launches
+# ----------------------------------------------------------------------------------------------
+# SigLIP's forward with its gradients, one program: from the row sums [3, M] of the gradient pass
+# (sum_j G_ij S'_ij, sum_j G_ij, the pair losses of row i), pair = (sum G S', sum G) and
+# loss = (sum of the pair losses) / count (IEEE division, as torch's).
+@triton.jit
+def _siglip_finish_kernel(sums, M, pair, loss, count, BLOCK: tl.constexpr):
+    acc_w = tl.zeros((BLOCK,), dtype=tl.float32)
+    acc_g = tl.zeros((BLOCK,), dtype=tl.float32)
+    acc_l = tl.zeros((BLOCK,), dtype=tl.float32)
+    for i0 in range(0, M, BLOCK):
+        offs = i0 + tl.arange(0, BLOCK)
+        mask = offs < M
+        acc_w += tl.load(sums + offs, mask=mask, other=0.0)
+        acc_g += tl.load(sums + M + offs, mask=mask, other=0.0)
+        acc_l += tl.load(sums + 2 * M + offs, mask=mask, other=0.0)
+    tl.store(pair, tl.sum(acc_w, axis=0))
+    tl.store(pair + 1, tl.sum(acc_g, axis=0))
+    tl.store(loss, tl.math.div_rn(tl.sum(acc_l, axis=0), count))
+
+
+# The SigLIP gradient pass's start: buf[:n] = 0 (the row sums its atomics add into) and buf[n] =
+# value (its coefficient).
+@triton.jit
+def _fill_kernel(buf, n, value, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(buf + offs, tl.where(offs == n, value, 0.0), mask=offs <= n)
+
+
+_ROUND_BF16_BY_BITS = tl.constexpr(_INTERPRET)
+"""The interpreter truncates fp32 to bf16 (Triton 3.x); the GPU's cast rounds to nearest even."""
+
+
+@triton.jit
+def _round_to(x, dtype: tl.constexpr):
+    """fp32 x rounded to nearest even in ``dtype``, as torch rounds (the bits' rounding where the
+    interpreter's cast would truncate; NaN stays NaN)."""
+    if _ROUND_BF16_BY_BITS and dtype == tl.bfloat16:
+        u = x.to(tl.uint32, bitcast=True)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        u = tl.where(x == x, u, 0x7FC0)
+        return u.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _scale_into(X, O, offs, mask, k):
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(O + offs, _round_to(x * k, O.dtype.element_ty), mask=mask)
+
+
+# The backward's scaling by the upstream gradient g, both gradients and the scalar gradients in one
+# launch (grid: blocks of numel x the two tensors), with the torch formulas' fp32 arithmetic:
+# coef = g / count * factor; OA = A k, OB = B k (fp32 products, rounded once to the outputs'
+# dtype), k = g (FOLDED: the coefficients are in A and B already) or coef scale; the first
+# program also writes dst_i = coef src_i for the SCALARS scalars.
+@triton.jit
+def _scale_grads_kernel(grad_ptr, A, Bg, OA, OB, numel, count, factor, scale_ptr, src0, src1, dst0,
+                        dst1, FOLDED: tl.constexpr, SCALARS: tl.constexpr, BLOCK: tl.constexpr):
+    g = tl.load(grad_ptr)
+    coef = tl.math.div_rn(g, count) * factor
+    if FOLDED:
+        k = g
+    else:
+        k = coef * tl.load(scale_ptr)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    if tl.program_id(1) == 0:
+        _scale_into(A, OA, offs, mask, k)
+    else:
+        _scale_into(Bg, OB, offs, mask, k)
+    first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
+    if SCALARS > 0:
+        tl.store(dst0, coef * tl.load(src0), mask=first)
+    if SCALARS > 1:
+        tl.store(dst1, coef * tl.load(src1), mask=first)
+
+
+# ----------------------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------------------
 if _INTERPRET:  # small tiles: the interpreter's cost grows with the tile
@@ -584,8 +713,9 @@ if _INTERPRET:  # small tiles: the interpreter's cost grows with the tile
     _GRAD_M, _GRAD_N, _GRAD_WARPS = 16, 16, 4
 else:
     # measured on an H200 over a 1536 x 65536 bf16 band: rows 2.4 TB/s, columns 1.9 TB/s
+    # (one launch runs both, _clip_stats_kernel: the same number of warps)
     _STATS_M, _STATS_N, _STATS_WARPS = 32, 128, 4  # row programs walk right along 32 rows
-    _COLS_M, _COLS_N, _COLS_WARPS = 32, 128, 4  # column programs walk down 128 columns
+    _COLS_M, _COLS_N, _COLS_WARPS = 32, 128, _STATS_WARPS  # column programs walk down 128 columns
     _GRAD_M, _GRAD_N, _GRAD_WARPS = 16, 256, 4  # 3.5 TB/s on an H200 (32 x 256 x 8 warps: 2.9)
 
 # Fused kernels' tiles (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), the fastest of
@@ -882,29 +1012,31 @@ def _bands(m: int, step: int):
 
 
 def clip_prologue_triton(a, b, scale, margin, combine_max: Callable | None = None):
-    """The loss's O(B D) start in two launches (after one zero fill): returns (row_shift [B],
-    col_shift [B], aux [B + 2], sums [4 B]) fp32, with aux[:B] = ref (the positives' S') and
-    sums zeroed for :func:`clip_stats_triton` (out=) and :func:`clip_epilogue_triton`. Shifts
+    """The loss's O(B D) start in two launches: returns (row_shift [B], col_shift [B], aux
+    [B + 2], sums [4 B]) fp32, with aux[:B] = ref (the positives' S') and sums zeroed (by the
+    first launch) for :func:`clip_stats_triton` (out=) and :func:`clip_epilogue_triton`. Shifts
     as ops/blocks.clip_shifts. ``combine_max``: applied in place to the two largest norms
-    ([2] fp32) between the launches (a sweep's max over its process group)."""
+    ([2] fp32) between the launches (a sweep's max over its process group; None on one rank)."""
     a, b = _prep(a), _prep(b)
     m, d = a.shape
+    parts = _cdiv(m, _PRO_M)
     f32 = dict(device=a.device, dtype=torch.float32)
-    zeroed = torch.zeros(4 * m + 2, **f32)
-    sums, norm_max = zeroed[: 4 * m], zeroed[4 * m:]
+    sums = torch.empty(4 * m, **f32)
     # one allocation: aux first (an output of the registered op: storage offset 0, as its fake
-    # kernel says), then the norms and shifts
-    work = torch.empty(5 * m + 2, **f32)
+    # kernel says), then the norms, the shifts and the programs' largest norms
+    work = torch.empty(5 * m + 2 + 2 * parts, **f32)
     aux = work[: m + 2]
-    norm_a, norm_b, row_shift, col_shift = work[m + 2:].view(4, m).unbind(0)
-    _clip_prologue_kernel[(_cdiv(m, _PRO_M),)](
-        a, b, a.stride(0), b.stride(0), m, d, aux, norm_a, norm_b, norm_max, BLOCK_M=_PRO_M,
-        BLOCK_D=_PRO_D, num_warps=4)
+    norm_a, norm_b, row_shift, col_shift = work[m + 2:5 * m + 2].view(4, m).unbind(0)
+    part_max = work[5 * m + 2:]
+    _clip_prologue_kernel[(parts,)](
+        a, b, a.stride(0), b.stride(0), m, d, aux, norm_a, norm_b, part_max, sums,
+        BLOCK_M=_PRO_M, BLOCK_D=_PRO_D, num_warps=4)
     if combine_max is not None:
-        combine_max(norm_max)
+        part_max = combine_max(part_max.view(parts, 2).amax(0))
+        parts = 1
     _clip_shift_kernel[(_cdiv(m, _VEC),)](
-        _scalar(scale, a.device), aux, norm_a, norm_b, norm_max, row_shift, col_shift, m,
-        float(margin), BLOCK=_VEC, num_warps=4)
+        _scalar(scale, a.device), aux, norm_a, norm_b, part_max, parts, row_shift, col_shift, m,
+        float(margin), BLOCK=_VEC, PARTS=_VEC, num_warps=4)
     return row_shift, col_shift, aux, sums
 
 
@@ -969,16 +1101,14 @@ def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=
     row_sum, row_wsum, col_sum, col_wsum = out
     scale_t = _scalar(scale, a.device)
     shifts = [t.float().contiguous() for t in (row_shift, row_ref, col_shift, col_ref)]
-    def kernel(s, r0, r1):
-        grid, cols = _row_grid(r1 - r0, n, a.device)
-        _clip_row_stats_kernel[grid](
-            s, s.stride(0), r1 - r0, n, cols, scale_t, shifts[0][r0:r1], shifts[1][r0:r1],
-            row_sum[r0:r1], row_wsum[r0:r1], int(diag) - r0, BLOCK_M=_STATS_M, BLOCK_N=_STATS_N,
-            num_warps=_STATS_WARPS)
-        grid, rows = _col_grid(r1 - r0, n, a.device)
-        _clip_col_stats_kernel[grid](
-            s, s.stride(0), r1 - r0, n, rows, scale_t, shifts[2], shifts[3], col_sum, col_wsum,
-            int(diag) - r0, BLOCK_M=_COLS_M, BLOCK_N=_COLS_N, num_warps=_COLS_WARPS)
+    def kernel(s, r0, r1):  # both directions' passes over the band, one launch
+        (grid_m, spans_m), cols = _row_grid(r1 - r0, n, a.device)
+        (grid_n, spans_n), rows = _col_grid(r1 - r0, n, a.device)
+        _clip_stats_kernel[(grid_m * spans_m + grid_n * spans_n,)](
+            s, s.stride(0), r1 - r0, n, cols, rows, grid_m, grid_m * spans_m, grid_n, scale_t,
+            shifts[0][r0:r1], shifts[1][r0:r1], row_sum[r0:r1], row_wsum[r0:r1], shifts[2],
+            shifts[3], col_sum, col_wsum, int(diag) - r0, ROW_M=_STATS_M, ROW_N=_STATS_N,
+            COL_M=_COLS_M, COL_N=_COLS_N, num_warps=_STATS_WARPS)
 
     tma = _use_tma(a, b)
     if _use_fused(m, n, keep_logits, "stats", tma):
@@ -1153,20 +1283,30 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
     return grads if dscale_from is None else (*grads, dst)
 
 
-def siglip_grads_triton(a, b, scale, bias, diag=0, *, coef=None, coef_scale=False, logits=None,
-                        band=0, out_dtype=torch.float32, allow_tf32=False, sink_a=None,
-                        with_loss=False):
-    """(k G @ b, k G^T @ a, sum(G), sum(G * S')): gradients in ``out_dtype``, the two sums
-    fp32 [] without k (see ops/blocks.siglip_grads); k = coef (None: 1), times scale
-    if ``coef_scale`` (taken in the kernel). ``with_loss``: the same pass also sums the pair
-    losses, returned first (fp32 [M], as siglip_stats_triton's)."""
+def _sums_and_coef(rows: int, m: int, coef, device) -> tuple:
+    """Zeroed fp32 row sums [rows, m] for the SigLIP gradient kernels and their coefficient as a
+    device tensor (coef: None for 1, a device tensor, or a Python number). A number other than 1
+    is written by the launch that zeroes the sums (as its own tensor, torch.full, it would take a
+    launch more)."""
+    if coef is None or isinstance(coef, torch.Tensor) or coef == 1.0:
+        coef_t = _scalar(1.0 if coef is None else coef, device)
+        return torch.zeros(rows, m, device=device, dtype=torch.float32), coef_t
+    buf = torch.empty(rows * m + 1, device=device, dtype=torch.float32)
+    _fill_kernel[(_cdiv(rows * m + 1, _VEC),)](buf, rows * m, float(coef), BLOCK=_VEC, num_warps=4)
+    return buf[: rows * m].view(rows, m), buf[rows * m:]
+
+
+def _siglip_grad_pass(a, b, scale, bias, diag, coef, coef_scale, logits, band, out_dtype,
+                      allow_tf32, sink_a, with_loss):
+    """The gradient pass of :func:`siglip_grads_triton`: (sums, grad_a, grad_b), sums fp32
+    [2, M] (row i: sum_j G_ij S'_ij, sum_j G_ij), with the pair losses of row i a third row with
+    ``with_loss``. Rows of one buffer: a single reduction sums them all."""
     a, b = _prep(a), _prep(b)
     m = a.shape[0]
-    sums = torch.zeros(3 if with_loss else 2, m, device=a.device, dtype=torch.float32)
-    gsum, gwsum = sums[0], sums[1]
+    sums, coef_t = _sums_and_coef(3 if with_loss else 2, m, coef, a.device)
+    gwsum, gsum = sums[0], sums[1]
     row_loss = sums[2] if with_loss else gsum  # (not touched without LOSS)
     scale_t, bias_t = _scalar(scale, a.device), _scalar(bias, a.device)
-    coef_t = _scalar(1.0 if coef is None else coef, a.device)
     kind = "siglip_grad_loss" if with_loss else "siglip_grad"
 
     def fill(s, p, r0, r1, c0, c1):  # (positives as in clip_grads_triton's blocks)
@@ -1180,7 +1320,55 @@ def siglip_grads_triton(a, b, scale, bias, diag=0, *, coef=None, coef_scale=Fals
                coef_t, gsum[r0:r1], gwsum[r0:r1], row_loss[r0:r1], int(diag) - r0 + c0,
                bool(coef_scale), with_loss, p=p)
 
-    grad_a, grad_b = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype,
-                                 sink_a)
-    grads = (grad_a, grad_b, gsum.sum(), gwsum.sum())
-    return (row_loss, *grads) if with_loss else grads
+    grads = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a)
+    return (sums, *grads)
+
+
+def siglip_grads_triton(a, b, scale, bias, diag=0, *, coef=None, coef_scale=False, logits=None,
+                        band=0, out_dtype=torch.float32, allow_tf32=False, sink_a=None,
+                        with_loss=False):
+    """(k G @ b, k G^T @ a, sum(G), sum(G * S')): gradients in ``out_dtype``, the two sums
+    fp32 [] without k (see ops/blocks.siglip_grads); k = coef (None: 1; a number or a device
+    tensor), times scale if ``coef_scale`` (taken in the kernel). ``with_loss``: the same pass also
+    sums the pair losses, returned first (fp32 [M], as siglip_stats_triton's)."""
+    sums, grad_a, grad_b = _siglip_grad_pass(a, b, scale, bias, diag, coef, coef_scale, logits,
+                                             band, out_dtype, allow_tf32, sink_a, with_loss)
+    pair = sums[:2].sum(1)  # (sum G S', sum G): one reduction for both
+    grads = (grad_a, grad_b, pair[1], pair[0])
+    return (sums[2], *grads) if with_loss else grads
+
+
+def siglip_loss_grads_triton(a, b, scale, bias, count, *, coef=None, coef_scale=False, band=0,
+                             out_dtype=torch.float32, allow_tf32=False):
+    """The single-device SigLIP forward whose backward will follow, as :func:`siglip_grads_triton`
+    with ``with_loss`` on the block's own positives, finished in one more launch: (loss = the
+    pair losses' sum / count [], grad_a, grad_b, pair [2] = (sum G S', sum G)), fp32 scalars,
+    each its own tensor."""
+    sums, grad_a, grad_b = _siglip_grad_pass(a, b, scale, bias, 0, coef, coef_scale, None, band,
+                                             out_dtype, allow_tf32, None, True)
+    f32 = dict(device=sums.device, dtype=torch.float32)
+    loss, pair = torch.empty((), **f32), torch.empty(2, **f32)
+    _siglip_finish_kernel[(1,)](sums, sums.shape[1], pair, loss, float(count), BLOCK=_EPI,
+                                num_warps=8 if not _INTERPRET else 4)
+    return loss, grad_a, grad_b, pair
+
+
+def scale_grads_triton(grad, a, b, count, *, factor=1.0, scale=None, scalars=(), out_dtype=None):
+    """The backward's finish in one launch: (a k, b k, coef s_0, ...) with coef = grad / count *
+    factor (fp32, IEEE division) and k = coef scale, or k = grad where ``scale`` is None (the
+    coefficients already folded into a and b). a k and b k: fp32 products rounded once to
+    ``out_dtype`` (default a's), new tensors; ``scalars``: up to two fp32 one-element tensors,
+    each giving a new fp32 [] tensor. grad: an fp32 one-element device tensor."""
+    assert a.shape == b.shape and len(scalars) <= 2
+    a, b = a.contiguous(), b.contiguous()
+    dev = a.device
+    grad = _scalar(grad, dev)
+    out_a = torch.empty(a.shape, device=dev, dtype=out_dtype or a.dtype)
+    out_b = torch.empty(b.shape, device=dev, dtype=out_dtype or a.dtype)
+    dst = [torch.empty((), device=dev, dtype=torch.float32) for _ in scalars]
+    unused = [grad] * (2 - len(scalars))  # pointers the kernel neither reads nor writes
+    _scale_grads_kernel[(_cdiv(a.numel(), _VEC), 2)](
+        grad, a, b, out_a, out_b, a.numel(), float(count), float(factor),
+        grad if scale is None else _scalar(scale, dev), *scalars, *unused, *dst, *unused,
+        FOLDED=scale is None, SCALARS=len(scalars), BLOCK=_VEC, num_warps=4)
+    return (out_a, out_b, *dst)
