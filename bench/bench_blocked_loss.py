@@ -46,23 +46,16 @@ def _blocks(n: int, rows: int, cols: int):
 
 def blocked_stats(img, txt, scale, shifts, sums, rows: int, cols: int, buf) -> None:
     """The forward statistics of the op (clip_stats_triton's sums) over rows x cols blocks:
-    cuBLAS's GEMM into ``buf`` then the op's two Triton passes on the block."""
+    cuBLAS's GEMM into ``buf`` then the op's statistics launch (both passes) on the block."""
     n = img.shape[0]
     row_shift, row_ref, col_shift, col_ref = shifts
     row_sum, row_wsum, col_sum, col_wsum = sums.view(4, n).unbind(0)
     for r0, r1, c0, c1 in _blocks(n, rows, cols):
         m, k = r1 - r0, c1 - c0
         s = torch.mm(img[r0:r1], txt[c0:c1].T, out=_view(buf, m, k))
-        grid, span = tri._row_grid(m, k, img.device)
-        tri._clip_row_stats_kernel[grid](
-            s, s.stride(0), m, k, span, scale, row_shift[r0:r1], row_ref[r0:r1],
-            row_sum[r0:r1], row_wsum[r0:r1], c0 - r0, BLOCK_M=tri._STATS_M,
-            BLOCK_N=tri._STATS_N, num_warps=tri._STATS_WARPS)
-        grid, span = tri._col_grid(m, k, img.device)
-        tri._clip_col_stats_kernel[grid](
-            s, s.stride(0), m, k, span, scale, col_shift[c0:c1], col_ref[c0:c1],
-            col_sum[c0:c1], col_wsum[c0:c1], c0 - r0, BLOCK_M=tri._COLS_M,
-            BLOCK_N=tri._COLS_N, num_warps=tri._COLS_WARPS)
+        tri.clip_stats_launch(s, scale, row_shift[r0:r1], row_ref[r0:r1], row_sum[r0:r1],
+                              row_wsum[r0:r1], col_shift[c0:c1], col_ref[c0:c1], col_sum[c0:c1],
+                              col_wsum[c0:c1], c0 - r0)
 
 
 def blocked_fused_stats(img, txt, scale, shifts, sums, rows: int, cols: int) -> None:

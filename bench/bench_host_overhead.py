@@ -131,8 +131,8 @@ def towers_ms(flat: bool, zero: int, steps: int, device: torch.device, width: in
         engine.module.bind_flat_views_in_forward()
         if lighten and not lighten_zero3(engine):
             raise RuntimeError("pipeline.zero3_step refused this engine (debug log says why)")
-        if zero == 3 and leaf == "tower":
-            reduce_when_accumulated(engine, [("vision", model.vision), ("text", model.text)])
+        if zero == 3:
+            reduce_when_accumulated(engine)  # (tower units only)
 
     if not lighten:
         restore_deepspeed_zero3()

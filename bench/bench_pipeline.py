@@ -129,11 +129,10 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
         restore_deepspeed_mask()
         restore_deepspeed_zero3()
     if zero == 3 and impl != PLAIN:
-        engine.module.bind_flat_views_in_forward()
-    if zero == 3 and leaf == "tower":
         from infclip.pipeline.tower_unit import reduce_when_accumulated
 
-        reduce_when_accumulated(engine, [("vision", engine.module.vision), ("text", engine.module.text)])
+        engine.module.bind_flat_views_in_forward()
+        reduce_when_accumulated(engine)  # (tower units only)
     bad = misaligned_parameters(engine.module)
     if bad:
         print(f"# {len(bad)} parameters not 16-byte aligned, e.g. {bad[:3]}", flush=True)

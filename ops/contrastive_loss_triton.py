@@ -4,7 +4,7 @@ Design. The matrix work goes to cuBLAS; Triton only does what cuBLAS cannot, rea
 element of S once per direction. For a band of R rows of A (all of A when the whole R x N matrix
 fits in the caller's budget) the host computes S' = A_band Bm^T with one GEMM into a buffer in
 the features' dtype (bf16 logits, as autocast rounds them), then:
-  forward  (_clip_row_stats_kernel + _clip_col_stats_kernel / _siglip_stats_kernel): the row
+  forward  (_clip_stats_kernel: a row pass and a column pass / _siglip_stats_kernel): the row
            sums and the column partial sums of exp(S - shift) and exp(S - shift) (S' - ref), or
            the SigLIP pair losses, accumulated element-wise in registers and reduced once per
            program (fp32 atomics across programs).
@@ -231,9 +231,8 @@ def _clip_epilogue_kernel(scale_ptr, sums, row_shift, col_shift, aux, row_lse, c
 # columns) tile by tile adding into element-wise register accumulators, and reduces them once at
 # the end (one fp32 atomic per row or column per program). Reducing every tile, and in both
 # directions in one program, ran at 0.3-0.6 TB/s on an H200; one pass per direction reaches the
-# memory rate. The op launches both passes as one grid (_clip_stats_kernel: the row programs,
-# then the column programs; one launch fewer per band, each program doing what it did in its
-# own kernel); the two kernels below run one pass each (benchmarks).
+# memory rate. Both passes run as one grid (_clip_stats_kernel: the row programs, then the column
+# programs; one launch fewer per band than a kernel per pass, each program doing the same work).
 @triton.jit
 def _clip_row_stats(S, stride_s, M, N, COLS, scale_ptr, row_shift, row_ref, row_sum, row_wsum,
                     diag, pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -298,20 +297,6 @@ def _clip_stats_kernel(S, stride_s, M, N, COLS, ROWS, GRID_M, ROW_PROGRAMS, GRID
         col = pid - ROW_PROGRAMS
         _clip_col_stats(S, stride_s, M, N, ROWS, scale_ptr, col_shift, col_ref, col_sum, col_wsum,
                         diag, col % GRID_N, col // GRID_N, COL_M, COL_N)
-
-
-@triton.jit
-def _clip_row_stats_kernel(S, stride_s, M, N, COLS, scale_ptr, row_shift, row_ref, row_sum,
-                           row_wsum, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    _clip_row_stats(S, stride_s, M, N, COLS, scale_ptr, row_shift, row_ref, row_sum, row_wsum,
-                    diag, tl.program_id(0), tl.program_id(1), BLOCK_M, BLOCK_N)
-
-
-@triton.jit
-def _clip_col_stats_kernel(S, stride_s, M, N, ROWS, scale_ptr, col_shift, col_ref, col_sum,
-                           col_wsum, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    _clip_col_stats(S, stride_s, M, N, ROWS, scale_ptr, col_shift, col_ref, col_sum, col_wsum,
-                    diag, tl.program_id(0), tl.program_id(1), BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -528,7 +513,7 @@ def _tiles(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 # Every fused kernel walks tiles tile = program_id, program_id + PROGRAMS, ... (PROGRAMS: the grid;
 # one tile a program, or persistent programs when the grid is smaller than the tile count).
 
-# CLIP statistics of one tile (the sums of _clip_row_stats_kernel and _clip_col_stats_kernel),
+# CLIP statistics of one tile (the sums of _clip_stats_kernel's row and column passes),
 # reduced in the program and added by one fp32 atomic per row and per column.
 @triton.jit
 def _clip_stats_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, scale_ptr, row_shift, row_ref,
@@ -1079,6 +1064,20 @@ def _run_stats(a, b, keep_logits, band, allow_tf32, kernel: Callable):
     return None
 
 
+def clip_stats_launch(s, scale_t, row_shift, row_ref, row_sum, row_wsum, col_shift, col_ref,
+                      col_sum, col_wsum, diag: int) -> None:
+    """Both directions' statistics passes over the [m, n] logits ``s`` in one launch
+    (_clip_stats_kernel), adding into the row sums [m] and column sums [n]; the positives at
+    i - j == diag."""
+    m, n = s.shape
+    (grid_m, spans_m), cols = _row_grid(m, n, s.device)
+    (grid_n, spans_n), rows = _col_grid(m, n, s.device)
+    _clip_stats_kernel[(grid_m * spans_m + grid_n * spans_n,)](
+        s, s.stride(0), m, n, cols, rows, grid_m, grid_m * spans_m, grid_n, scale_t, row_shift,
+        row_ref, row_sum, row_wsum, col_shift, col_ref, col_sum, col_wsum, diag, ROW_M=_STATS_M,
+        ROW_N=_STATS_N, COL_M=_COLS_M, COL_N=_COLS_N, num_warps=_STATS_WARPS)
+
+
 def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=0, *,
                       keep_logits="", band=0, allow_tf32=False, out=None):
     """Partial CLIP statistics of S = scale * a b^T (see ops/blocks.clip_stats).
@@ -1101,14 +1100,9 @@ def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=
     row_sum, row_wsum, col_sum, col_wsum = out
     scale_t = _scalar(scale, a.device)
     shifts = [t.float().contiguous() for t in (row_shift, row_ref, col_shift, col_ref)]
-    def kernel(s, r0, r1):  # both directions' passes over the band, one launch
-        (grid_m, spans_m), cols = _row_grid(r1 - r0, n, a.device)
-        (grid_n, spans_n), rows = _col_grid(r1 - r0, n, a.device)
-        _clip_stats_kernel[(grid_m * spans_m + grid_n * spans_n,)](
-            s, s.stride(0), r1 - r0, n, cols, rows, grid_m, grid_m * spans_m, grid_n, scale_t,
-            shifts[0][r0:r1], shifts[1][r0:r1], row_sum[r0:r1], row_wsum[r0:r1], shifts[2],
-            shifts[3], col_sum, col_wsum, int(diag) - r0, ROW_M=_STATS_M, ROW_N=_STATS_N,
-            COL_M=_COLS_M, COL_N=_COLS_N, num_warps=_STATS_WARPS)
+    def kernel(s, r0, r1):
+        clip_stats_launch(s, scale_t, shifts[0][r0:r1], shifts[1][r0:r1], row_sum[r0:r1],
+                          row_wsum[r0:r1], shifts[2], shifts[3], col_sum, col_wsum, int(diag) - r0)
 
     tma = _use_tma(a, b)
     if _use_fused(m, n, keep_logits, "stats", tma):

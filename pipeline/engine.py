@@ -147,8 +147,7 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
         # less of DeepSpeed's per-step Python (pipeline.zero3_step); its host waits kept
         lighten_zero3(engine, keep_waits=ZERO3_KEPT_WAITS)
         engine.module.bind_flat_views_in_forward()  # after DeepSpeed's hooks: views of the gathered tensors
-        if model_cfg.zero3_leaf_layers == "tower":  # the towers' gradients reduced once accumulated
-            reduce_when_accumulated(engine, [("vision", engine.module.vision), ("text", engine.module.text)])
+        reduce_when_accumulated(engine)  # "tower" units: their gradients reduced once accumulated
     misaligned = misaligned_parameters(engine.module)
     if misaligned:
         logger.warning("%d parameters do not start on a 16-byte boundary (slow GEMM and elementwise kernels), "

@@ -717,6 +717,10 @@ class CLIPTowers(nn.Module):
         self._towers_routed = True
         return [self.vision, self.text]
 
+    def tower_units(self) -> list[tuple[str, nn.Module]]:
+        """The towers that :meth:`route_towers` made callable as units, by name; none before."""
+        return [("vision", self.vision), ("text", self.text)] if self._towers_routed else []
+
     def _image_features(self, pixel_values: Tensor) -> Tensor:
         return self.vision(pixel_values) if self._towers_routed else self._image_tower(pixel_values)
 

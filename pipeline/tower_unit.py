@@ -88,11 +88,15 @@ def _leaf_hook(optimizer: Any, tower: nn.Module):
     return found[0], tower._backward_hooks[found[0].id]
 
 
-def reduce_when_accumulated(engine: Any, towers: List[tuple]) -> List[TowerReduction]:
-    """For each ``(name, tower)`` (ZeRO-3 leaf modules of ``engine``'s model, called with inputs
-    that take no gradient): move DeepSpeed's gradient reduction from the tower's full backward
-    hook to the moment its last parameter gradient accumulates, and check at each optimizer
-    step that no backward left one waiting. Returns the reductions."""
+def reduce_when_accumulated(engine: Any) -> List[TowerReduction]:
+    """For each tower unit of ``engine``'s model (``CLIPTowers.tower_units()``: ZeRO-3 leaf
+    modules called with inputs that take no gradient): move DeepSpeed's gradient reduction from
+    the tower's full backward hook to the moment its last parameter gradient accumulates, and
+    check at each optimizer step that no backward left one waiting. Returns the reductions (none,
+    and nothing changed, for a model without tower units)."""
+    towers = engine.module.tower_units()
+    if not towers:
+        return []
     optimizer = engine.optimizer
     reductions = []
     for name, tower in towers:
