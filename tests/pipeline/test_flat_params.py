@@ -185,8 +185,12 @@ def _zero3_run(model, steps=4, leaf=True):
     return losses, state
 
 
-@pytest.mark.parametrize("leaf, ckpt", [(True, False), (False, False), ("stack", False), ("tower", False), (True, True),
-                                        ("stack", True), ("tower", True)])
+# each unit with and without checkpointing; the default run keeps each unit once and each
+# checkpointing setting at least twice (1.5 s each on 2 cores), the rest with -m slow
+@pytest.mark.parametrize("leaf, ckpt", [(True, True), (False, False), ("stack", False), ("tower", True),
+                                        pytest.param(True, False, marks=pytest.mark.slow),
+                                        pytest.param("stack", True, marks=pytest.mark.slow),
+                                        pytest.param("tower", False, marks=pytest.mark.slow)])
 def test_deepspeed_zero3_trains_the_flat_model_as_the_plain_one(leaf, ckpt):
     """ZeRO-3 partitions the flat tensors; each block (or each layer stack) binds its views after
     DeepSpeed's gather. With leaf modules ZeRO-3 reduces a leaf's gradients in a hook on its
