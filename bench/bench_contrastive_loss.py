@@ -12,7 +12,10 @@ Triton passes at every B; the default takes the fused GEMM kernels up to B = 16,
 the backward at every B where they load by TMA descriptors); with --pointer also
 ``ours_bf16_pointer`` / ``ours_siglip_bf16_pointer`` (the fused kernels with pointer loads, as
 on GPUs without TMA); with --keep-mb N also ``ours_bf16_kept`` / ``ours_siglip_bf16_kept`` (logits_budget_mb N: the matrix
-kept from forward to backward where it fits, as bf16 bands above the fp32 whole-matrix size).
+kept from forward to backward where it fits, as bf16 bands above the fp32 whole-matrix size);
+with --variant LABEL:ATTR=VALUE;... also ``ours_bf16_LABEL`` (and ``ours_siglip_bf16_LABEL`` with
+--variant-siglip): the op with those module settings of ops/contrastive_loss_triton.py (VALUE a
+Python literal, or @FILE.json:KEY), set for that run only (forward and backward).
 
     python bench/bench_contrastive_loss.py --out bench/results/contrastive_loss.jsonl
     TRITON_INTERPRET=1 python bench/bench_contrastive_loss.py --host-only   # CPU, no GPU needed
@@ -98,6 +101,47 @@ def ours(dtype_mode, loss="clip", fused=True, tma=None, two_pass=False, **kw):
         return contrastive_loss(img, txt, scale, bias if loss == "siglip" else None, loss=loss,
                                 impl="triton", allow_tf32=(dtype_mode == "tf32"), **kw)
     return fn
+
+
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """``LABEL:ATTR=VALUE;ATTR=VALUE`` -> (LABEL, {ATTR: value}); VALUE a Python literal or
+    @FILE.json:KEY (lists become tuples)."""
+    import ast
+
+    label, _, body = spec.partition(":")
+    settings = {}
+    for item in [x for x in body.split(";") if x.strip()]:
+        attr, _, value = item.partition("=")
+        if value.startswith("@"):
+            path, _, key = value[1:].rpartition(":")
+            with open(path) as f:
+                v = json.load(f)[key]
+        else:
+            v = ast.literal_eval(value)
+        settings[attr.strip()] = tuple(v) if isinstance(v, list) else v
+    return label, settings
+
+
+class _Settings:
+    """Sets attributes of ops/contrastive_loss_triton.py for a block, restoring them after."""
+
+    def __init__(self, settings: dict):
+        self.settings, self.saved = settings, {}
+
+    def __enter__(self):
+        from infclip.ops import contrastive_loss_triton as tri
+
+        for k, v in self.settings.items():
+            if not hasattr(tri, k):
+                raise AttributeError(f"ops/contrastive_loss_triton.py has no {k}")
+            self.saved[k] = getattr(tri, k)
+            setattr(tri, k, v)
+
+    def __exit__(self, *exc):
+        from infclip.ops import contrastive_loss_triton as tri
+
+        for k, v in self.saved.items():
+            setattr(tri, k, v)
 
 
 def _dense_clip(img, txt, scale):
@@ -285,6 +329,10 @@ def main(argv=None):
     p.add_argument("--siglip-two-pass", action="store_true",
                    help="also ours_siglip_bf16_two_pass: SigLIP's statistics pass in the forward, its "
                    "gradient pass in the backward (before the gradients moved into the forward)")
+    p.add_argument("--variant", action="append", default=[],
+                   help="LABEL:ATTR=VALUE;ATTR=VALUE: also ours_bf16_LABEL, the op with these settings of "
+                   "ops/contrastive_loss_triton.py (VALUE: a Python literal or @FILE.json:KEY); repeatable")
+    p.add_argument("--variant-siglip", action="store_true", help="the --variant runs for SigLIP too")
     p.add_argument("--host-only", action="store_true",
                    help="CPU only (TRITON_INTERPRET=1): time the op's Python layers with the Triton launches stubbed")
     args = p.parse_args(argv)
@@ -339,18 +387,27 @@ def main(argv=None):
         if args.unfused:
             runs += [("ours_bf16_unfused", ours("bf16", fused=False, logits_budget_mb=0), torch.bfloat16),
                      ("ours_siglip_bf16_unfused", ours("bf16", "siglip", fused=False), torch.bfloat16)]
+        for spec in args.variant:
+            label, settings = parse_variant(spec)
+            with _Settings(settings):  # (ours() takes the fused kernels' limits as they are then)
+                runs.append((f"ours_bf16_{label}", ours("bf16"), torch.bfloat16, settings))
+                if args.variant_siglip:
+                    runs.append((f"ours_siglip_bf16_{label}", ours("bf16", "siglip"), torch.bfloat16, settings))
         if b <= args.fp32_max:
             runs += [("ours_fp32", ours("ieee"), torch.float32), ("ours_tf32", ours("tf32"), torch.float32)]
         if b <= args.anchor_max:
             for name, fn in anchors.items():
                 runs.append((name, fn, torch.float32 if name == "naive" else torch.bfloat16))
-        for name, fn, dtype in runs:
+        for name, fn, dtype, *settings in runs:
             reps = args.reps if (b <= 65536 or name.startswith("ours")) else 2
             reps = 3 if b >= 1_000_000 else reps
-            res = measure(fn, b, args.dim, dtype, reps, warmup=1 if b >= 262144 else 2,
-                          queued_ms=args.queued_ms)
+            with _Settings(settings[0] if settings else {}):
+                res = measure(fn, b, args.dim, dtype, reps, warmup=1 if b >= 262144 else 2,
+                              queued_ms=args.queued_ms)
             row = dict(meta, impl=name, B=b, dtype=str(dtype).replace("torch.", ""),
                        roofline_ms=round(roof, 3))
+            if settings:
+                row["settings"] = {k: repr(v) for k, v in settings[0].items()}
             if isinstance(res, str):
                 row.update(status=res)
             else:

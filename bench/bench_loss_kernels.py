@@ -11,6 +11,12 @@ For each B (D = --dim, bf16, the op's real inputs: unit rows, scale 14.3):
   fused_grad      one _clip_grad_fused_kernel launch writing P for the band, per tile config;
   fused_*_tma     the same kernels loading by TMA tensor descriptors, persistent (Hopper; tile
                   configs with a seventh entry, programs per SM).
+With --variants (CLIP, TMA): the kernels' variants of VARIANTS (tile configs with an eighth and
+ninth entry: warp specialisation of the persistent loop, the interior-tile fast path, 2: with the
+gradient's one exponential) over the whole B x B (statistics) and over the op's backward block
+(_grad_block: R x C), against cublas_logits / cublas_block_logits and the unfused paths in the
+same process; each variant's sums / P are checked against the first variant's (max relative
+difference printed as "# check").
 Each as median ms of --reps and TFLOP/s counting 2 R B D. The fastest fused configs are printed
 and written to --best (JSON: {"stats": [...], "grad": [...]}, read by bench_contrastive_loss.py
 --tiles).
@@ -42,6 +48,14 @@ CONFIGS = [  # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages
 TMA_CONFIGS = [  # ... and programs per SM
     (128, 64, 64, 8, 4, 4, 2), (128, 64, 64, 8, 4, 4, 1), (128, 128, 64, 8, 8, 4, 1),
     (128, 256, 64, 8, 8, 3, 1), (256, 128, 64, 8, 8, 3, 1), (128, 64, 64, 8, 8, 4, 2),
+]
+
+
+VARIANTS = [  # ... programs per SM, warp_specialize, FAST (0 none, 1 interior tiles, 2 + one exp)
+    (128, 64, 64, 8, 4, 4, 2, 0, 0), (128, 64, 64, 8, 4, 4, 2, 1, 0), (128, 64, 64, 8, 4, 4, 2, 0, 1),
+    (128, 64, 64, 8, 4, 4, 2, 0, 2), (128, 64, 64, 8, 4, 4, 2, 1, 2), (64, 128, 64, 8, 4, 4, 2, 0, 2),
+    (128, 128, 64, 8, 8, 4, 1, 0, 2), (128, 128, 64, 8, 8, 4, 1, 1, 2), (128, 64, 64, 8, 4, 3, 2, 0, 2),
+    (128, 64, 128, 8, 4, 2, 2, 0, 2), (64, 64, 64, 8, 4, 4, 3, 0, 2),
 ]
 
 
@@ -127,6 +141,80 @@ def run_size(b: int, d: int, reps: int, configs, tma_configs, emit) -> None:
         emit(b, "fused_grad_tma", cfg, _try(lambda: timed(lambda: grad_block(True, cfg, True), reps)), flops(band))
     _limits(*default)
     tri._TMA_FORCE = None
+
+
+def run_size_variants(b: int, d: int, reps: int, variants, emit) -> None:
+    """The CLIP kernels' TMA variants (VARIANTS) at B = ``b``: statistics over the whole B x B,
+    the gradient block over the op's backward block (R x C = _grad_block), with the cuBLAS GEMMs
+    of the same logits and the unfused paths as anchors; each variant's outputs are compared with
+    the first variant's."""
+    default = _limits()
+    saved = tri._TMA_STATS, tri._TMA_GRAD
+    img, txt, scale, row_shift, col_shift, ref, sums = inputs(b, d)
+    rows, cols = tri._grad_block(b, b, d, 0, img.element_size())
+    flops = lambda r, c: 2 * r * c * d  # noqa: E731
+
+    def stats(fused, tiles=None):
+        _limits(1 << 62 if fused else 0)
+        tri._TMA_FORCE = True if fused else None
+        if tiles is not None:
+            tri._TMA_STATS = tiles
+        sums.zero_()
+        tri.clip_stats_triton(img, txt, scale, row_shift, col_shift, ref, ref, 0, out=sums)
+
+    lse = row_shift + 1.0
+    p = torch.empty(rows, cols, device="cuda", dtype=torch.bfloat16)
+    k = torch.full((1,), 1e-4, device="cuda")
+    s1 = scale.reshape(1)
+    # (scale, coef, coef_mul, dscale src / dst, row LSE, column LSE, row ref, diag, diag_value,
+    # offset, COEF_SCALE, DSCALE): the op's CLIP backward without smoothing, block (0, 0)
+    args = (s1, k, 1.0, s1, s1, lse[:rows].contiguous(), lse[:cols].contiguous(), ref[:rows], 0, 2.0, 0.0,
+            True, False)
+
+    def grad(fused, tiles=None):
+        if fused:
+            tri._TMA_FORCE = True
+            tri._TMA_GRAD = tiles
+            tri._fused(tri._clip_grad_fused_kernel, img[:rows], txt[:cols], "grad", False, *args, p=p)
+            return
+        torch.mm(img[:rows], txt[:cols].T, out=p)
+        tri._clip_grad_kernel[tri._grad_grid(rows, cols)](
+            p, p, p.stride(0), rows, cols, *args[:-2], BLOCK_M=tri._GRAD_M, BLOCK_N=tri._GRAD_N,
+            num_warps=tri._GRAD_WARPS, COEF_SCALE=True, DSCALE=False)
+
+    def check(what, cfg, got, want):
+        if got is None or want is None:
+            return
+        err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+        print(f"# check B={b} {what} {cfg}: max |diff| / max |first| = {err:.2e}", flush=True)
+
+    s_full = torch.empty(b, b, device="cuda", dtype=torch.bfloat16)
+    emit(b, "cublas_logits", None, timed(lambda: torch.mm(img, txt.T, out=s_full), reps), flops(b, b))
+    del s_full
+    torch.cuda.empty_cache()
+    emit(b, "unfused_stats", None, timed(lambda: stats(False), reps), flops(b, b))
+    first = None
+    for cfg in variants:
+        ms = _try(lambda: timed(lambda: stats(True, cfg), reps))
+        emit(b, "stats_tma_v", cfg, ms, flops(b, b))
+        if ms is not None:
+            out = sums.clone()
+            first = out if first is None else first
+            check("stats", cfg, out, first)
+    emit(b, f"cublas_block_{rows}x{cols}", None,
+         timed(lambda: torch.mm(img[:rows], txt[:cols].T, out=p), reps), flops(rows, cols))
+    emit(b, "unfused_grad_block", None, timed(lambda: grad(False), reps), flops(rows, cols))
+    first = None
+    for cfg in variants:
+        ms = _try(lambda: timed(lambda: grad(True, cfg), reps))
+        emit(b, "grad_tma_v", cfg, ms, flops(rows, cols))
+        if ms is not None:
+            out = p.clone()
+            first = out if first is None else first
+            check("grad", cfg, out, first)
+    _limits(*default)
+    tri._TMA_FORCE = None
+    tri._TMA_STATS, tri._TMA_GRAD = saved
 
 
 def _siglip_grad_block(img, txt, scale, bias, k, sums, p, loss: bool, tma=None) -> None:
@@ -228,6 +316,11 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--out", default="bench/results/loss_kernels.jsonl")
     p.add_argument("--tma", action="store_true", help="also the TMA descriptor kernels (Hopper)")
+    p.add_argument("--variants", action="store_true",
+                   help="CLIP: the TMA kernels' VARIANTS (warp specialisation, interior fast path, tiles)")
+    p.add_argument("--ws", default="both", choices=("both", "on", "off"),
+                   help="--variants: those with warp specialisation on, off or both (the first, the op's "
+                        "tiles, always runs)")
     p.add_argument("--best", default="", help="write the fastest fused configs here (JSON)")
     p.add_argument("--configs", type=int, default=len(TMA_CONFIGS), help="siglip: the first N TMA configs")
     p.add_argument("--loss", default="clip", choices=("clip", "siglip", "siglip_pointer"),
@@ -246,7 +339,7 @@ def main(argv=None) -> None:
                    tflops=None if ms is None else round(flop / ms / 1e9, 1))
         rows.append(row)
         took = "skipped" if ms is None else f"{ms:8.3f} ms {row['tflops']:7.1f} TFLOP/s"
-        print(f"B={b:<7} {what:<19} {str(cfg or ''):<28} {took}", flush=True)
+        print(f"B={b:<7} {what:<19} {str(cfg or ''):<36} {took}", flush=True)
         with open(args.out, "a") as f:
             f.write(json.dumps(row) + "\n")
 
@@ -255,11 +348,15 @@ def main(argv=None) -> None:
             run_size_siglip(b, args.dim, args.reps, TMA_CONFIGS[:args.configs], emit)
         elif args.loss == "siglip_pointer":
             run_size_siglip_pointer(b, args.dim, args.reps, emit)
+        elif args.variants:
+            chosen = [v for v in VARIANTS if args.ws == "both" or bool(v[7]) == (args.ws == "on")]
+            run_size_variants(b, args.dim, args.reps, [VARIANTS[0]] + [v for v in chosen if v != VARIANTS[0]], emit)
         else:
             run_size(b, args.dim, args.reps, CONFIGS, TMA_CONFIGS if args.tma else [], emit)
     best = {}
     for what, key in (("fused_stats", "stats"), ("fused_grad", "grad"), ("fused_stats_tma", "tma_stats"),
-                      ("fused_grad_tma", "tma_grad"), ("siglip_stats_tma", "tma_siglip_stats"),
+                      ("fused_grad_tma", "tma_grad"), ("stats_tma_v", "tma_stats"), ("grad_tma_v", "tma_grad"),
+                      ("siglip_stats_tma", "tma_siglip_stats"),
                       ("siglip_grad_tma", "tma_siglip_grad"), ("siglip_grad_loss_tma", "tma_siglip_grad_loss"),
                       ("siglip_grad_ptr", "siglip_grad"), ("siglip_grad_loss_ptr", "siglip_grad_loss")):
         # the config with the least total time over the sizes measured

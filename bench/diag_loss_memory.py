@@ -48,7 +48,14 @@ def main(argv=None) -> None:
     p.add_argument("--b", type=int, default=65536)
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--loss", default="clip", choices=("clip", "siglip"))
+    p.add_argument("--set", default="", help="ATTR=VALUE;...: settings of ops/contrastive_loss_triton.py "
+                   "for the run (as bench_contrastive_loss.py --variant, without the label)")
     args = p.parse_args(argv)
+    if args.set:
+        from bench_contrastive_loss import _Settings, parse_variant  # (bench/, the script's folder)
+
+        _Settings(parse_variant("set:" + args.set)[1]).__enter__()
+        print(f"# settings: {args.set}")
     gen = torch.Generator(device="cuda").manual_seed(0)
     img = F.normalize(torch.randn(args.b, args.dim, device="cuda", generator=gen), dim=-1).bfloat16()
     txt = F.normalize(img.float() + 0.5 * torch.randn_like(img.float()), dim=-1).bfloat16()

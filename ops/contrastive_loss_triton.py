@@ -468,11 +468,15 @@ def _tile_pids(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M
 @triton.jit
 def _logit_tile(A, Bm, stride_a, stride_b, M, N, D, tile, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr):
+                EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+                MASK: tl.constexpr = True):
     """Tile number ``tile`` of the [M, N] block in grouped order: its row and column offsets,
     their bounds masks, and S' = A B^T there (fp32, 0 outside the bounds). With TMA, A and Bm
     are tensor descriptors (blocks [BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K]; the copy engine
-    fills what lies outside with zeros), else pointers with row strides."""
+    fills what lies outside with zeros), else pointers with row strides. MASK=False leaves the
+    pointer path's values outside the bounds as they are (rows of row 0's products: finite
+    wherever the features are; callers that mask every use of them, the CLIP kernels, save the
+    select per element)."""
     pid_m, pid_n = _tile_pids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -502,12 +506,27 @@ def _logit_tile(A, Bm, stride_a, stride_b, M, N, D, tile, BLOCK_M: tl.constexpr,
             pa += BLOCK_K
             pb += BLOCK_K
     inside = mask_m[:, None] & mask_n[None, :]
-    return offs_m, offs_n, mask_m, mask_n, inside, tl.where(inside, acc, 0.0)
+    if MASK and not TMA:  # (TMA: zeros outside already)
+        acc = tl.where(inside, acc, 0.0)
+    return offs_m, offs_n, mask_m, mask_n, inside, acc
 
 
 @triton.jit
 def _tiles(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     return tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+
+
+@triton.jit
+def _interior(tile, M, N, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              GROUP_M: tl.constexpr):
+    """Whether tile number ``tile`` lies wholly inside [M, N] and holds no positive pair
+    (i - j == diag): its epilogue then needs neither the bounds mask nor the diagonal's."""
+    pid_m, pid_n = _tile_pids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    m0 = pid_m * BLOCK_M
+    n0 = pid_n * BLOCK_N
+    full = (m0 + BLOCK_M <= M) & (n0 + BLOCK_N <= N)
+    # i - j over the tile spans [m0 - n0 - BLOCK_N + 1, m0 - n0 + BLOCK_M - 1]
+    return full & ((diag < m0 - n0 - (BLOCK_N - 1)) | (diag > m0 - n0 + (BLOCK_M - 1)))
 
 
 # Every fused kernel walks tiles tile = program_id, program_id + PROGRAMS, ... (PROGRAMS: the grid;
@@ -520,23 +539,29 @@ def _clip_stats_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, scale_ptr, row_
                              col_shift, col_ref, row_sum, row_wsum, col_sum, col_wsum, diag,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-                             TMA: tl.constexpr, PROGRAMS: tl.constexpr):
+                             TMA: tl.constexpr, PROGRAMS: tl.constexpr, WS: tl.constexpr = False,
+                             FAST: tl.constexpr = 0):
     scale2 = tl.load(scale_ptr) * 1.4426950408889634
-    for tile in tl.range(tl.program_id(0), _tiles(M, N, BLOCK_M, BLOCK_N), PROGRAMS, flatten=TMA):
+    for tile in tl.range(tl.program_id(0), _tiles(M, N, BLOCK_M, BLOCK_N), PROGRAMS,
+                         flatten=TMA and not WS, warp_specialize=WS):
         offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
             A, Bm, stride_a, stride_b, M, N, D, tile, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K,
-            PRECISION, TMA)
+            PRECISION, TMA, False)
         rs2 = tl.load(row_shift + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
         rr = tl.load(row_ref + offs_m, mask=mask_m, other=0.0)
         cs2 = tl.load(col_shift + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
         cr = tl.load(col_ref + offs_n, mask=mask_n, other=0.0)
-        valid = inside & ((offs_m[:, None] - offs_n[None, :]) != diag)
         xs = x * scale2
-        p = tl.where(valid, tl.exp2(xs - rs2[:, None]), 0.0)
+        if FAST and _interior(tile, M, N, diag, BLOCK_M, BLOCK_N, GROUP_M):
+            p = tl.exp2(xs - rs2[:, None])
+            q = tl.exp2(xs - cs2[None, :])
+        else:
+            valid = inside & ((offs_m[:, None] - offs_n[None, :]) != diag)
+            p = tl.where(valid, tl.exp2(xs - rs2[:, None]), 0.0)
+            q = tl.where(valid, tl.exp2(xs - cs2[None, :]), 0.0)
         tl.atomic_add(row_sum + offs_m, tl.sum(p, axis=1), mask=mask_m, sem="relaxed")
         tl.atomic_add(row_wsum + offs_m, tl.sum(p * (x - rr[:, None]), axis=1), mask=mask_m,
                       sem="relaxed")
-        q = tl.where(valid, tl.exp2(xs - cs2[None, :]), 0.0)
         tl.atomic_add(col_sum + offs_n, tl.sum(q, axis=0), mask=mask_n, sem="relaxed")
         tl.atomic_add(col_wsum + offs_n, tl.sum(q * (x - cr[None, :]), axis=0), mask=mask_n,
                       sem="relaxed")
@@ -573,21 +598,48 @@ def _store_p(P, stride_p, tile, M, N, offs_m, offs_n, inside, value, BLOCK_M: tl
         _store_tile(P, stride_p, offs_m, offs_n, inside, value)
 
 
-# CLIP gradient block of one tile into P (as _clip_grad_kernel, from the fp32 tile).
+# CLIP gradient block of one tile into P (as _clip_grad_kernel, from the fp32 tile). FAST: tiles
+# inside the bounds and off the diagonal (_interior) skip the masks; FAST == 2 also takes the
+# column term from the row term where the tile's LSEs are close, exp(S - c_j) = exp(S - r_i)
+# 2^(r2_i - m) 2^(m - c2_j) (one exponential per element instead of two; |r2_i - c2_j| <= 32 over
+# the tile, so both factors stay normal and the row term is normal wherever the column term
+# exceeds 2^-94; below that the column term may read 0, against P's entries of ~1 / B).
 @triton.jit
 def _clip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, scale_ptr, coef_ptr,
                             coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag,
                             diag_value, offset, COEF_SCALE: tl.constexpr, DSCALE: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-                            TMA: tl.constexpr, PROGRAMS: tl.constexpr, TMA_STORE: tl.constexpr):
-    for tile in tl.range(tl.program_id(0), _tiles(M, N, BLOCK_M, BLOCK_N), PROGRAMS, flatten=TMA):
+                            TMA: tl.constexpr, PROGRAMS: tl.constexpr, TMA_STORE: tl.constexpr,
+                            WS: tl.constexpr = False, FAST: tl.constexpr = 0):
+    for tile in tl.range(tl.program_id(0), _tiles(M, N, BLOCK_M, BLOCK_N), PROGRAMS,
+                         flatten=TMA and not WS, warp_specialize=WS):
         offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
             A, Bm, stride_a, stride_b, M, N, D, tile, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K,
-            PRECISION, TMA)
-        p = _clip_grad_value(x, offs_m, offs_n, mask_m, mask_n, scale_ptr, coef_ptr, coef_mul,
-                             dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag, diag_value,
-                             offset, COEF_SCALE, DSCALE)
+            PRECISION, TMA, False)
+        if FAST and _interior(tile, M, N, diag, BLOCK_M, BLOCK_N, GROUP_M):
+            scale = tl.load(scale_ptr)
+            coef = _grad_coef(scale, coef_ptr, coef_mul, dscale_src, dscale_dst, COEF_SCALE,
+                              DSCALE)
+            r2 = tl.load(row_lse + offs_m) * 1.4426950408889634
+            c2 = tl.load(col_lse + offs_n) * 1.4426950408889634
+            t2 = x * (scale * 1.4426950408889634)
+            e1 = tl.exp2(t2 - r2[:, None])
+            if FAST == 2:
+                top = tl.min(c2, axis=0)
+                if (tl.max(r2, axis=0) - top <= 32.0) & (tl.min(r2, axis=0) - tl.max(c2, axis=0) >= -32.0):
+                    u = tl.exp2(r2 - top)
+                    v = tl.exp2(top - c2)
+                    p = e1 * (u[:, None] * v[None, :] + 1.0)
+                else:
+                    p = e1 + tl.exp2(t2 - c2[None, :])
+            else:
+                p = e1 + tl.exp2(t2 - c2[None, :])
+            p = (p - offset) * coef
+        else:
+            p = _clip_grad_value(x, offs_m, offs_n, mask_m, mask_n, scale_ptr, coef_ptr, coef_mul,
+                                 dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag,
+                                 diag_value, offset, COEF_SCALE, DSCALE)
         _store_p(P, stride_p, tile, M, N, offs_m, offs_n, inside, p, BLOCK_M, BLOCK_N, GROUP_M,
                  TMA_STORE)
 
@@ -873,7 +925,9 @@ def _fused_config(tiles, m: int, n: int, d: int, fp32: bool, allow_tf32: bool, p
     grid = (min(count, tiles[6] * programs) if tma else count,)
     meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
                 EVEN_K=d % block_k == 0, PRECISION="tf32" if allow_tf32 or not fp32 else "ieee",
-                TMA=tma, PROGRAMS=grid[0], num_warps=warps, num_stages=stages)
+                TMA=tma, PROGRAMS=grid[0], num_warps=warps, num_stages=stages,
+                WS=bool(tiles[7]) if len(tiles) > 7 else False,
+                FAST=int(tiles[8]) if len(tiles) > 8 else 0)
     return grid, meta
 
 
@@ -891,6 +945,8 @@ def _fused(kernel, a, b, kind: str, allow_tf32, *args, p=None, tma=None) -> None
              "siglip_grad_loss": (_FUSED_SIGLIP_GRAD_LOSS, _TMA_SIGLIP_GRAD_LOSS)}[kind][tma]
     programs = _sm_count(a.device) if tma else 1
     grid, meta = _fused_config(tiles, m, n, d, a.dtype == torch.float32, allow_tf32, programs)
+    if kind.startswith("siglip"):  # (the CLIP kernels' flags only)
+        meta = {k: v for k, v in meta.items() if k not in ("WS", "FAST")}
     if tma:
         bm, bn, bk = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
         a, b = TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk])
@@ -1148,23 +1204,32 @@ def siglip_stats_triton(a, b, scale, bias, diag=0, *, keep_logits="", band=0,
 # and its fp32 row sum never take more than a full-width band (_grad_block): the op's peak is
 # then no higher than with bands at any B (bench/diag_loss_memory.py lists what it holds).
 _GRAD_BLOCK = (8192, 4096)
+# Smaller blocks tried in turn where _GRAD_BLOCK does not fit the backward's budget, and that
+# budget for a block and its fp32 row sum in units of max(n d, 2^24) elements of the features'
+# dtype (2: a full-width band's bytes, as band_rows).
+_GRAD_BLOCKS: tuple = ()
+_GRAD_FACTOR = 2.0
 
 
 def _grad_block(m: int, n: int, d: int, band: int, itemsize: int) -> tuple[int, int]:
     """(rows, columns) of the backward's recompute blocks: the whole [m, n] when it fits the band
-    budget (band_rows), full-width bands of ``band`` rows when a band height is forced, else
-    _GRAD_BLOCK where a block and its fp32 [rows, D] sum of grad_a take no more bytes than a
-    full-width band (B >= ~30k at D = 768), else full-width bands. (Capping the rows instead,
-    5,888 at 8k-16k, measured 1.05 / 1.00x the compiled dense loss against 0.96 / 0.99x with bands,
+    budget (band_rows), full-width bands of ``band`` rows when a band height is forced, else the
+    first of _GRAD_BLOCK, _GRAD_BLOCKS whose block and fp32 [rows, D] sum of grad_a take no more
+    than _GRAD_FACTOR max(n d, 2^24) elements' bytes (B >= ~30k at D = 768 with the factor 2),
+    else full-width bands of at most that many bytes. (Capping the rows instead, 5,888 at 8k-16k,
+    measured 1.05 / 1.00x the compiled dense loss against 0.96 / 0.99x with bands,
     bench/results/contrastive_loss_h200_blocks_capped_queued20.log.)"""
     step = _step(m, n, d, False, band)
     if step >= m:
         return m, n
-    rows, cols = min(m, _GRAD_BLOCK[0]), min(n, _GRAD_BLOCK[1])
-    budget = _BAND_FACTOR * max(n * d, 1 << 24) * itemsize  # bytes of a full-width band
-    if band > 0 or rows * (cols * itemsize + d * 4) > budget:
+    if band > 0:
         return step, n
-    return rows, cols
+    budget = int(_GRAD_FACTOR * max(n * d, 1 << 24)) * itemsize
+    for block in (_GRAD_BLOCK, *_GRAD_BLOCKS):
+        rows, cols = min(m, block[0]), min(n, block[1])
+        if rows * (cols * itemsize + d * 4) <= budget:
+            return rows, cols
+    return min(step, max(256, budget // max(n * itemsize, 1))), n
 
 
 def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Callable, out_dtype,
