@@ -785,7 +785,17 @@ _FUSED_MAX_LOGITS = 1 << 28  # a 16,384 x 16,384 block
 # 0.158 / 0.424). So with TMA the backward is fused at every size (_TMA_MAX_LOGITS); the
 # statistics up to 32k. End to end (the op, fwd + bwd, same process) this gains
 # 1-2% at B = 8k-65k: 56.8 ms against 57.7-58.1 at 65k (bench/results/contrastive_loss_h200_tma.log).
-_TMA_STATS = (128, 64, 64, 8, 4, 4, 2)
+# An eighth and ninth entry: warp specialisation of the persistent loop (WS) and the interior-tile
+# fast path (FAST; _clip_grad_fused_kernel). Measured on an H200 (bench_loss_kernels.py --variants,
+# h200_bj, bench/results/loss_kernels_ws_variants_h200.log and loss_kernels_ws_on_h200.log):
+# statistics with FAST 1.036 / 4.094 / 17.00 ms at 16k / 32k / 65k against 1.081 / 4.164 / 17.82
+# without, and against 17.65 for cuBLAS + the passes at 65k, so the statistics are fused at every
+# size now (end to end at 65k 49.86 against 51.73 ms, contrastive_loss_h200_ws_variants_queued20.log);
+# the gradient block was slower with it (more registers: 198-245 against 168); WS does not compile
+# with Triton 3.6 (NVGPUWarpSpecialization fails) except beside FAST == 2, where it was no faster
+# (18.46 against 17.64 ms at 65k); 8 warps with 128 x 128 / 128 x 256 tiles, 3 programs per SM,
+# BLOCK_K 128 or 3 stages were 2-70% slower.
+_TMA_STATS = (128, 64, 64, 8, 4, 4, 2, 0, 1)
 _TMA_GRAD = (128, 64, 64, 8, 4, 4, 2)
 # SigLIP's kernels reduce rows only (no column sums across warps): larger tiles, 8 warps. H200,
 # bench_loss_kernels.py --loss siglip: the gradient block 0.217 / 0.484 ms at 16k / 65k against
@@ -802,8 +812,9 @@ _TMA_SIGLIP_GRAD = (128, 128, 64, 8, 8, 4, 1)
 _TMA_SIGLIP_GRAD_LOSS = _TMA_SIGLIP_GRAD
 # Largest block (logits) a TMA kernel takes, per kind; above, cuBLAS bands and Triton passes. The
 # CLIP statistics: TMA 4.25 ms against 4.96 for cuBLAS + the passes at 32k, 18.6 against 18.1 at
-# 65k; SigLIP's statistics and every gradient block are fused at every size.
-_TMA_MAX_LOGITS = {"stats": 1 << 30, "siglip_stats": 1 << 62, "grad": 1 << 62}
+# 65k before the interior fast path, 17.00 against 17.65 with it (above); SigLIP's statistics and
+# every gradient block are fused at every size.
+_TMA_MAX_LOGITS = {"stats": 1 << 62, "siglip_stats": 1 << 62, "grad": 1 << 62}
 _TMA_MIN_LOGITS = 1 << 23
 _TMA_FORCE = None  # None: by the device and the tensors; tests set True (interpreter, fp32)
 try:
@@ -1206,9 +1217,14 @@ def siglip_stats_triton(a, b, scale, bias, diag=0, *, keep_logits="", band=0,
 _GRAD_BLOCK = (8192, 4096)
 # Smaller blocks tried in turn where _GRAD_BLOCK does not fit the backward's budget, and that
 # budget for a block and its fp32 row sum in units of max(n d, 2^24) elements of the features'
-# dtype (2: a full-width band's bytes, as band_rows).
-_GRAD_BLOCKS: tuple = ()
-_GRAD_FACTOR = 2.0
+# dtype (2: a full-width band's bytes, as band_rows). With 1.5 and 4,096 x 4,096 blocks below
+# B = ~45k (D = 768) the op's peak at 16k / 32k is 116 / 193 MiB (full-width bands of 2,048 rows
+# and 8,192 x 4,096 blocks with 2: 136 / 233 MiB, bench/results/loss_memory_16k_32k_ws_h200.log),
+# for 1-2% more time there (H200, bf16, queued: 3.29 / 12.83 ms against 3.23 / 12.19, the compiled
+# dense loss 3.29 / 13.09; 1,536-row bands 3.42 / 13.57; factor 1, 1,024-row bands at 16k, 3.64;
+# contrastive_loss_h200_ws_variants_queued20.log). 65k is unchanged (8,192 x 4,096, 0.38 GiB).
+_GRAD_BLOCKS: tuple = ((4096, 4096),)
+_GRAD_FACTOR = 1.5
 
 
 def _grad_block(m: int, n: int, d: int, band: int, itemsize: int) -> tuple[int, int]:
