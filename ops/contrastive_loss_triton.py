@@ -1223,15 +1223,21 @@ _GRAD_BLOCK = (8192, 4096)
 # for 1-2% more time there (H200, bf16, queued: 3.29 / 12.83 ms against 3.23 / 12.19, the compiled
 # dense loss 3.29 / 13.09; 1,536-row bands 3.42 / 13.57; factor 1, 1,024-row bands at 16k, 3.64;
 # contrastive_loss_h200_ws_variants_queued20.log). 65k is unchanged (8,192 x 4,096, 0.38 GiB).
+# Below _GRAD_FACTOR_MIN_N columns the factor is 2 and _GRAD_BLOCKS unused (full-width bands, as
+# before): at 8k 4,096 x 4,096 blocks
+# took 0.86 ms against 0.80 with 4,096-row bands (the compiled dense loss 0.86; SigLIP 0.71
+# against 0.63), for 0.08 against 0.10 GiB (h200_bk, contrastive_loss_h200_ws_queued20.log).
 _GRAD_BLOCKS: tuple = ((4096, 4096),)
 _GRAD_FACTOR = 1.5
+_GRAD_FACTOR_MIN_N = 12288
 
 
 def _grad_block(m: int, n: int, d: int, band: int, itemsize: int) -> tuple[int, int]:
     """(rows, columns) of the backward's recompute blocks: the whole [m, n] when it fits the band
     budget (band_rows), full-width bands of ``band`` rows when a band height is forced, else the
     first of _GRAD_BLOCK, _GRAD_BLOCKS whose block and fp32 [rows, D] sum of grad_a take no more
-    than _GRAD_FACTOR max(n d, 2^24) elements' bytes (B >= ~30k at D = 768 with the factor 2),
+    than _GRAD_FACTOR max(n d, 2^24) elements' bytes (below _GRAD_FACTOR_MIN_N columns: _GRAD_BLOCK
+    within 2 max(n d, 2^24), as before),
     else full-width bands of at most that many bytes. (Capping the rows instead, 5,888 at 8k-16k,
     measured 1.05 / 1.00x the compiled dense loss against 0.96 / 0.99x with bands,
     bench/results/contrastive_loss_h200_blocks_capped_queued20.log.)"""
@@ -1240,8 +1246,9 @@ def _grad_block(m: int, n: int, d: int, band: int, itemsize: int) -> tuple[int, 
         return m, n
     if band > 0:
         return step, n
-    budget = int(_GRAD_FACTOR * max(n * d, 1 << 24)) * itemsize
-    for block in (_GRAD_BLOCK, *_GRAD_BLOCKS):
+    small = n < _GRAD_FACTOR_MIN_N  # (as before: full-width bands unless _GRAD_BLOCK fits)
+    budget = int((2.0 if small else _GRAD_FACTOR) * max(n * d, 1 << 24)) * itemsize
+    for block in (_GRAD_BLOCK,) if small else (_GRAD_BLOCK, *_GRAD_BLOCKS):
         rows, cols = min(m, block[0]), min(n, block[1])
         if rows * (cols * itemsize + d * 4) <= budget:
             return rows, cols

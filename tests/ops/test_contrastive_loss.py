@@ -220,6 +220,27 @@ def test_triton_gradient_blocks_of_an_off_diagonal_block(monkeypatch, diag, fuse
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, msg=f"siglip {name}")
 
 
+@pytest.mark.parametrize("b", [8192, 12288, 16384, 32768, 65536, 100000])
+def test_gradient_blocks_keep_within_their_memory_budget(b):
+    """The backward's recompute blocks (_grad_block, D = 768, bf16): a block and its fp32 row sum
+    of grad_a (where the columns are split) take no more than _GRAD_FACTOR max(B D, 2^24) elements'
+    bytes from _GRAD_FACTOR_MIN_N columns on (2 below), cover the rows and columns, and fall back
+    to full-width bands within the same bytes when no block fits."""
+    d, item = 768, 2
+    rows, cols = triton_impl._grad_block(b, b, d, 0, item)
+    factor = triton_impl._GRAD_FACTOR if b >= triton_impl._GRAD_FACTOR_MIN_N else 2.0
+    budget = factor * max(b * d, 1 << 24) * item
+    assert 0 < rows <= b and 0 < cols <= b
+    assert rows * cols * item + (rows * d * 4 if cols < b else 0) <= budget
+    assert triton_impl._grad_block(b, b, d, 512, item) == (512, b)  # a forced band height
+
+
+def test_gradient_blocks_fall_back_to_bands(monkeypatch):
+    monkeypatch.setattr(triton_impl, "_GRAD_BLOCKS", ((1 << 20, 1 << 20),))  # never fits
+    rows, cols = triton_impl._grad_block(32768, 32768, 768, 0, 2)
+    assert cols == 32768 and rows * 32768 * 2 <= triton_impl._GRAD_FACTOR * 32768 * 768 * 2
+
+
 @pytest.mark.parametrize("ws", [0, 1])
 @pytest.mark.parametrize("fast", [1, 2])
 @pytest.mark.parametrize("m,n,diag", [(45, 38, 0), (45, 38, -21), (45, 38, 9), (64, 48, 3)])
