@@ -253,6 +253,33 @@ def timed_steps(engine, loss_fn, batch, steps: int, chunk):
     return (time.perf_counter() - t0) / steps, sum(float(t) for t in loss_ms) / steps, guard.losses[steps - 1]
 
 
+def host_phases(engine, loss_fn, batch, steps: int) -> dict:
+    """Host milliseconds per step spent inside the engine's forward, backward and step over
+    ``steps`` steps (perf_counter around each call, no synchronisation added: where the step is
+    bound by the host these add up to the step; where it is bound by the GPU, the phase that waits
+    on the GPU absorbs the wait), and the step's wall time."""
+    spent = {"forward": 0.0, "backward": 0.0, "step": 0.0}
+
+    def timed(name, fn):
+        def call(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[name] += time.perf_counter() - t
+        return call
+
+    originals = {name: getattr(engine, name) for name in spent}
+    for name, fn in originals.items():
+        setattr(engine, name, timed(name, fn))  # instance attributes: engine(...) calls forward
+    try:
+        wall = timed_steps(engine, loss_fn, batch, steps, None)[0]
+    finally:
+        for name in originals:
+            delattr(engine, name)
+    return {f"host_{k}_ms": v / steps * 1e3 for k, v in spent.items()} | {"host_wall_ms": wall * 1e3}
+
+
 def base_row(args) -> dict:
     import deepspeed
     import triton
@@ -324,6 +351,10 @@ def throughput(args, rows):
             label = f"zero{zero} leaf{leaf} flat{flat} on_device_step{on_device} {impl} ckpt={ckpt} compile={comp}"
             if args.profile:
                 profile(engine, loss_fn, batch, args.profile, label)
+            if args.host_phases:
+                row.update(host_phases(engine, loss_fn, batch, args.host_phases))
+                print(f"# host ms per step, {label}: " + ", ".join(
+                    f"{k[5:-3]} {v:.1f}" for k, v in row.items() if k.startswith("host_")), flush=True)
             if args.sync_points:
                 from profile_table import print_host_profile, print_sync_points
 
@@ -473,6 +504,8 @@ def main(argv=None) -> int:
     p.add_argument("--sync_points", type=int, default=0,
                    help="after timing, run this many steps listing where the host waits for the GPU, then as many "
                    "under cProfile (host Python time per function)")
+    p.add_argument("--host_phases", type=int, default=0,
+                   help="time the engine's forward, backward and step on the host over this many extra steps")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--max_batch_sizes", nargs="+",
