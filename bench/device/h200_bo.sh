@@ -7,7 +7,7 @@
 source bench/device/env.sh
 R=/tmp/bo; mkdir -p $R
 python launch/make_shards.py --digits --out runs/gpu_digits > $R/shards.log 2>&1; tail -2 $R/shards.log
-COMMON=(--set data.train_shards='"runs/gpu_digits/train-{000000..000007}.tar"' --set train_micro_batch_size_per_gpu=1024
+COMMON=(--set data.train_shards='"runs/gpu_digits/train/shard-{000000..000005}.tar"' --set train_micro_batch_size_per_gpu=1024
         --set train.steps=8 --set train.log_every=1 --set train.save_every=1000 --set data.workers=8)
 timeout $(left 290) deepspeed --num_gpus 1 launch/pretrain.py --ds_config ds_configs/vitl14.json "${COMMON[@]}" \
     --set train.output_dir='"runs/l14_a"' --set model.flat_parameters=false --set model.zero3_leaf_layers=true \
