@@ -314,7 +314,7 @@ def throughput(args, rows):
             for ckpt in args.grad_ckpt for comp in args.compile
             for flat in (args.flat_parameters if impl != PLAIN else [0])
             for on_device in (args.on_device_step if zero == 3 else
-                              sorted({min(v, 1) for v in args.on_device_step}) if zero in (1, 2) else [1])
+                              sorted({min(v, 1) for v in args.on_device_step}) if zero in (0, 1, 2) else [1])
             for patch in (args.patch_embedding if impl != PLAIN else ["conv"])]
     for zero, leaf, impl, ckpt, comp, flat, on_device, patch in runs:
         ckpt_v, comp_v = _flag(ckpt), _flag(comp)
@@ -486,11 +486,11 @@ def main(argv=None) -> int:
     p.add_argument("--flat_parameters", type=int, nargs="+", default=[0], choices=[0, 1],
                    help="model.flat_parameters of the pipeline rows: 0 1 runs both")
     p.add_argument("--on_device_step", type=int, nargs="+", default=[1], choices=[0, 1, 2, 3],
-                   help="ZeRO-1/2 rows: the optimizer step without host waits (pipeline.zero_step, as "
+                   help="ZeRO-0/1/2 rows: the optimizer step without host waits (pipeline.zero_step, as "
                    "pipeline.train builds it) or as DeepSpeed wrote it (0); ZeRO-3 rows: the step with less "
                    "of DeepSpeed's Python and host waits (pipeline.zero3_step) or as written (0), lightened with "
                    "DeepSpeed's host waits kept (2: fetch, norm and epilogue; 3: fetch only); 0 1 runs both "
-                   "(ZeRO-1/2 rows: one per distinct on/off)")
+                   "(ZeRO-0/1/2 rows: one per distinct on/off)")
     p.add_argument("--patch_embedding", nargs="+", default=["gemm"], choices=["gemm", "conv"],
                    help="model.patch_embedding of the pipeline rows: gemm conv runs both")
     p.add_argument("--deepcompile", action="store_true",

@@ -21,6 +21,14 @@ fp32 weights and no offload; fp16's dynamic loss scale needs the host to know ab
 and another optimizer is left as DeepSpeed built it. If DeepSpeed's code changes shape (the
 functions are not where this module expects them) nothing is replaced and the reason is logged.
 
+ZeRO-0 with bf16 (or fp16) weights steps through DeepSpeed's FP16 optimizer wrapper, whose
+overflow check (``CheckOverflow.has_overflow_serial``) reads one inf/nan flag per parameter tensor
+on the host: 63 waits on the GPU a step for ViT-B/32 with flat parameters (H200,
+bench/results/pipeline_vitb32_256_zero0_syncpoints_h200.log), ``bf16.check_grad_overflow: false``
+notwithstanding. :func:`keep_step_on_device` gives that checker the same per-tensor test with the
+flags combined on the device and read once (the same answer; the step still skips on overflow,
+which needs the host to know).
+
 ZeRO-3's fetch on one rank also synchronises the device once per fetch (DeepSpeed's no-gather
 handle). A first attempt at skipping that wait (the partition is already on the device, nothing
 was copied) measured slower on an H200 (ViT-B/32 ZeRO-3 with flat parameters: 1,565 samples/s
@@ -97,10 +105,51 @@ def _why_not(optimizer: Any) -> str:
     return ""
 
 
+def _has_overflow_serial(self, params) -> bool:
+    """``CheckOverflow.has_overflow_serial`` with one host read: DeepSpeed's per-tensor test
+    (``_has_inf_or_nan``, a device flag) for every gradient, the flags combined on the device and
+    read once, where DeepSpeed reads each flag in turn (stopping at the first set one: the same
+    answer)."""
+    flags = [self._has_inf_or_nan(p.grad.data, i) for i, p in enumerate(params) if p.grad is not None]
+    return bool(torch.stack(flags).any()) if flags else False
+
+
+def _one_overflow_read(optimizer: Any) -> bool:
+    """Give the overflow checker of DeepSpeed's FP16 optimizer wrapper (ZeRO-0 with bf16 or fp16
+    weights) :func:`_has_overflow_serial`; whether it did."""
+    from deepspeed.runtime.utils import CheckOverflow
+
+    checker = getattr(optimizer, "overflow_checker", None)
+    method = getattr(CheckOverflow, "has_overflow_serial", None)
+    test = getattr(CheckOverflow, "_has_inf_or_nan", None)
+    if (not isinstance(checker, CheckOverflow) or method is None or test is None
+            or list(inspect.signature(method).parameters) != ["self", "params"]
+            or list(inspect.signature(test).parameters) != ["x", "i"]):
+        logger.debug("FP16 wrapper's overflow check left as DeepSpeed wrote it: not the CheckOverflow this module replaces")
+        return False
+    checker.has_overflow_serial = types.MethodType(_has_overflow_serial, checker)
+    return True
+
+
+def _is_fp16_wrapper(optimizer: Any) -> bool:
+    """DeepSpeed's FP16 optimizer wrappers: fused (FusedAdam underneath, the GPU runs) or not
+    (any other optimizer, e.g. torch's AdamW on the CPU); both check overflow the same way."""
+    try:
+        from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+        from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+    except ImportError:  # pragma: no cover - DeepSpeed is a dependency
+        return False
+    return isinstance(optimizer, (FP16_Optimizer, FP16_UnfusedOptimizer))
+
+
 def keep_step_on_device(engine: Any) -> bool:
-    """Replace the host waits of ``engine``'s ZeRO-1/2 optimizer step (module docstring).
-    Returns whether it did; the reason it did not is logged at debug level."""
+    """Replace the host waits of ``engine``'s ZeRO-1/2 optimizer step (module docstring); for
+    DeepSpeed's FP16 optimizer wrapper (ZeRO-0 with 16-bit weights), read its overflow check
+    once instead of once per parameter tensor. Returns whether it did; the reason it did not is
+    logged at debug level."""
     optimizer = getattr(engine, "optimizer", None)
+    if _is_fp16_wrapper(optimizer):
+        return _one_overflow_read(optimizer)
     why = _why_not(optimizer)
     if why:
         logger.debug("ZeRO step left as DeepSpeed wrote it: %s", why)

@@ -101,6 +101,64 @@ def test_zero_engine_trains_to_the_same_bits(stage, monkeypatch):
         assert torch.equal(s1[name], value), name
 
 
+def test_one_overflow_read_gives_deepspeeds_answer():
+    """The FP16 wrapper's overflow check read once: DeepSpeed's answer for gradients that are
+    finite, hold a NaN or an infinity in the first or the last tensor, or are missing."""
+    from deepspeed.runtime.utils import CheckOverflow
+
+    from infclip.pipeline.zero_step import _has_overflow_serial
+
+    torch.manual_seed(0)
+    for bad, where in [(None, 0), (float("nan"), 0), (float("inf"), 2), (float("-inf"), 1)]:
+        params = [torch.nn.Parameter(torch.randn(5, 3, dtype=torch.bfloat16)) for _ in range(3)]
+        for q in params[:2] + params[2:] * (where == 2):
+            q.grad = torch.randn_like(q)
+        if bad is not None:
+            params[where].grad.view(-1)[4] = bad
+        checker = CheckOverflow()
+        assert _has_overflow_serial(checker, params) == checker.has_overflow_serial(params) == (bad is not None)
+    assert _has_overflow_serial(CheckOverflow(), []) is False
+
+
+def _train_zero0(model, ds, on_device: bool, nan_step: int):
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
+    try:
+        if on_device:
+            assert keep_step_on_device(engine)
+        losses, weights = [], []
+        for step in range(4):
+            loss = loss_of(engine)
+            engine.backward(loss * (float("nan") if step == nan_step else 50.0))
+            engine.step()
+            losses.append(loss.item())
+            weights.append({k: v.clone() for k, v in engine.module.state_dict().items()})
+        return losses, weights
+    finally:
+        engine.destroy()
+
+
+def test_zero0_bf16_engine_trains_to_the_same_bits():
+    """ZeRO-0 with bf16 weights (DeepSpeed's FP16 optimizer wrapper) with its overflow check read
+    once: the same losses and weights as DeepSpeed's per-tensor reads, the NaN step skipped alike."""
+    from infclip.pipeline.train import single_process_env
+
+    single_process_env()
+    ds = {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 1.0, "bf16": {"enabled": True},
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "torch_adam": True}},
+          "zero_optimization": {"stage": 0}}
+    runs = {}
+    for on_device in (False, True):
+        model = pair()[1].to(torch.bfloat16)
+        runs[on_device] = _train_zero0(model, ds, on_device, nan_step=1)
+    (l0, w0), (l1, w1) = runs[False], runs[True]
+    assert l1[:1] + l1[2:] == l0[:1] + l0[2:]  # (the NaN step's own loss is finite: it is the gradient)
+    for step, (a, b) in enumerate(zip(w0, w1)):
+        for name, value in a.items():
+            assert torch.equal(b[name], value), (step, name)
+    assert all(torch.equal(w1[1][k], w1[0][k]) for k in w1[0])  # the NaN step was skipped
+    assert any(not torch.equal(w1[2][k], w1[1][k]) for k in w1[0])  # and training went on
+
+
 def test_left_alone_where_the_host_must_decide():
     from infclip.pipeline.train import single_process_env
 
