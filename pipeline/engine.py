@@ -142,7 +142,7 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
     engine_config = with_engine_defaults({k: v for k, v in ds_config.items() if k != "tensorboard"},
                                           model_cfg.compile is not False)
     engine = _initialize(model, param_groups(model, tcfg.weight_decay_1d), engine_config, str(run_cfg.source))
-    keep_step_on_device(engine)  # ZeRO-1/2 with bf16: no host waits in the optimizer step
+    keep_step_on_device(engine)  # ZeRO-1/2 with bf16: no host waits in the step; ZeRO-0: one overflow read
     if zero3:
         # less of DeepSpeed's per-step Python (pipeline.zero3_step); its host waits kept
         lighten_zero3(engine, keep_waits=ZERO3_KEPT_WAITS)

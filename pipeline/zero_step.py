@@ -1,4 +1,4 @@
-"""DeepSpeed's ZeRO-1/2 optimizer step without host waits.
+"""DeepSpeed's ZeRO-1/2 optimizer step without host waits, and ZeRO-0's with one overflow read.
 
 Design: with bf16 (no loss scaling) the step has no decision to make on the host, yet DeepSpeed
 0.19's ZeRO-1/2 optimizer makes the host wait for the GPU twice per parameter group and step:

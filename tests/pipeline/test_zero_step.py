@@ -1,7 +1,8 @@
 """The training step without host waits. ``pipeline.zero_step``: the replaced pieces give
 DeepSpeed's own values (norms finite, infinite, NaN and DeepSpeed's -1 sentinel), a real ZeRO-2
-engine trains to the same bits with and without them (gradient clipping active), and the
-optimizers it must not touch are left alone. ``pipeline.engine.with_engine_defaults``: DeepSpeed's
+engine trains to the same bits with and without them (gradient clipping active), ZeRO-0's
+overflow check read once gives DeepSpeed's answer and the same training (a NaN step skipped
+alike), and the optimizers it must not touch are left alone. ``pipeline.engine.with_engine_defaults``: DeepSpeed's
 throughput timer no longer synchronises the device each step."""
 
 from __future__ import annotations
