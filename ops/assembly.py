@@ -331,20 +331,20 @@ def clip_backward(g, img, txt, s, row_lse, col_lse, aux, kept, sw: Sweep, o: Opt
     the forward's (see clip_forward; empty or None for none)."""
     b, d = img.shape
     n_global = sw.world * b
+    # (in place the kernels take the coefficient themselves: no launch for it there unless eps)
+    coef = g / (2 * n_global) if o.eps or not sw.in_place else None
     if sw.in_place:
         d_img, d_txt, d_scale = _own_block(sw, [txt, col_lse], lambda held: _clip_own_block_grads(
             g, img, held[0], s, row_lse, held[1], aux, kept, o))
     else:
         grads = _clip_gathered_grads if sw.gathers_rows else _clip_swept_grads
         d_img, d_txt = grads(img, txt, s, row_lse, col_lse, aux[:b], kept, sw, o)
-        coef = g / (2 * n_global)
         k = coef * s * o.factor
         d_img.mul_(k)
         d_txt.mul_(k)
         # this rank's share: sum over its rows and columns of E[S'] - S'_ii (see clip_terms)
         d_scale = coef * aux[b] * o.factor
     if o.eps:
-        coef = g / (2 * n_global)  # (here only: in place the kernels take coef themselves)
         img_sum, txt_sum = aux[b + 2:b + 2 + d], aux[b + 2 + d:]
         # the global term -2 eps / B <sum I, sum T>: each rank takes 1/N of it
         d_scale = d_scale + coef * o.factor * 2 * o.eps * (
