@@ -11,12 +11,11 @@ For each B (D = --dim, bf16, the op's real inputs: unit rows, scale 14.3):
   fused_grad      one _clip_grad_fused_kernel launch writing P for the band, per tile config;
   fused_*_tma     the same kernels loading by TMA tensor descriptors, persistent (Hopper; tile
                   configs with a seventh entry, programs per SM).
-With --variants (CLIP, TMA): the kernels' variants of VARIANTS (tile configs with an eighth and
-ninth entry: warp specialisation of the persistent loop, the interior-tile fast path, 2: with the
-gradient's one exponential) over the whole B x B (statistics) and over the op's backward block
-(_grad_block: R x C), against cublas_logits / cublas_block_logits and the unfused paths in the
-same process; each variant's sums / P are checked against the first variant's (max relative
-difference printed as "# check").
+With --variants (CLIP, TMA): the tile configs of VARIANTS (an eighth entry: the statistics'
+interior-tile fast path) over the whole B x B (statistics) and their first seven entries over the
+op's backward block (_grad_block: R x C), against cublas_logits / cublas_block_logits and the
+unfused paths in the same process; each variant's sums / P are checked against the first
+variant's (max relative difference printed as "# check").
 Each as median ms of --reps and TFLOP/s counting 2 R B D. The fastest fused configs are printed
 and written to --best (JSON: {"stats": [...], "grad": [...]}, read by bench_contrastive_loss.py
 --tiles).
@@ -51,11 +50,10 @@ TMA_CONFIGS = [  # ... and programs per SM
 ]
 
 
-VARIANTS = [  # ... programs per SM, warp_specialize, FAST (0 none, 1 interior tiles, 2 + one exp)
-    (128, 64, 64, 8, 4, 4, 2, 0, 0), (128, 64, 64, 8, 4, 4, 2, 1, 0), (128, 64, 64, 8, 4, 4, 2, 0, 1),
-    (128, 64, 64, 8, 4, 4, 2, 0, 2), (128, 64, 64, 8, 4, 4, 2, 1, 2), (64, 128, 64, 8, 4, 4, 2, 0, 2),
-    (128, 128, 64, 8, 8, 4, 1, 0, 2), (128, 128, 64, 8, 8, 4, 1, 1, 2), (128, 64, 64, 8, 4, 3, 2, 0, 2),
-    (128, 64, 128, 8, 4, 2, 2, 0, 2), (64, 64, 64, 8, 4, 4, 3, 0, 2),
+VARIANTS = [  # ... programs per SM, FAST (the statistics' interior fast path: 0 off, 1 on)
+    (128, 64, 64, 8, 4, 4, 2, 0), (128, 64, 64, 8, 4, 4, 2, 1), (64, 128, 64, 8, 4, 4, 2, 1),
+    (128, 128, 64, 8, 8, 4, 1, 1), (128, 64, 64, 8, 4, 3, 2, 1), (128, 64, 128, 8, 4, 2, 2, 1),
+    (64, 64, 64, 8, 4, 4, 3, 1),
 ]
 
 
@@ -207,7 +205,7 @@ def run_size_variants(b: int, d: int, reps: int, variants, emit) -> None:
          timed_queued(lambda: torch.mm(img[:rows], txt[:cols].T, out=p), reps, 10), flops(rows, cols))
     emit(b, "unfused_grad_block", None, timed_queued(lambda: grad(False), reps, 10), flops(rows, cols))
     first = None
-    for cfg in variants:
+    for cfg in dict.fromkeys(v[:7] for v in variants):  # (the gradient kernel takes no FAST)
         ms = _try(lambda: timed_queued(lambda: grad(True, cfg), reps, 10))
         emit(b, "grad_tma_v", cfg, ms, flops(rows, cols))
         if ms is not None:
@@ -319,10 +317,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", default="bench/results/loss_kernels.jsonl")
     p.add_argument("--tma", action="store_true", help="also the TMA descriptor kernels (Hopper)")
     p.add_argument("--variants", action="store_true",
-                   help="CLIP: the TMA kernels' VARIANTS (warp specialisation, interior fast path, tiles)")
-    p.add_argument("--ws", default="both", choices=("both", "on", "off"),
-                   help="--variants: those with warp specialisation on, off or both (the first, the op's "
-                        "tiles, always runs)")
+                   help="CLIP: the TMA kernels' VARIANTS (interior fast path, tiles)")
     p.add_argument("--best", default="", help="write the fastest fused configs here (JSON)")
     p.add_argument("--configs", type=int, default=len(TMA_CONFIGS), help="siglip: the first N TMA configs")
     p.add_argument("--loss", default="clip", choices=("clip", "siglip", "siglip_pointer"),
@@ -351,8 +346,7 @@ def main(argv=None) -> None:
         elif args.loss == "siglip_pointer":
             run_size_siglip_pointer(b, args.dim, args.reps, emit)
         elif args.variants:
-            chosen = [v for v in VARIANTS if args.ws == "both" or bool(v[7]) == (args.ws == "on")]
-            run_size_variants(b, args.dim, args.reps, [VARIANTS[0]] + [v for v in chosen if v != VARIANTS[0]], emit)
+            run_size_variants(b, args.dim, args.reps, VARIANTS, emit)
         else:
             run_size(b, args.dim, args.reps, CONFIGS, TMA_CONFIGS if args.tma else [], emit)
     best = {}

@@ -539,11 +539,10 @@ def _clip_stats_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, scale_ptr, row_
                              col_shift, col_ref, row_sum, row_wsum, col_sum, col_wsum, diag,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-                             TMA: tl.constexpr, PROGRAMS: tl.constexpr, WS: tl.constexpr = False,
-                             FAST: tl.constexpr = 0):
+                             TMA: tl.constexpr, PROGRAMS: tl.constexpr, FAST: tl.constexpr = 0):
+    """FAST: tiles inside the block and off the positives (_interior) skip both masks."""
     scale2 = tl.load(scale_ptr) * 1.4426950408889634
-    for tile in tl.range(tl.program_id(0), _tiles(M, N, BLOCK_M, BLOCK_N), PROGRAMS,
-                         flatten=TMA and not WS, warp_specialize=WS):
+    for tile in tl.range(tl.program_id(0), _tiles(M, N, BLOCK_M, BLOCK_N), PROGRAMS, flatten=TMA):
         offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
             A, Bm, stride_a, stride_b, M, N, D, tile, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K,
             PRECISION, TMA, False)
@@ -598,48 +597,21 @@ def _store_p(P, stride_p, tile, M, N, offs_m, offs_n, inside, value, BLOCK_M: tl
         _store_tile(P, stride_p, offs_m, offs_n, inside, value)
 
 
-# CLIP gradient block of one tile into P (as _clip_grad_kernel, from the fp32 tile). FAST: tiles
-# inside the bounds and off the diagonal (_interior) skip the masks; FAST == 2 also takes the
-# column term from the row term where the tile's LSEs are close, exp(S - c_j) = exp(S - r_i)
-# 2^(r2_i - m) 2^(m - c2_j) (one exponential per element instead of two; |r2_i - c2_j| <= 32 over
-# the tile, so both factors stay normal and the row term is normal wherever the column term
-# exceeds 2^-94; below that the column term may read 0, against P's entries of ~1 / B).
+# CLIP gradient block of one tile into P (as _clip_grad_kernel, from the fp32 tile).
 @triton.jit
 def _clip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, scale_ptr, coef_ptr,
                             coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag,
                             diag_value, offset, COEF_SCALE: tl.constexpr, DSCALE: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-                            TMA: tl.constexpr, PROGRAMS: tl.constexpr, TMA_STORE: tl.constexpr,
-                            WS: tl.constexpr = False, FAST: tl.constexpr = 0):
-    for tile in tl.range(tl.program_id(0), _tiles(M, N, BLOCK_M, BLOCK_N), PROGRAMS,
-                         flatten=TMA and not WS, warp_specialize=WS):
+                            TMA: tl.constexpr, PROGRAMS: tl.constexpr, TMA_STORE: tl.constexpr):
+    for tile in tl.range(tl.program_id(0), _tiles(M, N, BLOCK_M, BLOCK_N), PROGRAMS, flatten=TMA):
         offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
             A, Bm, stride_a, stride_b, M, N, D, tile, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K,
             PRECISION, TMA, False)
-        if FAST and _interior(tile, M, N, diag, BLOCK_M, BLOCK_N, GROUP_M):
-            scale = tl.load(scale_ptr)
-            coef = _grad_coef(scale, coef_ptr, coef_mul, dscale_src, dscale_dst, COEF_SCALE,
-                              DSCALE)
-            r2 = tl.load(row_lse + offs_m) * 1.4426950408889634
-            c2 = tl.load(col_lse + offs_n) * 1.4426950408889634
-            t2 = x * (scale * 1.4426950408889634)
-            e1 = tl.exp2(t2 - r2[:, None])
-            if FAST == 2:
-                top = tl.min(c2, axis=0)
-                if (tl.max(r2, axis=0) - top <= 32.0) & (tl.min(r2, axis=0) - tl.max(c2, axis=0) >= -32.0):
-                    u = tl.exp2(r2 - top)
-                    v = tl.exp2(top - c2)
-                    p = e1 * (u[:, None] * v[None, :] + 1.0)
-                else:
-                    p = e1 + tl.exp2(t2 - c2[None, :])
-            else:
-                p = e1 + tl.exp2(t2 - c2[None, :])
-            p = (p - offset) * coef
-        else:
-            p = _clip_grad_value(x, offs_m, offs_n, mask_m, mask_n, scale_ptr, coef_ptr, coef_mul,
-                                 dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag,
-                                 diag_value, offset, COEF_SCALE, DSCALE)
+        p = _clip_grad_value(x, offs_m, offs_n, mask_m, mask_n, scale_ptr, coef_ptr, coef_mul,
+                             dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag, diag_value,
+                             offset, COEF_SCALE, DSCALE)
         _store_p(P, stride_p, tile, M, N, offs_m, offs_n, inside, p, BLOCK_M, BLOCK_N, GROUP_M,
                  TMA_STORE)
 
@@ -785,17 +757,17 @@ _FUSED_MAX_LOGITS = 1 << 28  # a 16,384 x 16,384 block
 # 0.158 / 0.424). So with TMA the backward is fused at every size (_TMA_MAX_LOGITS); the
 # statistics up to 32k. End to end (the op, fwd + bwd, same process) this gains
 # 1-2% at B = 8k-65k: 56.8 ms against 57.7-58.1 at 65k (bench/results/contrastive_loss_h200_tma.log).
-# An eighth and ninth entry: warp specialisation of the persistent loop (WS) and the interior-tile
-# fast path (FAST; _clip_grad_fused_kernel). Measured on an H200 (bench_loss_kernels.py --variants,
-# h200_bj, bench/results/loss_kernels_ws_variants_h200.log and loss_kernels_ws_on_h200.log):
-# statistics with FAST 1.036 / 4.094 / 17.00 ms at 16k / 32k / 65k against 1.081 / 4.164 / 17.82
-# without, and against 17.65 for cuBLAS + the passes at 65k, so the statistics are fused at every
-# size now (end to end at 65k 49.86 against 51.73 ms, contrastive_loss_h200_ws_variants_queued20.log);
-# the gradient block was slower with it (more registers: 198-245 against 168); WS does not compile
-# with Triton 3.6 (NVGPUWarpSpecialization fails) except beside FAST == 2, where it was no faster
-# (18.46 against 17.64 ms at 65k); 8 warps with 128 x 128 / 128 x 256 tiles, 3 programs per SM,
-# BLOCK_K 128 or 3 stages were 2-70% slower.
-_TMA_STATS = (128, 64, 64, 8, 4, 4, 2, 0, 1)
+# The statistics' eighth entry: the interior-tile fast path (FAST, _interior). Measured on an
+# H200 (bench_loss_kernels.py --variants, h200_bj, bench/results/loss_kernels_ws_variants_h200.log
+# and loss_kernels_ws_on_h200.log): 1.036 / 4.094 / 17.00 ms at 16k / 32k / 65k against 1.081 /
+# 4.164 / 17.82 without, and against 17.65 for cuBLAS + the passes at 65k, so the statistics are
+# fused at every size now (end to end at 65k 49.86 against 51.73 ms,
+# contrastive_loss_h200_ws_variants_queued20.log). Tried there and removed: the same fast path in
+# the gradient kernel (198-245 registers a thread against 168: slower); warp specialisation of
+# the persistent loop (Triton 3.6's pass fails on these kernels, except beside a one-exponential
+# gradient variant, where the statistics took 18.46 against 17.64 ms at 65k); 8 warps with
+# 128 x 128 / 128 x 256 tiles, 3 programs per SM, BLOCK_K 128 or 3 stages (2-70% slower).
+_TMA_STATS = (128, 64, 64, 8, 4, 4, 2, 1)
 _TMA_GRAD = (128, 64, 64, 8, 4, 4, 2)
 # SigLIP's kernels reduce rows only (no column sums across warps): larger tiles, 8 warps. H200,
 # bench_loss_kernels.py --loss siglip: the gradient block 0.217 / 0.484 ms at 16k / 65k against
@@ -937,8 +909,7 @@ def _fused_config(tiles, m: int, n: int, d: int, fp32: bool, allow_tf32: bool, p
     meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
                 EVEN_K=d % block_k == 0, PRECISION="tf32" if allow_tf32 or not fp32 else "ieee",
                 TMA=tma, PROGRAMS=grid[0], num_warps=warps, num_stages=stages,
-                WS=bool(tiles[7]) if len(tiles) > 7 else False,
-                FAST=int(tiles[8]) if len(tiles) > 8 else 0)
+                **({"FAST": int(tiles[7])} if len(tiles) > 7 else {}))
     return grid, meta
 
 
@@ -956,8 +927,6 @@ def _fused(kernel, a, b, kind: str, allow_tf32, *args, p=None, tma=None) -> None
              "siglip_grad_loss": (_FUSED_SIGLIP_GRAD_LOSS, _TMA_SIGLIP_GRAD_LOSS)}[kind][tma]
     programs = _sm_count(a.device) if tma else 1
     grid, meta = _fused_config(tiles, m, n, d, a.dtype == torch.float32, allow_tf32, programs)
-    if kind.startswith("siglip"):  # (the CLIP kernels' flags only)
-        meta = {k: v for k, v in meta.items() if k not in ("WS", "FAST")}
     if tma:
         bm, bn, bk = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
         a, b = TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk])
