@@ -217,6 +217,45 @@ def run_size_variants(b: int, d: int, reps: int, variants, emit) -> None:
     tri._TMA_STATS, tri._TMA_GRAD = saved
 
 
+def run_size_bands(b: int, d: int, reps: int, bands, emit) -> None:
+    """The CLIP statistics over the whole B x B by cuBLAS bands of R rows (R in ``bands``) and the
+    Triton passes, the band buffer in bf16 or fp32 (the GEMM's accumulator, not rounded), on one
+    stream or two (_OVERLAP), against the fused TMA kernel (the op's default) in the same process;
+    small bands stay in L2 between the GEMM that writes them and the pass that reads them. Each
+    variant's sums are checked against the fused kernel's."""
+    default = _limits()
+    saved = tri._band_buffers, tri._logits, tri._OVERLAP
+    img, txt, scale, row_shift, col_shift, ref, sums = inputs(b, d)
+
+    def stats(fused, rows=0):
+        _limits(1 << 62 if fused else 0)
+        sums.zero_()
+        tri.clip_stats_triton(img, txt, scale, row_shift, col_shift, ref, ref, 0, out=sums, band=rows)
+
+    def fp32_bands(on: bool) -> None:
+        if not on:
+            tri._band_buffers, tri._logits = saved[:2]
+            return
+        tri._band_buffers = lambda a, n, step, count: [
+            torch.empty(step, n, device=a.device, dtype=torch.float32)
+            for _ in range(2 if tri._OVERLAP and count > 1 else 1)]
+        tri._logits = lambda a, bm, out: torch.mm(a, bm.T, out_dtype=out.dtype, out=out)
+
+    emit(b, "stats_fused", None, timed(lambda: stats(True), reps), 2 * b * b * d)
+    want = sums.clone()
+    for rows in bands:
+        for dtype in ("bf16", "fp32"):
+            for overlap in (False, True):
+                fp32_bands(dtype == "fp32")
+                tri._OVERLAP = overlap
+                ms = _try(lambda: timed(lambda: stats(False, rows), reps))
+                emit(b, f"stats_band_{dtype}{'_2s' if overlap else ''}", (rows,), ms, 2 * b * b * d)
+                err = ((sums - want).abs() / want.abs().clamp_min(1e-30)).max().item()
+                print(f"# check B={b} band {rows} {dtype}: max relative diff of the sums = {err:.2e}", flush=True)
+    tri._band_buffers, tri._logits, tri._OVERLAP = saved
+    _limits(*default)
+
+
 def _siglip_grad_block(img, txt, scale, bias, k, sums, p, loss: bool, tma=None) -> None:
     """One launch of the op's SigLIP gradient kernel over img x txt^T into ``p`` (scale and bias:
     0-d or [1] device tensors; coefficient ``k``, times the scale in the kernel; ``sums`` = gsum,
@@ -318,6 +357,8 @@ def main(argv=None) -> None:
     p.add_argument("--tma", action="store_true", help="also the TMA descriptor kernels (Hopper)")
     p.add_argument("--variants", action="store_true",
                    help="CLIP: the TMA kernels' VARIANTS (interior fast path, tiles)")
+    p.add_argument("--bands", default="", help="CLIP statistics by cuBLAS bands of these row counts "
+                   "(bf16 / fp32, one or two streams) against the fused kernel")
     p.add_argument("--best", default="", help="write the fastest fused configs here (JSON)")
     p.add_argument("--configs", type=int, default=len(TMA_CONFIGS), help="siglip: the first N TMA configs")
     p.add_argument("--loss", default="clip", choices=("clip", "siglip", "siglip_pointer"),
@@ -345,6 +386,8 @@ def main(argv=None) -> None:
             run_size_siglip(b, args.dim, args.reps, TMA_CONFIGS[:args.configs], emit)
         elif args.loss == "siglip_pointer":
             run_size_siglip_pointer(b, args.dim, args.reps, emit)
+        elif args.bands:
+            run_size_bands(b, args.dim, args.reps, [int(x) for x in args.bands.split(",")], emit)
         elif args.variants:
             run_size_variants(b, args.dim, args.reps, VARIANTS, emit)
         else:
