@@ -188,17 +188,25 @@ def inputs(b, d, dtype, device="cuda"):
 
 
 def measure(fn, b, d, dtype, reps, warmup=2, queued_ms=0.0):
-    """(median fwd+bwd ms, peak memory above the inputs in GiB, loss), or a status string
-    ("oom", "error: ..."). ``queued_ms``: that much GPU work (a sleep kernel) is queued before
-    each timed call and the timer starts behind it, as in training, where the loss follows the
-    towers' forward (host work is then hidden unless the call waits on the GPU)."""
+    """(median fwd+bwd ms, peak memory above the inputs in GiB, loss, memory held between calls
+    in GiB), or a status string ("oom", "error: ..."). ``queued_ms``: that much GPU work (a sleep
+    kernel) is queued before each timed call and the timer starts behind it, as in training,
+    where the loss follows the towers' forward (host work is then hidden unless the call waits on
+    the GPU). Held: what the warm-up calls left reserved (CUDA graphs' buffers and pools)."""
+    from infclip.ops import registered
+
+    registered._GRAPHS.clear()  # held: this row's CUDA graphs only
     torch.cuda.empty_cache()
     img, txt, scale, bias = inputs(b, d, dtype)
     try:
+        torch.cuda.synchronize()
+        reserved = torch.cuda.memory_reserved()
         for _ in range(warmup):
             fn(img, txt, scale, bias).backward()
             img.grad = txt.grad = scale.grad = bias.grad = None
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        held = (torch.cuda.memory_reserved() - reserved) / 2**30
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         times = []
@@ -210,7 +218,7 @@ def measure(fn, b, d, dtype, reps, warmup=2, queued_ms=0.0):
             times.append(float(timer.stop()))
             img.grad = txt.grad = scale.grad = bias.grad = None
         peak = (torch.cuda.max_memory_allocated() - base) / 2**30
-        return statistics.median(times), peak, float(loss.detach())
+        return statistics.median(times), peak, float(loss.detach()), held
     except torch.OutOfMemoryError:
         return "oom"
     except Exception as exc:  # an anchor failing must not end the run
@@ -323,6 +331,10 @@ def main(argv=None):
     p.add_argument("--unfused", action="store_true", help="also the cuBLAS band + Triton pass path")
     p.add_argument("--pointer", action="store_true",
                    help="also the fused kernels with pointer loads instead of TMA descriptors")
+    p.add_argument("--eager", action="store_true",
+                   help="also this op with its CUDA-graph replay off (graph_max_batch=0)")
+    p.add_argument("--graph-max-batch", type=int, default=0,
+                   help="also this op with this graph_max_batch (rows _graphed)")
     p.add_argument("--keep-mb", type=float, default=0.0,
                    help="also ours_bf16_kept / ours_siglip_bf16_kept: logits_budget_mb of this many MiB "
                    "(the matrix kept from forward to backward where it fits)")
@@ -375,6 +387,13 @@ def main(argv=None):
         runs = [("ours_bf16", ours("bf16"), torch.bfloat16),
                 ("ours_bf16_banded", ours("bf16", logits_budget_mb=0), torch.bfloat16),
                 ("ours_siglip_bf16", ours("bf16", "siglip"), torch.bfloat16)]
+        if args.eager:
+            runs += [("ours_bf16_eager", ours("bf16", graph_max_batch=0), torch.bfloat16),
+                     ("ours_siglip_bf16_eager", ours("bf16", "siglip", graph_max_batch=0), torch.bfloat16)]
+        if args.graph_max_batch:
+            runs += [("ours_bf16_graphed", ours("bf16", graph_max_batch=args.graph_max_batch), torch.bfloat16),
+                     ("ours_siglip_bf16_graphed", ours("bf16", "siglip", graph_max_batch=args.graph_max_batch),
+                      torch.bfloat16)]
         if args.keep_mb:
             runs += [("ours_bf16_kept", ours("bf16", logits_budget_mb=args.keep_mb), torch.bfloat16),
                      ("ours_siglip_bf16_kept", ours("bf16", "siglip", logits_budget_mb=args.keep_mb),
@@ -411,8 +430,9 @@ def main(argv=None):
             if isinstance(res, str):
                 row.update(status=res)
             else:
-                ms, peak, loss = res
+                ms, peak, loss, held = res
                 row.update(status="ok", ms=round(ms, 3), peak_extra_gib=round(peak, 3), loss=loss,
+                           held_gib=round(held, 3),
                            x_roofline=round(ms / roof, 2),
                            mem_bar_gib=round((3 * b * args.dim * 4) / 2**30, 3))
             rows.append(row)
@@ -430,8 +450,8 @@ def main(argv=None):
     if args.host_profile:
         host_profile(ours("bf16"), args.host_profile, args.dim)
 
-    print("\n| B | impl | dtype | ms | x roofline | peak extra GiB | ours / this | this / its dense anchor |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| B | impl | dtype | ms | x roofline | peak extra GiB | held GiB | ours / this | this / its dense anchor |")
+    print("|---|---|---|---|---|---|---|---|---|")
     by_b = {}
     for r in rows:
         if r["status"] == "ok":
@@ -443,9 +463,9 @@ def main(argv=None):
             dense = by_b[r["B"]].get("dense_siglip" if "siglip" in r["impl"] else "compiled_dense")
             vs_dense = f"{r['ms'] / dense:.2f}" if dense and r["impl"].startswith("ours") else ""
             print(f"| {r['B']:,} | {r['impl']} | {r['dtype']} | {r['ms']:.2f} | {r['x_roofline']} | "
-                  f"{r['peak_extra_gib']:.2f} | {ratio} | {vs_dense} |")
+                  f"{r['peak_extra_gib']:.2f} | {r['held_gib']:.2f} | {ratio} | {vs_dense} |")
         else:
-            print(f"| {r['B']:,} | {r['impl']} | {r['dtype']} | {r['status']} | | | | |")
+            print(f"| {r['B']:,} | {r['impl']} | {r['dtype']} | {r['status']} | | | | | |")
 
 
 if __name__ == "__main__":

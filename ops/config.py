@@ -163,6 +163,12 @@ class ContrastiveLossConfig:
     compiled dense loss at B = 16k-65k (fp32 whole matrix at 16k-32k, bf16 bands at 65k: half
     the dense loss's memory); at B = 4,096 the fp32 whole matrix it allows was slower than
     recomputing (1.37 against 1.04-1.13 ms)."""
+    graph_max_batch: int = 8192
+    """On one CUDA device, batches of at most this many rows run the loss's forward and backward
+    as CUDA graphs, captured at the first call of each shape and replayed after (ops/graphs.py):
+    below ~16k rows a call is bound by its host's Python and launches, not the GPU. Each shape
+    captured holds its buffers between calls (O(B D): inputs, outputs, workspace). 0: never.
+    Distributed schemes always run eagerly."""
     distributed: typing.Literal["none", "gather", "disco", "ring", "hierarchical_ring"] = "none"
     """How the global batch is spread over the data-parallel group (ignored at world size 1)."""
     local_world_size: Optional[int] = None
@@ -178,6 +184,7 @@ class ContrastiveLossConfig:
         if self.label_smoothing and self.loss != "clip":
             raise ConfigError("'label_smoothing' applies to loss 'clip' only")
         require_at_least(self, 1, "block_m", "block_n", "local_world_size", optional=True)
+        require_at_least(self, 0, "graph_max_batch")
         if not self.logits_budget_mb >= 0:
             raise ConfigError(f"'logits_budget_mb' must be >= 0, got {self.logits_budget_mb}")
 

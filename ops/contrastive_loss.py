@@ -88,6 +88,7 @@ log = logging.getLogger(__name__)
 IMPLS = ("naive", "chunked_torch", "triton")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 DEFAULT_LOGITS_BUDGET_MB = 64.0
+DEFAULT_GRAPH_MAX_BATCH = 8192
 
 
 # ----------------------------------------------------------------------------------------------
@@ -138,7 +139,7 @@ def resolve_impl(impl: str, device: torch.device, triton_interpret: bool = False
 
 
 def _validate_options(loss: str, label_smoothing: float, block_m: int, block_n: int,
-                      grad_reduction: str, logits_budget_mb: float) -> None:
+                      grad_reduction: str, logits_budget_mb: float, graph_max_batch: int = 0) -> None:
     """The scalar options, checked whether or not a process group is there."""
     if loss not in ("clip", "siglip"):
         raise ValueError(f"unknown loss {loss!r}; choose 'clip' or 'siglip'")
@@ -153,6 +154,9 @@ def _validate_options(loss: str, label_smoothing: float, block_m: int, block_n: 
         raise ValueError(f"grad_reduction must be 'mean' or 'sum', got {grad_reduction!r}")
     if not logits_budget_mb >= 0:
         raise ValueError(f"logits_budget_mb must be >= 0, got {logits_budget_mb}")
+    if isinstance(graph_max_batch, bool) or not isinstance(graph_max_batch, int) or graph_max_batch < 0:
+        raise ValueError(f"graph_max_batch must be an integer >= 0 (0: never replay a CUDA graph), "
+                         f"got {graph_max_batch!r}")
 
 
 def _validate(image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
@@ -204,7 +208,8 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
                      block_n: int = 0, triton_interpret: bool = False, distributed: str = "none",
                      process_group=None, local_world_size: Optional[int] = None,
                      grad_reduction: str = "mean", check_finite: Union[bool, str] = True,
-                     logits_budget_mb: float = DEFAULT_LOGITS_BUDGET_MB) -> Tensor:
+                     logits_budget_mb: float = DEFAULT_LOGITS_BUDGET_MB,
+                     graph_max_batch: int = DEFAULT_GRAPH_MAX_BATCH) -> Tensor:
     """CLIP (or SigLIP) loss over the batch without materialising the B x B logits.
 
     image_features, text_features: [B, D] fp32/bf16/fp16 (L2-normalised by the caller);
@@ -218,12 +223,16 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
     host sync); False skips it. logits_budget_mb: the triton impl keeps the [B, B] logit matrix
     between forward and backward when it fits (6 B^2 D FLOPs instead of 8; ops/config.py says
     how); 0, or a call that needs no gradient, never keeps it. block_m: torch impls' row tile;
-    triton's rows per GEMM band (0: by memory).
+    triton's rows per GEMM band (0: by memory). graph_max_batch: on one CUDA device, a batch of
+    at most this many rows runs its forward and backward as CUDA graphs, captured at the first
+    call of each shape and replayed after (ops/graphs.py: small batches are bound by the host,
+    not the GPU); 0: never.
 
     With ``distributed`` != "none" and a process group of more than one rank, the features are
     this rank's local batch and the loss is over the global batch (ops/assembly.py).
     """
-    _validate_options(loss, label_smoothing, block_m, block_n, grad_reduction, logits_budget_mb)
+    _validate_options(loss, label_smoothing, block_m, block_n, grad_reduction, logits_budget_mb,
+                      graph_max_batch)
     # the scheme string is parsed here, once (an unknown name fails whether or not a group is
     # there); Local unless a process group of more than one rank is given
     scheme = choose_scheme(distributed, process_group, local_world_size)
@@ -232,7 +241,8 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
     if impl == "triton" and impl_run != "triton":
         warnings.warn(f"contrastive_loss: {why}", stacklevel=2)
     return _call(image_features, text_features, logit_scale, logit_bias, scheme, loss, impl_run,
-                 label_smoothing, block_m, block_n, allow_tf32, grad_reduction, logits_budget_mb)
+                 label_smoothing, block_m, block_n, allow_tf32, grad_reduction, logits_budget_mb,
+                 graph_max_batch)
 
 
 def backward_follows(inputs) -> bool:
@@ -243,15 +253,19 @@ def backward_follows(inputs) -> bool:
 
 
 def _call(image_features, text_features, logit_scale, logit_bias, scheme: Scheme, loss, impl,
-          label_smoothing, block_m, block_n, allow_tf32, grad_reduction, logits_budget_mb) -> Tensor:
+          label_smoothing, block_m, block_n, allow_tf32, grad_reduction, logits_budget_mb,
+          graph_max_batch: int = 0) -> Tensor:
     """The registered op on checked arguments; its loss output."""
     inputs = (image_features, text_features, logit_scale, logit_bias if loss == "siglip" else None)
     backward = backward_follows(inputs)
     if not backward:
         logits_budget_mb = 0.0  # no backward will come: nothing to keep for it
-    # one device: the scheme's arguments keep their defaults (fewer for the dispatcher to parse)
-    where = () if scheme.local else (scheme.name, scheme.group_name, scheme.local_world_size,
-                                     grad_reduction)
+    # one device: the scheme's arguments keep their defaults (fewer for the dispatcher to parse);
+    # CUDA graphs are for one device only (collectives stay eager)
+    if scheme.local:
+        where = ("none", "", 0, "mean", int(graph_max_batch)) if graph_max_batch else ()
+    else:
+        where = (scheme.name, scheme.group_name, scheme.local_world_size, grad_reduction)
     out = OP(*inputs, loss, impl, float(label_smoothing), int(block_m), int(block_n),
              bool(allow_tf32), float(logits_budget_mb), backward, *where)
     return out[0]
@@ -319,7 +333,7 @@ class ContrastiveLoss(torch.nn.Module):
             triton_interpret=cfg.triton_interpret, distributed=cfg.distributed,
             process_group=process_group if process_group is not None else self.process_group,
             local_world_size=cfg.local_world_size, grad_reduction=cfg.grad_reduction,
-            logits_budget_mb=cfg.logits_budget_mb)
+            logits_budget_mb=cfg.logits_budget_mb, graph_max_batch=cfg.graph_max_batch)
 
     def extra_repr(self) -> str:
         cfg = self.config

@@ -535,6 +535,8 @@ def test_siglip_needs_bias_and_unknown_names_fail():
     (dict(distributed="rign"), "unknown distributed scheme 'rign'"),
     (dict(grad_reduction="avg"), "grad_reduction must be 'mean' or 'sum'"),
     (dict(logits_budget_mb=-1.0), "logits_budget_mb must be >= 0"),
+    (dict(graph_max_batch=-1), "graph_max_batch must be an integer >= 0"),
+    (dict(graph_max_batch=4096.0), "graph_max_batch must be an integer >= 0"),
     (dict(check_finite="yes"), "check_finite must be"),
 ])
 def test_bad_options_fail_without_a_process_group(kw, match):
@@ -558,6 +560,8 @@ def test_config_section_errors_name_key_and_file():
         ContrastiveLossConfig.from_dict({"impll": "triton"}, source="run.json")
     with pytest.raises(ConfigError, match="'impl' must be one of"):
         ContrastiveLossConfig.from_dict({"impl": "fast"})
+    with pytest.raises(ConfigError, match="'graph_max_batch' must be >= 0, got -1"):
+        ContrastiveLossConfig.from_dict({"graph_max_batch": -1})
     with pytest.raises(ConfigError, match="label_smoothing"):
         ContrastiveLossConfig.from_dict({"label_smoothing": 1.5})
     with pytest.raises(ConfigError, match="must be an integer"):
