@@ -82,7 +82,8 @@ def model_config(preset: str, grad_ckpt="auto", compile="auto", compile_mode="de
 def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=None, leaf=False,
           compile="auto", bf16_overflow_check: bool = False, distributed: str = "gather",
           compile_mode: str = "default", overlap_comm: bool = True, flat: bool = False, on_device_step: bool = True,
-          deepspeed_timers: bool = False, deepcompile: bool = False, patch_embedding: str = "gemm"):
+          deepspeed_timers: bool = False, deepcompile: bool = False, patch_embedding: str = "gemm",
+          loss_graph_max_batch: int = 8192):
     import deepspeed
 
     from infclip.ops import ContrastiveLoss, ContrastiveLossConfig
@@ -139,7 +140,8 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
     if impl == PLAIN:
         return engine, cfg, None
     world = torch.distributed.get_world_size()
-    crit = ContrastiveLoss(ContrastiveLossConfig(impl=impl, distributed=distributed if world > 1 else "none"))
+    crit = ContrastiveLoss(ContrastiveLossConfig(impl=impl, distributed=distributed if world > 1 else "none",
+                                                 graph_max_batch=loss_graph_max_batch))
     group = engine.data_parallel_group if world > 1 else None
     return engine, cfg, (lambda img, txt, scale, bias: crit(img, txt, scale, process_group=group))
 
@@ -309,20 +311,21 @@ def throughput(args, rows):
         mfu(row, args)
         report(row, rows, args)
     impls = list(args.impls) + ([PLAIN] if PLAIN in args.anchors else [])
-    runs = [(zero, leaf, impl, ckpt, comp, flat, on_device, patch) for zero in args.zero
+    runs = [(zero, leaf, impl, ckpt, comp, flat, on_device, patch, graphs) for zero in args.zero
             for leaf in (args.zero3_leaf if zero == 3 else [0]) for impl in impls
             for ckpt in args.grad_ckpt for comp in args.compile
             for flat in (args.flat_parameters if impl != PLAIN else [0])
             for on_device in (args.on_device_step if zero == 3 else
                               sorted({min(v, 1) for v in args.on_device_step}) if zero in (0, 1, 2) else [1])
-            for patch in (args.patch_embedding if impl != PLAIN else ["conv"])]
-    for zero, leaf, impl, ckpt, comp, flat, on_device, patch in runs:
+            for patch in (args.patch_embedding if impl != PLAIN else ["conv"])
+            for graphs in (args.loss_graph_max_batch if impl != PLAIN else [0])]
+    for zero, leaf, impl, ckpt, comp, flat, on_device, patch, graphs in runs:
         ckpt_v, comp_v = _flag(ckpt), _flag(comp)
         row = {**base_row(args), **base, "zero": zero, "loss_impl": impl, "grad_ckpt": ckpt_v, "compile": comp_v,
                "bf16_check_grad_overflow": args.bf16_overflow_check, "compile_mode": args.compile_mode,
                "overlap_comm": bool(args.overlap_comm), "flat_parameters": bool(flat),
                "on_device_step": bool(on_device), "deepspeed_timers": bool(args.deepspeed_timers),
-               "patch_embedding": patch}
+               "patch_embedding": patch, "loss_graph_max_batch": graphs}
         if zero == 3:
             row["zero3_leaf_layers"] = leaf
             if on_device in (2, 3):
@@ -343,12 +346,13 @@ def throughput(args, rows):
                                          json.loads(args.zero3_extra), leaf, comp_v, args.bf16_overflow_check,
                                          args.distributed, args.compile_mode, bool(args.overlap_comm), bool(flat),
                                          int(on_device), bool(args.deepspeed_timers), bool(args.deepcompile),
-                                         patch)
+                                         patch, graphs)
             batch = synthetic_batch(args.micro_batch, cfg, engine.device, torch.bfloat16)
             timed_steps(engine, loss_fn, batch, args.warmup, None)
             torch.cuda.reset_peak_memory_stats()
             step_s, loss_ms, loss = timed_steps(engine, loss_fn, batch, args.steps, None)
-            label = f"zero{zero} leaf{leaf} flat{flat} on_device_step{on_device} {impl} ckpt={ckpt} compile={comp}"
+            label = (f"zero{zero} leaf{leaf} flat{flat} on_device_step{on_device} {impl} ckpt={ckpt} compile={comp}"
+                     f" loss_graphs<={graphs}")
             if args.profile:
                 profile(engine, loss_fn, batch, args.profile, label)
             if args.host_phases:
@@ -506,6 +510,9 @@ def main(argv=None) -> int:
                    "under cProfile (host Python time per function)")
     p.add_argument("--host_phases", type=int, default=0,
                    help="time the engine's forward, backward and step on the host over this many extra steps")
+    p.add_argument("--loss_graph_max_batch", type=int, nargs="+", default=[8192],
+                   help="contrastive_loss.graph_max_batch of the pipeline rows (0: the loss never replays "
+                        "CUDA graphs), a row each")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--max_batch_sizes", nargs="+",

@@ -163,12 +163,15 @@ class ContrastiveLossConfig:
     compiled dense loss at B = 16k-65k (fp32 whole matrix at 16k-32k, bf16 bands at 65k: half
     the dense loss's memory); at B = 4,096 the fp32 whole matrix it allows was slower than
     recomputing (1.37 against 1.04-1.13 ms)."""
-    graph_max_batch: int = 8192
-    """On one CUDA device, batches of at most this many rows run the loss's forward and backward
-    as CUDA graphs, captured at the first call of each shape and replayed after (ops/graphs.py):
-    below ~16k rows a call is bound by its host's Python and launches, not the GPU. Each shape
-    captured holds its buffers between calls (O(B D): inputs, outputs, workspace). 0: never.
-    Distributed schemes always run eagerly."""
+    graph_max_batch: int = 0
+    """On one CUDA device, calls of at most this many rows that find their stream idle run the
+    loss's forward and backward as CUDA graphs, captured at the first such call of each shape and
+    replayed after (ops/graphs.py): on an idle GPU a call below ~16k rows is bound by its host's
+    Python and launches (8,192: 0.41-1.00x the compiled dense loss at B = 1k-8k on an H200, eager
+    1.0-1.9x). Each shape captured holds its buffers between calls (O(B D), 0.1-0.2 GiB at
+    1k-16k). 0 (default): never; in a ViT-B/32 training step with CUDA-graphed towers 8,192 cost
+    17% (bench/results/pipeline_vitb32_256_loss_graphs_h200.log). Distributed schemes always run
+    eagerly."""
     distributed: typing.Literal["none", "gather", "disco", "ring", "hierarchical_ring"] = "none"
     """How the global batch is spread over the data-parallel group (ignored at world size 1)."""
     local_world_size: Optional[int] = None

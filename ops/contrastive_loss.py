@@ -88,7 +88,7 @@ log = logging.getLogger(__name__)
 IMPLS = ("naive", "chunked_torch", "triton")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 DEFAULT_LOGITS_BUDGET_MB = 64.0
-DEFAULT_GRAPH_MAX_BATCH = 8192
+DEFAULT_GRAPH_MAX_BATCH = 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -224,9 +224,10 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
     between forward and backward when it fits (6 B^2 D FLOPs instead of 8; ops/config.py says
     how); 0, or a call that needs no gradient, never keeps it. block_m: torch impls' row tile;
     triton's rows per GEMM band (0: by memory). graph_max_batch: on one CUDA device, a batch of
-    at most this many rows runs its forward and backward as CUDA graphs, captured at the first
-    call of each shape and replayed after (ops/graphs.py: small batches are bound by the host,
-    not the GPU); 0: never.
+    at most this many rows whose stream is idle runs its forward and backward as CUDA graphs,
+    captured at the first such call of each shape and replayed after (ops/graphs.py: small calls
+    on an idle GPU are bound by the host); 0 (default): never. For stand-alone calls (evaluation,
+    benchmarks, small-batch loops); inside a training step with CUDA-graphed towers it cost time.
 
     With ``distributed`` != "none" and a process group of more than one rank, the features are
     this rank's local batch and the loss is over the global batch (ops/assembly.py).

@@ -87,12 +87,12 @@ def test_backward_of_a_replayed_forward_replays():
     still queued (the call is bound by its host, not by queued work of its own)."""
     registered._GRAPHS.clear()
     leaves = _leaves(8192, 768, "clip", 0)
-    _grads(leaves)  # capture both
+    _grads(leaves, graph_max_batch=8192)  # capture both
     backward = next(e for k, e in registered._GRAPHS.calls.items() if k[0] == "backward")
     replays = backward.replays
     xs = [x.detach().clone().requires_grad_() for x in leaves[:3]]
     torch.cuda.synchronize()
-    out = contrastive_loss(*xs)
+    out = contrastive_loss(*xs, graph_max_batch=8192)
     torch.cuda._sleep(50_000_000)  # the stream is busy when the backward starts
     out.backward()
     assert backward.replays == replays + 1
@@ -125,10 +125,16 @@ def test_limit_busy_stream_and_outer_capture():
     torch.cuda.synchronize()
     outer = torch.cuda.CUDAGraph()
     with torch.cuda.graph(outer):
-        out = contrastive_loss(img, txt, scale)
+        out = contrastive_loss(img, txt, scale, graph_max_batch=8192)
     assert not registered._GRAPHS.calls
     outer.replay()
     torch.testing.assert_close(out, contrastive_loss(img, txt, scale, graph_max_batch=0), rtol=2e-5, atol=0)
+
+
+def test_default_never_replays():
+    registered._GRAPHS.clear()
+    _grads(_leaves(1024, 256, "clip", 0))
+    assert not registered._GRAPHS.calls
 
 
 def test_cache_keeps_the_last_captures():
