@@ -366,6 +366,15 @@ def throughput(args, rows):
                                   args.sync_points)
                 print_host_profile(lambda: timed_steps(engine, loss_fn, batch, args.sync_points, None), label,
                                    args.sync_points)
+            if impl != PLAIN and graphs:
+                from infclip.ops import registered
+
+                captured = [e for e in registered._GRAPHS.calls.values() if e is not None]
+                row.update(loss_graphs_captured=len(captured), loss_graphs_failed=len(registered._GRAPHS.calls) - len(captured),
+                           loss_graph_replays=sum(e.replays for e in captured))
+                print(f"# loss CUDA graphs: {row['loss_graphs_captured']} captured, {row['loss_graphs_failed']} "
+                      f"not capturable, {row['loss_graph_replays']} replays", flush=True)
+                registered._GRAPHS.clear()
             if impl != PLAIN:
                 row["grad_ckpt_resolved"] = bool(engine.module.vision.vision_model.encoder.gradient_checkpointing)
                 row["compiled"] = engine.module.compiled

@@ -169,9 +169,10 @@ class ContrastiveLossConfig:
     replayed after (ops/graphs.py): on an idle GPU a call below ~16k rows is bound by its host's
     Python and launches (8,192: 0.41-1.00x the compiled dense loss at B = 1k-8k on an H200, eager
     1.0-1.9x). Each shape captured holds its buffers between calls (O(B D), 0.1-0.2 GiB at
-    1k-16k). 0 (default): never; in a ViT-B/32 training step with CUDA-graphed towers 8,192 cost
-    17% (bench/results/pipeline_vitb32_256_loss_graphs_h200.log). Distributed schemes always run
-    eagerly."""
+    1k-16k). 0 (default): never. In a ViT-B/32 training step at micro-batch 256 the loss's stream
+    is busy behind CUDA-graphed towers (no change), idle behind host-bound ones (ZeRO-3: 1.31x
+    faster, but a higher peak; bench/results/pipeline_vitb32_256_loss_graphs_*_h200.log).
+    Distributed schemes always run eagerly."""
     distributed: typing.Literal["none", "gather", "disco", "ring", "hierarchical_ring"] = "none"
     """How the global batch is spread over the data-parallel group (ignored at world size 1)."""
     local_world_size: Optional[int] = None

@@ -226,8 +226,7 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
     triton's rows per GEMM band (0: by memory). graph_max_batch: on one CUDA device, a batch of
     at most this many rows whose stream is idle runs its forward and backward as CUDA graphs,
     captured at the first such call of each shape and replayed after (ops/graphs.py: small calls
-    on an idle GPU are bound by the host); 0 (default): never. For stand-alone calls (evaluation,
-    benchmarks, small-batch loops); inside a training step with CUDA-graphed towers it cost time.
+    on an idle GPU are bound by the host); 0 (default): never (ops/config.py says when it pays).
 
     With ``distributed`` != "none" and a process group of more than one rank, the features are
     this rank's local batch and the loss is over the global batch (ops/assembly.py).

@@ -97,7 +97,9 @@ def _why_not(optimizer: Any) -> str:
     if getattr(optimizer, "cpu_offload", False):
         return "optimizer offload"
     original = getattr(zero12, "mask_nan_or_inf_with_val_inplace", None)
-    if original is None or list(inspect.signature(original).parameters) != ["input", "device", "val"]:
+    # (mask_nonfinite_ itself: an engine built earlier in this process had its step replaced)
+    if original is not mask_nonfinite_ and (
+            original is None or list(inspect.signature(original).parameters) != ["input", "device", "val"]):
         return "DeepSpeed's mask_nan_or_inf_with_val_inplace is not the one this module replaces"
     method = getattr(type(optimizer), "unscale_and_clip_grads", None)
     if method is None or list(inspect.signature(method).parameters) != ["self", "grad_groups_flat", "total_norm"]:

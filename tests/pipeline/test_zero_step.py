@@ -102,6 +102,26 @@ def test_zero_engine_trains_to_the_same_bits(stage, monkeypatch):
         assert torch.equal(s1[name], value), name
 
 
+def test_every_engine_of_a_process_keeps_its_step_on_the_device():
+    """The replacement is process-wide in DeepSpeed's ZeRO-1/2 module: a second engine built
+    after the first had its step replaced must be accepted too (it was refused, running
+    DeepSpeed's host waits, in every same-process comparison after the first engine)."""
+    from infclip.pipeline.train import single_process_env
+
+    single_process_env()
+    restore_deepspeed_mask()
+    ds = {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 1.0,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+          "zero_optimization": {"stage": 2}}
+    for _ in range(2):
+        model = pair()[1]
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
+        try:
+            assert keep_step_on_device(engine)
+        finally:
+            engine.destroy()
+
+
 def test_one_overflow_read_gives_deepspeeds_answer():
     """The FP16 wrapper's overflow check read once: DeepSpeed's answer for gradients that are
     finite, hold a NaN or an infinity in the first or the last tensor, or are missing."""
