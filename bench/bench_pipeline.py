@@ -310,6 +310,12 @@ def throughput(args, rows):
             row.update(status="oom")
         mfu(row, args)
         report(row, rows, args)
+    if args.loss_graph_always:
+        from infclip.ops import registered
+
+        registered._graphed = lambda x, options, forward_replayed=False: (
+            options[8] == "none" and x.is_cuda and 0 < x.shape[0] <= options[12]
+            and not torch.cuda.is_current_stream_capturing())
     impls = list(args.impls) + ([PLAIN] if PLAIN in args.anchors else [])
     runs = [(zero, leaf, impl, ckpt, comp, flat, on_device, patch, graphs) for zero in args.zero
             for leaf in (args.zero3_leaf if zero == 3 else [0]) for impl in impls
@@ -522,6 +528,9 @@ def main(argv=None) -> int:
     p.add_argument("--loss_graph_max_batch", type=int, nargs="+", default=[8192],
                    help="contrastive_loss.graph_max_batch of the pipeline rows (0: the loss never replays "
                         "CUDA graphs), a row each")
+    p.add_argument("--loss_graph_always", action="store_true",
+                   help="the loss replays its CUDA graphs (graph_max_batch > 0) whether or not its stream "
+                        "is idle (an experiment: ops/registered._graphed's idle test skipped)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--max_batch_sizes", nargs="+",
