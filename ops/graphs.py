@@ -9,16 +9,18 @@ dispatcher and ~8 kernel launches. A replay is one launch, whatever the number o
 How: :class:`GraphedCall` keeps static copies of the call's tensor inputs, runs the call once
 eagerly on a side stream (Triton compiles, cuBLAS sets up), captures it, and on each later call
 copies the new inputs into the static ones, replays, and returns copies of the static outputs
-(one multi-tensor copy per dtype each way; the op's outputs are saved for its backward, which may come after another forward: a replay
-must not overwrite them). :class:`GraphCache` holds the last few captures by key (shapes,
-strides, dtypes, device, every option), and remembers the keys that cannot be captured (they
-run eagerly). The callers (ops/registered.py) replay only the single-device scheme (collectives
-stay eager), only on CUDA, only outside another capture (inside one, the call is part of the
-outer graph), only up to the call's ``graph_max_batch`` rows, and only when nothing is queued on
-the stream: behind queued work (the towers' forward, in training) the eager launches hide
-anyway, and the replay's copies in and out cost GPU time (on an H200 at B = 1,024: 0.10 ms a
-forward + backward replayed against 0.05 eager, both behind 20 ms of queued work;
-bench/results/contrastive_loss_h200_graphs_queued20.log).
+(one multi-tensor copy per dtype each way). The outputs are copies because the op's outputs are
+saved for its backward, which may come after another forward: a replay must not overwrite them.
+:class:`GraphCache` holds the last few captures by key (shapes, strides, dtypes, device, every
+option) and remembers the keys that cannot be captured (they run eagerly).
+
+When: the callers (ops/registered.py) replay only with ``graph_max_batch`` set (0 by default),
+only the single-device scheme (collectives stay eager), only on CUDA, only outside another
+capture (inside one, the call is part of the outer graph), and only when nothing is queued on
+the stream (or for the backward of a replayed forward). Behind queued work (the towers' forward,
+in training) the eager launches hide anyway, and the replay's copies cost GPU time: on an H200
+at B = 1,024, 0.10 ms a forward + backward replayed against 0.05 eager, both behind 20 ms of
+queued work (bench/results/contrastive_loss_h200_graphs_queued20.log).
 
 The replayed kernels are the eager call's, launched with the same arguments: the same values,
 except for the last bits of the fp32 atomic sums (their order varies from run to run, eager or
