@@ -189,9 +189,12 @@ _ARITY = "_infclip_positional_forward"
 ``forward`` whose ``n`` parameters are all positional-or-keyword; its presence marks the classes
 given :func:`identity_bound_apply`."""
 
-_FUNCTION_APPLY_SHA = {"bbc5d31817220a84"}
-"""sha256 (first 16 hex digits) of the source of torch's ``Function.apply`` this module's fast path
-reproduces (torch 2.13)."""
+_FUNCTION_APPLY_SHA = {"bbc5d31817220a84", "0fb1db0ba4a6a7e9"}
+"""sha256 (first 16 hex digits) of the sources of torch's ``Function.apply`` this module's fast path
+reproduces: torch 2.13, and torch 2.11 (the device machine's), whose ``bind_default_args`` returns
+the bound positional arguments only and passes the keywords on as given; with exactly ``n``
+positional arguments and no keywords both give ``super().apply(*args)``. Before 2.11's digest was
+listed the fast path was never taken on the device."""
 
 _FAST_APPLY_CLASSES: "weakref.WeakSet[type]" = weakref.WeakSet()
 """The autograd function classes given :func:`identity_bound_apply` (for the restore)."""
