@@ -87,20 +87,29 @@ def inputs(b: int, d: int):
     return img, txt, scale, row_shift, col_shift, aux[:b], sums
 
 
+def stats_pass(inputs_: tuple, fused: bool, band: int = 0) -> None:
+    """The op's CLIP statistics over the whole B x B of ``inputs_`` (:func:`inputs`), into its
+    sums (zeroed first): by the fused kernels, or by cuBLAS bands of ``band`` rows (0: by memory)
+    and the Triton passes; the kernels' other settings as the caller left them."""
+    img, txt, scale, row_shift, col_shift, ref, sums = inputs_
+    _limits(1 << 62 if fused else 0)
+    sums.zero_()
+    tri.clip_stats_triton(img, txt, scale, row_shift, col_shift, ref, ref, 0, out=sums, band=band)
+
+
 def run_size(b: int, d: int, reps: int, configs, tma_configs, emit) -> None:
     default = _limits()
-    img, txt, scale, row_shift, col_shift, ref, sums = inputs(b, d)
+    given = inputs(b, d)
+    img, txt, scale, row_shift, col_shift, ref, sums = given
     band = tri.band_rows(b, b, d)
     flops = lambda rows: 2 * rows * b * d  # noqa: E731
     s_full = torch.empty(b, b, device="cuda", dtype=torch.bfloat16) if b <= 65536 else None
 
     def stats(fused, tiles=None, tma=False):
-        _limits(1 << 62 if fused else 0)
         tri._TMA_FORCE = tma
         if tiles is not None:
             setattr(tri, "_TMA_STATS" if tma else "_FUSED_STATS", tiles)
-        sums.zero_()
-        tri.clip_stats_triton(img, txt, scale, row_shift, col_shift, ref, ref, 0, out=sums)
+        stats_pass(given, fused)
 
     lse = row_shift + 1.0  # any finite LSEs: the kernels' cost does not depend on them
     p_band = torch.empty(band, b, device="cuda", dtype=torch.bfloat16)
@@ -148,17 +157,16 @@ def run_size_variants(b: int, d: int, reps: int, variants, emit) -> None:
     the first variant's."""
     default = _limits()
     saved = tri._TMA_STATS, tri._TMA_GRAD
-    img, txt, scale, row_shift, col_shift, ref, sums = inputs(b, d)
+    given = inputs(b, d)
+    img, txt, scale, row_shift, col_shift, ref, sums = given
     rows, cols = tri._grad_block(b, b, d, 0, img.element_size())
     flops = lambda r, c: 2 * r * c * d  # noqa: E731
 
     def stats(fused, tiles=None):
-        _limits(1 << 62 if fused else 0)
         tri._TMA_FORCE = True if fused else None
         if tiles is not None:
             tri._TMA_STATS = tiles
-        sums.zero_()
-        tri.clip_stats_triton(img, txt, scale, row_shift, col_shift, ref, ref, 0, out=sums)
+        stats_pass(given, fused)
 
     lse = row_shift + 1.0
     p = torch.empty(rows, cols, device="cuda", dtype=torch.bfloat16)
@@ -225,12 +233,11 @@ def run_size_bands(b: int, d: int, reps: int, bands, emit) -> None:
     variant's sums are checked against the fused kernel's."""
     default = _limits()
     saved = tri._band_buffers, tri._logits, tri._OVERLAP
-    img, txt, scale, row_shift, col_shift, ref, sums = inputs(b, d)
+    given = inputs(b, d)
+    sums = given[-1]
 
     def stats(fused, rows=0):
-        _limits(1 << 62 if fused else 0)
-        sums.zero_()
-        tri.clip_stats_triton(img, txt, scale, row_shift, col_shift, ref, ref, 0, out=sums, band=rows)
+        stats_pass(given, fused, rows)
 
     def fp32_bands(on: bool) -> None:
         if not on:

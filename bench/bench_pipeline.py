@@ -83,7 +83,7 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
           compile="auto", bf16_overflow_check: bool = False, distributed: str = "gather",
           compile_mode: str = "default", overlap_comm: bool = True, flat: bool = False, on_device_step: bool = True,
           deepspeed_timers: bool = False, deepcompile: bool = False, patch_embedding: str = "gemm",
-          loss_graph_max_batch: int = 8192):
+          loss_graph_max_batch: int = 0):
     import deepspeed
 
     from infclip.ops import ContrastiveLoss, ContrastiveLossConfig
@@ -310,12 +310,11 @@ def throughput(args, rows):
             row.update(status="oom")
         mfu(row, args)
         report(row, rows, args)
-    if args.loss_graph_always:
+    if args.loss_graph_always:  # every call as if its forward had replayed: the idle test skipped
         from infclip.ops import registered
 
-        registered._graphed = lambda x, options, forward_replayed=False: (
-            options[8] == "none" and x.is_cuda and 0 < x.shape[0] <= options[12]
-            and not torch.cuda.is_current_stream_capturing())
+        graphed = registered._graphed
+        registered._graphed = lambda x, options, forward_replayed=False: graphed(x, options, True)
     impls = list(args.impls) + ([PLAIN] if PLAIN in args.anchors else [])
     runs = [(zero, leaf, impl, ckpt, comp, flat, on_device, patch, graphs) for zero in args.zero
             for leaf in (args.zero3_leaf if zero == 3 else [0]) for impl in impls
@@ -525,7 +524,7 @@ def main(argv=None) -> int:
                    "under cProfile (host Python time per function)")
     p.add_argument("--host_phases", type=int, default=0,
                    help="time the engine's forward, backward and step on the host over this many extra steps")
-    p.add_argument("--loss_graph_max_batch", type=int, nargs="+", default=[8192],
+    p.add_argument("--loss_graph_max_batch", type=int, nargs="+", default=[0],
                    help="contrastive_loss.graph_max_batch of the pipeline rows (0: the loss never replays "
                         "CUDA graphs), a row each")
     p.add_argument("--loss_graph_always", action="store_true",

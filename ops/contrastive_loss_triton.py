@@ -1216,7 +1216,7 @@ def _grad_block(m: int, n: int, d: int, band: int, itemsize: int) -> tuple[int, 
     if band > 0:
         return step, n
     small = n < _GRAD_FACTOR_MIN_N  # (as before: full-width bands unless _GRAD_BLOCK fits)
-    budget = int((2.0 if small else _GRAD_FACTOR) * max(n * d, 1 << 24)) * itemsize
+    budget = int((_BAND_FACTOR if small else _GRAD_FACTOR) * max(n * d, 1 << 24)) * itemsize
     for block in (_GRAD_BLOCK,) if small else (_GRAD_BLOCK, *_GRAD_BLOCKS):
         rows, cols = min(m, block[0]), min(n, block[1])
         if rows * (cols * itemsize + d * 4) <= budget:

@@ -17,9 +17,10 @@ on one device, the gathered features under disco and gather). SigLIP with ``grad
 backward follows) returns (loss, d_img, d_txt, sums [2], then empty) instead
 (ops/assembly.siglip_forward_with_grads).
 The op runs collectives inside its kernel for the distributed schemes: under torch.compile every
-rank must run the same compiled graph (as data-parallel training does). On one CUDA device, up to
-``graph_max_batch`` rows, the forward and backward kernels replay CUDA graphs captured at the
-first call of each shape and options (ops/graphs.py).
+rank must run the same compiled graph (as data-parallel training does). With ``graph_max_batch``
+set (0 by default), on one CUDA device, a call of up to that many rows on an idle stream replays
+CUDA graphs of its forward and backward kernels, captured at the first such call of each shape and
+options (ops/graphs.py; :func:`_graphed` says when).
 """
 
 from __future__ import annotations
