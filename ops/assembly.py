@@ -165,14 +165,24 @@ def _clip_prologue(img, txt, s, sw: Sweep, o: Options):
     return row_shift, col_shift, aux, ref.new_zeros(4 * b)
 
 
+def _dscale_in_backward(img, txt, in_place: bool, o: Options) -> bool:
+    """Whether the forward leaves the weighted sums out (the triton column-strip statistics) and
+    the backward's gradient kernel sums d loss / d s instead: in place, gradients folded, and
+    where the strips run (asked of the same tensors by forward and backward)."""
+    return (in_place and folds_coefficients(True, o.impl, img.dtype)
+            and triton_kernels().sums_in_strips(img, txt, o.keep))
+
+
 def _clip_block_stats(a, b, s, row_shift, col_shift, row_ref, col_ref, diag, rows, cols,
-                      o: Options, keep: str = ""):
+                      o: Options, keep: str = "", weighted: bool = True):
     """Adds the statistics of the block a x b into rows = [row_sum, row_wsum] ([M] each) and
-    cols = [col_sum, col_wsum] ([N] each); returns the kept S' (triton, ``keep``) or None."""
+    cols = [col_sum, col_wsum] ([N] each), the weighted ones only if ``weighted`` (triton);
+    returns the kept S' (triton, ``keep``) or None."""
     if o.impl == "triton":
         return triton_kernels().clip_stats_triton(a, b, s, row_shift, col_shift, row_ref, col_ref, diag,
                                            keep_logits=keep, band=o.block_m,
-                                           allow_tf32=o.allow_tf32, out=(*rows, *cols))[4]
+                                           allow_tf32=o.allow_tf32, out=(*rows, *cols),
+                                           weighted=weighted)[4]
     r_sum, c_sum, r_w, c_w = clip_stats(a, b, s, row_shift, col_shift, row_ref, col_ref, diag,
                                         **o.kw)
     for acc, part in zip((*rows, *cols), (r_sum, r_w, c_sum, c_w)):
@@ -228,7 +238,8 @@ def clip_forward(img, txt, s, sw: Sweep, o: Options) -> tuple:
             # tensors; in place they are written where the epilogue reads them
             cols = own_cols if sw.in_place else [sums.new_zeros(t.shape[0]) for _ in range(2)]
             kept = _clip_block_stats(img, t, s, row_shift, t_shift, ref, t_ref,
-                                     col_offset - row_offset, rows, cols, o, o.keep)
+                                     col_offset - row_offset, rows, cols, o, o.keep,
+                                     not _dscale_in_backward(img, t, sw.in_place, o))
             return cols
 
         cols, full = sw.columns([txt, col_shift, ref], step, "sum")
@@ -261,11 +272,13 @@ def _clip_own_block_grads(g, img, txt, s, row_lse, col_lse, aux, logits, o: Opti
     kept = logits if logits is not None and logits.numel() else None
     if folds_coefficients(True, o.impl, img.dtype):
         # k = coef s folded into P before its rounding: the GEMMs write the final gradients. The
-        # kernel takes coef = g / (2B), k and d_scale = coef aux[B] itself (no torch launches).
+        # kernel takes coef = g / (2B), k and d_scale = coef aux[B] itself (no torch launches),
+        # or sums d_scale itself where the forward took no weighted sums
         return triton_kernels().clip_grads_triton(
             img, txt, s, row_lse, col_lse, ref, **labels, coef=g, coef_mul=1 / (2 * n),
-            coef_scale=True, dscale_from=aux, dscale_index=n, logits=kept, band=o.block_m,
-            out_dtype=img.dtype, allow_tf32=o.allow_tf32)
+            coef_scale=True, dscale_from=aux, dscale_index=n,
+            dscale_summed=_dscale_in_backward(img, txt, True, o), logits=kept,
+            band=o.block_m, out_dtype=img.dtype, allow_tf32=o.allow_tf32)
     if o.impl == "triton":  # fp16: k = coef s multiplies the fp32 results, d_scale = coef aux[n]
         tri = triton_kernels()
         d_img, d_txt = tri.clip_grads_triton(

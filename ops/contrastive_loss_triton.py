@@ -75,6 +75,7 @@ __all__ = [
     "siglip_grads_triton",
     "siglip_loss_grads_triton",
     "scale_grads_triton",
+    "sums_in_strips",
 ]
 
 LOG2E = 1.4426950408889634
@@ -356,10 +357,11 @@ def _load_tile(S, stride_s, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 def _grad_coef(scale, coef_ptr, coef_mul, dscale_src, dscale_dst, COEF_SCALE: tl.constexpr,
                DSCALE: tl.constexpr):
     """The factor folded into a gradient tile: c = coef coef_mul, times scale if COEF_SCALE. With
-    DSCALE the first program also writes dscale_dst = c dscale_src (before the scale factor):
-    the single-device CLIP backward's d scale, with no torch launch for either."""
+    DSCALE == 1 the first program also writes dscale_dst = c dscale_src (before the scale factor):
+    the single-device CLIP backward's d scale, with no torch launch for either (DSCALE == 2: the
+    gradient kernel sums d scale itself, _clip_grad_value)."""
     coef = tl.load(coef_ptr) * coef_mul
-    if DSCALE:
+    if DSCALE == 1:
         first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
         tl.store(dscale_dst, coef * tl.load(dscale_src), mask=first)
     if COEF_SCALE:
@@ -372,11 +374,16 @@ def _grad_coef(scale, coef_ptr, coef_mul, dscale_src, dscale_dst, COEF_SCALE: tl
 # terms are taken before the rounding to the buffer's dtype (P is close to them once the model
 # learns). On the positive pairs S' is row_ref_i, the value the forward's LSEs were taken
 # against (not the GEMM's rounding of it), so P_ii is consistent with the loss. coef: _grad_coef.
+# With DSCALE == 2 the tile's share of d loss / d s (before coef) comes too, per row:
+#   w_i = sum_j exp(S_ij - r_i) (S'_ij - row_ref_i) + exp(S_ij - c_j) (S'_ij - col_ref_j),
+# summed over all tiles the forward's E[S'] - S'_ii terms (aux[B], ops/blocks.clip_terms) from
+# the final softmax weights, each taken relative to its positive as there (no cancellation).
 @triton.jit
 def _clip_grad_value(x, offs_m, offs_n, mask_m, mask_n, scale_ptr, coef_ptr, coef_mul, dscale_src,
-                     dscale_dst, row_lse, col_lse, row_ref, diag, diag_value, offset,
+                     dscale_dst, row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
                      COEF_SCALE: tl.constexpr, DSCALE: tl.constexpr):
-    """coef P of an S' tile (fp32), to be stored at its offsets where the tile is valid."""
+    """(coef P of an S' tile (fp32), to be stored at its offsets where the tile is valid; w [M]
+    with DSCALE == 2, else 0)."""
     scale = tl.load(scale_ptr)
     scale2 = scale * 1.4426950408889634
     coef = _grad_coef(scale, coef_ptr, coef_mul, dscale_src, dscale_dst, COEF_SCALE, DSCALE)
@@ -384,10 +391,17 @@ def _clip_grad_value(x, offs_m, offs_n, mask_m, mask_n, scale_ptr, coef_ptr, coe
     c2 = tl.load(col_lse + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
     rr = tl.load(row_ref + offs_m, mask=mask_m, other=0.0)
     pos = (offs_m[:, None] - offs_n[None, :]) == diag
-    t2 = tl.where(pos, rr[:, None], x) * scale2
-    p = tl.exp2(t2 - r2[:, None]) + tl.exp2(t2 - c2[None, :])
-    p -= tl.where(pos, diag_value, 0.0) + offset
-    return p * coef
+    t = tl.where(pos, rr[:, None], x)
+    t2 = t * scale2
+    e_r = tl.exp2(t2 - r2[:, None])
+    e_c = tl.exp2(t2 - c2[None, :])
+    p = e_r + e_c - (tl.where(pos, diag_value, 0.0) + offset)
+    w = 0.0
+    if DSCALE == 2:
+        cr = tl.load(col_ref + offs_n, mask=mask_n, other=0.0)
+        inside = mask_m[:, None] & mask_n[None, :]
+        w = tl.sum(tl.where(inside, e_r * (t - rr[:, None]) + e_c * (t - cr[None, :]), 0.0), axis=1)
+    return p * coef, w
 
 
 @triton.jit
@@ -401,9 +415,9 @@ def _clip_grad_kernel(S, P, stride_s, M, N, scale_ptr, coef_ptr, coef_mul, dscal
                       row_lse, col_lse, row_ref, diag, diag_value, offset, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, COEF_SCALE: tl.constexpr, DSCALE: tl.constexpr):
     offs_m, offs_n, mask_m, mask_n, valid, x = _load_tile(S, stride_s, M, N, BLOCK_M, BLOCK_N)
-    p = _clip_grad_value(x, offs_m, offs_n, mask_m, mask_n, scale_ptr, coef_ptr, coef_mul,
-                         dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag, diag_value, offset,
-                         COEF_SCALE, DSCALE)
+    p, _ = _clip_grad_value(x, offs_m, offs_n, mask_m, mask_n, scale_ptr, coef_ptr, coef_mul,
+                            dscale_src, dscale_dst, row_lse, col_lse, row_ref, row_ref, diag,
+                            diag_value, offset, COEF_SCALE, DSCALE)
     _store_tile(P, stride_s, offs_m, offs_n, valid, p)
 
 
@@ -566,6 +580,57 @@ def _clip_stats_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, scale_ptr, row_
                       sem="relaxed")
 
 
+# CLIP plain sums (no weighted sums: the caller takes d scale in the backward) by column strips:
+# a work item is one column block and a chunk of CHUNK row blocks (chunk-major, so that the
+# programs running at once share the chunk's rows in L2). The rows are reduced every tile (within
+# a warp) and added by atomics; the column terms are added element-wise into a register tile and
+# reduced across the warps once per item, not once per tile. H200, bf16, D = 768 (h200_ch,
+# bench/results/stats_strips_h200.log): 13.70 / 3.42 ms at B = 65k / 32k against 16.52 / 3.95 for
+# the per-tile kernel (_clip_stats_fused_kernel, with the weighted sums); with the weighted sums
+# in the strips too (a second register tile) 28.8 / 7.0 ms (spilled).
+@triton.jit
+def _clip_sums_strip_kernel(A, Bm, M, N, D, scale_ptr, row_shift, col_shift, row_sum, col_sum,
+                            diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr,
+                            PROGRAMS: tl.constexpr):
+    scale2 = tl.load(scale_ptr) * 1.4426950408889634
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    for item in tl.range(tl.program_id(0), tl.cdiv(grid_m, CHUNK) * grid_n, PROGRAMS):
+        pid_n = item % grid_n
+        first = (item // grid_n) * CHUNK
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        cs2 = tl.load(col_shift + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
+        q_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for pid_m in range(first, tl.minimum(first + CHUNK, grid_m)):
+            x = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k0 in range(0, D, BLOCK_K):
+                a = A.load([pid_m * BLOCK_M, k0])
+                b = Bm.load([pid_n * BLOCK_N, k0])
+                x = tl.dot(a, b.T, x, input_precision=PRECISION)
+            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            mask_m = offs_m < M
+            rs2 = tl.load(row_shift + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
+            xs = x * scale2
+            m0 = pid_m * BLOCK_M
+            n0 = pid_n * BLOCK_N
+            # inside the bounds and off the positives (i - j spans [m0 - n0 - BLOCK_N + 1,
+            # m0 - n0 + BLOCK_M - 1] over the tile): no mask
+            if ((m0 + BLOCK_M <= M) & (n0 + BLOCK_N <= N)
+                    & ((diag < m0 - n0 - (BLOCK_N - 1)) | (diag > m0 - n0 + (BLOCK_M - 1)))):
+                p = tl.exp2(xs - rs2[:, None])
+                q = tl.exp2(xs - cs2[None, :])
+            else:
+                valid = (mask_m[:, None] & mask_n[None, :]
+                         & ((offs_m[:, None] - offs_n[None, :]) != diag))
+                p = tl.where(valid, tl.exp2(xs - rs2[:, None]), 0.0)
+                q = tl.where(valid, tl.exp2(xs - cs2[None, :]), 0.0)
+            tl.atomic_add(row_sum + offs_m, tl.sum(p, axis=1), mask=mask_m, sem="relaxed")
+            q_acc += q
+        tl.atomic_add(col_sum + offs_n, tl.sum(q_acc, axis=0), mask=mask_n, sem="relaxed")
+
+
 # SigLIP pair losses of one tile, summed per row (as _siglip_stats_kernel).
 @triton.jit
 def _siglip_stats_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, scale_ptr, bias_ptr, row_loss,
@@ -597,23 +662,29 @@ def _store_p(P, stride_p, tile, M, N, offs_m, offs_n, inside, value, BLOCK_M: tl
         _store_tile(P, stride_p, offs_m, offs_n, inside, value)
 
 
-# CLIP gradient block of one tile into P (as _clip_grad_kernel, from the fp32 tile).
+# CLIP gradient block of one tile into P (as _clip_grad_kernel, from the fp32 tile). DSCALE == 2:
+# each program also adds coef times its tiles' d-scale shares (_clip_grad_value) into dscale_dst.
 @triton.jit
 def _clip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, scale_ptr, coef_ptr,
-                            coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag,
-                            diag_value, offset, COEF_SCALE: tl.constexpr, DSCALE: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-                            TMA: tl.constexpr, PROGRAMS: tl.constexpr, TMA_STORE: tl.constexpr):
+                            coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref,
+                            diag, diag_value, offset, COEF_SCALE: tl.constexpr,
+                            DSCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+                            PRECISION: tl.constexpr, TMA: tl.constexpr, PROGRAMS: tl.constexpr,
+                            TMA_STORE: tl.constexpr):
+    w_acc = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for tile in tl.range(tl.program_id(0), _tiles(M, N, BLOCK_M, BLOCK_N), PROGRAMS, flatten=TMA):
         offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
             A, Bm, stride_a, stride_b, M, N, D, tile, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K,
             PRECISION, TMA, False)
-        p = _clip_grad_value(x, offs_m, offs_n, mask_m, mask_n, scale_ptr, coef_ptr, coef_mul,
-                             dscale_src, dscale_dst, row_lse, col_lse, row_ref, diag, diag_value,
-                             offset, COEF_SCALE, DSCALE)
+        p, w = _clip_grad_value(x, offs_m, offs_n, mask_m, mask_n, scale_ptr, coef_ptr, coef_mul,
+                                dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref, diag,
+                                diag_value, offset, COEF_SCALE, DSCALE)
         _store_p(P, stride_p, tile, M, N, offs_m, offs_n, inside, p, BLOCK_M, BLOCK_N, GROUP_M,
                  TMA_STORE)
+        w_acc += w
+    if DSCALE == 2:
+        tl.atomic_add(dscale_dst, tl.load(coef_ptr) * coef_mul * tl.sum(w_acc, axis=0), sem="relaxed")
 
 
 # SigLIP gradient block of one tile into P, with the per-row sums (as _siglip_grad_kernel).
@@ -787,8 +858,15 @@ _TMA_SIGLIP_GRAD_LOSS = _TMA_SIGLIP_GRAD
 # 65k before the interior fast path, 17.00 against 17.65 with it (above); SigLIP's statistics and
 # every gradient block are fused at every size.
 _TMA_MAX_LOGITS = {"stats": 1 << 62, "siglip_stats": 1 << 62, "grad": 1 << 62}
+# The plain sums by column strips (_clip_sums_strip_kernel: BLOCK_M, BLOCK_N, BLOCK_K, warps,
+# stages, programs per SM, CHUNK row blocks an item), for forwards whose d scale the backward sums
+# (clip_stats_triton's weighted=False): the fastest of h200_ch (stats_strips_h200.log): 128 x 128
+# with 8 warps 13.70 ms at 65k, 128 x 64 with 4 warps 16.10, 128 x 256 23.6 (spilled), chunks of
+# 16 row blocks 15.14; two programs an SM 14.00.
+_TMA_STRIPS = (16, 16, 16, 4, 1, 1, 2) if _INTERPRET else (128, 128, 64, 8, 4, 1, 32)
+_STRIPS = True  # False: the per-tile statistics kernel (with the weighted sums) at every size
 _TMA_MIN_LOGITS = 1 << 23
-_TMA_FORCE = None  # None: by the device and the tensors; tests set True (interpreter, fp32)
+_TMA_FORCE = None  # None: by the device and the tensors; tests set True (interpreter, fp32; rows aligned)
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - older Triton: pointer kernels only
@@ -806,7 +884,7 @@ def _tma_rows(t: torch.Tensor) -> bool:
 def _use_tma(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the fused kernels load a and b by TMA descriptors."""
     if _TMA_FORCE is not None:
-        return _TMA_FORCE
+        return _TMA_FORCE and _tma_rows(a) and _tma_rows(b)
     if TensorDescriptor is None or not a.is_cuda or a.dtype not in (torch.bfloat16, torch.float16):
         return False
     if a.shape[0] * b.shape[0] < _TMA_MIN_LOGITS:
@@ -822,6 +900,37 @@ def _use_fused(m: int, n: int, keep, kind: str = "stats", tma: bool = False) -> 
     _FUSED_MAX_LOGITS)."""
     limit = _TMA_MAX_LOGITS[kind] if tma else _FUSED_MAX_LOGITS
     return not keep and m * n <= limit
+
+
+
+def sums_in_strips(a: torch.Tensor, b: torch.Tensor, keep) -> bool:
+    """Whether the statistics of a x b^T, asked without weighted sums, take the column-strip
+    kernel (TMA loads, nothing kept): a forward that does lets its backward sum d scale
+    (clip_grads_triton's ``dscale_summed``); both sides ask this of the same tensors."""
+    return _STRIPS and not keep and _use_tma(a, b)
+
+
+@functools.lru_cache(maxsize=64)
+def _strips_config(tiles, m: int, n: int, fp32: bool, allow_tf32: bool, programs: int):
+    """(grid, meta-parameters) of _clip_sums_strip_kernel (tiles: _TMA_STRIPS) over [m, n]."""
+    block_m, block_n, block_k, warps, stages, per_sm, chunk = tiles
+    if fp32 and not _INTERPRET:
+        block_k, stages = min(block_k, 32), min(stages, 3)
+    items = _cdiv(_cdiv(m, block_m), chunk) * _cdiv(n, block_n)
+    grid = min(items, per_sm * programs)
+    return (grid,), dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, CHUNK=chunk,
+                         PRECISION="tf32" if allow_tf32 or not fp32 else "ieee", PROGRAMS=grid,
+                         num_warps=warps, num_stages=stages)
+
+
+def _clip_sums_strips(a, b, scale_t, row_shift, col_shift, row_sum, col_sum, diag, allow_tf32):
+    (m, d), n = a.shape, b.shape[0]
+    grid, meta = _strips_config(_TMA_STRIPS, m, n, a.dtype == torch.float32, allow_tf32,
+                                _sm_count(a.device))
+    da = TensorDescriptor.from_tensor(a, [meta["BLOCK_M"], meta["BLOCK_K"]])
+    db = TensorDescriptor.from_tensor(b, [meta["BLOCK_N"], meta["BLOCK_K"]])
+    _clip_sums_strip_kernel[grid](da, db, m, n, d, scale_t, row_shift, col_shift, row_sum, col_sum,
+                                  int(diag), **meta)
 
 _PRO_M, _PRO_D = (16, 16) if _INTERPRET else (32, 128)
 _VEC = 64 if _INTERPRET else 1024
@@ -1115,7 +1224,7 @@ def clip_stats_launch(s, scale_t, row_shift, row_ref, row_sum, row_wsum, col_shi
 
 
 def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=0, *,
-                      keep_logits="", band=0, allow_tf32=False, out=None):
+                      keep_logits="", band=0, allow_tf32=False, out=None, weighted=True):
     """Partial CLIP statistics of S = scale * a b^T (see ops/blocks.clip_stats).
 
     a: [M, D], b: [N, D]; scale: fp32 [] tensor; shifts and refs: fp32 [M] / [N]. Returns
@@ -1124,7 +1233,8 @@ def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=
     features' dtype), else None ("").
     band: rows per GEMM band (0: by memory, :func:`band_rows`). out: fp32 buffers to add into,
     either one [2 M + 2 N] (row_sum, row_wsum, col_sum, col_wsum, in that order) or those four
-    ([M], [M], [N], [N], contiguous each).
+    ([M], [M], [N], [N], contiguous each). ``weighted=False``: the weighted sums are not needed;
+    where :func:`sums_in_strips` holds they are not taken (left as they were).
     """
     a, b = _prep(a), _prep(b)
     m, d = a.shape
@@ -1140,6 +1250,9 @@ def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=
         clip_stats_launch(s, scale_t, shifts[0][r0:r1], shifts[1][r0:r1], row_sum[r0:r1],
                           row_wsum[r0:r1], shifts[2], shifts[3], col_sum, col_wsum, int(diag) - r0)
 
+    if not weighted and sums_in_strips(a, b, keep_logits):
+        _clip_sums_strips(a, b, scale_t, shifts[0], shifts[2], row_sum, col_sum, diag, allow_tf32)
+        return row_sum, col_sum, row_wsum, col_wsum, None
     tma = _use_tma(a, b)
     if _use_fused(m, n, keep_logits, "stats", tma):
         _fused(_clip_stats_fused_kernel, a, b, "stats", allow_tf32, scale_t, shifts[0],
@@ -1296,26 +1409,35 @@ def _grad_grid(m, n):
 
 def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_value=0.0,
                       offset=0.0, coef=None, coef_mul=1.0, coef_scale=False, dscale_from=None,
-                      dscale_index=0, logits=None, band=0, out_dtype=torch.float32,
-                      allow_tf32=False, sink_a=None):
+                      dscale_index=0, dscale_summed=False, logits=None, band=0,
+                      out_dtype=torch.float32, allow_tf32=False, sink_a=None):
     """(k P @ b, k P^T @ a) in ``out_dtype`` (see ops/blocks.clip_grads), k folded into
     P before its rounding: k = c scale if ``coef_scale`` else c, c = coef coef_mul.
 
     coef: None (1) or an fp32 one-element device tensor; logits: the kept [M, N] S' of the
     forward instead of a recompute (read, not written). dscale_from: an fp32 device tensor;
     then the kernel also computes c dscale_from[dscale_index] (the single-device d scale) and
-    the result is (grad_a, grad_b, that fp32 [] tensor).
+    the result is (grad_a, grad_b, that fp32 [] tensor). ``dscale_summed``: that d scale is
+    summed by the gradient kernel instead (the forward took no weighted sums: clip_stats_triton
+    with ``weighted=False``; a square block, its positives on the diagonal, row_ref the column
+    refs too, and the fused kernels: :func:`sums_in_strips`).
     """
     a, b = _prep(a), _prep(b)
     dev = a.device
     scale_t = _scalar(scale, dev)
     coef_t = _scalar(1.0 if coef is None else coef, dev)
     r, c, ref = (t.float().contiguous() for t in (row_lse, col_lse, row_ref))
-    if dscale_from is None:
+    if dscale_summed:
+        if not sums_in_strips(a, b, logits is not None) or diag != 0 or a.shape != b.shape:
+            raise ValueError("clip_grads_triton: dscale_summed needs the fused TMA kernels on a "
+                             "square block with its positives on the diagonal")
+        src, dst = scale_t, torch.zeros((), device=dev, dtype=torch.float32)
+    elif dscale_from is None:
         src = dst = scale_t  # not touched (DSCALE off)
     else:
         src, dst = dscale_from[dscale_index:], torch.empty((), device=dev, dtype=torch.float32)
-    flags = dict(COEF_SCALE=bool(coef_scale), DSCALE=dscale_from is not None)
+    flags = dict(COEF_SCALE=bool(coef_scale),
+                 DSCALE=2 if dscale_summed else int(dscale_from is not None))
     label_args = (int(diag), float(diag_value), float(offset))
 
     # a block of rows r0:r1 and columns c0:c1 holds the positives at local i - j == diag - r0 + c0
@@ -1327,11 +1449,11 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
 
     def fused_fill(r0, r1, c0, c1, p):
         _fused(_clip_grad_fused_kernel, a[r0:r1], b[c0:c1], "grad", allow_tf32, scale_t, coef_t,
-               float(coef_mul), src, dst, r[r0:r1], c[c0:c1], ref[r0:r1],
+               float(coef_mul), src, dst, r[r0:r1], c[c0:c1], ref[r0:r1], ref[c0:c1],
                label_args[0] - r0 + c0, *label_args[1:], *flags.values(), p=p)
 
     grads = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a)
-    return grads if dscale_from is None else (*grads, dst)
+    return grads if dscale_from is None and not dscale_summed else (*grads, dst)
 
 
 def _sums_and_coef(rows: int, m: int, coef, device) -> tuple:

@@ -268,6 +268,71 @@ def test_triton_interior_tiles_fast_path(monkeypatch, m, n, diag):
         assert torch.equal(g, w), name
 
 
+@pytest.mark.parametrize("m,n,diag,chunk", [(45, 38, 0, 2), (45, 38, -21, 3), (45, 38, 9, 1),
+                                            (64, 48, 3, 2), (64, 64, 0, 8)])
+def test_triton_strip_sums_match_the_tile_kernel(monkeypatch, m, n, diag, chunk):
+    """The column-strip kernel (plain sums only; the column terms summed in registers over a
+    chunk of row blocks, reduced once an item) gives the per-tile kernel's row and column sums:
+    8 x 8 tiles over [45, 38] (partial edge tiles, items whose chunk runs past the last row
+    block) and [64, 48], positives at i - j == diag crossing some tiles, chunks of 1-8 row
+    blocks, two programs walking the items; the weighted sums are left as they were."""
+    monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 1 << 40)
+    monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
+    monkeypatch.setattr(triton_impl, "_TMA_STRIPS", (8, 8, 16, 4, 1, 2, chunk))
+    img, _, scale, _ = _inputs(m, 20, torch.float32, seed=7)
+    txt = _inputs(n, 20, torch.float32, seed=8)[0]
+    s = scale.reshape(())
+    logits = s * img @ txt.T
+    ref = (img * txt[(torch.arange(m) - diag).clamp(0, n - 1)]).sum(-1)
+    col_ref = (img[(torch.arange(n) + diag).clamp(0, m - 1)] * txt).sum(-1)
+    row_shift, col_shift = logits.amax(1), logits.amax(0)
+    args = (img, txt, s, row_shift, col_shift, ref, col_ref, diag)
+    want = triton_impl.clip_stats_triton(*args)[:4]
+    out = torch.full((2 * m + 2 * n,), 0.25)
+    got = triton_impl.clip_stats_triton(*args, weighted=False, out=out)[:4]
+    for w, g, name in zip(want[:2], got[:2], ("row sums", "column sums")):
+        torch.testing.assert_close(g - 0.25, w, rtol=1e-5, atol=1e-6, msg=name)
+    assert torch.equal(got[2], torch.full((m,), 0.25)) and torch.equal(got[3], torch.full((n,), 0.25))
+    dense = torch.exp(logits - row_shift[:, None]) * ((torch.arange(m)[:, None] - torch.arange(n)) != diag)
+    torch.testing.assert_close(got[0] - 0.25, dense.sum(1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("b,eps", [(70, 0.0), (70, 0.1), (64, 0.0)])
+def test_triton_backward_sums_d_scale_after_strip_statistics(monkeypatch, b, eps):
+    """With the TMA kernels (forced here) and no logits kept, the CLIP forward takes the plain
+    sums by column strips and the backward's gradient kernel sums d loss / d s itself (several
+    blocks of rows x columns, uneven at B = 70): the loss and every gradient as the per-tile
+    forward with its weighted sums gives them, and the reference."""
+    monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 1 << 40)
+    monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
+    monkeypatch.setattr(triton_impl, "band_rows", lambda m, n, d: 24)
+    monkeypatch.setattr(triton_impl, "_GRAD_BLOCK", (32, 24))
+    strips, summed = [], []
+    launch, grads = triton_impl._clip_sums_strips, triton_impl.clip_grads_triton
+    monkeypatch.setattr(triton_impl, "_clip_sums_strips", lambda *a: (strips.append(1), launch(*a))[1])
+    monkeypatch.setattr(triton_impl, "clip_grads_triton", lambda *a, **k: (
+        summed.append(k.get("dscale_summed")), grads(*a, **k))[1])
+    img, txt, scale, bias = _inputs(b, 24, torch.float32, seed=b)
+    run = lambda: _run(lambda i, t, s_, bb: contrastive_loss(  # noqa: E731
+        i, t, s_, impl="triton", triton_interpret=True, label_smoothing=eps, logits_budget_mb=0),
+        img, txt, scale, bias, False)
+    ours = run()
+    assert strips == [1] and summed == [True]
+    monkeypatch.setattr(triton_impl, "_STRIPS", False)
+    tiles = run()
+    assert strips == [1] and summed == [True, False]
+    for key in ours:
+        torch.testing.assert_close(ours[key], tiles[key], rtol=1e-5, atol=1e-7, msg=key)
+    _assert_close(ours, _reference(img, txt, scale, bias, "clip", eps), what="strips")
+
+
+def test_dscale_summed_refuses_what_it_cannot_sum():
+    img, txt, scale, _ = _inputs(16, 8, torch.float32)
+    lse = torch.zeros(16)
+    with pytest.raises(ValueError, match="dscale_summed"):
+        triton_impl.clip_grads_triton(img, txt, scale, lse, lse, lse, dscale_summed=True)
+
+
 @pytest.mark.parametrize("loss,eps", [("clip", 0.0), ("clip", 0.1)])
 def test_triton_logits_kept_as_bands_give_the_recompute_numbers(monkeypatch, loss, eps):
     """With 16-bit features and a budget for the B x B matrix in their dtype but not in fp32,
@@ -371,15 +436,34 @@ def test_matches_handwritten_openclip_loss():
             torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("impl", ["chunked_torch", "triton"])
-def test_overflowing_logits_stay_exact(impl):
+def _variant(monkeypatch, impl: str) -> dict:
+    """The op's keywords for ``impl``; "triton_strips": the triton impl with the TMA kernels
+    forced (as on Hopper) and no logits kept, so that the CLIP forward takes the column-strip
+    sums and its backward sums d scale."""
+    if impl != "triton_strips":
+        return dict(impl=impl, triton_interpret=True)
+    monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
+    monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 1 << 40)
+    grads = triton_impl.clip_grads_triton
+
+    def summed_in_backward(*args, **kw):  # the strips' forward leaves d scale to the backward
+        assert kw["dscale_summed"]
+        return grads(*args, **kw)
+
+    monkeypatch.setattr(triton_impl, "clip_grads_triton", summed_in_backward)
+    return dict(impl="triton", triton_interpret=True, logits_budget_mb=0)
+
+
+@pytest.mark.parametrize("impl", ["chunked_torch", "triton", "triton_strips"])
+def test_overflowing_logits_stay_exact(monkeypatch, impl):
     """An off-diagonal logit 100 above its diagonal (s = 100, cosines 1 and 0) would overflow
     exp at a shift on the diagonal; the Cauchy-Schwarz bound keeps every exponent <= 64, with
     no recompute and no host sync."""
+    kw = _variant(monkeypatch, impl)
     img, txt, scale, bias = _inputs(20, 8, torch.float32, seed=5, scale=100.0)
     txt[7] = img[3]  # cos(I_3, T_7) = 1
     txt[3] = F.normalize(txt[3] - (txt[3] @ img[3]) * img[3], dim=0)  # cos(I_3, T_3) = 0
-    ours = _run(lambda i, t, s, b: contrastive_loss(i, t, s, impl=impl, triton_interpret=True),
+    ours = _run(lambda i, t, s, b: contrastive_loss(i, t, s, **kw),
                 img, txt, scale, bias, False)
     ref = _reference(img, txt, scale, bias, "clip", 0.0)
     assert ref["loss"].item() > 100 / 40  # row 3 alone contributes ~100 / (2 B)
@@ -387,21 +471,22 @@ def test_overflowing_logits_stay_exact(impl):
         torch.testing.assert_close(ours[key], ref[key], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("impl", ["chunked_torch", "triton"])
-def test_scale_gradient_finite_when_only_the_weighted_sum_overflows(impl):
+@pytest.mark.parametrize("impl", ["chunked_torch", "triton", "triton_strips"])
+def test_scale_gradient_finite_when_only_the_weighted_sum_overflows(monkeypatch, impl):
     """An off-diagonal logit ~88.5 above its diagonal: exp of it still fits in fp32, but
     exp(.) * S' (S' = 1.5, unnormalised features) does not. The d-scale sums must not
     overflow (they are weighted by S' - S'_ii, under a shift that bounds every exponent)."""
-    b, d = 6, 6  # one pair per axis
+    kw = _variant(monkeypatch, impl)
+    b, d = 6, 8  # one pair per axis (two axes unused: 32-byte rows, as TMA loads need)
     img = torch.zeros(b, d, dtype=torch.float64)
     txt = torch.zeros(b, d, dtype=torch.float64)
     for i in range(b):  # pair i: image and text on axis i
         img[i, i] = 1.0
         txt[i, i] = 1.0
-    img[2] = torch.tensor([0.0, 0.0, 0.05, 1.5, 0.0, 0.0], dtype=torch.float64)  # <I2, T3> = 1.5
-    txt[2] = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0, 0.0], dtype=torch.float64)   # <I2, T2> = 0.05
+    img[2, :4] = torch.tensor([0.0, 0.0, 0.05, 1.5], dtype=torch.float64)  # <I2, T3> = 1.5
+    txt[2, :4] = torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64)   # <I2, T2> = 0.05
     scale = torch.tensor([61.0])  # S_23 - S_22 = 61 * 1.45 = 88.45
-    ours = _run(lambda i, t, s, bb: contrastive_loss(i, t, s, impl=impl, triton_interpret=True),
+    ours = _run(lambda i, t, s, bb: contrastive_loss(i, t, s, **kw),
                 img.float(), txt.float(), scale, torch.zeros(1), False)
     ref = _reference(img.float(), txt.float(), scale, torch.zeros(1), "clip", 0.0)
     assert math.isfinite(ours["d_scale"].item())
@@ -417,14 +502,15 @@ def _confident_pairs(b, d, seed, noise):
     return img.float(), txt.float()
 
 
-@pytest.mark.parametrize("impl", ["chunked_torch", "triton"])
-def test_small_clip_loss_keeps_relative_precision(impl):
+@pytest.mark.parametrize("impl", ["chunked_torch", "triton", "triton_strips"])
+def test_small_clip_loss_keeps_relative_precision(monkeypatch, impl):
     """Loss ~1e-3 at s = 100: assembled as LSE - diagonal it loses ~3 digits to cancellation
     (terms of size ~s); log1p of the off-diagonal sum keeps fp32's relative precision. Same
     for the d-scale term (E[S'] - S'_ii, weights taken relative to S'_ii)."""
+    kw = _variant(monkeypatch, impl)
     img, txt = _confident_pairs(300, 32, seed=2, noise=0.16)
     scale = torch.tensor([100.0])
-    ours = _run(lambda i, t, s, b: contrastive_loss(i, t, s, impl=impl, triton_interpret=True),
+    ours = _run(lambda i, t, s, b: contrastive_loss(i, t, s, **kw),
                 img, txt, scale, torch.zeros(1), False)
     ref = _reference(img, txt, scale, torch.zeros(1), "clip", 0.0)
     assert 1e-5 < ref["loss"].item() < 1e-1

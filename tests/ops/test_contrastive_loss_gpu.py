@@ -164,6 +164,33 @@ def test_cuda_graph_capture(b, loss):
         torch.testing.assert_close(r.float(), e.float(), rtol=1e-3, atol=1e-5 * max(e.abs().max().item(), 1))
 
 
+@pytest.mark.parametrize("b,eps", [(8200, 0.0), (8200, 0.1), (16384, 0.0)])
+def test_strip_statistics_match_the_tile_kernel(monkeypatch, b, eps):
+    """The default forward on Hopper (plain sums by column strips, d scale summed by the
+    backward's gradient kernel; B = 8,200: partial edge tiles, a last chunk of one row block)
+    gives the per-tile forward's loss and gradients (its weighted sums, d scale from them), and
+    both pass the reference check."""
+    tri = importlib.import_module("infclip.ops.contrastive_loss_triton")
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the strips load by TMA (Hopper)")
+    calls = []
+    launch = tri._clip_sums_strips
+    monkeypatch.setattr(tri, "_clip_sums_strips", lambda *a: (calls.append(1), launch(*a))[1])
+    img, txt = _inputs(b, 768, torch.bfloat16, seed=b)
+    scale = torch.full((1,), 17.0, device="cuda")
+    run = lambda: _grads(lambda i, t, s, _: contrastive_loss(  # noqa: E731
+        i, t, s, impl="triton", label_smoothing=eps), img, txt, scale, None, 1.37)
+    strips = run()
+    assert calls == [1]
+    monkeypatch.setattr(tri, "_STRIPS", False)
+    tiles = run()
+    assert calls == [1]
+    for name, o, t in zip(["loss", "d_img", "d_txt", "d_scale"], strips, tiles):
+        assert torch.allclose(o, t, rtol=1e-4, atol=1e-4 * t.abs().max().item()), name
+    monkeypatch.setattr(tri, "_STRIPS", True)
+    _check(b, 768, torch.bfloat16, eps=eps)
+
+
 def test_tf32_mode():
     _check(4097, 768, torch.float32, tf32=True)
 
