@@ -865,6 +865,7 @@ _TMA_MAX_LOGITS = {"stats": 1 << 62, "siglip_stats": 1 << 62, "grad": 1 << 62}
 # 16 row blocks 15.14; two programs an SM 14.00.
 _TMA_STRIPS = (16, 16, 16, 4, 1, 1, 2) if _INTERPRET else (128, 128, 64, 8, 4, 1, 32)
 _STRIPS = True  # False: the per-tile statistics kernel (with the weighted sums) at every size
+_STRIP_WAVES = 4  # at least this many work items a program: CHUNK shrinks at small B
 _TMA_MIN_LOGITS = 1 << 23
 _TMA_FORCE = None  # None: by the device and the tensors; tests set True (interpreter, fp32; rows aligned)
 try:
@@ -916,7 +917,10 @@ def _strips_config(tiles, m: int, n: int, fp32: bool, allow_tf32: bool, programs
     block_m, block_n, block_k, warps, stages, per_sm, chunk = tiles
     if fp32 and not _INTERPRET:
         block_k, stages = min(block_k, 32), min(stages, 3)
-    items = _cdiv(_cdiv(m, block_m), chunk) * _cdiv(n, block_n)
+    grid_m, grid_n = _cdiv(m, block_m), _cdiv(n, block_n)
+    # chunks short enough for _STRIP_WAVES items a program (small B: down to one row block)
+    chunk = max(1, min(chunk, grid_m * grid_n // (_STRIP_WAVES * per_sm * programs)))
+    items = _cdiv(grid_m, chunk) * grid_n
     grid = min(items, per_sm * programs)
     return (grid,), dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, CHUNK=chunk,
                          PRECISION="tf32" if allow_tf32 or not fp32 else "ieee", PROGRAMS=grid,

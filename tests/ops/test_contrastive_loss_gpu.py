@@ -185,8 +185,11 @@ def test_strip_statistics_match_the_tile_kernel(monkeypatch, b, eps):
     monkeypatch.setattr(tri, "_STRIPS", False)
     tiles = run()
     assert calls == [1]
-    for name, o, t in zip(["loss", "d_img", "d_txt", "d_scale"], strips, tiles):
-        assert torch.allclose(o, t, rtol=1e-4, atol=1e-4 * t.abs().max().item()), name
+    # the same P but for the last bits of the LSEs (sums in another order): a bf16 gradient may
+    # round an element the other way
+    for name, o, t, tol in zip(["loss", "d_img", "d_txt", "d_scale"], strips, tiles,
+                               [1e-5, 1e-2, 1e-2, 1e-4]):
+        assert torch.allclose(o, t, rtol=tol, atol=tol * t.abs().max().item()), name
     monkeypatch.setattr(tri, "_STRIPS", True)
     _check(b, 768, torch.bfloat16, eps=eps)
 
