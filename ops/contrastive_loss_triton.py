@@ -584,53 +584,79 @@ def _clip_stats_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, scale_ptr, row_
 # a work item is one column block and a chunk of CHUNK row blocks (chunk-major, so that the
 # programs running at once share the chunk's rows in L2). The rows are reduced every tile (within
 # a warp) and added by atomics; the column terms are added element-wise into a register tile and
-# reduced across the warps once per item, not once per tile. H200, bf16, D = 768 (h200_ch,
-# bench/results/stats_strips_h200.log): 13.70 / 3.42 ms at B = 65k / 32k against 16.52 / 3.95 for
-# the per-tile kernel (_clip_stats_fused_kernel, with the weighted sums); with the weighted sums
-# in the strips too (a second register tile) 28.8 / 7.0 ms (spilled).
+# reduced across the warps once per item, not once per tile. The tiles that need masks (on the
+# positives, past the last row or column) run in loops of their own, the others in unmasked
+# loops: a mask chosen per tile by a branch cost as much as masking every tile (1.4 ms of 14.7
+# at 65k). H200, bf16, D = 768 (h200_ch, bench/results/stats_strips_h200.log; an unmasked copy):
+# 13.70 / 3.42 ms at B = 65k / 32k against 16.52 / 3.95 for the per-tile kernel
+# (_clip_stats_fused_kernel, with the weighted sums); with the weighted sums in the strips too (a
+# second register tile) 28.8 / 7.0 ms (spilled).
+@triton.jit
+def _strip_tiles(A, Bm, M, N, D, scale2, row_shift, row_sum, cs2, offs_n, mask_n, diag, pid_n,
+                 lo, hi, q_acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr):
+    """Row blocks [lo, hi) of column block pid_n: row sums added, column terms into q_acc."""
+    for pid_m in range(lo, hi):
+        x = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, D, BLOCK_K):
+            a = A.load([pid_m * BLOCK_M, k0])
+            b = Bm.load([pid_n * BLOCK_N, k0])
+            x = tl.dot(a, b.T, x, input_precision=PRECISION)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < M
+        xs = x * scale2
+        if MASKED:
+            rs2 = tl.load(row_shift + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
+            valid = mask_m[:, None] & mask_n[None, :] & ((offs_m[:, None] - offs_n[None, :]) != diag)
+            p = tl.where(valid, tl.exp2(xs - rs2[:, None]), 0.0)
+            q = tl.where(valid, tl.exp2(xs - cs2[None, :]), 0.0)
+            tl.atomic_add(row_sum + offs_m, tl.sum(p, axis=1), mask=mask_m, sem="relaxed")
+        else:
+            rs2 = tl.load(row_shift + offs_m) * 1.4426950408889634
+            p = tl.exp2(xs - rs2[:, None])
+            q = tl.exp2(xs - cs2[None, :])
+            tl.atomic_add(row_sum + offs_m, tl.sum(p, axis=1), sem="relaxed")
+        q_acc += q
+    return q_acc
+
+
 @triton.jit
 def _clip_sums_strip_kernel(A, Bm, M, N, D, scale_ptr, row_shift, col_shift, row_sum, col_sum,
                             diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr,
-                            PROGRAMS: tl.constexpr, MASKS: tl.constexpr = 0):
-    """MASKS (timing only, bench/diag_stats_epilogue.py): 0 masks the tiles at the edges and on
-    the positives, 1 every tile, 2 none (wrong sums wherever a mask was due)."""
+                            PROGRAMS: tl.constexpr):
     scale2 = tl.load(scale_ptr) * 1.4426950408889634
     grid_m = tl.cdiv(M, BLOCK_M)
     grid_n = tl.cdiv(N, BLOCK_N)
+    full_m = M // BLOCK_M  # row blocks with no row past M
     for item in tl.range(tl.program_id(0), tl.cdiv(grid_m, CHUNK) * grid_n, PROGRAMS):
         pid_n = item % grid_n
-        first = (item // grid_n) * CHUNK
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        lo = (item // grid_n) * CHUNK
+        hi = tl.minimum(lo + CHUNK, grid_m)
+        n0 = pid_n * BLOCK_N
+        offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
         cs2 = tl.load(col_shift + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
+        # unmasked: [lo, d0) and [d1, top); masked: [d0, d1) (the positives' rows i - diag in
+        # [n0, n0 + BLOCK_N), or all of the chunk when the column block runs past N) and
+        # [top, hi) (a row block running past M)
+        top = tl.maximum(tl.minimum(hi, full_m), lo)
+        first = n0 + diag  # the positives' rows of this column block: [first, first + BLOCK_N)
+        last = first + BLOCK_N - 1
+        d0 = tl.minimum(tl.maximum(tl.maximum(first, 0) // BLOCK_M, lo), top)
+        d1 = tl.where(last < 0, d0, tl.minimum(tl.maximum(last // BLOCK_M + 1, d0), top))
+        if n0 + BLOCK_N > N:
+            d0 = lo
+            d1 = top
         q_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for pid_m in range(first, tl.minimum(first + CHUNK, grid_m)):
-            x = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k0 in range(0, D, BLOCK_K):
-                a = A.load([pid_m * BLOCK_M, k0])
-                b = Bm.load([pid_n * BLOCK_N, k0])
-                x = tl.dot(a, b.T, x, input_precision=PRECISION)
-            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            mask_m = offs_m < M
-            rs2 = tl.load(row_shift + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
-            xs = x * scale2
-            m0 = pid_m * BLOCK_M
-            n0 = pid_n * BLOCK_N
-            # inside the bounds and off the positives (i - j spans [m0 - n0 - BLOCK_N + 1,
-            # m0 - n0 + BLOCK_M - 1] over the tile): no mask
-            interior = ((m0 + BLOCK_M <= M) & (n0 + BLOCK_N <= N)
-                        & ((diag < m0 - n0 - (BLOCK_N - 1)) | (diag > m0 - n0 + (BLOCK_M - 1))))
-            if (MASKS == 2) | ((MASKS == 0) & interior):
-                p = tl.exp2(xs - rs2[:, None])
-                q = tl.exp2(xs - cs2[None, :])
-            else:
-                valid = (mask_m[:, None] & mask_n[None, :]
-                         & ((offs_m[:, None] - offs_n[None, :]) != diag))
-                p = tl.where(valid, tl.exp2(xs - rs2[:, None]), 0.0)
-                q = tl.where(valid, tl.exp2(xs - cs2[None, :]), 0.0)
-            tl.atomic_add(row_sum + offs_m, tl.sum(p, axis=1), mask=mask_m, sem="relaxed")
-            q_acc += q
+        q_acc = _strip_tiles(A, Bm, M, N, D, scale2, row_shift, row_sum, cs2, offs_n, mask_n, diag,
+                             pid_n, lo, d0, q_acc, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, False)
+        q_acc = _strip_tiles(A, Bm, M, N, D, scale2, row_shift, row_sum, cs2, offs_n, mask_n, diag,
+                             pid_n, d0, d1, q_acc, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, True)
+        q_acc = _strip_tiles(A, Bm, M, N, D, scale2, row_shift, row_sum, cs2, offs_n, mask_n, diag,
+                             pid_n, d1, top, q_acc, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, False)
+        q_acc = _strip_tiles(A, Bm, M, N, D, scale2, row_shift, row_sum, cs2, offs_n, mask_n, diag,
+                             pid_n, top, hi, q_acc, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, True)
         tl.atomic_add(col_sum + offs_n, tl.sum(q_acc, axis=0), mask=mask_n, sem="relaxed")
 
 
@@ -930,12 +956,10 @@ def _strips_config(tiles, m: int, n: int, fp32: bool, allow_tf32: bool, programs
                          num_warps=warps, num_stages=stages)
 
 
-def _clip_sums_strips(a, b, scale_t, row_shift, col_shift, row_sum, col_sum, diag, allow_tf32,
-                      **extra):
+def _clip_sums_strips(a, b, scale_t, row_shift, col_shift, row_sum, col_sum, diag, allow_tf32):
     (m, d), n = a.shape, b.shape[0]
     grid, meta = _strips_config(_TMA_STRIPS, m, n, a.dtype == torch.float32, allow_tf32,
                                 _sm_count(a.device))
-    meta = dict(meta, **extra)
     da = TensorDescriptor.from_tensor(a, [meta["BLOCK_M"], meta["BLOCK_K"]])
     db = TensorDescriptor.from_tensor(b, [meta["BLOCK_N"], meta["BLOCK_K"]])
     _clip_sums_strip_kernel[grid](da, db, m, n, d, scale_t, row_shift, col_shift, row_sum, col_sum,
