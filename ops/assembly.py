@@ -165,12 +165,13 @@ def _clip_prologue(img, txt, s, sw: Sweep, o: Options):
     return row_shift, col_shift, aux, ref.new_zeros(4 * b)
 
 
-def _dscale_in_backward(img, txt, in_place: bool, o: Options) -> bool:
+def _dscale_in_backward(img, txt, in_place: bool, o: Options, keep: bool) -> bool:
     """Whether the forward leaves the weighted sums out (the triton column-strip statistics) and
-    the backward's gradient kernel sums d loss / d s instead: in place, gradients folded, and
-    where the strips run (asked of the same tensors by forward and backward)."""
+    the backward's gradient kernel sums d loss / d s instead: in place, gradients folded, nothing
+    kept, and where the strips run (asked of the same tensors by forward and backward; ``keep``:
+    the forward keeps S', the backward has it)."""
     return (in_place and folds_coefficients(True, o.impl, img.dtype)
-            and triton_kernels().sums_in_strips(img, txt, o.keep))
+            and triton_kernels().sums_in_strips(img, txt, keep))
 
 
 def _clip_block_stats(a, b, s, row_shift, col_shift, row_ref, col_ref, diag, rows, cols,
@@ -239,7 +240,7 @@ def clip_forward(img, txt, s, sw: Sweep, o: Options) -> tuple:
             cols = own_cols if sw.in_place else [sums.new_zeros(t.shape[0]) for _ in range(2)]
             kept = _clip_block_stats(img, t, s, row_shift, t_shift, ref, t_ref,
                                      col_offset - row_offset, rows, cols, o, o.keep,
-                                     not _dscale_in_backward(img, t, sw.in_place, o))
+                                     not _dscale_in_backward(img, t, sw.in_place, o, bool(o.keep)))
             return cols
 
         cols, full = sw.columns([txt, col_shift, ref], step, "sum")
@@ -277,7 +278,7 @@ def _clip_own_block_grads(g, img, txt, s, row_lse, col_lse, aux, logits, o: Opti
         return triton_kernels().clip_grads_triton(
             img, txt, s, row_lse, col_lse, ref, **labels, coef=g, coef_mul=1 / (2 * n),
             coef_scale=True, dscale_from=aux, dscale_index=n,
-            dscale_summed=_dscale_in_backward(img, txt, True, o), logits=kept,
+            dscale_summed=_dscale_in_backward(img, txt, True, o, kept is not None), logits=kept,
             band=o.block_m, out_dtype=img.dtype, allow_tf32=o.allow_tf32)
     if o.impl == "triton":  # fp16: k = coef s multiplies the fp32 results, d_scale = coef aux[n]
         tri = triton_kernels()

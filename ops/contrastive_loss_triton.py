@@ -895,6 +895,10 @@ _TMA_MAX_LOGITS = {"stats": 1 << 62, "siglip_stats": 1 << 62, "grad": 1 << 62}
 _TMA_STRIPS = (16, 16, 16, 4, 1, 1, 2) if _INTERPRET else (128, 128, 64, 8, 4, 1, 32)
 _STRIPS = True  # False: the per-tile statistics kernel (with the weighted sums) at every size
 _STRIP_WAVES = 4  # at least this many work items a program: CHUNK shrinks at small B
+# Strips from this many logits (B = 11,585 square) on: below, the per-tile kernel was as fast or
+# faster end to end (h200_cl, queued: 0.22 / 0.80 ms at B = 4k / 8k against 0.24 / 0.81 with the
+# strips; 16k-65k: 3.19 / 12.63 / 48.33 against 3.27 / 12.82 / 50.33).
+_STRIPS_MIN_LOGITS = 1 << 27
 _TMA_MIN_LOGITS = 1 << 23
 _TMA_FORCE = None  # None: by the device and the tensors; tests set True (interpreter, fp32; rows aligned)
 try:
@@ -935,9 +939,11 @@ def _use_fused(m: int, n: int, keep, kind: str = "stats", tma: bool = False) -> 
 
 def sums_in_strips(a: torch.Tensor, b: torch.Tensor, keep) -> bool:
     """Whether the statistics of a x b^T, asked without weighted sums, take the column-strip
-    kernel (TMA loads, nothing kept): a forward that does lets its backward sum d scale
-    (clip_grads_triton's ``dscale_summed``); both sides ask this of the same tensors."""
-    return _STRIPS and not keep and _use_tma(a, b)
+    kernel (TMA loads, nothing kept, at least _STRIPS_MIN_LOGITS): a forward that does lets its
+    backward sum d scale (clip_grads_triton's ``dscale_summed``); both sides ask this of the
+    same tensors."""
+    return (_STRIPS and not keep and a.shape[0] * b.shape[0] >= _STRIPS_MIN_LOGITS
+            and _use_tma(a, b))
 
 
 @functools.lru_cache(maxsize=64)

@@ -279,6 +279,7 @@ def test_triton_strip_sums_match_the_tile_kernel(monkeypatch, m, n, diag, chunk)
     monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 1 << 40)
     monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
     monkeypatch.setattr(triton_impl, "_TMA_STRIPS", (8, 8, 16, 4, 1, 2, chunk))
+    monkeypatch.setattr(triton_impl, "_STRIPS_MIN_LOGITS", 0)
     img, _, scale, _ = _inputs(m, 20, torch.float32, seed=7)
     txt = _inputs(n, 20, torch.float32, seed=8)[0]
     s = scale.reshape(())
@@ -307,6 +308,7 @@ def test_triton_backward_sums_d_scale_after_strip_statistics(monkeypatch, b, eps
     monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
     monkeypatch.setattr(triton_impl, "band_rows", lambda m, n, d: 24)
     monkeypatch.setattr(triton_impl, "_GRAD_BLOCK", (32, 24))
+    monkeypatch.setattr(triton_impl, "_STRIPS_MIN_LOGITS", b * b)
     strips, summed = [], []
     launch, grads = triton_impl._clip_sums_strips, triton_impl.clip_grads_triton
     monkeypatch.setattr(triton_impl, "_clip_sums_strips", lambda *a: (strips.append(1), launch(*a))[1])
@@ -324,6 +326,17 @@ def test_triton_backward_sums_d_scale_after_strip_statistics(monkeypatch, b, eps
     for key in ours:
         torch.testing.assert_close(ours[key], tiles[key], rtol=1e-5, atol=1e-7, msg=key)
     _assert_close(ours, _reference(img, txt, scale, bias, "clip", eps), what="strips")
+
+
+def test_strips_only_from_their_size_and_without_kept_logits(monkeypatch):
+    monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
+    img, txt, _, _ = _inputs(64, 8, torch.float32)
+    monkeypatch.setattr(triton_impl, "_STRIPS_MIN_LOGITS", 64 * 64)
+    assert triton_impl.sums_in_strips(img, txt, "")
+    assert not triton_impl.sums_in_strips(img, txt, "whole")
+    assert not triton_impl.sums_in_strips(img[:63], txt, "")
+    unaligned = img[:, :6].contiguous(), txt[:, :6].contiguous()  # 24-byte rows
+    assert not triton_impl.sums_in_strips(*unaligned, "")
 
 
 def test_dscale_summed_refuses_what_it_cannot_sum():
@@ -444,6 +457,7 @@ def _variant(monkeypatch, impl: str) -> dict:
         return dict(impl=impl, triton_interpret=True)
     monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
     monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 1 << 40)
+    monkeypatch.setattr(triton_impl, "_STRIPS_MIN_LOGITS", 0)
     grads = triton_impl.clip_grads_triton
 
     def summed_in_backward(*args, **kw):  # the strips' forward leaves d scale to the backward
