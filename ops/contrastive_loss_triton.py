@@ -895,7 +895,8 @@ _TMA_MAX_LOGITS = {"stats": 1 << 62, "siglip_stats": 1 << 62, "grad": 1 << 62}
 # stages, programs per SM, CHUNK row blocks an item), for forwards whose d scale the backward sums
 # (clip_stats_triton's weighted=False): the fastest of h200_ch (stats_strips_h200.log): 128 x 128
 # with 8 warps 13.70 ms at 65k, 128 x 64 with 4 warps 16.10, 128 x 256 23.6 (spilled), chunks of
-# 16 row blocks 15.14; two programs an SM 14.00.
+# 16 row blocks 15.14; two programs an SM 14.00; h200_cn (stats_strips_tiles_h200.log): 5 stages,
+# BLOCK_K 128, chunks of 64, 256 x 64 no faster (13.67-16.05 against 13.72 in that run).
 _TMA_STRIPS = (16, 16, 16, 4, 1, 1, 2) if _INTERPRET else (128, 128, 64, 8, 4, 1, 32)
 _STRIPS = True  # False: the per-tile statistics kernel (with the weighted sums) at every size
 _STRIP_WAVES = 4  # at least this many work items a program: CHUNK shrinks at small B
