@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import infclip.ops.contrastive_loss_triton as tri  # noqa: E402
+from bench_loss_kernels import timed  # noqa: E402
 from infclip.ops import contrastive_loss  # noqa: E402
 
 
@@ -55,17 +56,9 @@ def grad_block_ms(img, txt, scale, dscale: int, reps: int) -> float:
     ref = (a.float() * txt[:rows].float()).sum(-1)
     one = torch.ones(1, device="cuda")
     dst = torch.zeros((), device="cuda")
-    times = []
-    for i in range(reps + 2):
-        t0, t1 = _events()
-        t0.record()
-        tri._fused(tri._clip_grad_fused_kernel, a, b, "grad", False, scale, one, 1.0, one, dst,
-                   lse[:rows], lse[:cols], ref, lse[:cols], 0, 2.0, 0.0, True, dscale, p=p)
-        t1.record()
-        torch.cuda.synchronize()
-        if i >= 2:
-            times.append(t0.elapsed_time(t1))
-    return statistics.median(times)
+    return timed(lambda: tri._fused(
+        tri._clip_grad_fused_kernel, a, b, "grad", False, scale, one, 1.0, one, dst, lse[:rows],
+        lse[:cols], ref, lse[:cols], 0, 2.0, 0.0, True, dscale, p=p), reps)
 
 
 def main(argv=None) -> None:
