@@ -47,12 +47,12 @@ def resources(kernel, types: dict, constexprs: dict, target, warps: int, stages:
                 shared=compiled.metadata.shared)
 
 
-def _fused_types(tiles, tma: bool, store: bool, extra: dict) -> dict:
+def _fused_types(tiles, tma: bool, store: bool, extra: dict, split: int = 1) -> dict:
     bm, bn, bk = tiles[:3]
     types = dict(A=f"tensordesc<bf16[{bm}, {bk}]>" if tma else "*bf16",
                  Bm=f"tensordesc<bf16[{bn}, {bk}]>" if tma else "*bf16",
                  stride_a="i32", stride_b="i32", M="i32", N="i32", D="i32", diag="i32",
-                 P=f"tensordesc<bf16[{bm}, {bn}]>" if store else "*bf16", stride_p="i32")
+                 P=f"tensordesc<bf16[{bm}, {bn // split}]>" if store else "*bf16", stride_p="i32")
     return dict(types, **extra)
 
 
@@ -62,9 +62,19 @@ def _fused_constexprs(tiles, tma: bool, **flags) -> dict:
                 TMA=tma, PROGRAMS=132, **flags)
 
 
-def variants(siglip_grad_tiles: list, pointer_grad_tiles: list):
-    """(name, kernel, types, constexprs, tiles) of each kernel variant to compile."""
+def variants(siglip_grad_tiles: list, pointer_grad_tiles: list, clip_grad_tiles: list = ()):
+    """(name, kernel, types, constexprs, tiles) of each kernel variant to compile. CLIP gradient
+    tiles: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages, programs per SM, SPLIT)."""
     f32 = "*fp32"
+    clip = dict(scale_ptr=f32, coef_ptr=f32, coef_mul="fp32", dscale_src=f32, dscale_dst=f32,
+                row_lse=f32, col_lse=f32, row_ref=f32, col_ref=f32, diag_value="fp32", offset="fp32")
+    for tiles in clip_grad_tiles:
+        split = tiles[7] if len(tiles) > 7 else 1
+        for dscale in (1, 2):
+            yield (f"clip_grad tma split={split} dscale={dscale}", tri._clip_grad_fused_kernel,
+                   _fused_types(tiles, True, True, clip, split),
+                   _fused_constexprs(tiles, True, COEF_SCALE=True, DSCALE=dscale, TMA_STORE=True,
+                                     SPLIT=split), tiles)
     siglip = dict(scale_ptr=f32, bias_ptr=f32, coef_ptr=f32, gsum=f32, gwsum=f32, row_loss=f32)
     for tiles in siglip_grad_tiles:
         for store in (True, False):
@@ -90,6 +100,8 @@ def main(argv=None) -> None:
                    help="more TMA SigLIP gradient tiles: BLOCK_M,BLOCK_N,BLOCK_K,GROUP_M,warps,stages")
     p.add_argument("--pointer-tiles", action="append", default=[],
                    help="more pointer (pre-Hopper, small block) SigLIP gradient tiles, same form")
+    p.add_argument("--clip-tiles", action="append", default=[],
+                   help="more TMA CLIP gradient tiles: BLOCK_M,BLOCK_N,BLOCK_K,GROUP_M,warps,stages,programs,SPLIT")
     p.add_argument("--match", default="", help="only the variants whose name contains this")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -101,11 +113,12 @@ def main(argv=None) -> None:
     print("| kernel | tiles (M, N, K, group, warps, stages) | registers | spill stack (bytes) | shared (bytes) "
           "| the op's tiles |")
     print("|---|---|---|---|---|---|")
-    for name, kernel, types, constexprs, tiles in variants(grad_tiles, pointer_tiles):
+    clip_tiles = [tri._TMA_GRAD] + _parse_tiles(args.clip_tiles)
+    for name, kernel, types, constexprs, tiles in variants(grad_tiles, pointer_tiles, clip_tiles):
         if args.match not in name:
             continue
         r = resources(kernel, types, constexprs, target, tiles[4], tiles[5])
-        ours = tuple(tiles[:6]) == op_tiles(name)[:6]
+        ours = _same_tiles(name, tiles, op_tiles(name))
         print(f"| {name} | {tuple(tiles[:6])} | {r['regs']} | {r['stack']} | {r['shared']} | "
               f"{'yes' if ours else ''} |", flush=True)
 
@@ -115,9 +128,20 @@ def _parse_tiles(given: list) -> list:
     return [tuple(int(x) for x in t.split(",")) for t in given]
 
 
+def _same_tiles(name: str, tiles, op) -> bool:
+    """Whether ``tiles`` are the op's: the CLIP gradient's in full (SPLIT 1 when left out), the
+    others by their first six entries."""
+    if name.startswith("clip_grad"):
+        full = lambda t: tuple(t) + (1,) * (8 - len(t))  # noqa: E731
+        return full(tiles) == full(op)
+    return tuple(tiles[:6]) == tuple(op[:6])
+
+
 def op_tiles(name: str) -> tuple:
     """The tiles the op launches the variant ``name`` with on a Hopper GPU."""
     loss = "loss=True" in name
+    if name.startswith("clip_grad"):
+        return tri._TMA_GRAD
     if "pointer" in name:
         return tri._FUSED_SIGLIP_GRAD_LOSS if loss else tri._FUSED_GRAD
     if "stats" in name:

@@ -695,8 +695,35 @@ def _store_p(P, stride_p, tile, M, N, offs_m, offs_n, inside, value, BLOCK_M: tl
         _store_tile(P, stride_p, offs_m, offs_n, inside, value)
 
 
+@triton.jit
+def _halves(x, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr):
+    """The left and right halves (columns) of a [BLOCK_M, WIDTH] tile held in registers."""
+    return tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, WIDTH // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _clip_grad_part(P, stride_p, x, row0, col0, offs_m, mask_m, N, g, WIDTH: tl.constexpr,
+                    COEF_SCALE: tl.constexpr, DSCALE: tl.constexpr, TMA_STORE: tl.constexpr):
+    """Columns [col0, col0 + WIDTH) of a gradient tile (x: their S', fp32) into P, by the copy
+    engine when P is a tensor descriptor (it clips at P's bounds), else by masked pointers; g:
+    _clip_grad_value's arguments from scale_ptr to offset, as a tuple. Returns the rows' d-scale
+    shares (_clip_grad_value's w)."""
+    offs_n = col0 + tl.arange(0, WIDTH)
+    mask_n = offs_n < N
+    p, w = _clip_grad_value(x, offs_m, offs_n, mask_m, mask_n, g[0], g[1], g[2], g[3], g[4], g[5],
+                            g[6], g[7], g[8], g[9], g[10], g[11], COEF_SCALE, DSCALE)
+    if TMA_STORE:
+        P.store([row0, col0], p.to(P.dtype))
+    else:
+        _store_tile(P, stride_p, offs_m, offs_n, mask_m[:, None] & mask_n[None, :], p)
+    return w
+
+
 # CLIP gradient block of one tile into P (as _clip_grad_kernel, from the fp32 tile). DSCALE == 2:
 # each program also adds coef times its tiles' d-scale shares (_clip_grad_value) into dscale_dst.
+# SPLIT (1, 2 or 4): the epilogue takes the tile in that many column slices, one after another
+# (fewer registers live at once, a smaller store; P's descriptor has blocks [BLOCK_M,
+# BLOCK_N / SPLIT]).
 @triton.jit
 def _clip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, scale_ptr, coef_ptr,
                             coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref,
@@ -704,18 +731,40 @@ def _clip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, sca
                             DSCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
                             PRECISION: tl.constexpr, TMA: tl.constexpr, PROGRAMS: tl.constexpr,
-                            TMA_STORE: tl.constexpr):
+                            TMA_STORE: tl.constexpr, SPLIT: tl.constexpr = 1):
+    g = (scale_ptr, coef_ptr, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref,
+         diag, diag_value, offset)
     w_acc = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for tile in tl.range(tl.program_id(0), _tiles(M, N, BLOCK_M, BLOCK_N), PROGRAMS, flatten=TMA):
         offs_m, offs_n, mask_m, mask_n, inside, x = _logit_tile(
             A, Bm, stride_a, stride_b, M, N, D, tile, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K,
             PRECISION, TMA, False)
-        p, w = _clip_grad_value(x, offs_m, offs_n, mask_m, mask_n, scale_ptr, coef_ptr, coef_mul,
-                                dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref, diag,
-                                diag_value, offset, COEF_SCALE, DSCALE)
-        _store_p(P, stride_p, tile, M, N, offs_m, offs_n, inside, p, BLOCK_M, BLOCK_N, GROUP_M,
-                 TMA_STORE)
-        w_acc += w
+        pid_m, pid_n = _tile_pids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        r0 = pid_m * BLOCK_M
+        c0 = pid_n * BLOCK_N
+        w: tl.constexpr = BLOCK_N // SPLIT  # (the width of a slice)
+        if SPLIT == 1:
+            w_acc += _clip_grad_part(P, stride_p, x, r0, c0, offs_m, mask_m, N, g, w,
+                                     COEF_SCALE, DSCALE, TMA_STORE)
+        elif SPLIT == 2:
+            x0, x1 = _halves(x, BLOCK_M, BLOCK_N)
+            w_acc += _clip_grad_part(P, stride_p, x0, r0, c0, offs_m, mask_m, N, g, w,
+                                     COEF_SCALE, DSCALE, TMA_STORE)
+            w_acc += _clip_grad_part(P, stride_p, x1, r0, c0 + w, offs_m, mask_m, N, g, w,
+                                     COEF_SCALE, DSCALE, TMA_STORE)
+        else:
+            tl.static_assert(SPLIT == 4)
+            x0, x1 = _halves(x, BLOCK_M, BLOCK_N)
+            x00, x01 = _halves(x0, BLOCK_M, 2 * w)
+            x10, x11 = _halves(x1, BLOCK_M, 2 * w)
+            w_acc += _clip_grad_part(P, stride_p, x00, r0, c0, offs_m, mask_m, N, g, w,
+                                     COEF_SCALE, DSCALE, TMA_STORE)
+            w_acc += _clip_grad_part(P, stride_p, x01, r0, c0 + w, offs_m, mask_m, N, g, w,
+                                     COEF_SCALE, DSCALE, TMA_STORE)
+            w_acc += _clip_grad_part(P, stride_p, x10, r0, c0 + 2 * w, offs_m, mask_m, N, g, w,
+                                     COEF_SCALE, DSCALE, TMA_STORE)
+            w_acc += _clip_grad_part(P, stride_p, x11, r0, c0 + 3 * w, offs_m, mask_m, N, g, w,
+                                     COEF_SCALE, DSCALE, TMA_STORE)
     if DSCALE == 2:
         tl.atomic_add(dscale_dst, tl.load(coef_ptr) * coef_mul * tl.sum(w_acc, axis=0), sem="relaxed")
 
@@ -872,7 +921,19 @@ _FUSED_MAX_LOGITS = 1 << 28  # a 16,384 x 16,384 block
 # gradient variant, where the statistics took 18.46 against 17.64 ms at 65k); 8 warps with
 # 128 x 128 / 128 x 256 tiles, 3 programs per SM, BLOCK_K 128 or 3 stages (2-70% slower).
 _TMA_STATS = (128, 64, 64, 8, 4, 4, 2, 1)
-_TMA_GRAD = (128, 64, 64, 8, 4, 4, 2)
+# The gradient kernel's eighth entry: SPLIT, its epilogue in that many column slices of the tile
+# (_clip_grad_fused_kernel). 128 x 128 tiles, 8 warps, 4 stages, one program per SM, two slices
+# (192 registers a thread with the d-scale sum, no spill; one slice at 128 x 128: 255 and a spill)
+# against the 128 x 64 tiles with 4 warps, two programs per SM used before, the op twice each in
+# one process behind 20 ms of queued work (h200_cs, contrastive_loss_h200_grad_split_ab_queued20.log):
+# 3.19 / 12.60 / 47.6-48.0 ms at 16k / 32k / 65k against 3.25 / 12.85 / 48.7-49.3, 0.81 against
+# 0.80 at 8k. The other tiles of h200_co / h200_cq (128 x 256 in 2 or 4 slices, 256 x 128, 3
+# stages, two slices of 128 x 64) were within 1% of these or slower. Where the block's time goes
+# (bench/diag_grad_epilogue.py, h200_cp, grad_epilogue_h200.log, an 8,192 x 4,096 block at 65k):
+# cuBLAS's GEMM of the logits 0.077 ms; the 128 x 64 kernel's GEMM with its store and no epilogue
+# 0.113 (small tiles), 128 x 256's 0.082, with both exponentials 0.114: the epilogue runs after the
+# tile's MMA, not beside it (one program per SM, no warp specialisation).
+_TMA_GRAD = (128, 128, 64, 8, 8, 4, 1, 2)
 # SigLIP's kernels reduce rows only (no column sums across warps): larger tiles, 8 warps. H200,
 # bench_loss_kernels.py --loss siglip: the gradient block 0.217 / 0.484 ms at 16k / 65k against
 # 0.257 / 0.481 with the CLIP tiles; the statistics (a no-grad call: with a backward to follow the
@@ -1048,11 +1109,17 @@ def _cdiv(x: int, y: int) -> int:
     return -(-x // y)
 
 
+# The tile entries after the seventh, by kind: their meta-parameters' names.
+_EXTRA_META = {"stats": ("FAST",), "grad": ("SPLIT",)}
+
+
 @functools.lru_cache(maxsize=256)
-def _fused_config(tiles, m: int, n: int, d: int, fp32: bool, allow_tf32: bool, programs: int):
+def _fused_config(tiles, m: int, n: int, d: int, fp32: bool, allow_tf32: bool, programs: int,
+                  kind: str = "stats"):
     """(grid, meta-parameters) of a fused kernel over an [m, n] block with K = d (per shape,
     computed once). tiles: _FUSED_STATS / _FUSED_GRAD, or with a seventh entry, programs per
-    SM (TMA: persistent programs, at most ``programs`` per SM; else one program per tile)."""
+    SM (TMA: persistent programs, at most ``programs`` per SM; else one program per tile); the
+    entries after it are ``kind``'s _EXTRA_META."""
     block_m, block_n, block_k, group_m, warps, stages = tiles[:6]
     if fp32 and not _INTERPRET:  # fp32 tiles: half the K depth, same shared memory
         block_k, stages = min(block_k, 32), min(stages, 3)
@@ -1062,7 +1129,7 @@ def _fused_config(tiles, m: int, n: int, d: int, fp32: bool, allow_tf32: bool, p
     meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
                 EVEN_K=d % block_k == 0, PRECISION="tf32" if allow_tf32 or not fp32 else "ieee",
                 TMA=tma, PROGRAMS=grid[0], num_warps=warps, num_stages=stages,
-                **({"FAST": int(tiles[7])} if len(tiles) > 7 else {}))
+                **{name: int(v) for name, v in zip(_EXTRA_META.get(kind, ()), tiles[7:])})
     return grid, meta
 
 
@@ -1079,13 +1146,16 @@ def _fused(kernel, a, b, kind: str, allow_tf32, *args, p=None, tma=None) -> None
              "siglip_grad": (_FUSED_GRAD, _TMA_SIGLIP_GRAD),
              "siglip_grad_loss": (_FUSED_SIGLIP_GRAD_LOSS, _TMA_SIGLIP_GRAD_LOSS)}[kind][tma]
     programs = _sm_count(a.device) if tma else 1
-    grid, meta = _fused_config(tiles, m, n, d, a.dtype == torch.float32, allow_tf32, programs)
+    grid, meta = _fused_config(tiles, m, n, d, a.dtype == torch.float32, allow_tf32, programs,
+                               kind)
     if tma:
         bm, bn, bk = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
         a, b = TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk])
     if p is not None:
-        store = tma and _tma_rows(p)
-        args = (TensorDescriptor.from_tensor(p, [bm, bn]) if store else p, p.stride(0), *args)
+        store, stride_p = tma and _tma_rows(p), p.stride(0)
+        if store:  # (blocks of one epilogue slice: BLOCK_N / SPLIT columns)
+            p = TensorDescriptor.from_tensor(p, [bm, bn // meta.get("SPLIT", 1)])
+        args = (p, stride_p, *args)
         meta = dict(meta, TMA_STORE=store)
     kernel[grid](a, b, a.stride(0) if not tma else 0, b.stride(0) if not tma else 0, m, n, d,
                  *args, **meta)

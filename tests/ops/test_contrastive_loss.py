@@ -298,6 +298,44 @@ def test_triton_strip_sums_match_the_tile_kernel(monkeypatch, m, n, diag, chunk)
     torch.testing.assert_close(got[0] - 0.25, dense.sum(1), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("m,n,diag", [(45, 38, 0), (45, 38, -21), (64, 48, 3), (64, 64, 0)])
+def test_triton_gradient_epilogue_in_slices(monkeypatch, m, n, diag):
+    """The fused gradient kernel's epilogue taken in 2 or 4 column slices of each tile (SPLIT)
+    writes the one-slice kernel's gradients bit for bit and the same d scale: 8 x 16 TMA tiles
+    over [45, 38] (partial edge tiles; P's rows unaligned, stored by pointers) and [64, 48] /
+    [64, 64] (stored by the copy engine, blocks of 8 x 8 and 8 x 4), positives crossing slices;
+    on the square block with its positives on the diagonal d scale is summed in the kernel."""
+    monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 1 << 40)
+    monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
+    monkeypatch.setattr(triton_impl, "_STRIPS_MIN_LOGITS", 0)
+    img, _, scale, _ = _inputs(m, 20, torch.float32, seed=9)
+    txt = _inputs(n, 20, torch.float32, seed=10)[0]
+    s = scale.reshape(())
+    logits = s * img @ txt.T
+    ref = (img * txt[(torch.arange(m) - diag).clamp(0, n - 1)]).sum(-1)
+    summed = m == n and diag == 0
+    aux = torch.tensor([0.0, 0.75])
+
+    def run(split):
+        monkeypatch.setattr(triton_impl, "_TMA_GRAD", (8, 16, 16, 2, 4, 1, 2, split))
+        return triton_impl.clip_grads_triton(
+            img, txt, s, logits.logsumexp(1), logits.logsumexp(0), ref, diag=diag, diag_value=1.8,
+            offset=0.01, coef=torch.tensor([0.5]), coef_scale=True, dscale_from=aux, dscale_index=1,
+            dscale_summed=summed)
+
+    want = run(1)
+    for split in (2, 4):
+        got = run(split)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), split
+        torch.testing.assert_close(got[2], want[2], rtol=1e-6, atol=0, msg=str(split))
+    if not summed:  # c aux[1], c = coef
+        assert want[2].item() == 0.375
+        return
+    sp = img @ txt.T  # (S'_ii is ref_i)
+    shares = (torch.softmax(logits, 1) * (sp - ref[:, None]) + torch.softmax(logits, 0) * (sp - ref))
+    torch.testing.assert_close(want[2], 0.5 * shares.sum(), rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("b,eps", [(70, 0.0), (70, 0.1), (64, 0.0)])
 def test_triton_backward_sums_d_scale_after_strip_statistics(monkeypatch, b, eps):
     """With the TMA kernels (forced here) and no logits kept, the CLIP forward takes the plain

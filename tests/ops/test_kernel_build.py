@@ -5,7 +5,8 @@ that the GPU compiler accepts them (a flattened persistent loop once failed ther
 compiles to a cubin with its own ptxas for any CUDA target, so bench/diag_kernel_resources.py
 (without TRITON_INTERPRET) builds the SigLIP gradient kernel with the pair losses in its epilogue
 (the forward of a call whose backward follows) for sm_90, with TMA descriptor loads and stores,
-TMA loads with pointer stores, and pointer loads, and reads back what each uses.
+TMA loads with pointer stores, and pointer loads, and the CLIP gradient kernel with the op's tiles
+(its epilogue in column slices), and reads back what each uses.
 """
 
 import os
@@ -19,16 +20,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
-@pytest.mark.skipif(not os.path.exists(PTXAS), reason="this Triton has no bundled ptxas")
-def test_siglip_gradient_with_loss_compiles_for_sm90(tmp_path):
+def _resources(tmp_path, match: str, kernel: str) -> list:
+    """diag_kernel_resources.py's rows for the variants whose name contains ``match``, as
+    [name, tiles, registers, spill stack, shared, the op's tiles]."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
     out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "diag_kernel_resources.py"),
-                          "--arch", "90", "--match", "loss=True"],
+                          "--arch", "90", "--match", match],
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.stdout.splitlines()
-            if "siglip_grad" in line]
+    return [[c.strip() for c in line.split("|")[1:-1]] for line in out.stdout.splitlines()
+            if kernel in line]
+
+
+@pytest.mark.skipif(not os.path.exists(PTXAS), reason="this Triton has no bundled ptxas")
+def test_siglip_gradient_with_loss_compiles_for_sm90(tmp_path):
+    rows = _resources(tmp_path, "loss=True", "siglip_grad")
     assert {r[0] for r in rows} == {"siglip_grad pointer loss=True",
                                     "siglip_grad tma store=False loss=True",
                                     "siglip_grad tma store=True loss=True"}
@@ -40,3 +47,18 @@ def test_siglip_gradient_with_loss_compiles_for_sm90(tmp_path):
     assert len(ours) == 3, rows
     for name, tiles, _regs, stack, _shared, _ours in ours:
         assert int(stack) < 2048, f"{name} {tiles}: {stack} bytes of spill stack"
+
+
+@pytest.mark.skipif(not os.path.exists(PTXAS), reason="this Triton has no bundled ptxas")
+def test_clip_gradient_slices_compile_for_sm90(tmp_path):
+    """The CLIP gradient kernel with the op's tiles, its epilogue in column slices (SPLIT), TMA
+    loads and stores, with and without the d-scale sum: it compiles for sm_90 and does not spill."""
+    from infclip.ops.contrastive_loss_triton import _TMA_GRAD
+
+    rows = _resources(tmp_path, "clip_grad", "clip_grad")
+    split = _TMA_GRAD[7] if len(_TMA_GRAD) > 7 else 1
+    assert {r[0] for r in rows} == {f"clip_grad tma split={split} dscale=1",
+                                    f"clip_grad tma split={split} dscale=2"}
+    for name, tiles, regs, stack, shared, ours in rows:
+        assert ours == "yes" and 0 < int(regs) <= 255 and int(shared) > 0, name
+        assert int(stack) == 0, f"{name} {tiles}: {stack} bytes of spill stack"
