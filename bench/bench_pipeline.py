@@ -316,15 +316,16 @@ def throughput(args, rows):
         graphed = registered._graphed
         registered._graphed = lambda x, options, forward_replayed=False: graphed(x, options, True)
     impls = list(args.impls) + ([PLAIN] if PLAIN in args.anchors else [])
-    runs = [(zero, leaf, impl, ckpt, comp, flat, on_device, patch, graphs) for zero in args.zero
-            for leaf in (args.zero3_leaf if zero == 3 else [0]) for impl in impls
+    runs = [(zero, leaf, impl, ckpt, comp, flat, on_device, patch, graphs, extra) for zero in args.zero
+            for leaf in (args.zero3_leaf if zero == 3 else [0])
+            for extra in (args.zero3_extra if zero == 3 else ["{}"]) for impl in impls
             for ckpt in args.grad_ckpt for comp in args.compile
             for flat in (args.flat_parameters if impl != PLAIN else [0])
             for on_device in (args.on_device_step if zero == 3 else
                               sorted({min(v, 1) for v in args.on_device_step}) if zero in (0, 1, 2) else [1])
             for patch in (args.patch_embedding if impl != PLAIN else ["conv"])
             for graphs in (args.loss_graph_max_batch if impl != PLAIN else [0])]
-    for zero, leaf, impl, ckpt, comp, flat, on_device, patch, graphs in runs:
+    for zero, leaf, impl, ckpt, comp, flat, on_device, patch, graphs, extra in runs:
         ckpt_v, comp_v = _flag(ckpt), _flag(comp)
         row = {**base_row(args), **base, "zero": zero, "loss_impl": impl, "grad_ckpt": ckpt_v, "compile": comp_v,
                "bf16_check_grad_overflow": args.bf16_overflow_check, "compile_mode": args.compile_mode,
@@ -337,8 +338,8 @@ def throughput(args, rows):
                 row["zero3_host_waits_kept"] = {2: "fetch norm", 3: "fetch"}[on_device]
         if zero == 3 and args.deepcompile:
             row["deepcompile"] = True
-        if zero == 3 and args.zero3_extra != "{}":
-            row["zero3_extra"] = json.loads(args.zero3_extra)
+        if zero == 3 and extra != "{}":
+            row["zero3_extra"] = json.loads(extra)
         engine = None
         gc.collect()
         torch.cuda.empty_cache()
@@ -348,7 +349,7 @@ def throughput(args, rows):
         row["leftover_gb"] = floor / 2**30
         try:
             engine, cfg, loss_fn = build(args.throughput_model, zero, args.micro_batch, ckpt_v, impl,
-                                         json.loads(args.zero3_extra), leaf, comp_v, args.bf16_overflow_check,
+                                         json.loads(extra), leaf, comp_v, args.bf16_overflow_check,
                                          args.distributed, args.compile_mode, bool(args.overlap_comm), bool(flat),
                                          int(on_device), bool(args.deepspeed_timers), bool(args.deepcompile),
                                          patch, graphs)
@@ -490,8 +491,8 @@ def main(argv=None) -> int:
                    help="model.gradient_checkpointing of the pipeline rows")
     p.add_argument("--compile", nargs="+", default=["auto"], choices=["auto", "off"],
                    help="model.compile of the pipeline rows (auto: on, on a GPU)")
-    p.add_argument("--zero3_extra", default="{}", help="JSON merged into zero_optimization at stage 3, e.g. "
-                   "'{\"stage3_module_granularity_threshold\": 12000}'")
+    p.add_argument("--zero3_extra", nargs="+", default=["{}"], help="JSON merged into zero_optimization at "
+                   "stage 3, e.g. '{\"stage3_param_persistence_threshold\": 1e9}'; several: a ZeRO-3 row each")
     p.add_argument("--zero3_leaf", type=lambda v: {"0": False, "1": True}.get(v, v), nargs="+", default=[True],
                    choices=[False, True, "stack", "tower"], help="ZeRO-3 units (model.zero3_leaf_layers): each "
                    "transformer block (1, the pipeline's default), each tower's stack of blocks (stack), each whole "
