@@ -922,18 +922,21 @@ _FUSED_MAX_LOGITS = 1 << 28  # a 16,384 x 16,384 block
 # 128 x 128 / 128 x 256 tiles, 3 programs per SM, BLOCK_K 128 or 3 stages (2-70% slower).
 _TMA_STATS = (128, 64, 64, 8, 4, 4, 2, 1)
 # The gradient kernel's eighth entry: SPLIT, its epilogue in that many column slices of the tile
-# (_clip_grad_fused_kernel). 128 x 128 tiles, 8 warps, 4 stages, one program per SM, two slices
-# (192 registers a thread with the d-scale sum, no spill; one slice at 128 x 128: 255 and a spill)
-# against the 128 x 64 tiles with 4 warps, two programs per SM used before, the op twice each in
-# one process behind 20 ms of queued work (h200_cs, contrastive_loss_h200_grad_split_ab_queued20.log):
-# 3.19 / 12.60 / 47.6-48.0 ms at 16k / 32k / 65k against 3.25 / 12.85 / 48.7-49.3, 0.81 against
-# 0.80 at 8k. The other tiles of h200_co / h200_cq (128 x 256 in 2 or 4 slices, 256 x 128, 3
-# stages, two slices of 128 x 64) were within 1% of these or slower. Where the block's time goes
-# (bench/diag_grad_epilogue.py, h200_cp, grad_epilogue_h200.log, an 8,192 x 4,096 block at 65k):
-# cuBLAS's GEMM of the logits 0.077 ms; the 128 x 64 kernel's GEMM with its store and no epilogue
-# 0.113 (small tiles), 128 x 256's 0.082, with both exponentials 0.114: the epilogue runs after the
-# tile's MMA, not beside it (one program per SM, no warp specialisation).
-_TMA_GRAD = (128, 128, 64, 8, 8, 4, 1, 2)
+# (_clip_grad_fused_kernel). Where a block's time goes (bench/diag_grad_epilogue.py, h200_cp,
+# grad_epilogue_h200.log, an 8,192 x 4,096 block at 65k): cuBLAS's GEMM of the logits 0.077 ms; the
+# 128 x 64 kernel used before 0.133, its GEMM with the store and no epilogue 0.113 (the small
+# tiles), 128 x 256's 0.082, with both exponentials 0.114: each program runs its epilogue
+# after the tile's MMA, not beside it. Taken: 64 x 128 tiles (one warpgroup, wgmma N = 128), 4
+# warps, 4 stages, two programs per SM (one's epilogue beside the other's MMA), two slices (188
+# registers a thread with the d-scale sum, no spill; one slice: 255 and a spill). The op behind 20
+# ms of queued work, every variant twice in one process: against 128 x 128 with 8 warps and one
+# program per SM (two slices) 0.79 / 3.15 / 12.45-12.50 / 47.6-48.1 ms at 8k / 16k / 32k / 65k
+# against 0.81 / 3.21 / 12.63-12.68 / 47.9-48.1 (h200_cw, contrastive_loss_h200_grad_tiles2_queued20.log),
+# which was itself 3.19 / 12.60 / 47.6-48.0 against 3.25 / 12.85 / 48.7-49.3 for the 128 x 64 tiles
+# (h200_cs, ..._grad_split_ab_queued20.log). No faster there or in h200_co / h200_cq / h200_cu / h200_cv:
+# four slices, 3 stages, BLOCK_K 32 with three programs per SM, 128 x 128 with 4 warps, 128 x 256
+# and 256 x 128 in slices.
+_TMA_GRAD = (64, 128, 64, 8, 4, 4, 2, 2)
 # SigLIP's kernels reduce rows only (no column sums across warps): larger tiles, 8 warps. H200,
 # bench_loss_kernels.py --loss siglip: the gradient block 0.217 / 0.484 ms at 16k / 65k against
 # 0.257 / 0.481 with the CLIP tiles; the statistics (a no-grad call: with a backward to follow the
