@@ -742,29 +742,29 @@ def _clip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, sca
         pid_m, pid_n = _tile_pids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         r0 = pid_m * BLOCK_M
         c0 = pid_n * BLOCK_N
-        w: tl.constexpr = BLOCK_N // SPLIT  # (the width of a slice)
+        width: tl.constexpr = BLOCK_N // SPLIT  # (of a slice)
         if SPLIT == 1:
-            w_acc += _clip_grad_part(P, stride_p, x, r0, c0, offs_m, mask_m, N, g, w,
+            w_acc += _clip_grad_part(P, stride_p, x, r0, c0, offs_m, mask_m, N, g, width,
                                      COEF_SCALE, DSCALE, TMA_STORE)
         elif SPLIT == 2:
             x0, x1 = _halves(x, BLOCK_M, BLOCK_N)
-            w_acc += _clip_grad_part(P, stride_p, x0, r0, c0, offs_m, mask_m, N, g, w,
+            w_acc += _clip_grad_part(P, stride_p, x0, r0, c0, offs_m, mask_m, N, g, width,
                                      COEF_SCALE, DSCALE, TMA_STORE)
-            w_acc += _clip_grad_part(P, stride_p, x1, r0, c0 + w, offs_m, mask_m, N, g, w,
+            w_acc += _clip_grad_part(P, stride_p, x1, r0, c0 + width, offs_m, mask_m, N, g, width,
                                      COEF_SCALE, DSCALE, TMA_STORE)
         else:
             tl.static_assert(SPLIT == 4)
             x0, x1 = _halves(x, BLOCK_M, BLOCK_N)
-            x00, x01 = _halves(x0, BLOCK_M, 2 * w)
-            x10, x11 = _halves(x1, BLOCK_M, 2 * w)
-            w_acc += _clip_grad_part(P, stride_p, x00, r0, c0, offs_m, mask_m, N, g, w,
+            x00, x01 = _halves(x0, BLOCK_M, 2 * width)
+            x10, x11 = _halves(x1, BLOCK_M, 2 * width)
+            w_acc += _clip_grad_part(P, stride_p, x00, r0, c0, offs_m, mask_m, N, g, width,
                                      COEF_SCALE, DSCALE, TMA_STORE)
-            w_acc += _clip_grad_part(P, stride_p, x01, r0, c0 + w, offs_m, mask_m, N, g, w,
+            w_acc += _clip_grad_part(P, stride_p, x01, r0, c0 + width, offs_m, mask_m, N, g, width,
                                      COEF_SCALE, DSCALE, TMA_STORE)
-            w_acc += _clip_grad_part(P, stride_p, x10, r0, c0 + 2 * w, offs_m, mask_m, N, g, w,
-                                     COEF_SCALE, DSCALE, TMA_STORE)
-            w_acc += _clip_grad_part(P, stride_p, x11, r0, c0 + 3 * w, offs_m, mask_m, N, g, w,
-                                     COEF_SCALE, DSCALE, TMA_STORE)
+            w_acc += _clip_grad_part(P, stride_p, x10, r0, c0 + 2 * width, offs_m, mask_m, N, g,
+                                     width, COEF_SCALE, DSCALE, TMA_STORE)
+            w_acc += _clip_grad_part(P, stride_p, x11, r0, c0 + 3 * width, offs_m, mask_m, N, g,
+                                     width, COEF_SCALE, DSCALE, TMA_STORE)
     if DSCALE == 2:
         tl.atomic_add(dscale_dst, tl.load(coef_ptr) * coef_mul * tl.sum(w_acc, axis=0), sem="relaxed")
 
