@@ -28,7 +28,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import infclip.ops.contrastive_loss_triton as tri  # noqa: E402
-from bench_loss_kernels import inputs, timed_queued  # noqa: E402
+from bench_loss_kernels import _try, inputs, timed_queued  # noqa: E402
 
 MODES = ("two_exp", "one_exp", "no_exp", "gemm_store", "gemm_sum")
 
@@ -130,13 +130,12 @@ def main(argv=None) -> None:
                 for mode, name in enumerate(MODES):
                     for tma_store in (True, False) if mode < 4 else (False,):
                         label = f"{name} {'tma' if tma_store else 'ptr'} flat={int(flatten)} {tiles}"
-                        try:
-                            ms = timed_queued(lambda: cut_block(a, bb, p, s1, lse, ref, mode, tma_store,
-                                                                flatten, tiles), args.reps, 10)
-                        except Exception as e:  # (a tile that does not compile: say so, go on)
-                            print(f"B={b:<7} {label} failed: {type(e).__name__}: {str(e)[:160]}")
-                            continue
-                        emit(label, ms)
+                        ms = _try(lambda: timed_queued(lambda: cut_block(
+                            a, bb, p, s1, lse, ref, mode, tma_store, flatten, tiles), args.reps, 10))
+                        if ms is None:  # (a tile that does not compile: _try said why)
+                            print(f"B={b:<7} {label} skipped", flush=True)
+                        else:
+                            emit(label, ms)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import infclip.ops.contrastive_loss_triton as tri  # noqa: E402
-from bench_loss_kernels import timed, timed_queued  # noqa: E402
+from bench_loss_kernels import _try, timed, timed_queued  # noqa: E402
 from infclip.ops import contrastive_loss  # noqa: E402
 
 
@@ -114,13 +114,13 @@ def grad_variants(img, txt, scale, variants: list, b: int, reps: int) -> None:
     first = None
     for tiles in variants:
         tri._TMA_GRAD = tiles
-        try:
-            f, bw = fwd_bwd_ms(img, txt, scale, reps)
-            p = torch.empty(rows, cols, device="cuda", dtype=img.dtype)
-            ms = grad_block_ms(img, txt, scale, 2, reps, queued=True, p=p)
-        except Exception as e:  # (a tile that does not compile or launch: say so, go on)
-            print(f"B={b:<7} grad {str(tiles):<34} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        p = torch.empty(rows, cols, device="cuda", dtype=img.dtype)
+        times = _try(lambda: (*fwd_bwd_ms(img, txt, scale, reps),
+                              grad_block_ms(img, txt, scale, 2, reps, queued=True, p=p)))
+        if times is None:  # (a tile that does not compile or launch: _try said why)
+            print(f"B={b:<7} grad {str(tiles):<34} skipped", flush=True)
             continue
+        f, bw, ms = times
         first = p if first is None else first
         err = ((p.float() - first.float()).abs().max() / first.float().abs().max()).item()
         print(f"B={b:<7} grad {str(tiles):<34} op forward {f:7.3f} backward {bw:7.3f} total {f + bw:7.3f} ms"

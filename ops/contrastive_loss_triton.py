@@ -684,13 +684,12 @@ def _siglip_stats_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, scale_ptr, bi
 
 
 @triton.jit
-def _store_p(P, stride_p, tile, M, N, offs_m, offs_n, inside, value, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, TMA_STORE: tl.constexpr):
-    """A gradient tile into P: by the copy engine when P is a tensor descriptor (it clips the
-    tile at P's bounds), else by pointers masked to ``inside``."""
+def _store_p(P, stride_p, row0, col0, offs_m, offs_n, inside, value, TMA_STORE: tl.constexpr):
+    """A gradient tile (or a slice of one) whose first element is P[row0, col0] into P: by the
+    copy engine when P is a tensor descriptor (it clips the tile at P's bounds), else by
+    pointers masked to ``inside``."""
     if TMA_STORE:
-        pid_m, pid_n = _tile_pids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        P.store([pid_m * BLOCK_M, pid_n * BLOCK_N], value.to(P.dtype))
+        P.store([row0, col0], value.to(P.dtype))
     else:
         _store_tile(P, stride_p, offs_m, offs_n, inside, value)
 
@@ -704,18 +703,15 @@ def _halves(x, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr):
 @triton.jit
 def _clip_grad_part(P, stride_p, x, row0, col0, offs_m, mask_m, N, g, WIDTH: tl.constexpr,
                     COEF_SCALE: tl.constexpr, DSCALE: tl.constexpr, TMA_STORE: tl.constexpr):
-    """Columns [col0, col0 + WIDTH) of a gradient tile (x: their S', fp32) into P, by the copy
-    engine when P is a tensor descriptor (it clips at P's bounds), else by masked pointers; g:
+    """Columns [col0, col0 + WIDTH) of a gradient tile (x: their S', fp32) into P (_store_p); g:
     _clip_grad_value's arguments from scale_ptr to offset, as a tuple. Returns the rows' d-scale
     shares (_clip_grad_value's w)."""
     offs_n = col0 + tl.arange(0, WIDTH)
     mask_n = offs_n < N
     p, w = _clip_grad_value(x, offs_m, offs_n, mask_m, mask_n, g[0], g[1], g[2], g[3], g[4], g[5],
                             g[6], g[7], g[8], g[9], g[10], g[11], COEF_SCALE, DSCALE)
-    if TMA_STORE:
-        P.store([row0, col0], p.to(P.dtype))
-    else:
-        _store_tile(P, stride_p, offs_m, offs_n, mask_m[:, None] & mask_n[None, :], p)
+    _store_p(P, stride_p, row0, col0, offs_m, offs_n, mask_m[:, None] & mask_n[None, :], p,
+             TMA_STORE)
     return w
 
 
@@ -783,7 +779,8 @@ def _siglip_grad_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, P, stride_p, s
             PRECISION, TMA)
         g = _siglip_grad_value(x, offs_m, offs_n, mask_m, inside, scale_ptr, bias_ptr, coef_ptr,
                                gsum, gwsum, row_loss, diag, COEF_SCALE, LOSS)
-        _store_p(P, stride_p, tile, M, N, offs_m, offs_n, inside, g, BLOCK_M, BLOCK_N, GROUP_M,
+        pid_m, pid_n = _tile_pids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        _store_p(P, stride_p, pid_m * BLOCK_M, pid_n * BLOCK_N, offs_m, offs_n, inside, g,
                  TMA_STORE)
 
 
