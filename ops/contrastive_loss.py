@@ -64,7 +64,7 @@ from .blocks import (
     siglip_stats,
 )
 from .config import ConfigError, ContrastiveLossConfig
-from .registered import OP
+from .registered import OP, scheme_args
 from .sweeps import Scheme, choose_scheme
 
 __all__ = [
@@ -260,14 +260,9 @@ def _call(image_features, text_features, logit_scale, logit_bias, scheme: Scheme
     backward = backward_follows(inputs)
     if not backward:
         logits_budget_mb = 0.0  # no backward will come: nothing to keep for it
-    # one device: the scheme's arguments keep their defaults (fewer for the dispatcher to parse);
-    # CUDA graphs are for one device only (collectives stay eager)
-    if scheme.local:
-        where = ("none", "", 0, "mean", int(graph_max_batch)) if graph_max_batch else ()
-    else:
-        where = (scheme.name, scheme.group_name, scheme.local_world_size, grad_reduction)
     out = OP(*inputs, loss, impl, float(label_smoothing), int(block_m), int(block_n),
-             bool(allow_tf32), float(logits_budget_mb), backward, *where)
+             bool(allow_tf32), float(logits_budget_mb), backward,
+             *scheme_args(scheme, grad_reduction, graph_max_batch))
     return out[0]
 
 

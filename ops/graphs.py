@@ -14,6 +14,15 @@ saved for its backward, which may come after another forward: a replay must not 
 :class:`GraphCache` holds the last few captures by key (shapes, strides, dtypes, device, every
 option) and remembers the keys that cannot be captured (they run eagerly).
 
+Memory: the captures of a cache on one device share one private memory pool (that of a graph it
+holds), and each warms up on the caller's stream. A graph's intermediates are dead once its
+replay ends and its static outputs are copied out right after it, so captures can reuse each
+other's blocks as long as their replays do not overlap on the GPU: the cache orders each replay
+after the previous one (a wait on the previous replay's stream when the caller's stream is
+another). Before, each capture had a pool of its own and warmed up on a new side stream, and
+torch keeps a cuBLAS workspace per stream for the life of the process: on an H200 every new
+shape (also each recapture after an eviction) kept ~70 MiB more (bench/diag_graph_memory.py).
+
 When: the callers (ops/registered.py) replay only with ``graph_max_batch`` set (0 by default),
 only the single-device scheme (collectives stay eager), only on CUDA, only outside another
 capture (inside one, the call is part of the outer graph), and only when nothing is queued on
@@ -30,6 +39,7 @@ not).
 from __future__ import annotations
 
 import collections
+import warnings
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -52,20 +62,17 @@ def _static_like(t: Optional[Tensor]) -> Optional[Tensor]:
 
 class GraphedCall:
     """``run(*tensors)`` (a tuple of tensors out) captured as a CUDA graph on static copies of
-    ``tensors``; calling it with new tensors of the same shapes replays it."""
+    ``tensors``, its memory from ``pool`` (a graph's pool id; None: a pool of its own); calling
+    it with new tensors of the same shapes replays it."""
 
-    def __init__(self, run: Callable[..., tuple], tensors: Sequence[Optional[Tensor]]) -> None:
+    def __init__(self, run: Callable[..., tuple], tensors: Sequence[Optional[Tensor]],
+                 pool: Optional[tuple] = None) -> None:
         self.inputs = [_static_like(t) for t in tensors]
-        device = next(t.device for t in tensors if t is not None)
-        current = torch.cuda.current_stream(device)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):  # the warm-up: kernels compiled, library handles made
-            run(*self.inputs)
-        current.wait_stream(side)
+        self.device = next(t.device for t in tensors if t is not None)
+        run(*self.inputs)  # the warm-up, on the caller's stream: kernels compiled, handles made
         self.graph = torch.cuda.CUDAGraph()
         # thread_local: other threads (a data loader pinning memory) may use CUDA meanwhile
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             self.outputs = run(*self.inputs)
         self.input_groups = _by_dtype(self.inputs)
         self.output_groups = _by_dtype(self.outputs)
@@ -82,6 +89,20 @@ class GraphedCall:
         return tuple(out)
 
 
+def _end_rng_capture(device: torch.device) -> None:
+    """After a capture that failed: torch marks the device's default generator as being captured
+    when a capture begins and unmarks it only when one ends well, so until then every random
+    draw on that device raises ("Offset increment outside graph capture"). An empty capture on
+    the device begins and ends well, which unmarks it."""
+    try:
+        with torch.cuda.device(device), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns that the graph is empty
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                pass
+    except RuntimeError:  # no worse than before: the call still runs eagerly
+        pass
+
+
 def _by_dtype(tensors: Sequence[Optional[Tensor]]) -> list:
     """(positions, tensors) per dtype of the non-empty tensors: one multi-tensor copy launch each
     (rather than one per tensor: ~10 small copies a call)."""
@@ -96,19 +117,29 @@ def _by_dtype(tensors: Sequence[Optional[Tensor]]) -> list:
 
 class GraphCache:
     """The last ``size`` captures by key; ``call`` replays one, captures it first, or runs
-    ``run`` eagerly where the capture failed for that key once."""
+    ``run`` eagerly where the capture failed for that key once. The captures on a device share
+    one memory pool; their replays run one after another on the GPU (module docstring)."""
 
     def __init__(self, size: int = 8) -> None:
         self.size = size
         self.calls: collections.OrderedDict = collections.OrderedDict()
+        self.last_stream: dict = {}  # device -> the stream of its last replay
+
+    def _pool(self, device: torch.device) -> Optional[tuple]:
+        """The pool of a graph held for ``device`` (None: none held, the next capture makes one;
+        a pool whose graphs are all gone is freed and cannot be reused)."""
+        return next((e.graph.pool() for e in self.calls.values() if e is not None and e.device == device),
+                    None)
 
     def call(self, key: tuple, run: Callable[..., tuple], tensors: Sequence[Optional[Tensor]]
              ) -> tuple:
+        device = next(t.device for t in tensors if t is not None)
         entry = self.calls.get(key)
         if entry is None and key not in self.calls:
             try:
-                entry = GraphedCall(run, tensors)
+                entry = GraphedCall(run, tensors, self._pool(device))
             except RuntimeError:  # not capturable (a host sync in the call): eager from now on
+                _end_rng_capture(device)
                 entry = None
             self.calls[key] = entry
             while len(self.calls) > self.size:
@@ -117,6 +148,11 @@ class GraphCache:
             self.calls.move_to_end(key)
         if entry is None:
             return run(*tensors)
+        current = torch.cuda.current_stream(device)
+        last = self.last_stream.get(device)
+        if last is not None and last != current:  # the shared pool: after the last replay
+            current.wait_stream(last)
+        self.last_stream[device] = current
         return entry(tensors)
 
     def clear(self) -> None:

@@ -34,9 +34,9 @@ from torch import Tensor
 
 from . import assembly
 from .graphs import GraphCache, tensor_key
-from .sweeps import Sweep, make_sweep, resolve_group, sweep_class
+from .sweeps import Scheme, Sweep, make_sweep, resolve_group, sweep_class
 
-__all__ = ["OP", "OP_BACKWARD"]
+__all__ = ["OP", "OP_BACKWARD", "scheme_args"]
 
 _LIB = torch.library.Library("infclip", "FRAGMENT")
 _SCHEME_ARGS = ('str scheme="none", str group_name="", int local_world_size=0, '
@@ -63,6 +63,16 @@ _REPLAYED: collections.deque = collections.deque(maxlen=16)  # see _forward_repl
 
 def _full(options: tuple) -> tuple:
     return tuple(options) + _DEFAULTS[len(options):]
+
+
+def scheme_args(scheme: Scheme, grad_reduction: str = "mean", graph_max_batch: int = 0) -> tuple:
+    """The op's trailing arguments for ``scheme``: on one device none (their defaults: fewer for
+    the dispatcher to parse) unless ``graph_max_batch`` is set, which follows the defaults of the
+    scheme's four; otherwise the scheme's values and ``grad_reduction`` (CUDA graphs are for one
+    device only: collectives stay eager)."""
+    if scheme.local:
+        return _DEFAULTS[_SCHEME][:4] + (int(graph_max_batch),) if graph_max_batch else ()
+    return (scheme.name, scheme.group_name, scheme.local_world_size, grad_reduction)
 
 
 def _setup(image_features, options: tuple, scheme: tuple, budget_mb: float

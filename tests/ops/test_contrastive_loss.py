@@ -746,6 +746,23 @@ def test_registered_op_passes_opcheck_and_compiles():
     assert img.grad is not None and scale.grad is not None
 
 
+def test_scheme_args_follow_the_op_schema():
+    """What the public API passes after the op's fixed arguments: on one device nothing, or the
+    schema's own defaults of the scheme's four followed by graph_max_batch; the scheme's values
+    otherwise, in the schema's order."""
+    from infclip.ops.registered import scheme_args
+    from infclip.ops.sweeps import Scheme
+
+    schema = torch.ops.infclip.contrastive_loss.default._schema
+    tail = schema.arguments[-5:]
+    assert [a.name for a in tail] == ["scheme", "group_name", "local_world_size", "grad_reduction",
+                                      "graph_max_batch"]
+    assert scheme_args(Scheme("none")) == ()
+    assert scheme_args(Scheme("none"), "sum", 0) == ()
+    assert scheme_args(Scheme("none"), graph_max_batch=8) == tuple(a.default_value for a in tail[:4]) + (8,)
+    assert scheme_args(Scheme("ring", "g0", 2), "sum", 8) == ("ring", "g0", 2, "sum")
+
+
 @pytest.mark.parametrize("loss,impl", [("clip", "auto"), ("siglip", "auto"), ("clip", "triton"),
                                        ("siglip", "triton")])
 def test_functional_api_compiles_fullgraph_with_default_args(loss, impl):

@@ -1,7 +1,8 @@
 """GPU tests of the loss's CUDA-graph replay (ops/graphs.py; device machine only): a replayed
 call gives the eager call's numbers on new inputs, survives two forwards before their backwards,
 stays out of distributed schemes, batches over the limit and outer captures, and a call that
-cannot be captured runs eagerly."""
+cannot be captured runs eagerly; the captures of a cache share one memory pool and warm-up stream
+(new shapes do not grow the memory) and replays on two streams do not overlap."""
 
 import pytest
 import torch
@@ -156,6 +157,8 @@ def test_cache_keeps_the_last_captures():
 
 
 def test_call_that_cannot_be_captured_runs_eagerly():
+    """A call with a host sync runs eagerly from its failed capture on, and the failure leaves
+    random numbers on the device working."""
     cache = GraphCache()
     calls = []
 
@@ -169,3 +172,64 @@ def test_call_that_cannot_be_captured_runs_eagerly():
         torch.testing.assert_close(out, t + 1)
     assert cache.calls[("sync",)] is None
     assert calls[-1] == 8.0
+    # the failed capture left the device's random numbers usable (torch's generator is unmarked)
+    torch.manual_seed(3)
+    first = torch.rand(8, device="cuda")
+    torch.manual_seed(3)
+    torch.testing.assert_close(torch.rand(8, device="cuda"), first)
+
+
+def test_new_captures_share_one_pool():
+    """Capturing new shapes (each evicting the oldest) leaves the allocated memory where it was:
+    one pool for all captures, warm-ups on the caller's stream (a side stream per capture added a
+    cuBLAS workspace each time, which torch keeps until the process ends)."""
+    cache = GraphCache(size=2)
+    w = torch.randn(128, 128, device="cuda")
+
+    def run(a):  # a cuBLAS GEMM: its workspace is per stream
+        return (a @ w,)
+
+    def call(n):
+        a = torch.randn(n, 128, device="cuda")
+        (out,) = cache.call(("mm", n), run, [a])
+        torch.testing.assert_close(out, a @ w)
+
+    for n in (8, 16):
+        call(n)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for n in range(24, 88, 8):  # 8 new shapes
+        call(n)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() - before < 2 ** 20
+    assert list(cache.calls) == [("mm", 72), ("mm", 80)]
+    assert cache.calls[("mm", 72)].graph.pool() == cache.calls[("mm", 80)].graph.pool()
+
+
+def test_replays_on_two_streams_do_not_overlap():
+    """Two captures sharing a pool reuse each other's intermediates: a replay on another stream,
+    launched with no synchronisation by the caller, waits for the last one (else the second
+    graph's writes would land in the first one's intermediates while it runs)."""
+    cache = GraphCache()
+    x = torch.randn(1 << 22, device="cuda")
+
+    def slow(t):  # ~100 dependent passes over 16 MiB intermediates
+        for _ in range(50):
+            t = (t * 1.0001).sin() + 0.5
+        return (t.sum(),)
+
+    def quick(t):
+        return ((t * 3 + 1).cos().sum(),)
+
+    want_slow, want_quick = slow(x)[0], quick(x)[0]
+    for name, run in (("slow", slow), ("quick", quick)):  # both captured (same pool)
+        cache.call((name,), run, [x])
+    side = torch.cuda.Stream()
+    for _ in range(5):
+        torch.cuda.synchronize()
+        (got_slow,) = cache.call(("slow",), slow, [x])
+        with torch.cuda.stream(side):  # x is ready (synchronised above); no wait by the caller
+            (got_quick,) = cache.call(("quick",), quick, [x])
+        torch.cuda.current_stream().wait_stream(side)
+        torch.testing.assert_close(got_slow, want_slow)
+        torch.testing.assert_close(got_quick, want_quick)
