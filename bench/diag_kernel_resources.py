@@ -26,6 +26,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import infclip.ops.contrastive_loss_triton as tri  # noqa: E402
+import infclip.ops.gluon_kernels as glk  # noqa: E402
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
@@ -35,6 +36,35 @@ def resources(kernel, types: dict, constexprs: dict, target, warps: int, stages:
     sig = {name: "constexpr" if name in constexprs else types[name] for name in kernel.arg_names}
     compiled = triton.compile(ASTSource(kernel, sig, constexprs), target=target,
                               options=dict(num_warps=warps, num_stages=stages))
+    return _cubin_resources(compiled)
+
+
+def gluon_resources(dtype: str, coef_scale: bool, dscale: int, target) -> dict:
+    """ops/gluon_kernels.py's warp-specialised CLIP gradient kernel (its tiles, TMA descriptors
+    of ``dtype`` "bf16" or "fp16") compiled for ``target``: its REG / STACK / shared bytes."""
+    import torch
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    bm, bn, bk, stages = glk.GRAD_TILES
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+
+    def desc(block):
+        return f"tensordesc<{dtype}[{block[0]},{block[1]}],{glk._layout(*block, dt)!r}>"
+
+    f32 = "*fp32"
+    types = dict(a_desc=desc([bm, bk]), b_desc=desc([bn, bk]), p_desc=desc([bm, bn]), M="i32", N="i32",
+                 D="i32", scale_ptr=f32, coef_ptr=f32, coef_mul="fp32", dscale_src=f32, dscale_dst=f32,
+                 row_lse=f32, col_lse=f32, row_ref=f32, col_ref=f32, diag="i32", diag_value="fp32",
+                 offset="fp32")
+    kernel = glk._clip_grad_ws_kernel
+    constexprs = dict(COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages)
+    sig = {name: "constexpr" if name in constexprs else types[name] for name in kernel.arg_names}
+    source = GluonASTSource(kernel, sig, {(kernel.arg_names.index(k),): v for k, v in constexprs.items()})
+    compiled = triton.compile(source, target=target, options=dict(num_warps=4, maxnreg=168))
+    return _cubin_resources(compiled)
+
+
+def _cubin_resources(compiled) -> dict:
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
         f.write(compiled.asm["cubin"])
     try:
@@ -121,6 +151,13 @@ def main(argv=None) -> None:
         ours = _same_tiles(name, tiles, op_tiles(name))
         print(f"| {name} | {tuple(tiles[:6])} | {r['regs']} | {r['stack']} | {r['shared']} | "
               f"{'yes' if ours else ''} |", flush=True)
+    if glk.available():
+        return
+    for dtype, coef_scale, dscale in (("bf16", True, 1), ("bf16", True, 2), ("fp16", False, 0)):
+        name = f"gluon_clip_grad {dtype} coef_scale={coef_scale} dscale={dscale}"
+        if args.match in name:
+            r = gluon_resources(dtype, coef_scale, dscale, target)
+            print(f"| {name} | {glk.GRAD_TILES} | {r['regs']} | {r['stack']} | {r['shared']} | yes |", flush=True)
 
 
 def _parse_tiles(given: list) -> list:

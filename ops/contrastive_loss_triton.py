@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 from typing import Callable
 
@@ -67,6 +68,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import gluon_kernels
 from .precision import matmul_precision
 
 __all__ = [
@@ -972,6 +974,12 @@ try:
 except ImportError:  # pragma: no cover - older Triton: pointer kernels only
     TensorDescriptor = None
 _HOPPER: dict = {}
+# The CLIP gradient block by the warp-specialised Gluon kernel (ops/gluon_kernels.py) where it
+# applies (sm_90, TMA loads and store); "on" False: the Triton kernel everywhere (INFCLIP_GLUON=0,
+# a bench's A/B, or after its first launch failed on this Triton).
+_GLUON = {"on": os.environ.get("INFCLIP_GLUON", "1") != "0" and not gluon_kernels.available()}
+_SM90: dict = {}
+log = logging.getLogger(__name__)
 
 
 def _tma_rows(t: torch.Tensor) -> bool:
@@ -992,6 +1000,29 @@ def _use_tma(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.device not in _HOPPER:
         _HOPPER[a.device] = torch.cuda.get_device_capability(a.device)[0] >= 9
     return _HOPPER[a.device] and _tma_rows(a) and _tma_rows(b)
+
+
+def _gluon_grad(a, b, p, args: tuple, flags: dict) -> bool:
+    """Whether the CLIP gradient block a b^T into ``p`` went to the warp-specialised Gluon kernel
+    (``args``: _clip_grad_fused_kernel's from scale_ptr to offset; ``flags``: its COEF_SCALE and
+    DSCALE): on sm_90 (wgmma) with the TMA loads and a TMA-aligned P, while _GLUON is on. A first
+    launch that fails (a Triton whose Gluon differs) turns it off, with a warning, and the
+    Triton kernel takes the block."""
+    if not (_GLUON["on"] and a.is_cuda and _use_tma(a, b) and _tma_rows(p)):
+        return False
+    if a.device not in _SM90:
+        _SM90[a.device] = torch.cuda.get_device_capability(a.device) == (9, 0)
+    if not _SM90[a.device]:
+        return False
+    try:
+        gluon_kernels.clip_grad_block(a, b, p, *args, bool(flags["COEF_SCALE"]), int(flags["DSCALE"]),
+                                      _sm_count(a.device))
+    except Exception as exc:  # noqa: BLE001 - any failure of the first build: the Triton kernel
+        _GLUON["on"] = False
+        log.warning("contrastive_loss: the Gluon gradient kernel failed (%s: %s); using the Triton "
+                    "kernel from now on", type(exc).__name__, str(exc)[:200])
+        return False
+    return True
 
 
 def _use_fused(m: int, n: int, keep, kind: str = "stats", tma: bool = False) -> bool:
@@ -1562,9 +1593,11 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
             BLOCK_M=_GRAD_M, BLOCK_N=_GRAD_N, num_warps=_GRAD_WARPS, **flags)
 
     def fused_fill(r0, r1, c0, c1, p):
-        _fused(_clip_grad_fused_kernel, a[r0:r1], b[c0:c1], "grad", allow_tf32, scale_t, coef_t,
-               float(coef_mul), src, dst, r[r0:r1], c[c0:c1], ref[r0:r1], ref[c0:c1],
-               label_args[0] - r0 + c0, *label_args[1:], *flags.values(), p=p)
+        args = (scale_t, coef_t, float(coef_mul), src, dst, r[r0:r1], c[c0:c1], ref[r0:r1],
+                ref[c0:c1], label_args[0] - r0 + c0, *label_args[1:])
+        if not _gluon_grad(a[r0:r1], b[c0:c1], p, args, flags):
+            _fused(_clip_grad_fused_kernel, a[r0:r1], b[c0:c1], "grad", allow_tf32, *args,
+                   *flags.values(), p=p)
 
     grads = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a)
     return grads if dscale_from is None and not dscale_summed else (*grads, dst)

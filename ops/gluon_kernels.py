@@ -1,0 +1,235 @@
+"""Warp-specialised Hopper kernels in Gluon (Triton's lower-level language). One role: the CLIP
+gradient block P of the backward, as ops/contrastive_loss_triton._clip_grad_fused_kernel computes
+it, with its work split between warps.
+
+Why: the Triton kernel runs each tile's epilogue (two exponentials per logit, the labels, the
+d-scale shares, the store of P) in the warps that ran the tile's MMA, after it. On an H200 at
+B = 65,536 one 8,192 x 4,096 block took 0.116 ms against 0.076 ms for cuBLAS's GEMM of the same
+logits (bench/diag_gluon_grad.py). Here one loader warp fills a ring of shared-memory stages by
+TMA and two consumer warpgroups take alternate tiles, each running its tile's wgmma when its
+turn at the tensor cores comes (a barrier pair: CUTLASS's ping-pong order) and then its
+epilogue, beside the other's MMA: 0.103-0.105 ms for that block, 0.052-0.055 against 0.060 at
+32k, bit for bit the Triton kernel's P and d scale (h200_dh to h200_dm).
+
+Design points measured on the way (bench/device/h200_dc.sh to h200_dm.sh):
+* one ring for both consumers, not a ring each: two rings of 2-3 stages starved the MMA (0.050 ms
+  of loads alone for a block cuBLAS computes in 0.040); one ring of 6 stages keeps the MMA-only
+  kernel at cuBLAS's time. A consumer waits on the slot of its tile's chunks only when its turn
+  comes, so it never waits on a barrier more than one phase ahead (a barrier's parity tells only
+  the next phase apart: waiting several fills ahead passed at once and read stale chunks).
+* 64 x 128 tiles per consumer (the accumulator in 64 registers a thread); 128 x 128 or 64 x 256
+  spill and ran 2x slower. A third consumer, the turn passed at issue or at completion, the
+  epilogue's vectors loaded before the MMA, and an interior path without masks were no faster:
+  what is left over the MMA is mostly P's store through shared memory.
+* Tile sizes are read from the descriptors inside the partitions, the flags from a small buffer's
+  shape: constexprs passed through ``warp_specialize``'s arguments arrive as tensors.
+
+:func:`available` says whether this Triton has what the kernel needs (Gluon, Hopper's wgmma and
+TMA); the caller (ops/contrastive_loss_triton.py) takes it only on sm_90 with TMA-aligned blocks
+and falls back to the Triton kernel if its first launch fails.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                  warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    # TMA copies by their Triton 3.6 names or their later ones (async_load / async_store)
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    _WHY_NOT = ""
+except (ImportError, AttributeError) as exc:  # an older Triton: the Triton kernel serves
+    _WHY_NOT = f"{type(exc).__name__}: {exc}"
+
+__all__ = ["available", "clip_grad_block", "GRAD_TILES"]
+
+GRAD_TILES = (64, 128, 64, 6)
+"""BLOCK_M, BLOCK_N, BLOCK_K of a consumer's tile and the ring's stages (180 KB of shared memory
+with the two P buffers)."""
+
+_LOG2E = 1.4426950408889634
+
+
+def available() -> str:
+    """"" when this Triton can build the kernels, else why not."""
+    return _WHY_NOT
+
+
+if not _WHY_NOT:
+    _GROUP_M = gl.constexpr(8)
+
+    @gluon.jit
+    def _tile_origin(tile, M, N, BM: gl.constexpr, BN: gl.constexpr, GROUP_M: gl.constexpr):
+        """(first row, first column) of tile number ``tile``, GROUP_M row blocks at a time (the
+        Triton kernels' _tile_pids order: a group's column blocks stay in L2)."""
+        grid_n = gl.cdiv(N, BN)
+        width = GROUP_M * grid_n
+        first_m = (tile // width) * GROUP_M
+        size_m = gl.minimum(gl.cdiv(M, BM) - first_m, GROUP_M)
+        return (first_m + (tile % width) % size_m) * BM, ((tile % width) // size_m) * BN
+
+    @gluon.jit
+    def _loader(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
+        """One warp: the A and B chunks of every tile of this program, in order, into the ring."""
+        a_ring, b_ring, c_bufs = rings
+        ready, empty, turn = bars
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
+        steps = gl.cdiv(D, BK)
+        count = 0
+        for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+            off_m, off_n = _tile_origin(tile, M, N, BM, BN, _GROUP_M)
+            for k in range(steps):
+                s = count % STAGES
+                mbarrier.wait(empty.index(s), ((count // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+                _tma_load(a_desc, [off_m, k * BK], ready.index(s), a_ring.index(s))
+                _tma_load(b_desc, [off_n, k * BK], ready.index(s), b_ring.index(s))
+                count += 1
+
+    @gluon.jit
+    def _consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, WHICH: gl.constexpr):
+        """One warpgroup: every other tile of this program (WHICH 0: the first), its wgmma over the
+        ring's chunks in its turn, then _clip_grad_fused_kernel's epilogue (the same arithmetic in
+        the same order), P stored by TMA from this consumer's buffer."""
+        a_ring, b_ring, c_bufs = rings
+        ready, empty, turn = bars
+        (scale_ptr, coef_ptr, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref, diag,
+         diag_value, offset, flags) = scalars
+        COEF_SCALE: gl.constexpr = flags.type.shape[0] // 2  # (shape [2^COEF_SCALE, 2^DSCALE])
+        DSCALE: gl.constexpr = flags.type.shape[1] // 2
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BN, 16])
+        rows_l: gl.constexpr = gl.SliceLayout(1, mma)
+        cols_l: gl.constexpr = gl.SliceLayout(0, mma)
+        c_buf = c_bufs.index(WHICH)
+        scale = gl.load(scale_ptr)
+        scale2 = scale * 1.4426950408889634
+        coef = gl.load(coef_ptr) * coef_mul
+        if DSCALE == 1:  # (as _grad_coef: program 0 writes the single-device d scale)
+            if WHICH == 0:
+                gl.store(dscale_dst, coef * gl.load(dscale_src), mask=gl.program_id(0) == 0)
+        coef_p = coef * scale if COEF_SCALE else coef
+        tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
+        steps = gl.cdiv(D, BK)
+        w_acc = gl.zeros([BM], gl.float32, layout=rows_l)
+        nprog = gl.num_programs(0)
+        n = 0  # this consumer's tiles so far
+        for tile in range(gl.program_id(0) + WHICH * nprog, tiles, 2 * nprog):
+            off_m, off_n = _tile_origin(tile, M, N, BM, BN, _GROUP_M)
+            acc = gl.zeros([BM, BN], gl.float32, layout=mma)
+            mbarrier.wait(turn.index(WHICH), (n & 1) ^ (1 - WHICH))  # consumer 0 first
+            count = (2 * n + WHICH) * steps  # the ring's chunks before this tile's
+            for k in range(steps):
+                s = count % STAGES
+                mbarrier.wait(ready.index(s), (count // STAGES) & 1)
+                acc = warpgroup_mma(a_ring.index(s), b_ring.index(s).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
+                count += 1
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
+            mbarrier.arrive(turn.index(1 - WHICH))
+            n += 1
+
+            offs_m = off_m + gl.arange(0, BM, layout=rows_l)
+            offs_n = off_n + gl.arange(0, BN, layout=cols_l)
+            mask_m = offs_m < M
+            mask_n = offs_n < N
+            r2 = gl.load(row_lse + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
+            c2 = gl.load(col_lse + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
+            rr = gl.load(row_ref + offs_m, mask=mask_m, other=0.0)
+            pos = (gl.expand_dims(offs_m, 1) - gl.expand_dims(offs_n, 0)) == diag
+            t = gl.where(pos, gl.expand_dims(rr, 1), acc)
+            t2 = t * scale2
+            e_r = gl.exp2(t2 - gl.expand_dims(r2, 1))
+            e_c = gl.exp2(t2 - gl.expand_dims(c2, 0))
+            p = e_r + e_c - (gl.where(pos, diag_value, 0.0) + offset)
+            if DSCALE == 2:
+                cr = gl.load(col_ref + offs_n, mask=mask_n, other=0.0)
+                inside = gl.expand_dims(mask_m, 1) & gl.expand_dims(mask_n, 0)
+                w_acc += gl.sum(gl.where(inside, e_r * (t - gl.expand_dims(rr, 1))
+                                         + e_c * (t - gl.expand_dims(cr, 0)), 0.0), axis=1)
+            tma.store_wait(pendings=0)  # this consumer's previous tile has left its buffer
+            c_buf.store((p * coef_p).to(p_desc.dtype))
+            fence_async_shared()
+            _tma_store(p_desc, [off_m, off_n], c_buf)  # (the copy engine clips at the bounds)
+        tma.store_wait(pendings=0)
+        if DSCALE == 2:
+            gl.atomic_add(dscale_dst, coef * gl.sum(w_acc, axis=0), sem="relaxed")
+
+    @gluon.jit
+    def _consumer0(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
+        _consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, 0)
+
+    @gluon.jit
+    def _consumer1(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
+        _consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, 1)
+
+    @gluon.jit
+    def _clip_grad_ws_kernel(a_desc, b_desc, p_desc, M, N, D, scale_ptr, coef_ptr, coef_mul, dscale_src,
+                             dscale_dst, row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
+                             COEF_SCALE: gl.constexpr, DSCALE: gl.constexpr, STAGES: gl.constexpr):
+        """_clip_grad_fused_kernel's P (and d scale) with TMA descriptors for A [M, D], Bm [N, D]
+        and P [M, N]; one program an SM (persistent), 12 warps: 4 + 4 consumers, 1 loader."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+        b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
+        c_bufs = gl.allocate_shared_memory(p_desc.dtype, [2, BM, BN], p_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+        # the flags travel as the shape of a small unused buffer: constexprs passed to the
+        # partitions arrive as tensors, a shared-memory buffer's shape stays a constexpr
+        flags = gl.allocate_shared_memory(gl.int8, [1 << COEF_SCALE, 1 << DSCALE],
+                                          gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        scalars = (scale_ptr, coef_ptr, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref,
+                   diag, diag_value, offset, flags)
+        args = (a_desc, b_desc, p_desc, (a_ring, b_ring, c_bufs), (ready, empty, turn), M, N, D, scalars)
+        # registers: 168 a thread for the 12 warps at launch (64K / 384), moved at run time from
+        # the loader's warpgroup (40) to the consumers' (232)
+        gl.warp_specialize([(_consumer0, args), (_loader, args), (_consumer1, args)], [1, 4], [40, 232])
+
+
+@functools.lru_cache(maxsize=8)
+def _layout(rows: int, cols: int, dtype: torch.dtype):
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], {torch.bfloat16: gl.bfloat16,
+                                                                torch.float16: gl.float16}[dtype])
+
+
+def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref,
+                    col_ref, diag, diag_value, offset, coef_scale: bool, dscale: int, sm_count: int,
+                    tiles=GRAD_TILES) -> None:
+    """P = a b^T's gradient block into ``p`` (and d scale as DSCALE says), the arguments as
+    _clip_grad_fused_kernel's: a [M, D], b [N, D], p [M, N], 16-bit, rows TMA-aligned."""
+    bm, bn, bk, stages = tiles
+    (m, d), n = a.shape, b.shape[0]
+    da = TensorDescriptor.from_tensor(a, [bm, bk], _layout(bm, bk, a.dtype))
+    db = TensorDescriptor.from_tensor(b, [bn, bk], _layout(bn, bk, b.dtype))
+    dp = TensorDescriptor.from_tensor(p, [bm, bn], _layout(bm, bn, p.dtype))
+    grid = min(sm_count, -(-m // bm) * -(-n // bn))
+    _clip_grad_ws_kernel[(grid, )](da, db, dp, m, n, d, scale, coef, coef_mul, dscale_src, dscale_dst,
+                                   row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
+                                   COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, num_warps=4,
+                                   maxnreg=168)

@@ -1,0 +1,96 @@
+"""GPU tests of the warp-specialised Gluon CLIP gradient kernel (ops/gluon_kernels.py; an H100 /
+H200 only): over awkward shapes (rows and columns not multiples of its tiles, a feature width not a
+multiple of its K chunk), positives off the main diagonal or outside the block, both dtypes and
+every d-scale mode, it writes the Triton kernel's P bit for bit and its d scale up to the order of
+the fp32 atomic sums; the op's backward takes it and gives the same gradients as with the Triton
+kernel."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import infclip.ops.contrastive_loss_triton as tri
+from infclip.ops import contrastive_loss, gluon_kernels
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip("needs an sm_90 GPU (H100 / H200)", allow_module_level=True)
+if gluon_kernels.available():
+    pytest.skip(f"this Triton has no Gluon for Hopper: {gluon_kernels.available()}", allow_module_level=True)
+
+
+def _block(m, n, d, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = F.normalize(torch.randn(m, d, device="cuda", generator=g), dim=-1).to(dtype)
+    b = F.normalize(torch.randn(n, d, device="cuda", generator=g), dim=-1).to(dtype)
+    rows = torch.randn(m, device="cuda", generator=g) + 3.0
+    cols = torch.randn(n, device="cuda", generator=g) + 3.0
+    ref = torch.randn(max(m, n), device="cuda", generator=g) * 0.1
+    return a, b, rows, cols, ref
+
+
+def _both(a, b, rows, cols, ref, diag, coef_scale, dscale):
+    """(P, d scale) by the Gluon kernel and by the Triton kernel, same arguments."""
+    m, n = a.shape[0], b.shape[0]
+    scale = torch.full((1,), 14.0, device="cuda")
+    coef = torch.full((1,), 0.37, device="cuda")
+    src = torch.full((1,), -2.5, device="cuda")
+    out = []
+    for use_gluon in (True, False):
+        p = torch.full((m, n), float("nan"), device="cuda", dtype=a.dtype)
+        dst = torch.zeros((), device="cuda")
+        args = (scale, coef, 1.5, src, dst, rows, cols, ref[:m], ref[:n], diag, 2.0, 0.25)
+        flags = dict(COEF_SCALE=coef_scale, DSCALE=dscale)
+        if use_gluon:
+            assert tri._gluon_grad(a, b, p, args, flags), "the Gluon kernel did not take the block"
+        else:
+            tri._fused(tri._clip_grad_fused_kernel, a, b, "grad", False, *args, *flags.values(), p=p)
+        out.append((p, dst))
+    return out
+
+
+# (columns a multiple of 8: P's rows must be 16-byte aligned for its store by the copy engine)
+@pytest.mark.parametrize("m,n,d", [(3001, 2904, 200), (4096, 2312, 768), (2944, 3080, 96)])
+@pytest.mark.parametrize("diag", [0, 37, -5000])
+def test_gluon_block_equals_the_triton_kernel(m, n, d, diag):
+    a, b, rows, cols, ref = _block(m, n, d, torch.bfloat16, m + diag)
+    (p, dst), (want, want_dst) = _both(a, b, rows, cols, ref, diag, True, 2)
+    assert torch.equal(p, want)
+    torch.testing.assert_close(dst, want_dst, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("dtype,coef_scale,dscale", [(torch.bfloat16, True, 1), (torch.float16, False, 0),
+                                                     (torch.float16, True, 2)])
+def test_gluon_block_flags_and_dtypes(dtype, coef_scale, dscale):
+    a, b, rows, cols, ref = _block(3001, 3000, 256, dtype, 7)
+    (p, dst), (want, want_dst) = _both(a, b, rows, cols, ref, 0, coef_scale, dscale)
+    assert torch.equal(p, want)
+    if dscale:
+        torch.testing.assert_close(dst, want_dst, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("b", [8192, 12288])
+def test_op_backward_takes_it(b, monkeypatch):
+    """The op's CLIP backward with the Gluon block and with the Triton block: the same loss and
+    gradients (up to the atomic sums' order); the Gluon kernel ran (and did not fail over to the
+    Triton kernel)."""
+    calls = []
+    real = gluon_kernels.clip_grad_block
+    monkeypatch.setattr(gluon_kernels, "clip_grad_block", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    g = torch.Generator(device="cuda").manual_seed(b)
+    img = F.normalize(torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
+    txt = F.normalize(img.float() + torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
+    results = []
+    for on in (True, False):
+        tri._GLUON["on"] = on
+        leaves = [img.clone().requires_grad_(), txt.clone().requires_grad_(),
+                  torch.full((), 20.0, device="cuda", requires_grad=True)]
+        loss = contrastive_loss(*leaves, impl="triton")
+        loss.backward()
+        results.append([loss.detach()] + [x.grad for x in leaves])
+        assert tri._GLUON["on"] == on and (len(calls) > 0) == on
+        calls.clear()
+    tri._GLUON["on"] = True
+    for got, want in zip(*results):
+        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
