@@ -34,7 +34,9 @@ there at every size. From _STRIPS_MIN_LOGITS on, a CLIP forward whose backward f
 coefficients (one device, nothing kept) takes only the plain sums, by column strips
 (_clip_sums_strip_kernel: the column terms summed in registers down a chunk of row blocks, reduced
 across warps once a chunk); its backward's gradient kernel then sums d loss / d s from the final
-softmax weights (DSCALE 2): 13.6 against 16.4 ms for the statistics at 65k.
+softmax weights (DSCALE 2): 13.6 against 16.4 ms for the statistics at 65k. On sm_90 the CLIP
+gradient block goes to a warp-specialised Gluon kernel instead (ops/gluon_kernels.py, _gluon_grad:
+the same P bit for bit, its epilogue beside the MMA; 0.103 against 0.116 ms for the 65k block).
 FLOPs: 8 B^2 D in GEMMs (6 B^2 D when the matrix is kept from forward to backward: whole in fp32
 at small B, or, within a larger ``logits_budget_mb``, as the forward's bands in the features'
 dtype, read back band by band by the backward). SigLIP's gradient needs no statistic of the whole
