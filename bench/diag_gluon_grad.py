@@ -45,37 +45,6 @@ def graph_timed(fn, reps: int, calls: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def sums(size: int, dim: int, reps: int, tiles_list: list) -> None:
-    """The forward's strip sums over the whole size x size: the Gluon kernel against the op's
-    Triton kernel (sums compared, then GPU time)."""
-    img, txt, scale, row_shift, col_shift, ref, _ = inputs(size, dim)
-    s1 = scale.reshape(1)
-    sms = tri._sm_count(img.device)
-    gflop = 2 * size * size * dim / 1e9
-
-    def emit(label, ms):
-        print(f"B={size:<7} sums {label:<34} {ms:7.3f} ms {gflop / ms:6.0f} TFLOP/s", flush=True)
-
-    want_r, want_c = torch.zeros(size, device="cuda"), torch.zeros(size, device="cuda")
-    tri._clip_sums_strips(img, txt, s1, row_shift, col_shift, want_r, want_c, 0, False)
-    emit("triton strips (the op's before)", graph_timed(lambda: tri._clip_sums_strips(
-        img, txt, s1, row_shift, col_shift, want_r.clone(), want_c.clone(), 0, False), reps, 3))
-    for tiles in tiles_list:
-        bm, bn = tiles[:2]
-        chunk = max(1, min(32, tri._cdiv(size, bm) * tri._cdiv(size, bn) // (4 * sms)))
-        got_r, got_c = torch.zeros_like(want_r), torch.zeros_like(want_c)
-
-        def run(r, c):
-            gluon_kernels.clip_sums_strips(img, txt, s1, row_shift, col_shift, r, c, 0, chunk, sms, tiles)
-        if _try(lambda: run(got_r, got_c) or True) is None:
-            continue
-        torch.cuda.synchronize()
-        err = max(((got_r - want_r).abs() / want_r.abs()).max().item(),
-                  ((got_c - want_c).abs() / want_c.abs()).max().item())
-        print(f"B={size:<7} sums gluon {tiles} chunk {chunk}: max relative difference {err:.2e}", flush=True)
-        emit(f"gluon {tiles}", graph_timed(lambda: run(got_r, got_c), reps, 3))
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="32768,65536")
@@ -83,14 +52,7 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--tiles", nargs="+", default=[",".join(map(str, gluon_kernels.GRAD_TILES))],
                    help="BLOCK_M,BLOCK_N,BLOCK_K,STAGES of the Gluon kernel")
-    p.add_argument("--sums", nargs="*", default=None,
-                   help="instead: the forward's strip sums, Gluon tiles BLOCK_M,BLOCK_N,BLOCK_K,STAGES")
     args = p.parse_args(argv)
-    if args.sums is not None:
-        tiles = [tuple(int(v) for v in t.split(",")) for t in args.sums] or [gluon_kernels.SUMS_TILES]
-        for size in [int(x) for x in args.sizes.split(",") if x]:
-            sums(size, args.dim, args.reps, tiles)
-        return
     print(f"# {torch.cuda.get_device_name()}, the Triton kernel's tiles {tri._TMA_GRAD}, "
           f"the Gluon kernel's {gluon_kernels.GRAD_TILES}")
     for size in [int(x) for x in args.sizes.split(",") if x]:

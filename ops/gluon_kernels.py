@@ -48,7 +48,7 @@ try:
 except (ImportError, AttributeError) as exc:  # an older Triton: the Triton kernel serves
     _WHY_NOT = f"{type(exc).__name__}: {exc}"
 
-__all__ = ["available", "clip_grad_block", "clip_sums_strips", "GRAD_TILES", "SUMS_TILES"]
+__all__ = ["available", "clip_grad_block", "GRAD_TILES"]
 
 GRAD_TILES = (64, 128, 64, 6)
 """BLOCK_M, BLOCK_N, BLOCK_K of a consumer's tile and the ring's stages (180 KB of shared memory
@@ -212,139 +212,6 @@ if not _WHY_NOT:
         gl.warp_specialize([(_consumer0, args), (_loader, args), (_consumer1, args)], [1, 4], [40, 232])
 
 
-    # ------------------------------------------------------------------------------------------
-    # The CLIP forward's plain sums by column strips (_clip_sums_strip_kernel's work): items are
-    # (column block, chunk of CHUNK row blocks); a program's tiles, item after item, alternate
-    # between the two consumers, which take turns at the tensor cores. Each consumer adds its
-    # tiles' row sums by atomics and keeps the column terms of the current item in registers,
-    # reduced and added once the item ends.
-    # ------------------------------------------------------------------------------------------
-    @gluon.jit
-    def _item_rows(item, M, N, BM: gl.constexpr, BN: gl.constexpr, CHUNK):
-        grid_m = gl.cdiv(M, BM)
-        grid_n = gl.cdiv(N, BN)
-        lo = (item // grid_n) * CHUNK
-        return item % grid_n, lo, gl.minimum(lo + CHUNK, grid_m)
-
-    @gluon.jit
-    def _sums_loader(a_desc, b_desc, rings, bars, M, N, D, scalars):
-        """One warp: the chunks of every tile of this program, item after item, into the ring."""
-        a_ring, b_ring = rings
-        ready, empty, turn = bars
-        CHUNK = scalars[-1]
-        BM: gl.constexpr = a_desc.block_type.shape[0]
-        BK: gl.constexpr = a_desc.block_type.shape[1]
-        BN: gl.constexpr = b_desc.block_type.shape[0]
-        STAGES: gl.constexpr = a_ring.type.shape[0]
-        items = gl.cdiv(gl.cdiv(M, BM), CHUNK) * gl.cdiv(N, BN)
-        steps = gl.cdiv(D, BK)
-        count = 0
-        for item in range(gl.program_id(0), items, gl.num_programs(0)):
-            pid_n, lo, hi = _item_rows(item, M, N, BM, BN, CHUNK)
-            for pid_m in range(lo, hi):
-                for k in range(steps):
-                    s = count % STAGES
-                    mbarrier.wait(empty.index(s), ((count // STAGES) & 1) ^ 1)
-                    mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-                    _tma_load(a_desc, [pid_m * BM, k * BK], ready.index(s), a_ring.index(s))
-                    _tma_load(b_desc, [pid_n * BN, k * BK], ready.index(s), b_ring.index(s))
-                    count += 1
-
-    @gluon.jit
-    def _sums_consumer(a_desc, b_desc, rings, bars, M, N, D, scalars, WHICH: gl.constexpr):
-        """One warpgroup: every other tile of this program; per tile (valid pairs off the
-        positives) row_sum_i += sum_j 2^(S'_ij s log2e - row_shift_i log2e) by atomics, and the
-        column terms 2^(... - col_shift_j log2e) summed in registers until the item ends."""
-        a_ring, b_ring = rings
-        ready, empty, turn = bars
-        scale_ptr, row_shift, col_shift, row_sum, col_sum, diag, CHUNK = scalars
-        BM: gl.constexpr = a_desc.block_type.shape[0]
-        BK: gl.constexpr = a_desc.block_type.shape[1]
-        BN: gl.constexpr = b_desc.block_type.shape[0]
-        STAGES: gl.constexpr = a_ring.type.shape[0]
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BN, 16])
-        rows_l: gl.constexpr = gl.SliceLayout(1, mma)
-        cols_l: gl.constexpr = gl.SliceLayout(0, mma)
-        scale2 = gl.load(scale_ptr) * 1.4426950408889634
-        items = gl.cdiv(gl.cdiv(M, BM), CHUNK) * gl.cdiv(N, BN)
-        steps = gl.cdiv(D, BK)
-        j = 0  # this program's tiles so far (both consumers')
-        n = 0  # this consumer's
-        for item in range(gl.program_id(0), items, gl.num_programs(0)):
-            pid_n, lo, hi = _item_rows(item, M, N, BM, BN, CHUNK)
-            offs_n = pid_n * BN + gl.arange(0, BN, layout=cols_l)
-            mask_n = offs_n < N
-            cs2 = gl.load(col_shift + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
-            q_acc = gl.zeros([BM, BN], gl.float32, layout=mma)
-            for pid_m in range(lo, hi):
-                if j % 2 == WHICH:
-                    acc = gl.zeros([BM, BN], gl.float32, layout=mma)
-                    mbarrier.wait(turn.index(WHICH), (n & 1) ^ (1 - WHICH))
-                    count = j * steps
-                    for k in range(steps):
-                        s = count % STAGES
-                        mbarrier.wait(ready.index(s), (count // STAGES) & 1)
-                        acc = warpgroup_mma(a_ring.index(s), b_ring.index(s).permute((1, 0)), acc,
-                                            is_async=True)
-                        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-                        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
-                        count += 1
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                    mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
-                    mbarrier.arrive(turn.index(1 - WHICH))
-                    n += 1
-                    offs_m = pid_m * BM + gl.arange(0, BM, layout=rows_l)
-                    mask_m = offs_m < M
-                    rs2 = gl.load(row_shift + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
-                    xs = acc * scale2
-                    m0 = pid_m * BM
-                    n0 = pid_n * BN
-                    interior = ((m0 + BM <= M) & (n0 + BN <= N)
-                                & ((m0 - n0 - BN + 1 > diag) | (m0 + BM - 1 - n0 < diag)))
-                    if interior:  # inside the bounds, off the positives: no masks
-                        p = gl.exp2(xs - gl.expand_dims(rs2, 1))
-                        q_acc += gl.exp2(xs - gl.expand_dims(cs2, 0))
-                    else:
-                        valid = ((gl.expand_dims(mask_m, 1) & gl.expand_dims(mask_n, 0))
-                                 & ((gl.expand_dims(offs_m, 1) - gl.expand_dims(offs_n, 0)) != diag))
-                        p = gl.where(valid, gl.exp2(xs - gl.expand_dims(rs2, 1)), 0.0)
-                        q_acc += gl.where(valid, gl.exp2(xs - gl.expand_dims(cs2, 0)), 0.0)
-                    gl.atomic_add(row_sum + offs_m, gl.sum(p, axis=1), mask=mask_m, sem="relaxed")
-                j += 1
-            gl.atomic_add(col_sum + offs_n, gl.sum(q_acc, axis=0), mask=mask_n, sem="relaxed")
-
-    @gluon.jit
-    def _sums_consumer0(a_desc, b_desc, rings, bars, M, N, D, scalars):
-        _sums_consumer(a_desc, b_desc, rings, bars, M, N, D, scalars, 0)
-
-    @gluon.jit
-    def _sums_consumer1(a_desc, b_desc, rings, bars, M, N, D, scalars):
-        _sums_consumer(a_desc, b_desc, rings, bars, M, N, D, scalars, 1)
-
-    @gluon.jit
-    def _clip_sums_ws_kernel(a_desc, b_desc, M, N, D, scale_ptr, row_shift, col_shift, row_sum, col_sum,
-                             diag, CHUNK, STAGES: gl.constexpr):
-        """_clip_sums_strip_kernel's sums with TMA descriptors for A [M, D] and Bm [N, D]."""
-        BM: gl.constexpr = a_desc.block_type.shape[0]
-        BK: gl.constexpr = a_desc.block_type.shape[1]
-        BN: gl.constexpr = b_desc.block_type.shape[0]
-        a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
-        b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
-        for i in gl.static_range(2):
-            mbarrier.init(turn.index(i), count=1)
-        scalars = (scale_ptr, row_shift, col_shift, row_sum, col_sum, diag, CHUNK)
-        args = (a_desc, b_desc, (a_ring, b_ring), (ready, empty, turn), M, N, D, scalars)
-        gl.warp_specialize([(_sums_consumer0, args), (_sums_loader, args), (_sums_consumer1, args)],
-                           [1, 4], [40, 232])
-
-
 @functools.lru_cache(maxsize=8)
 def _layout(rows: int, cols: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([rows, cols], {torch.bfloat16: gl.bfloat16,
@@ -366,21 +233,3 @@ def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_
                                    row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
                                    COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, num_warps=4,
                                    maxnreg=168)
-
-
-SUMS_TILES = (64, 128, 64, 8)
-"""The strip sums' BLOCK_M, BLOCK_N, BLOCK_K and ring stages (192 KB of shared memory)."""
-
-
-def clip_sums_strips(a, b, scale, row_shift, col_shift, row_sum, col_sum, diag: int, chunk: int,
-                     sm_count: int, tiles=SUMS_TILES) -> None:
-    """_clip_sums_strip_kernel's row and column sums of a b^T (added into row_sum / col_sum) by
-    the warp-specialised kernel: items of ``chunk`` row blocks down one column block."""
-    bm, bn, bk, stages = tiles
-    (m, d), n = a.shape, b.shape[0]
-    da = TensorDescriptor.from_tensor(a, [bm, bk], _layout(bm, bk, a.dtype))
-    db = TensorDescriptor.from_tensor(b, [bn, bk], _layout(bn, bk, b.dtype))
-    items = -(-(-(-m // bm)) // chunk) * -(-n // bn)
-    _clip_sums_ws_kernel[(min(sm_count, items), )](da, db, m, n, d, scale, row_shift, col_shift, row_sum,
-                                                   col_sum, diag, chunk, STAGES=stages, num_warps=4,
-                                                   maxnreg=168)
