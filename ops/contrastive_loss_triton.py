@@ -975,12 +975,10 @@ try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - older Triton: pointer kernels only
     TensorDescriptor = None
-_HOPPER: dict = {}
 # The CLIP gradient block by the warp-specialised Gluon kernel (ops/gluon_kernels.py) where it
 # applies (sm_90, TMA loads and store); "on" False: the Triton kernel everywhere (INFCLIP_GLUON=0,
 # a bench's A/B, or after its first launch failed on this Triton).
 _GLUON = {"on": os.environ.get("INFCLIP_GLUON", "1") != "0" and not gluon_kernels.available()}
-_SM90: dict = {}
 log = logging.getLogger(__name__)
 
 
@@ -999,22 +997,23 @@ def _use_tma(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if a.shape[0] * b.shape[0] < _TMA_MIN_LOGITS:
         return False
-    if a.device not in _HOPPER:
-        _HOPPER[a.device] = torch.cuda.get_device_capability(a.device)[0] >= 9
-    return _HOPPER[a.device] and _tma_rows(a) and _tma_rows(b)
+    return _capability(a.device)[0] >= 9 and _tma_rows(a) and _tma_rows(b)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple:
+    """The CUDA device's compute capability (asked once per device)."""
+    return torch.cuda.get_device_capability(device)
 
 
 def _gluon_grad(a, b, p, args: tuple, flags: dict) -> bool:
     """Whether the CLIP gradient block a b^T into ``p`` went to the warp-specialised Gluon kernel
     (``args``: _clip_grad_fused_kernel's from scale_ptr to offset; ``flags``: its COEF_SCALE and
-    DSCALE): on sm_90 (wgmma) with the TMA loads and a TMA-aligned P, while _GLUON is on. A first
-    launch that fails (a Triton whose Gluon differs) turns it off, with a warning, and the
-    Triton kernel takes the block."""
-    if not (_GLUON["on"] and a.is_cuda and _use_tma(a, b) and _tma_rows(p)):
-        return False
-    if a.device not in _SM90:
-        _SM90[a.device] = torch.cuda.get_device_capability(a.device) == (9, 0)
-    if not _SM90[a.device]:
+    DSCALE): on sm_90 (wgmma) with the TMA loads and a TMA-aligned P, while _GLUON is on. A launch
+    that fails (a Triton whose Gluon differs fails at its first build) turns it off, with a
+    warning, and the Triton kernel takes the block."""
+    if not (_GLUON["on"] and a.is_cuda and _use_tma(a, b) and _tma_rows(p)
+            and _capability(a.device) == (9, 0)):
         return False
     try:
         gluon_kernels.clip_grad_block(a, b, p, *args, bool(flags["COEF_SCALE"]), int(flags["DSCALE"]),

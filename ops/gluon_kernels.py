@@ -9,7 +9,8 @@ logits (bench/diag_gluon_grad.py). Here one loader warp fills a ring of shared-m
 TMA and two consumer warpgroups take alternate tiles, each running its tile's wgmma when its
 turn at the tensor cores comes (a barrier pair: CUTLASS's ping-pong order) and then its
 epilogue, beside the other's MMA: 0.103-0.105 ms for that block, 0.052-0.055 against 0.060 at
-32k, bit for bit the Triton kernel's P and d scale (h200_dh to h200_dm).
+32k, bit for bit the Triton kernel's P, its d scale up to the order of the atomic sums (h200_dh to
+h200_dn).
 
 Design points measured on the way (bench/device/h200_dc.sh to h200_dm.sh):
 * one ring for both consumers, not a ring each: two rings of 2-3 stages starved the MMA (0.050 ms
@@ -53,9 +54,6 @@ __all__ = ["available", "clip_grad_block", "GRAD_TILES"]
 GRAD_TILES = (64, 128, 64, 6)
 """BLOCK_M, BLOCK_N, BLOCK_K of a consumer's tile and the ring's stages (180 KB of shared memory
 with the two P buffers)."""
-
-_LOG2E = 1.4426950408889634
-
 
 def available() -> str:
     """"" when this Triton can build the kernels, else why not."""

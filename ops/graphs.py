@@ -133,9 +133,9 @@ class GraphCache:
 
     def call(self, key: tuple, run: Callable[..., tuple], tensors: Sequence[Optional[Tensor]]
              ) -> tuple:
-        device = next(t.device for t in tensors if t is not None)
         entry = self.calls.get(key)
         if entry is None and key not in self.calls:
+            device = next(t.device for t in tensors if t is not None)
             try:
                 entry = GraphedCall(run, tensors, self._pool(device))
             except RuntimeError:  # not capturable (a host sync in the call): eager from now on
@@ -148,11 +148,11 @@ class GraphCache:
             self.calls.move_to_end(key)
         if entry is None:
             return run(*tensors)
-        current = torch.cuda.current_stream(device)
-        last = self.last_stream.get(device)
+        current = torch.cuda.current_stream(entry.device)
+        last = self.last_stream.get(entry.device)
         if last is not None and last != current:  # the shared pool: after the last replay
             current.wait_stream(last)
-        self.last_stream[device] = current
+        self.last_stream[entry.device] = current
         return entry(tensors)
 
     def clear(self) -> None:
