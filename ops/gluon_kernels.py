@@ -62,6 +62,11 @@ def available() -> str:
 
 if not _WHY_NOT:
     _GROUP_M = gl.constexpr(8)
+    import os as _os
+    _SUMS_ORDER = gl.constexpr(int(_os.environ.get("INFCLIP_SUMS_ORDER", "0")))  # EXPERIMENT
+    _SUMS_MODE = gl.constexpr(int(_os.environ.get("INFCLIP_SUMS_MODE", "0")))  # EXPERIMENT
+    _ROW_REACH = gl.constexpr(120.0)  # log2 units: row factors 2^(t - r) >= 2^-120 (normal)
+    _COL_REACH = gl.constexpr(20.0)  # log2 units: scaled column terms <= 2^20 their bound
 
     @gluon.jit
     def _tile_origin(tile, M, N, BM: gl.constexpr, BN: gl.constexpr, GROUP_M: gl.constexpr):
@@ -210,6 +215,177 @@ if not _WHY_NOT:
         gl.warp_specialize([(_consumer0, args), (_loader, args), (_consumer1, args)], [1, 4], [40, 232])
 
 
+    # ------------------------------------------------------------------------------------------
+    # The CLIP forward's plain sums by column strips (_clip_sums_strip_kernel's work, EXPERIMENT):
+    # items are (column block, CHUNK row blocks); a program's tiles, item after item, alternate
+    # between the two consumers, which take turns at the tensor cores. Row sums go out by atomics
+    # each tile; the column terms stay in registers until the item ends. The column term comes
+    # from the row exponential (one exponential a logit): 2^(x - c_j) = 2^(x - r_i) 2^(r_i - K)
+    # 2^(K - c_j), K the column block's largest shift, the last factor applied to the item's
+    # column sums. Items whose shifts spread wider than WINDOW (log2 units) take both
+    # exponentials (the factors would push terms the two-exponential sums keep below fp32's
+    # normal range).
+    # ------------------------------------------------------------------------------------------
+    @gluon.jit
+    def _item_rows(item, M, N, BM: gl.constexpr, BN: gl.constexpr, CHUNK):
+        if _SUMS_ORDER == 1:  # EXPERIMENT: an item's neighbours share its column block
+            chunks = gl.cdiv(gl.cdiv(M, BM), CHUNK)
+            lo = (item % chunks) * CHUNK
+            return item // chunks, lo, gl.minimum(lo + CHUNK, gl.cdiv(M, BM))
+        if _SUMS_ORDER > 1:  # EXPERIMENT: groups of _SUMS_ORDER column blocks, chunk after chunk
+            chunks = gl.cdiv(gl.cdiv(M, BM), CHUNK)
+            width = _SUMS_ORDER * chunks
+            first_n = (item // width) * _SUMS_ORDER
+            size_n = gl.minimum(gl.cdiv(N, BN) - first_n, _SUMS_ORDER)
+            lo = ((item % width) // size_n) * CHUNK
+            return first_n + (item % width) % size_n, lo, gl.minimum(lo + CHUNK, gl.cdiv(M, BM))
+        grid_n = gl.cdiv(N, BN)
+        lo = (item // grid_n) * CHUNK
+        return item % grid_n, lo, gl.minimum(lo + CHUNK, gl.cdiv(M, BM))
+
+    @gluon.jit
+    def _sums_loader(a_desc, b_desc, rings, bars, M, N, D, scalars):
+        """One warp: the chunks of every tile of this program, item after item, into the ring."""
+        a_ring, b_ring = rings
+        ready, empty, turn = bars
+        CHUNK = scalars[-1]
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        items = gl.cdiv(gl.cdiv(M, BM), CHUNK) * gl.cdiv(N, BN)
+        steps = gl.cdiv(D, BK)
+        count = 0
+        for item in range(gl.program_id(0), items, gl.num_programs(0)):
+            pid_n, lo, hi = _item_rows(item, M, N, BM, BN, CHUNK)
+            for pid_m in range(lo, hi):
+                for k in range(steps):
+                    s = count % STAGES
+                    mbarrier.wait(empty.index(s), ((count // STAGES) & 1) ^ 1)
+                    mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+                    _tma_load(a_desc, [pid_m * BM, k * BK], ready.index(s), a_ring.index(s))
+                    _tma_load(b_desc, [pid_n * BN, k * BK], ready.index(s), b_ring.index(s))
+                    count += 1
+
+    @gluon.jit
+    def _block_reference(col_shift, n0, N, window, cols_l: gl.constexpr, BN: gl.constexpr):
+        """(K in log2 units, wide) of columns [n0, n0 + BN): K = max(min c, max c - _COL_REACH) so
+        that no scaled column term passes 2^_COL_REACH times its own bound; wide when the shifts
+        spread more than ``window`` nats (then the Triton kernel sums that block's columns). A NaN
+        shift compares as not wide: the sums are NaN either way."""
+        offs_n = n0 + gl.arange(0, BN, layout=cols_l)
+        mask_n = offs_n < N
+        cs = gl.load(col_shift + offs_n, mask=mask_n, other=0.0)
+        hi = gl.max(gl.where(mask_n, cs, -float("inf")), axis=0)
+        lo = gl.min(gl.where(mask_n, cs, float("inf")), axis=0)
+        k2 = gl.maximum(lo * 1.4426950408889634, hi * 1.4426950408889634 - _COL_REACH)
+        return k2, hi - lo > window
+
+    @gluon.jit
+    def _sums_consumer(a_desc, b_desc, rings, bars, M, N, D, scalars, WHICH: gl.constexpr):
+        """One warpgroup: every other tile of this program (valid pairs: off the positives)."""
+        a_ring, b_ring = rings
+        ready, empty, turn = bars
+        scale_ptr, row_shift, col_shift, row_sum, col_sum, diag, window, CHUNK = scalars
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BN, 16])
+        rows_l: gl.constexpr = gl.SliceLayout(1, mma)
+        cols_l: gl.constexpr = gl.SliceLayout(0, mma)
+        scale2 = gl.load(scale_ptr) * 1.4426950408889634
+        items = gl.cdiv(gl.cdiv(M, BM), CHUNK) * gl.cdiv(N, BN)
+        steps = gl.cdiv(D, BK)
+        j = 0  # this program's tiles so far (both consumers')
+        n = 0  # this consumer's
+        for item in range(gl.program_id(0), items, gl.num_programs(0)):
+            pid_n, lo, hi = _item_rows(item, M, N, BM, BN, CHUNK)
+            n0 = pid_n * BN
+            k2, wide = _block_reference(col_shift, n0, N, window, cols_l, BN)
+            q_acc = gl.zeros([BM, BN], gl.float32, layout=mma)
+            for pid_m in range(lo, hi):
+                if j % 2 == WHICH:
+                    acc = gl.zeros([BM, BN], gl.float32, layout=mma)
+                    mbarrier.wait(turn.index(WHICH), (n & 1) ^ (1 - WHICH))
+                    count = j * steps
+                    for k in range(steps):
+                        s = count % STAGES
+                        mbarrier.wait(ready.index(s), (count // STAGES) & 1)
+                        acc = warpgroup_mma(a_ring.index(s), b_ring.index(s).permute((1, 0)), acc,
+                                            is_async=True)
+                        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
+                        count += 1
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                    mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
+                    mbarrier.arrive(turn.index(1 - WHICH))
+                    n += 1
+                    m0 = pid_m * BM
+                    offs_m = m0 + gl.arange(0, BM, layout=rows_l)
+                    mask_m = offs_m < M
+                    rs2 = gl.load(row_shift + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
+                    if _SUMS_MODE == 2:  # MMA only
+                        q_acc += acc
+                    else:
+                        xs = acc * scale2
+                        interior = ((m0 + BM <= M) & (n0 + BN <= N)
+                                    & ((m0 - n0 - BN + 1 > diag) | (m0 + BM - 1 - n0 < diag)))
+                        if not interior:  # past the bounds or on the positives: no terms there
+                            offs_n = n0 + gl.arange(0, BN, layout=cols_l)
+                            valid = ((gl.expand_dims(mask_m, 1) & gl.expand_dims(offs_n < N, 0))
+                                     & ((gl.expand_dims(offs_m, 1) - gl.expand_dims(offs_n, 0)) != diag))
+                            xs = gl.where(valid, xs, -float("inf"))
+                        # one exponential against t_i = max(min(r_i, K), r_i - _ROW_REACH): the row
+                        # terms are e 2^(t_i - r_i), the column terms e 2^(t_i - K) 2^(K - c_j)
+                        t2 = gl.maximum(gl.minimum(rs2, k2), rs2 - _ROW_REACH)
+                        e = gl.exp2(xs - gl.expand_dims(t2, 1))
+                        if _SUMS_MODE == 1:  # no row atomics
+                            q_acc += gl.expand_dims(gl.sum(e, axis=1) * gl.exp2(t2 - rs2), 1)
+                        else:
+                            gl.atomic_add(row_sum + offs_m, gl.sum(e, axis=1) * gl.exp2(t2 - rs2), mask=mask_m,
+                                          sem="relaxed")
+                        q_acc += e * gl.expand_dims(gl.exp2(t2 - k2), 1)
+                j += 1
+            if not wide:  # (a wide block's column sums come from the Triton kernel)
+                offs_n = n0 + gl.arange(0, BN, layout=cols_l)
+                mask_n = offs_n < N
+                c2 = gl.load(col_shift + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
+                gl.atomic_add(col_sum + offs_n, gl.sum(q_acc, axis=0) * gl.exp2(k2 - c2), mask=mask_n,
+                              sem="relaxed")
+
+    @gluon.jit
+    def _sums_consumer0(a_desc, b_desc, rings, bars, M, N, D, scalars):
+        _sums_consumer(a_desc, b_desc, rings, bars, M, N, D, scalars, 0)
+
+    @gluon.jit
+    def _sums_consumer1(a_desc, b_desc, rings, bars, M, N, D, scalars):
+        _sums_consumer(a_desc, b_desc, rings, bars, M, N, D, scalars, 1)
+
+    @gluon.jit
+    def _clip_sums_ws_kernel(a_desc, b_desc, M, N, D, scale_ptr, row_shift, col_shift, row_sum, col_sum,
+                             diag, window, CHUNK, STAGES: gl.constexpr):
+        """_clip_sums_strip_kernel's sums with TMA descriptors for A [M, D] and Bm [N, D]."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+        b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+        scalars = (scale_ptr, row_shift, col_shift, row_sum, col_sum, diag, window, CHUNK)
+        args = (a_desc, b_desc, (a_ring, b_ring), (ready, empty, turn), M, N, D, scalars)
+        gl.warp_specialize([(_sums_consumer0, args), (_sums_loader, args), (_sums_consumer1, args)],
+                           [1, 4], [40, 232])
+
+
 @functools.lru_cache(maxsize=8)
 def _layout(rows: int, cols: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([rows, cols], {torch.bfloat16: gl.bfloat16,
@@ -231,3 +407,23 @@ def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_
                                    row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
                                    COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, num_warps=4,
                                    maxnreg=168)
+
+
+SUMS_TILES = (64, 128, 64, 8)
+"""The strip sums' BLOCK_M, BLOCK_N, BLOCK_K and ring stages (192 KB of shared memory)."""
+SUMS_WINDOW = 44.0
+"""Widest spread of a column block's shifts (nats) whose column sums this kernel gives."""
+
+
+def clip_sums_strips(a, b, scale, row_shift, col_shift, row_sum, col_sum, diag: int, chunk: int,
+                     sm_count: int, tiles=SUMS_TILES, window: float = SUMS_WINDOW) -> None:
+    """_clip_sums_strip_kernel's row and column sums of a b^T (added into row_sum / col_sum) by
+    the warp-specialised kernel: items of ``chunk`` row blocks down one column block."""
+    bm, bn, bk, stages = tiles
+    (m, d), n = a.shape, b.shape[0]
+    da = TensorDescriptor.from_tensor(a, [bm, bk], _layout(bm, bk, a.dtype))
+    db = TensorDescriptor.from_tensor(b, [bn, bk], _layout(bn, bk, b.dtype))
+    items = -(-(-(-m // bm)) // chunk) * -(-n // bn)
+    _clip_sums_ws_kernel[(min(sm_count, items), )](da, db, m, n, d, scale, row_shift, col_shift, row_sum,
+                                                   col_sum, diag, float(window), chunk, STAGES=stages,
+                                                   num_warps=4, maxnreg=168)
