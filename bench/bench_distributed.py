@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
+import importlib
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -198,11 +201,29 @@ def main(argv=None) -> None:
     cuda = torch.cuda.is_available() and not args.smoke
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    # torch.distributed.nn.functional binds group.WORLD as a default argument when imported;
+    # torch.profiler imports it (through torch._dynamo) at the first --profile. Imported after
+    # init, it holds the world group past destroy_process_group, which then cannot join the
+    # group's threads: a gloo group dies in interpreter finalization and can abort the process
+    # there ("terminate called without an active exception"). Imported first, it binds None.
+    importlib.import_module("torch.distributed.nn.functional")
     dist.init_process_group("nccl" if cuda else "gloo")
+    world = weakref.ref(dist.group.WORLD)
     try:
         run(args, cuda)
+        dist.barrier()  # every rank past its last collective before any rank tears down
     finally:
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # joins the group's threads, unless something still holds it
+    check_released(world)
+
+
+def check_released(world) -> None:
+    """Say so if the world group outlived destroy_process_group (the exit hazard above, which
+    aborts only now and then): the test fails on this line instead of on a rare abort."""
+    gc.collect()  # a reference cycle that held it (e.g. a traceback) is no leak
+    if world() is not None:
+        print("bench_distributed: the world process group outlived destroy_process_group; its threads "
+              "are joined at interpreter exit, where a gloo group can abort", file=sys.stderr, flush=True)
 
 
 def run(args, cuda: bool) -> None:
@@ -291,8 +312,8 @@ def run(args, cuda: bool) -> None:
             if args.profile:
                 from profile_table import print_profile
 
-                print_profile(lambda: [fn() for _ in range(args.profile)], f"{scheme} B={batch} b={b}",
-                              args.profile, show=rank == 0)
+                print_profile(lambda call=fn: [call() for _ in range(args.profile)],
+                              f"{scheme} B={batch} b={b}", args.profile, show=rank == 0)
             rows.append(dict(meta, scheme=scheme, local_world_size=sweep.topo.local, global_batch=batch,
                              local_batch=b, fwd_bwd_ms=t_n, fwd_bwd_ms_per_rank=per_rank,
                              single_gpu_ms=t1,
