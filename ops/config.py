@@ -15,6 +15,10 @@ import math
 import typing
 from typing import Any, Mapping, Optional, TypeVar
 
+DEFAULT_GRAPH_MAX_BATCH = 16384
+"""The loss op's default ``graph_max_batch`` (ContrastiveLossConfig.graph_max_batch says what it
+does): the batch up to which an idle-stream call replays CUDA graphs."""
+
 __all__ = ["ConfigError", "parse_section", "ContrastiveLossConfig"]
 
 T = TypeVar("T")
@@ -163,16 +167,18 @@ class ContrastiveLossConfig:
     compiled dense loss at B = 16k-65k (fp32 whole matrix at 16k-32k, bf16 bands at 65k: half
     the dense loss's memory); at B = 4,096 the fp32 whole matrix it allows was slower than
     recomputing (1.37 against 1.04-1.13 ms)."""
-    graph_max_batch: int = 0
-    """On one CUDA device, calls of at most this many rows that find their stream idle run the
-    loss's forward and backward as CUDA graphs, captured at the first such call of each shape and
-    replayed after (ops/graphs.py): on an idle GPU a call below ~16k rows is bound by its host's
-    Python and launches (8,192: 0.41-1.00x the compiled dense loss at B = 1k-8k on an H200, eager
-    1.0-1.9x). Each shape captured holds its buffers between calls (O(B D), 0.1-0.2 GiB at
-    1k-16k). 0 (default): never. In a ViT-B/32 training step at micro-batch 256 the loss's stream
-    is busy behind CUDA-graphed towers (no change), idle behind host-bound ones (ZeRO-3: 1.31x
-    faster, but a higher peak; bench/results/pipeline_vitb32_256_loss_graphs_*_h200.log).
-    Distributed schemes always run eagerly."""
+    graph_max_batch: int = DEFAULT_GRAPH_MAX_BATCH
+    """On one CUDA device, calls of at most this many rows (default 16,384) that find their
+    stream idle run the loss's forward and backward as CUDA graphs, captured at the first such
+    call of each shape and replayed after (ops/graphs.py): on an idle GPU a call below ~16k rows
+    is bound by its host's Python and launches (0.41-1.01x the compiled dense loss at B = 1k-16k
+    on an H200 replayed, eager 1.0-1.9x). Each shape captured holds its buffers between calls
+    (O(B D), 0.1-0.2 GiB at 1k-16k). Calls behind queued work (a training step's towers) run
+    eagerly: there the launches hide. In a ViT-B/32 step at micro-batch 256 the loss's stream is
+    busy behind CUDA-graphed towers (no change), idle behind host-bound ones (ZeRO-3: 1.03-1.31x
+    faster; its ~4 GiB peak is the configuration's own, h200_ds;
+    bench/results/pipeline_vitb32_256_loss_graphs_*_h200.log). 0: never. Distributed schemes
+    always run eagerly."""
     distributed: typing.Literal["none", "gather", "disco", "ring", "hierarchical_ring"] = "none"
     """How the global batch is spread over the data-parallel group (ignored at world size 1)."""
     local_world_size: Optional[int] = None

@@ -63,7 +63,7 @@ from .blocks import (
     siglip_grads,
     siglip_stats,
 )
-from .config import ConfigError, ContrastiveLossConfig
+from .config import DEFAULT_GRAPH_MAX_BATCH, ConfigError, ContrastiveLossConfig
 from .registered import OP, scheme_args
 from .sweeps import Scheme, choose_scheme
 
@@ -88,7 +88,6 @@ log = logging.getLogger(__name__)
 IMPLS = ("naive", "chunked_torch", "triton")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 DEFAULT_LOGITS_BUDGET_MB = 64.0
-DEFAULT_GRAPH_MAX_BATCH = 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -139,7 +138,8 @@ def resolve_impl(impl: str, device: torch.device, triton_interpret: bool = False
 
 
 def _validate_options(loss: str, label_smoothing: float, block_m: int, block_n: int,
-                      grad_reduction: str, logits_budget_mb: float, graph_max_batch: int = 0) -> None:
+                      grad_reduction: str, logits_budget_mb: float,
+                      graph_max_batch: int = DEFAULT_GRAPH_MAX_BATCH) -> None:
     """The scalar options, checked whether or not a process group is there."""
     if loss not in ("clip", "siglip"):
         raise ValueError(f"unknown loss {loss!r}; choose 'clip' or 'siglip'")
@@ -226,7 +226,8 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
     triton's rows per GEMM band (0: by memory). graph_max_batch: on one CUDA device, a batch of
     at most this many rows whose stream is idle runs its forward and backward as CUDA graphs,
     captured at the first such call of each shape and replayed after (ops/graphs.py: small calls
-    on an idle GPU are bound by the host); 0 (default): never (ops/config.py says when it pays).
+    on an idle GPU are bound by the host; behind queued work calls run eagerly); default 16,384;
+    0: never (ops/config.py says when it pays).
 
     With ``distributed`` != "none" and a process group of more than one rank, the features are
     this rank's local batch and the loss is over the global batch (ops/assembly.py).
@@ -254,7 +255,7 @@ def backward_follows(inputs) -> bool:
 
 def _call(image_features, text_features, logit_scale, logit_bias, scheme: Scheme, loss, impl,
           label_smoothing, block_m, block_n, allow_tf32, grad_reduction, logits_budget_mb,
-          graph_max_batch: int = 0) -> Tensor:
+          graph_max_batch: int = DEFAULT_GRAPH_MAX_BATCH) -> Tensor:
     """The registered op on checked arguments; its loss output."""
     inputs = (image_features, text_features, logit_scale, logit_bias if loss == "siglip" else None)
     backward = backward_follows(inputs)
@@ -292,7 +293,8 @@ def distributed_contrastive_loss(image_features: Tensor, text_features: Tensor, 
     if not isinstance(scheme, Scheme):
         scheme = choose_scheme(scheme, process_group, local_world_size, world_one_is_local=False)
     return _call(image_features, text_features, logit_scale, logit_bias, scheme, loss, impl,
-                 label_smoothing, block_m, block_n, allow_tf32, grad_reduction, 0.0)
+                 label_smoothing, block_m, block_n, allow_tf32, grad_reduction, 0.0,
+                 graph_max_batch=0)  # (scheme "none" too: this entry point stays eager)
 
 
 class ContrastiveLoss(torch.nn.Module):

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from . import assembly
+from .config import DEFAULT_GRAPH_MAX_BATCH
 from .graphs import GraphCache, tensor_key
 from .sweeps import Scheme, Sweep, make_sweep, resolve_group, sweep_class
 
@@ -40,7 +41,7 @@ __all__ = ["OP", "OP_BACKWARD", "scheme_args"]
 
 _LIB = torch.library.Library("infclip", "FRAGMENT")
 _SCHEME_ARGS = ('str scheme="none", str group_name="", int local_world_size=0, '
-                'str grad_reduction="mean", int graph_max_batch=0')
+                f'str grad_reduction="mean", int graph_max_batch={DEFAULT_GRAPH_MAX_BATCH}')
 _LIB.define("contrastive_loss(Tensor image_features, Tensor text_features, Tensor logit_scale, "
             "Tensor? logit_bias, str loss, str impl, float label_smoothing, int block_m, "
             "int block_n, bool allow_tf32, float logits_budget_mb=0.0, "
@@ -54,7 +55,8 @@ _LIB.define("contrastive_loss_backward(Tensor grad, Tensor image_features, Tenso
 
 # the forward op's arguments after the four tensors, with their defaults (the dispatcher leaves
 # trailing defaults out)
-_DEFAULTS = (None, None, None, None, None, None, 0.0, False, "none", "", 0, "mean", 0)
+_DEFAULTS = (None, None, None, None, None, None, 0.0, False, "none", "", 0, "mean",
+             DEFAULT_GRAPH_MAX_BATCH)
 _OPTIONS = slice(0, 6)  # loss, impl, label_smoothing, block_m, block_n, allow_tf32
 _SCHEME = slice(8, 13)  # scheme, group_name, local_world_size, grad_reduction, graph_max_batch
 _GRAPHS = GraphCache()
@@ -65,13 +67,16 @@ def _full(options: tuple) -> tuple:
     return tuple(options) + _DEFAULTS[len(options):]
 
 
-def scheme_args(scheme: Scheme, grad_reduction: str = "mean", graph_max_batch: int = 0) -> tuple:
+def scheme_args(scheme: Scheme, grad_reduction: str = "mean",
+                graph_max_batch: int = DEFAULT_GRAPH_MAX_BATCH) -> tuple:
     """The op's trailing arguments for ``scheme``: on one device none (their defaults: fewer for
-    the dispatcher to parse) unless ``graph_max_batch`` is set, which follows the defaults of the
-    scheme's four; otherwise the scheme's values and ``grad_reduction`` (CUDA graphs are for one
-    device only: collectives stay eager)."""
+    the dispatcher to parse) unless ``graph_max_batch`` is not its default, which then follows
+    the defaults of the scheme's four; otherwise the scheme's values and ``grad_reduction`` (CUDA
+    graphs are for one device only: collectives stay eager)."""
     if scheme.local:
-        return _DEFAULTS[_SCHEME][:4] + (int(graph_max_batch),) if graph_max_batch else ()
+        if graph_max_batch == DEFAULT_GRAPH_MAX_BATCH:
+            return ()
+        return _DEFAULTS[_SCHEME][:4] + (int(graph_max_batch),)
     return (scheme.name, scheme.group_name, scheme.local_world_size, grad_reduction)
 
 

@@ -747,9 +747,11 @@ def test_registered_op_passes_opcheck_and_compiles():
 
 
 def test_scheme_args_follow_the_op_schema():
-    """What the public API passes after the op's fixed arguments: on one device nothing, or the
-    schema's own defaults of the scheme's four followed by graph_max_batch; the scheme's values
-    otherwise, in the schema's order."""
+    """What the public API passes after the op's fixed arguments: on one device nothing (the
+    default graph_max_batch, which is the schema's), or the schema's own defaults of the scheme's
+    four followed by another graph_max_batch (0 included); the scheme's values otherwise, in the
+    schema's order."""
+    from infclip.ops.config import DEFAULT_GRAPH_MAX_BATCH, ContrastiveLossConfig
     from infclip.ops.registered import scheme_args
     from infclip.ops.sweeps import Scheme
 
@@ -757,8 +759,10 @@ def test_scheme_args_follow_the_op_schema():
     tail = schema.arguments[-5:]
     assert [a.name for a in tail] == ["scheme", "group_name", "local_world_size", "grad_reduction",
                                       "graph_max_batch"]
+    assert tail[-1].default_value == DEFAULT_GRAPH_MAX_BATCH == ContrastiveLossConfig().graph_max_batch > 0
     assert scheme_args(Scheme("none")) == ()
-    assert scheme_args(Scheme("none"), "sum", 0) == ()
+    assert scheme_args(Scheme("none"), "sum", DEFAULT_GRAPH_MAX_BATCH) == ()
+    assert scheme_args(Scheme("none"), "sum", 0) == tuple(a.default_value for a in tail[:4]) + (0,)
     assert scheme_args(Scheme("none"), graph_max_batch=8) == tuple(a.default_value for a in tail[:4]) + (8,)
     assert scheme_args(Scheme("ring", "g0", 2), "sum", 8) == ("ring", "g0", 2, "sum")
 

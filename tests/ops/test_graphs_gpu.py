@@ -132,9 +132,25 @@ def test_limit_busy_stream_and_outer_capture():
     torch.testing.assert_close(out, contrastive_loss(img, txt, scale, graph_max_batch=0), rtol=2e-5, atol=0)
 
 
-def test_default_never_replays():
+def test_default_replays_on_an_idle_stream_and_zero_never():
+    """graph_max_batch's default (16,384) captures a call of 1,024 rows on an idle stream, and its
+    replay gives the eager call's loss and gradients; 0 never captures; a batch above the default
+    runs eagerly."""
+    from infclip.ops.config import DEFAULT_GRAPH_MAX_BATCH
+
     registered._GRAPHS.clear()
-    _grads(_leaves(1024, 256, "clip", 0))
+    eager = _grads(_leaves(1024, 256, "clip", 0), graph_max_batch=0)
+    assert not registered._GRAPHS.calls
+    torch.cuda.synchronize()
+    first = _grads(_leaves(1024, 256, "clip", 0))
+    assert len(registered._GRAPHS.calls) == 2  # the forward's capture and the backward's
+    torch.cuda.synchronize()
+    again = _grads(_leaves(1024, 256, "clip", 0))
+    _assert_same(first, again)
+    _assert_same(again, eager)
+    registered._GRAPHS.clear()
+    torch.cuda.synchronize()
+    _grads(_leaves(DEFAULT_GRAPH_MAX_BATCH + 8, 64, "clip", 0))
     assert not registered._GRAPHS.calls
 
 
