@@ -171,7 +171,7 @@ class ContrastiveLossConfig:
     """On one CUDA device, calls of at most this many rows (default 16,384) that find their
     stream idle run the loss's forward and backward as CUDA graphs, captured at the first such
     call of each shape and replayed after (ops/graphs.py): on an idle GPU a call below ~16k rows
-    is bound by its host's Python and launches (0.41-1.01x the compiled dense loss at B = 1k-16k
+    is bound by its host's Python and launches (0.41-1.06x the compiled dense loss at B = 1k-16k
     on an H200 replayed, eager 1.0-1.9x). Each shape captured holds its buffers between calls
     (O(B D), 0.1-0.2 GiB at 1k-16k). Calls behind queued work (a training step's towers) run
     eagerly: there the launches hide. In a ViT-B/32 step at micro-batch 256 the loss's stream is
