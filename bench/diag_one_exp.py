@@ -132,7 +132,9 @@ def main(argv=None) -> None:
     p.add_argument("--scales", default="14.3,100")
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--modes", default=",".join(MODES), help="which of " + ", ".join(MODES))
     args = p.parse_args(argv)
+    modes = {name: MODES[name] for name in args.modes.split(",")}
     print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}, tiles {tri._TMA_STRIPS}")
     for b in [int(s) for s in args.sizes.split(",")]:
         gen = torch.Generator(device="cuda").manual_seed(0)
@@ -148,7 +150,7 @@ def main(argv=None) -> None:
             op_ms = timed(lambda: tri._clip_sums_strips(img, txt, scale, row_shift, col_shift, sums[0],
                                                          sums[1], 0, False), args.reps)
             print(f"B={b} scale={s} op_kernel {op_ms:.3f} ms", flush=True)
-            for (name, mode), order in [(m, o) for m in MODES.items() for o in range(ORDERS)]:
+            for (name, mode), order in [(m, o) for m in modes.items() for o in range(ORDERS)]:
                 sums.zero_()
                 run_variant(mode, img, txt, scale, row_shift, col_shift, sums[0], sums[1], order=order)
                 err = ((sums - ref).abs() / ref.abs().clamp_min(1e-30)).amax(dim=1).tolist()
