@@ -35,7 +35,6 @@ import json
 import os
 import sys
 import time
-from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -86,7 +85,7 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
           compile="auto", bf16_overflow_check: bool = False, distributed: str = "gather",
           compile_mode: str = "default", overlap_comm: bool = True, flat: bool = False, on_device_step: bool = True,
           deepspeed_timers: bool = False, deepcompile: bool = False, patch_embedding: str = "gemm",
-          loss_graph_max_batch: Optional[int] = None):
+          loss_graph_max_batch: int = DEFAULT_GRAPH_MAX_BATCH):
     import deepspeed
 
     from infclip.ops import ContrastiveLoss, ContrastiveLossConfig
@@ -143,9 +142,8 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
     if impl == PLAIN:
         return engine, cfg, None
     world = torch.distributed.get_world_size()
-    graphs = {} if loss_graph_max_batch is None else {"graph_max_batch": loss_graph_max_batch}
     crit = ContrastiveLoss(ContrastiveLossConfig(impl=impl, distributed=distributed if world > 1 else "none",
-                                                 **graphs))
+                                                 graph_max_batch=loss_graph_max_batch))
     group = engine.data_parallel_group if world > 1 else None
     return engine, cfg, (lambda img, txt, scale, bias: crit(img, txt, scale, process_group=group))
 
@@ -335,8 +333,7 @@ def throughput(args, rows):
                "bf16_check_grad_overflow": args.bf16_overflow_check, "compile_mode": args.compile_mode,
                "overlap_comm": bool(args.overlap_comm), "flat_parameters": bool(flat),
                "on_device_step": bool(on_device), "deepspeed_timers": bool(args.deepspeed_timers),
-               "patch_embedding": patch,
-               "loss_graph_max_batch": DEFAULT_GRAPH_MAX_BATCH if graphs is None else graphs}
+               "patch_embedding": patch, "loss_graph_max_batch": graphs}
         if zero == 3:
             row["zero3_leaf_layers"] = leaf
             if on_device in (2, 3):
@@ -530,7 +527,7 @@ def main(argv=None) -> int:
                    "under cProfile (host Python time per function)")
     p.add_argument("--host_phases", type=int, default=0,
                    help="time the engine's forward, backward and step on the host over this many extra steps")
-    p.add_argument("--loss_graph_max_batch", type=int, nargs="+", default=[None],
+    p.add_argument("--loss_graph_max_batch", type=int, nargs="+", default=[DEFAULT_GRAPH_MAX_BATCH],
                    help="contrastive_loss.graph_max_batch of the pipeline rows (0: the loss never replays "
                         "CUDA graphs; default: the config's), a row each")
     p.add_argument("--loss_graph_always", action="store_true",

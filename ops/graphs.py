@@ -7,8 +7,8 @@ D = 768) a CLIP forward + backward at B = 1,024 took 1.82 ms, of which the GPU w
 dispatcher and ~8 kernel launches. A replay is one launch, whatever the number of kernels.
 
 How: :class:`GraphedCall` keeps static copies of the call's tensor inputs, runs the call once
-eagerly on a side stream (Triton compiles, cuBLAS sets up), captures it, and on each later call
-copies the new inputs into the static ones, replays, and returns copies of the static outputs
+eagerly on the caller's stream (Triton compiles, cuBLAS sets up), captures it, and on each later
+call copies the new inputs into the static ones, replays, and returns copies of the static outputs
 (one multi-tensor copy per dtype each way). The outputs are copies because the op's outputs are
 saved for its backward, which may come after another forward: a replay must not overwrite them.
 :class:`GraphCache` holds the last few captures by key (shapes, strides, dtypes, device, every
@@ -23,12 +23,12 @@ another). Before, each capture had a pool of its own and warmed up on a new side
 torch keeps a cuBLAS workspace per stream for the life of the process: on an H200 every new
 shape (also each recapture after an eviction) kept ~70 MiB more (bench/diag_graph_memory.py).
 
-When: the callers (ops/registered.py) replay only with ``graph_max_batch`` set (0 by default),
-only the single-device scheme (collectives stay eager), only on CUDA, only outside another
-capture (inside one, the call is part of the outer graph), and only when nothing is queued on
-the stream (or for the backward of a replayed forward). Behind queued work (the towers' forward,
-in training) the eager launches hide anyway, and the replay's copies cost GPU time: on an H200
-at B = 1,024, 0.10 ms a forward + backward replayed against 0.05 eager, both behind 20 ms of
+When: the callers (ops/registered.py) replay only up to ``graph_max_batch`` rows (16,384 by
+default, 0: never), only the single-device scheme (collectives stay eager), only on CUDA, only
+outside another capture (inside one, the call is part of the outer graph), and only when nothing is
+queued on the stream (or for the backward of a replayed forward). Behind queued work (the towers'
+forward, in training) the eager launches hide anyway, and the replay's copies cost GPU time: on an
+H200 at B = 1,024, 0.10 ms a forward + backward replayed against 0.05 eager, both behind 20 ms of
 queued work (bench/results/contrastive_loss_h200_graphs_queued20.log).
 
 The replayed kernels are the eager call's, launched with the same arguments: the same values,
