@@ -256,3 +256,45 @@ def test_a_layer_stack_finishes_every_blocks_gradients_before_its_input_hook():
     assert events[-1] == ("input hook", False)  # fired with the hidden states' gradient
     assert sorted(events[:-1]) == [(i, n) for i in range(len(stack_blocks)) for n in ("flat_matrices", "flat_vectors")]
     assert all("weight" not in b.mlp.fc1.__dict__ and not b._flat_held for b in stack_blocks)
+
+
+@pytest.mark.parametrize("leaf", ["stack", "tower"])
+def test_zero3_binds_each_block_once_a_forward(leaf, monkeypatch):
+    """Under ZeRO-3 (one rank: every flat tensor is whole once gathered, and the small vectors
+    stay gathered between steps) each block binds its views once per forward, inside its own or
+    its stack's forward; the model's binding before the forward leaves those blocks alone (it
+    bound their persistent vectors only to have them replaced before any read). Training still
+    matches the plain model (:func:`test_deepspeed_zero3_trains_the_flat_model_as_the_plain_one`)."""
+    pytest.importorskip("deepspeed")
+    import deepspeed
+
+    from infclip.pipeline import flat_params
+    from infclip.pipeline.model import mark_zero3_leaf_layers
+    from infclip.pipeline.train import single_process_env
+
+    single_process_env()
+    _, model = pair()
+    mark_zero3_leaf_layers(model, leaf)
+    ds = {"train_micro_batch_size_per_gpu": 3,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 10**4}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
+    engine.module.bind_flat_views_in_forward()
+    from infclip.pipeline.tower_unit import reduce_when_accumulated
+
+    reduce_when_accumulated(engine)
+    blocks = engine.module._flat_blocks
+    bound, persistent = [], []
+    real_bind = flat_params._bind
+    monkeypatch.setattr(flat_params, "_bind", lambda block: (bound.append(block), real_bind(block)))
+    try:
+        for _ in range(3):
+            bound.clear()
+            persistent.append(sum(b.flat_vectors.numel() == b._flat_numel["flat_vectors"] for b in blocks))
+            loss = loss_of(engine)
+            engine.backward(loss)
+            engine.step()
+            assert sorted(map(id, bound)) == sorted(map(id, blocks))
+    finally:
+        engine.destroy()
+    assert persistent[-1] == len(blocks)  # the vectors stayed gathered between steps: the case skipped
