@@ -308,6 +308,52 @@ def host_only(b, d, calls):
                   f"{min(runs):.1f} us per forward + backward", flush=True)
 
 
+
+def interleaved(fns: dict, b: int, d: int, rounds: int, warmup: int = 3) -> dict:
+    """Per impl of ``fns`` (name -> fn, bf16), the forward + backward times (ms, as in
+    :func:`measure`, each call on an idle GPU) of ``rounds`` rounds in which every impl runs once,
+    in turn: host drift (clock boost, other processes) then reaches every impl alike, where
+    :func:`measure`'s block of calls per impl takes it whole. Returns name -> list of times, round
+    by round (a paired ratio per round is then robust to the drift)."""
+    from infclip.ops import registered
+
+    registered._GRAPHS.clear()
+    img, txt, scale, bias = inputs(b, d, torch.bfloat16)
+    times = {name: [] for name in fns}
+    for r in range(warmup + rounds):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            timer = OpTimer(img.device)
+            fn(img, txt, scale, bias).backward()
+            ms = float(timer.stop())
+            img.grad = txt.grad = scale.grad = bias.grad = None
+            if r >= warmup:
+                times[name].append(ms)
+    del img, txt, scale, bias
+    torch.cuda.empty_cache()
+    return times
+
+
+def interleaved_table(times: dict, b: int, pairs: dict, meta: dict, out: str) -> None:
+    """Rows (``mode: interleaved``) and a table: median, quartiles, and for each of ``pairs``
+    (ours -> its anchor) the median of the per-round ratios."""
+    q = lambda xs, f: sorted(xs)[min(len(xs) - 1, int(f * len(xs)))]
+    for name, xs in times.items():
+        row = dict(meta, impl=name, B=b, mode="interleaved", rounds=len(xs), ms=round(statistics.median(xs), 3),
+                   p25=round(q(xs, 0.25), 3), p75=round(q(xs, 0.75), 3))
+        if name in pairs and pairs[name] in times:
+            ratios = [x / y for x, y in zip(xs, times[pairs[name]])]
+            row.update(anchor=pairs[name], paired_ratio=round(statistics.median(ratios), 3),
+                       rounds_faster=sum(r < 1 for r in ratios))
+        print(json.dumps(row), flush=True)
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        vs = (f"{row['paired_ratio']:.2f}x {row['anchor']} (faster in {row['rounds_faster']} of {len(xs)} rounds)"
+              if "paired_ratio" in row else "")
+        print(f"# interleaved B={b:,} {name}: median {row['ms']:.3f} ms (p25 {row['p25']:.3f}, p75 {row['p75']:.3f}) "
+              f"{vs}", flush=True)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="1024,2048,4096,8192,16384,32768,65536")
@@ -345,6 +391,11 @@ def main(argv=None):
                    help="LABEL:ATTR=VALUE;ATTR=VALUE: also ours_bf16_LABEL, the op with these settings of "
                    "ops/contrastive_loss_triton.py (VALUE: a Python literal or @FILE.json:KEY); repeatable")
     p.add_argument("--variant-siglip", action="store_true", help="the --variant runs for SigLIP too")
+    p.add_argument("--interleave", type=int, default=0,
+                   help="also, for each B up to --interleave-max, this many rounds calling ours_bf16, "
+                   "ours_siglip_bf16, compiled_dense and dense_siglip in turn on an idle GPU (rows with "
+                   "mode 'interleaved': medians and per-round paired ratios against the dense anchors)")
+    p.add_argument("--interleave-max", type=int, default=16384)
     p.add_argument("--host-only", action="store_true",
                    help="CPU only (TRITON_INTERPRET=1): time the op's Python layers with the Triton launches stubbed")
     args = p.parse_args(argv)
@@ -439,6 +490,14 @@ def main(argv=None):
             print(json.dumps(row), flush=True)
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
+
+    for b in (sizes if args.interleave else []):
+        if b > args.interleave_max:
+            continue
+        fns = {"ours_bf16": ours("bf16"), "ours_siglip_bf16": ours("bf16", "siglip"),
+               **{a: anchors[a] for a in ("compiled_dense", "dense_siglip") if a in anchors}}
+        interleaved_table(interleaved(fns, b, args.dim, args.interleave), b,
+                          {"ours_bf16": "compiled_dense", "ours_siglip_bf16": "dense_siglip"}, meta, args.out)
 
     for b in [int(x) for x in args.profile.split(",") if x]:
         for name, fn in (("ours_bf16", ours("bf16")), ("ours_siglip_bf16", ours("bf16", "siglip")),

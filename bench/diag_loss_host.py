@@ -1,6 +1,8 @@
 """Where an eager call of the loss op spends its host time on an idle GPU, at a given B: any call
-that waits for the GPU (torch.cuda.set_sync_debug_mode warns on each), and a cProfile of a few
-forward + backward calls, each started on an idle stream.
+that waits for the GPU (torch.cuda.set_sync_debug_mode warns on each), the host's time to issue
+a forward + backward (no profiler, no sync) against the GPU's span of it (CUDA events; the host
+sets the pace where the two are close), and a cProfile of a few forward + backward calls, each
+started on an idle stream.
 
     python bench/diag_loss_host.py --sizes 8192,16384
 """
@@ -19,6 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_contrastive_loss import inputs, ours  # noqa: E402
+from infclip.pipeline.step import OpTimer  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -41,6 +44,17 @@ def main(argv=None) -> None:
             torch.cuda.set_sync_debug_mode(0)
         syncs = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message)]
         print(f"# B = {b}: {len(syncs)} host waits in one forward + backward" + "".join(f"\n#   {s}" for s in syncs))
+        issue, span = [], []
+        for _ in range(max(args.calls, 15)):
+            torch.cuda.synchronize()
+            timer = OpTimer(img.device)
+            t0 = time.perf_counter()
+            fn(img, txt, scale, bias).backward()
+            issue.append((time.perf_counter() - t0) * 1e3)
+            span.append(float(timer.stop()))
+        med = lambda xs: sorted(xs)[len(xs) // 2]
+        print(f"# B = {b}: host ms to issue a call (median) {med(issue):.2f}, GPU span {med(span):.2f}; "
+              f"each: " + " ".join(f"{x:.1f}/{y:.1f}" for x, y in zip(issue, span)), flush=True)
         prof = cProfile.Profile()
         spent = []
         for _ in range(args.calls):
