@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
 import torch
 from torch import Tensor
