@@ -313,15 +313,19 @@ def interleaved(fns: dict, b: int, d: int, rounds: int, warmup: int = 3) -> dict
     """Per impl of ``fns`` (name -> fn, bf16), the forward + backward times (ms, as in
     :func:`measure`, each call on an idle GPU) of ``rounds`` rounds in which every impl runs once,
     in turn: host drift (clock boost, other processes) then reaches every impl alike, where
-    :func:`measure`'s block of calls per impl takes it whole. Returns name -> list of times, round
-    by round (a paired ratio per round is then robust to the drift)."""
+    :func:`measure`'s block of calls per impl takes it whole. The order rotates from round to
+    round, so that no impl always follows the same one (the dense losses free 4-32 GiB at
+    32k-65k). Returns name -> list of times, round by round (a paired ratio per round is then
+    robust to the drift)."""
     from infclip.ops import registered
 
     registered._GRAPHS.clear()
     img, txt, scale, bias = inputs(b, d, torch.bfloat16)
     times = {name: [] for name in fns}
+    names = list(fns)
     for r in range(warmup + rounds):
-        for name, fn in fns.items():
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = fns[name]
             torch.cuda.synchronize()
             timer = OpTimer(img.device)
             fn(img, txt, scale, bias).backward()

@@ -64,7 +64,7 @@ import contextlib
 import functools
 import logging
 import os
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import triton
@@ -1006,18 +1006,28 @@ def _capability(device: torch.device) -> tuple:
     return torch.cuda.get_device_capability(device)
 
 
-def _gluon_grad(a, b, p, args: tuple, flags: dict) -> bool:
+def _gluon_grad(a, b, p, args: tuple, flags: dict, checked: Optional[dict] = None,
+                descriptors: Optional[dict] = None) -> bool:
     """Whether the CLIP gradient block a b^T into ``p`` went to the warp-specialised Gluon kernel
     (``args``: _clip_grad_fused_kernel's from scale_ptr to offset; ``flags``: its COEF_SCALE and
     DSCALE): on sm_90 (wgmma) with the TMA loads and a TMA-aligned P, while _GLUON is on. A launch
     that fails (a Triton whose Gluon differs fails at its first build) turns it off, with a
-    warning, and the Triton kernel takes the block."""
-    if not (_GLUON["on"] and a.is_cuda and _use_tma(a, b) and _tma_rows(p)
-            and _capability(a.device) == (9, 0)):
+    warning, and the Triton kernel takes the block. ``checked`` and ``descriptors``: dicts kept
+    for the blocks of one call (views of the same tensors, so the answer depends on the block's
+    shape only): the checks' answer per block shape, and the kernel's TMA descriptors per view."""
+    if not _GLUON["on"]:
+        return False
+    shape = (a.shape[0], b.shape[0], p.shape[1])
+    ok = checked.get(shape) if checked is not None else None
+    if ok is None:
+        ok = a.is_cuda and _use_tma(a, b) and _tma_rows(p) and _capability(a.device) == (9, 0)
+        if checked is not None:
+            checked[shape] = ok
+    if not ok:
         return False
     try:
         gluon_kernels.clip_grad_block(a, b, p, *args, bool(flags["COEF_SCALE"]), int(flags["DSCALE"]),
-                                      _sm_count(a.device))
+                                      _sm_count(a.device), descriptors=descriptors)
     except Exception as exc:  # noqa: BLE001 - any failure of the first build: the Triton kernel
         _GLUON["on"] = False
         log.warning("contrastive_loss: the Gluon gradient kernel failed (%s: %s); using the Triton "
@@ -1483,16 +1493,33 @@ def _grad_block(m: int, n: int, d: int, band: int, itemsize: int) -> tuple[int, 
     return min(step, max(256, budget // max(n * itemsize, 1))), n
 
 
+class _BlockMemo:
+    """What the fused launches of one backward's blocks can share, all views of the same tensors
+    (a :func:`_grad_bands` call makes one and drops it with P's buffer): each row band's and
+    column block's vector slices, the Gluon kernel's checks per block shape, its TMA descriptors
+    per view (_gluon_grad)."""
+
+    __slots__ = ("rows", "columns", "checked", "descriptors")
+
+    def __init__(self) -> None:
+        self.rows, self.columns, self.checked, self.descriptors = {}, {}, {}, {}
+
+
 def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Callable, out_dtype,
                 sink_a):
     """Shared block loop of the backward: per block, the scaled gradient block P, then grad_a
     rows += P @ b_block and grad_b rows += P^T @ a_band. P comes from ``fused_fill(r0, r1, c0,
-    c1, p)`` (one fused launch, when nothing is kept and the matrix is small enough or loads by
-    TMA: _use_fused) or from S' (recomputed by cuBLAS, or the kept ``logits``) and ``fill(s, p,
-    r0, r1, c0, c1)`` (in place, p is s, except for the kept logits, which stay untouched: the
-    registered op declares no mutation). A kept matrix is read in full-width row bands.
-    With ``sink_a(i0, i1, rows)`` the finished fp32 rows of grad_a are handed over instead.
-    Returns (grad_a or None, grad_b)."""
+    c1, p, a_band, b_block, memo)`` (one fused launch, ``memo`` the call's :class:`_BlockMemo`,
+    when nothing is kept and the matrix is small enough or loads by TMA: _use_fused) or from S'
+    (recomputed by cuBLAS, or the kept ``logits``) and ``fill(s, p, r0, r1, c0, c1)`` (in place,
+    p is s, except for the kept logits, which stay untouched: the registered op declares no
+    mutation). A kept matrix is read in full-width row bands. With ``sink_a(i0, i1, rows)`` the finished fp32 rows of grad_a are
+    handed over instead. Returns (grad_a or None, grad_b).
+
+    The views a block needs are made once per row band, column block and block shape, not per
+    block: at B = 32,768 (64 blocks) each slice cost ~2.7 us of the host's ~160 us a block, where
+    the GPU takes ~140-150 us (h200_el, bench/diag_block_host.py): the eager call's host had come
+    to pace it on an idle GPU."""
     a, b = _prep(a), _prep(b)
     m, d = a.shape
     n = b.shape[0]
@@ -1511,32 +1538,42 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
         acc_a = torch.empty(rows, d, device=dev, dtype=torch.float32) if cols < n else None
         acc_b = torch.zeros(n, d, device=dev, dtype=torch.float32) if rows < m else None
         grad_b = acc_b if acc_b is not None else torch.empty(n, d, device=dev, dtype=out_dtype)
+        # (c0, c1, b's column block, grad_b's rows of it) for every column block
+        columns = [(c0, c1, b[c0:c1], grad_b[c0:c1]) for c0, c1 in _bands(n, cols)]
+        views: dict = {}  # block shape -> (P, P^T, acc_a's rows)
+        memo = _BlockMemo()  # fused_fill's, for this call's blocks (its descriptors hold P)
         for r0, r1 in _bands(m, rows):
-            for c0, c1 in _bands(n, cols):
-                p = buf[: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0)
+            a_band = a[r0:r1]
+            for c0, c1, b_block, grad_b_rows in columns:
+                shape = (r1 - r0, c1 - c0)
+                if shape not in views:
+                    p = buf[: shape[0] * shape[1]].view(shape)
+                    views[shape] = (p, p.T, acc_a[: shape[0]] if acc_a is not None else None)
+                p, p_t, acc_rows = views[shape]
                 if keep:  # no GEMM to redo: P from the kept rows (full-width bands)
                     fill(logits[r0:r1], p, r0, r1, 0, n)
                 elif fused:
-                    fused_fill(r0, r1, c0, c1, p)
+                    fused_fill(r0, r1, c0, c1, p, a_band, b_block, memo)
                 else:
-                    fill(_logits(a[r0:r1], b[c0:c1], p), p, r0, r1, c0, c1)
+                    fill(_logits(a_band, b_block, p), p, r0, r1, c0, c1)
                 if acc_a is None and sink_a is None:
                     _mm_into(grad_a[r0:r1], p, b)
                 elif acc_a is None:
                     sink_a(r0, r1, _mm(p, b, torch.float32))
                 elif c0 == 0:
-                    _mm_into(acc_a[: r1 - r0], p, b[c0:c1])
+                    _mm_into(acc_rows, p, b_block)
                 else:
-                    _addmm_(acc_a[: r1 - r0], p, b[c0:c1])
+                    _addmm_(acc_rows, p, b_block)
                 if acc_b is None:
-                    _mm_into(grad_b[c0:c1], p.T, a[r0:r1])
+                    _mm_into(grad_b_rows, p_t, a_band)
                 else:
-                    _addmm_(acc_b[c0:c1], p.T, a[r0:r1])
+                    _addmm_(grad_b_rows, p_t, a_band)
             if acc_a is not None and sink_a is None:
                 grad_a[r0:r1] = acc_a[: r1 - r0]
             elif acc_a is not None:
                 sink_a(r0, r1, acc_a[: r1 - r0])
-        del buf, p, acc_a  # before the cast below: the peak holds neither (nor the view p)
+        # before the cast below: the peak holds neither (nor the views of P, the descriptors' among them)
+        del buf, p, p_t, acc_rows, views, memo, acc_a
     if acc_b is None or out_dtype == torch.float32:
         return grad_a, grad_b
     return grad_a, acc_b.to(out_dtype)
@@ -1593,11 +1630,16 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
             r[r0:r1], c[c0:c1], ref[r0:r1], label_args[0] - r0 + c0, *label_args[1:],
             BLOCK_M=_GRAD_M, BLOCK_N=_GRAD_N, num_warps=_GRAD_WARPS, **flags)
 
-    def fused_fill(r0, r1, c0, c1, p):
-        args = (scale_t, coef_t, float(coef_mul), src, dst, r[r0:r1], c[c0:c1], ref[r0:r1],
-                ref[c0:c1], label_args[0] - r0 + c0, *label_args[1:])
-        if not _gluon_grad(a[r0:r1], b[c0:c1], p, args, flags):
-            _fused(_clip_grad_fused_kernel, a[r0:r1], b[c0:c1], "grad", allow_tf32, *args,
+    def fused_fill(r0, r1, c0, c1, p, a_band, b_block, memo):
+        if r0 not in memo.rows:
+            memo.rows[r0] = (r[r0:r1], ref[r0:r1])
+        if c0 not in memo.columns:
+            memo.columns[c0] = (c[c0:c1], ref[c0:c1])
+        (r_rows, ref_rows), (c_cols, ref_cols) = memo.rows[r0], memo.columns[c0]
+        args = (scale_t, coef_t, float(coef_mul), src, dst, r_rows, c_cols, ref_rows, ref_cols,
+                label_args[0] - r0 + c0, *label_args[1:])
+        if not _gluon_grad(a_band, b_block, p, args, flags, memo.checked, memo.descriptors):
+            _fused(_clip_grad_fused_kernel, a_band, b_block, "grad", allow_tf32, *args,
                    *flags.values(), p=p)
 
     grads = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a)
@@ -1636,8 +1678,8 @@ def _siglip_grad_pass(a, b, scale, bias, diag, coef, coef_scale, logits, band, o
             gwsum[r0:r1], row_loss[r0:r1], int(diag) - r0 + c0, BLOCK_M=_GRAD_M, BLOCK_N=_GRAD_N,
             num_warps=_GRAD_WARPS, COEF_SCALE=bool(coef_scale), LOSS=with_loss)
 
-    def fused_fill(r0, r1, c0, c1, p):
-        _fused(_siglip_grad_fused_kernel, a[r0:r1], b[c0:c1], kind, allow_tf32, scale_t, bias_t,
+    def fused_fill(r0, r1, c0, c1, p, a_band, b_block, memo):
+        _fused(_siglip_grad_fused_kernel, a_band, b_block, kind, allow_tf32, scale_t, bias_t,
                coef_t, gsum[r0:r1], gwsum[r0:r1], row_loss[r0:r1], int(diag) - r0 + c0,
                bool(coef_scale), with_loss, p=p)
 

@@ -33,6 +33,7 @@ and falls back to the Triton kernel if its first launch fails.
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 
@@ -216,16 +217,30 @@ def _layout(rows: int, cols: int, dtype: torch.dtype):
                                                                 torch.float16: gl.float16}[dtype])
 
 
+def _descriptor(t, block: list, cache: Optional[dict]):
+    """A TMA descriptor of ``t`` in ``block`` tiles; with ``cache`` (a dict of the caller's, for
+    tensors that stay put meanwhile) one per view, by its address, shape and strides."""
+    if cache is None:
+        return TensorDescriptor.from_tensor(t, block, _layout(*block, t.dtype))
+    key = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), *block)
+    desc = cache.get(key)
+    if desc is None:
+        desc = cache[key] = TensorDescriptor.from_tensor(t, block, _layout(*block, t.dtype))
+    return desc
+
+
 def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref,
                     col_ref, diag, diag_value, offset, coef_scale: bool, dscale: int, sm_count: int,
-                    tiles=GRAD_TILES) -> None:
+                    tiles=GRAD_TILES, descriptors: Optional[dict] = None) -> None:
     """P = a b^T's gradient block into ``p`` (and d scale as DSCALE says), the arguments as
-    _clip_grad_fused_kernel's: a [M, D], b [N, D], p [M, N], 16-bit, rows TMA-aligned."""
+    _clip_grad_fused_kernel's: a [M, D], b [N, D], p [M, N], 16-bit, rows TMA-aligned.
+    ``descriptors``: a dict that keeps the TMA descriptors between calls on the same views (the
+    blocks of one backward: each descriptor cost ~5 us of host time, h200_el)."""
     bm, bn, bk, stages = tiles
     (m, d), n = a.shape, b.shape[0]
-    da = TensorDescriptor.from_tensor(a, [bm, bk], _layout(bm, bk, a.dtype))
-    db = TensorDescriptor.from_tensor(b, [bn, bk], _layout(bn, bk, b.dtype))
-    dp = TensorDescriptor.from_tensor(p, [bm, bn], _layout(bm, bn, p.dtype))
+    da = _descriptor(a, [bm, bk], descriptors)
+    db = _descriptor(b, [bn, bk], descriptors)
+    dp = _descriptor(p, [bm, bn], descriptors)
     grid = min(sm_count, -(-m // bm) * -(-n // bn))
     _clip_grad_ws_kernel[(grid, )](da, db, dp, m, n, d, scale, coef, coef_mul, dscale_src, dscale_dst,
                                    row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
