@@ -1175,12 +1175,24 @@ def _fused_config(tiles, m: int, n: int, d: int, fp32: bool, allow_tf32: bool, p
     return grid, meta
 
 
-def _fused(kernel, a, b, kind: str, allow_tf32, *args, p=None, tma=None) -> None:
+def _descriptor(t: torch.Tensor, block: list, cache: Optional[dict]):
+    """A TMA descriptor of ``t`` in ``block`` tiles; with ``cache`` (a dict kept for views that
+    stay put meanwhile: the blocks of one backward, :class:`_BlockMemo`) one per view."""
+    if cache is None:
+        return TensorDescriptor.from_tensor(t, block)
+    key = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), *block)
+    desc = cache.get(key)
+    if desc is None:
+        desc = cache[key] = TensorDescriptor.from_tensor(t, block)
+    return desc
+
+
+def _fused(kernel, a, b, kind: str, allow_tf32, *args, p=None, tma=None, descriptors=None) -> None:
     """Launches a fused kernel over all tiles of a b^T (a: [M, D], b: [N, D]); kind "stats",
     "grad", "siglip_stats", "siglip_grad" or "siglip_grad_loss" picks the tiles. ``args``
     follow (A, Bm, strides, M, N, D) and, for the gradient kernels, ``p`` (the [M, N] block P,
     then its row stride). With TMA (``tma``, or when None _use_tma(a, b)) A, Bm and an aligned P
-    go as tensor descriptors."""
+    go as tensor descriptors (kept in ``descriptors`` when given, :func:`_descriptor`)."""
     (m, d), n = a.shape, b.shape[0]
     tma = _use_tma(a, b) if tma is None else tma
     tiles = {"stats": (_FUSED_STATS, _TMA_STATS), "grad": (_FUSED_GRAD, _TMA_GRAD),
@@ -1192,11 +1204,11 @@ def _fused(kernel, a, b, kind: str, allow_tf32, *args, p=None, tma=None) -> None
                                kind)
     if tma:
         bm, bn, bk = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
-        a, b = TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk])
+        a, b = _descriptor(a, [bm, bk], descriptors), _descriptor(b, [bn, bk], descriptors)
     if p is not None:
         store, stride_p = tma and _tma_rows(p), p.stride(0)
         if store:  # (blocks of one epilogue slice: BLOCK_N / SPLIT columns)
-            p = TensorDescriptor.from_tensor(p, [bm, bn // meta.get("SPLIT", 1)])
+            p = _descriptor(p, [bm, bn // meta.get("SPLIT", 1)], descriptors)
         args = (p, stride_p, *args)
         meta = dict(meta, TMA_STORE=store)
     kernel[grid](a, b, a.stride(0) if not tma else 0, b.stride(0) if not tma else 0, m, n, d,
@@ -1496,8 +1508,8 @@ def _grad_block(m: int, n: int, d: int, band: int, itemsize: int) -> tuple[int, 
 class _BlockMemo:
     """What the fused launches of one backward's blocks can share, all views of the same tensors
     (a :func:`_grad_bands` call makes one and drops it with P's buffer): each row band's and
-    column block's vector slices, the Gluon kernel's checks per block shape, its TMA descriptors
-    per view (_gluon_grad)."""
+    column block's vector slices, the Gluon kernel's checks per block shape, the TMA descriptors
+    per view (_gluon_grad, _fused)."""
 
     __slots__ = ("rows", "columns", "checked", "descriptors")
 
@@ -1640,7 +1652,7 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
                 label_args[0] - r0 + c0, *label_args[1:])
         if not _gluon_grad(a_band, b_block, p, args, flags, memo.checked, memo.descriptors):
             _fused(_clip_grad_fused_kernel, a_band, b_block, "grad", allow_tf32, *args,
-                   *flags.values(), p=p)
+                   *flags.values(), p=p, descriptors=memo.descriptors)
 
     grads = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a)
     return grads if dscale_from is None and not dscale_summed else (*grads, dst)
@@ -1679,9 +1691,11 @@ def _siglip_grad_pass(a, b, scale, bias, diag, coef, coef_scale, logits, band, o
             num_warps=_GRAD_WARPS, COEF_SCALE=bool(coef_scale), LOSS=with_loss)
 
     def fused_fill(r0, r1, c0, c1, p, a_band, b_block, memo):
+        if r0 not in memo.rows:
+            memo.rows[r0] = (gsum[r0:r1], gwsum[r0:r1], row_loss[r0:r1])
         _fused(_siglip_grad_fused_kernel, a_band, b_block, kind, allow_tf32, scale_t, bias_t,
-               coef_t, gsum[r0:r1], gwsum[r0:r1], row_loss[r0:r1], int(diag) - r0 + c0,
-               bool(coef_scale), with_loss, p=p)
+               coef_t, *memo.rows[r0], int(diag) - r0 + c0, bool(coef_scale), with_loss, p=p,
+               descriptors=memo.descriptors)
 
     grads = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a)
     return (sums, *grads)
