@@ -1525,8 +1525,8 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
     when nothing is kept and the matrix is small enough or loads by TMA: _use_fused) or from S'
     (recomputed by cuBLAS, or the kept ``logits``) and ``fill(s, p, r0, r1, c0, c1)`` (in place,
     p is s, except for the kept logits, which stay untouched: the registered op declares no
-    mutation). A kept matrix is read in full-width row bands. With ``sink_a(i0, i1, rows)`` the finished fp32 rows of grad_a are
-    handed over instead. Returns (grad_a or None, grad_b).
+    mutation). A kept matrix is read in full-width row bands. With ``sink_a(i0, i1, rows)`` the
+    finished fp32 rows of grad_a are handed over instead. Returns (grad_a or None, grad_b).
 
     The views a block needs are made once per row band, column block and block shape, not per
     block: at B = 32,768 (64 blocks) each slice cost ~2.7 us of the host's ~160 us a block, where
@@ -1584,7 +1584,7 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
                 grad_a[r0:r1] = acc_a[: r1 - r0]
             elif acc_a is not None:
                 sink_a(r0, r1, acc_a[: r1 - r0])
-        # before the cast below: the peak holds neither (nor the views of P, the descriptors' among them)
+        # before the cast below: the peak holds neither (nor any view of P: the memo's descriptors)
         del buf, p, p_t, acc_rows, views, memo, acc_a
     if acc_b is None or out_dtype == torch.float32:
         return grad_a, grad_b

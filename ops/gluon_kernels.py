@@ -222,7 +222,8 @@ def _descriptor(t, block: list, cache: Optional[dict]):
     tensors that stay put meanwhile) one per view, by its address, shape and strides."""
     if cache is None:
         return TensorDescriptor.from_tensor(t, block, _layout(*block, t.dtype))
-    key = ("gluon", t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), *block)  # (the Triton path keeps its own)
+    # (tagged: the Triton kernels' descriptors may share the cache)
+    key = ("gluon", t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), *block)
     desc = cache.get(key)
     if desc is None:
         desc = cache[key] = TensorDescriptor.from_tensor(t, block, _layout(*block, t.dtype))
