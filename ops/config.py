@@ -19,6 +19,10 @@ DEFAULT_GRAPH_MAX_BATCH = 16384
 """The loss op's default ``graph_max_batch`` (ContrastiveLossConfig.graph_max_batch says what it
 does): the batch up to which an idle-stream call replays CUDA graphs."""
 
+DEFAULT_LOGITS_BUDGET_MB = 64.0
+"""The loss op's default ``logits_budget_mb`` (ContrastiveLossConfig.logits_budget_mb says what
+it does): the MiB it may keep of the B x B logits between forward and backward."""
+
 __all__ = ["ConfigError", "parse_section", "ContrastiveLossConfig"]
 
 T = TypeVar("T")
@@ -157,7 +161,7 @@ class ContrastiveLossConfig:
     triton's bands then hold <= max(B D, 2^24) logits)."""
     block_n: Optional[int] = None
     """Column tile of the torch impls (None: the impl's default; unused by triton)."""
-    logits_budget_mb: float = 64.0
+    logits_budget_mb: float = DEFAULT_LOGITS_BUDGET_MB
     """triton: keep the B x B logit matrix from forward to backward when it fits in this many
     MiB: one GEMM less (6 B^2 D FLOPs instead of 8). Whole in fp32 when it fits with the
     backward's B x B gradient (features' dtype): 6 bytes a pair in bf16, B <= 3,344 at 64; else,

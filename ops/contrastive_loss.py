@@ -63,7 +63,7 @@ from .blocks import (
     siglip_grads,
     siglip_stats,
 )
-from .config import DEFAULT_GRAPH_MAX_BATCH, ConfigError, ContrastiveLossConfig
+from .config import DEFAULT_GRAPH_MAX_BATCH, DEFAULT_LOGITS_BUDGET_MB, ConfigError, ContrastiveLossConfig
 from .registered import OP, scheme_args
 from .sweeps import Scheme, choose_scheme
 
@@ -87,7 +87,6 @@ log = logging.getLogger(__name__)
 
 IMPLS = ("naive", "chunked_torch", "triton")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-DEFAULT_LOGITS_BUDGET_MB = 64.0
 
 
 # ----------------------------------------------------------------------------------------------
