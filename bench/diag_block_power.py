@@ -1,0 +1,98 @@
+"""Whether the CLIP gradient block is bound by the GPU's power: each kernel replayed for a few
+seconds (a CUDA graph of ten calls, over and over) while nvidia-smi samples the SM clock and the
+board's power, one process on one GPU. A kernel that runs at a lower SM clock than cuBLAS's GEMM
+of the same logits, at the power cap, pays for its epilogue in energy, not in issue slots.
+
+    python bench/diag_block_power.py --sizes 65536 --seconds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import infclip.ops.contrastive_loss_triton as tri  # noqa: E402
+from infclip.ops import gluon_kernels as glk  # noqa: E402
+from bench_loss_kernels import inputs  # noqa: E402
+
+
+def sampled(fn, seconds: float, calls: int = 10) -> dict:
+    """Replays a graph of ``calls`` fn() for ``seconds``; ms a call and nvidia-smi's medians."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    for _ in range(20):  # warm: clocks settle
+        graph.replay()
+    torch.cuda.synchronize()
+    smi = subprocess.Popen(["nvidia-smi", "-i", str(torch.cuda.current_device()), "--query-gpu=clocks.sm,power.draw,temperature.gpu",
+                            "--format=csv,noheader,nounits", "-lms", "50"], stdout=subprocess.PIPE, text=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.time()
+    replays = 0
+    start.record()
+    while time.time() - t0 < seconds:
+        for _ in range(10):
+            graph.replay()
+        replays += 10
+        torch.cuda.synchronize()
+    end.record()
+    end.synchronize()
+    smi.terminate()
+    rows = [line.split(",") for line in smi.communicate()[0].strip().splitlines()]
+    rows = [r for r in rows if len(r) == 3][2:]  # the first samples may predate the load
+    clock = statistics.median(float(r[0]) for r in rows)
+    power = statistics.median(float(r[1]) for r in rows)
+    temp = statistics.median(float(r[2]) for r in rows)
+    return dict(ms=start.elapsed_time(end) / (replays * calls), clock=clock, power=power, temp=temp,
+                samples=len(rows))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="65536")
+    p.add_argument("--dim", type=int, default=768)
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--wide", default="64,256,64,4,64", help="bench/diag_gluon_wide.py's tiles ('' : none)")
+    args = p.parse_args(argv)
+    print(f"# {torch.cuda.get_device_name()}")
+    for size in [int(x) for x in args.sizes.split(",") if x]:
+        img, txt, scale, row_shift, col_shift, ref, _ = inputs(size, args.dim)
+        rows, cols = tri._grad_block(size, size, args.dim, 0, img.element_size())
+        a, b = img[:rows], txt[:cols]
+        lse = row_shift + 1.0
+        s1 = scale.reshape(1)
+        one = torch.ones(1, device="cuda")
+        scratch = torch.zeros((), device="cuda")
+        gflop = 2 * rows * cols * args.dim / 1e9
+        kernel_args = (s1, one, 1.0, one)
+        vectors = (lse[:rows], lse[:cols], ref[:rows], lse[:cols], 0, 2.0, 0.0)
+        sms = tri._sm_count(a.device)
+        out = torch.empty(rows, cols, device="cuda", dtype=img.dtype)
+        kernels = {"cublas_gemm_bf16": lambda: torch.mm(a, b.T, out=out),
+                   f"op's gluon {glk.GRAD_TILES}": lambda: glk.clip_grad_block(
+                       a, b, out, *kernel_args, scratch, *vectors, True, 2, sms)}
+        if args.wide:
+            from diag_gluon_wide import wide_block
+            tiles = tuple(int(v) for v in args.wide.split(","))
+            kernels[f"wide {tiles}"] = lambda: wide_block(a, b, out, *kernel_args, scratch, *vectors, True, 2,
+                                                          sms, tiles)
+        for rnd in range(2):
+            for label, fn in kernels.items():
+                r = sampled(fn, args.seconds)
+                print(f"B={size:<7} {rows}x{cols} {label:<34} {r['ms']:.4f} ms {gflop / r['ms']:5.0f} TFLOP/s "
+                      f"SM {r['clock']:.0f} MHz {r['power']:.0f} W {r['temp']:.0f} C ({r['samples']} samples)",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
