@@ -3,7 +3,10 @@ seconds (a CUDA graph of ten calls, over and over) while nvidia-smi samples the 
 board's power, one process on one GPU. A kernel that runs at a lower SM clock than cuBLAS's GEMM
 of the same logits, at the power cap, pays for its epilogue in energy, not in issue slots.
 
-    python bench/diag_block_power.py --sizes 65536 --seconds 4
+    python bench/diag_block_power.py --sizes 32768,65536 --seconds 4
+
+bench/device/h200_er.sh and h200_es.sh ran it with working copies of a 64 x 256 kernel (commit
+a8edf12, bench/diag_gluon_wide.py; then in ops/gluon_kernels.py, its tiles 64,256,64,4,64).
 """
 
 from __future__ import annotations
@@ -62,9 +65,21 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", default="65536")
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--seconds", type=float, default=4.0)
-    p.add_argument("--wide", default="64,256,64,4,64", help="bench/diag_gluon_wide.py's tiles ('' : none)")
+    p.add_argument("--tiles", nargs="*", default=[],
+                   help="more tiles of the Gluon kernel: BLOCK_M,BLOCK_N,BLOCK_K,STAGES")
+    p.add_argument("--square", type=int, default=8192,
+                   help="also cuBLAS's n x n x n bf16 GEMM, the bench's roofline rate, sustained (0: not)")
     args = p.parse_args(argv)
     print(f"# {torch.cuda.get_device_name()}")
+    if args.square:
+        n = args.square
+        x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        y = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        z = torch.empty_like(x)
+        r = sampled(lambda: torch.mm(x, y, out=z), args.seconds)
+        print(f"square {n}^3 cuBLAS GEMM sustained: {r['ms']:.4f} ms {2 * n**3 / r['ms'] / 1e9:5.0f} TFLOP/s "
+              f"SM {r['clock']:.0f} MHz {r['power']:.0f} W", flush=True)
+        del x, y, z
     for size in [int(x) for x in args.sizes.split(",") if x]:
         img, txt, scale, row_shift, col_shift, ref, _ = inputs(size, args.dim)
         rows, cols = tri._grad_block(size, size, args.dim, 0, img.element_size())
@@ -81,11 +96,10 @@ def main(argv=None) -> None:
         kernels = {"cublas_gemm_bf16": lambda: torch.mm(a, b.T, out=out),
                    f"op's gluon {glk.GRAD_TILES}": lambda: glk.clip_grad_block(
                        a, b, out, *kernel_args, scratch, *vectors, True, 2, sms)}
-        if args.wide:
-            from diag_gluon_wide import wide_block
-            tiles = tuple(int(v) for v in args.wide.split(","))
-            kernels[f"wide {tiles}"] = lambda: wide_block(a, b, out, *kernel_args, scratch, *vectors, True, 2,
-                                                          sms, tiles)
+        for spec in args.tiles:
+            tiles = tuple(int(v) for v in spec.split(","))
+            kernels[f"gluon {tiles}"] = lambda tiles=tiles: glk.clip_grad_block(
+                a, b, out, *kernel_args, scratch, *vectors, True, 2, sms, tiles)
         for rnd in range(2):
             for label, fn in kernels.items():
                 r = sampled(fn, args.seconds)

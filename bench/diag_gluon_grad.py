@@ -9,7 +9,8 @@ How the kernel got its shape (a ring per consumer, then one shared ring with tur
 consumer, an interior path, cut-down epilogues): ops/gluon_kernels.py and
 docs/benchmark_history.md (2026-11-24, fourth session); the calls' logs are
 bench/results/gluon_grad_*_h200.log (bench/device/h200_dc.sh to h200_dm.sh ran working versions of
-this file with those variants, not kept).
+this file with those variants, not kept; the 64 x 256 tiles: bench/diag_gluon_wide.py in commit
+a8edf12, h200_eq).
 """
 
 from __future__ import annotations

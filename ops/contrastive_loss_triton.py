@@ -977,8 +977,9 @@ except ImportError:  # pragma: no cover - older Triton: pointer kernels only
     TensorDescriptor = None
 # The CLIP gradient block by the warp-specialised Gluon kernel (ops/gluon_kernels.py) where it
 # applies (sm_90, TMA loads and store); "on" False: the Triton kernel everywhere (INFCLIP_GLUON=0,
-# a bench's A/B, or after its first launch failed on this Triton).
-_GLUON = {"on": os.environ.get("INFCLIP_GLUON", "1") != "0" and not gluon_kernels.available()}
+# a bench's A/B, or after its first launch failed on this Triton); "tiles": its tiles (a bench's A/B).
+_GLUON = {"on": os.environ.get("INFCLIP_GLUON", "1") != "0" and not gluon_kernels.available(),
+          "tiles": gluon_kernels.GRAD_TILES}
 log = logging.getLogger(__name__)
 
 
@@ -1027,7 +1028,7 @@ def _gluon_grad(a, b, p, args: tuple, flags: dict, checked: Optional[dict] = Non
         return False
     try:
         gluon_kernels.clip_grad_block(a, b, p, *args, bool(flags["COEF_SCALE"]), int(flags["DSCALE"]),
-                                      _sm_count(a.device), descriptors=descriptors)
+                                      _sm_count(a.device), _GLUON["tiles"], descriptors)
     except Exception as exc:  # noqa: BLE001 - any failure of the first build: the Triton kernel
         _GLUON["on"] = False
         log.warning("contrastive_loss: the Gluon gradient kernel failed (%s: %s); using the Triton "
