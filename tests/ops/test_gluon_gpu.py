@@ -94,3 +94,46 @@ def test_op_backward_takes_it(b, monkeypatch):
     tri._GLUON["on"] = True
     for got, want in zip(*results):
         torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
+
+
+def test_direct_launches_write_the_same_blocks():
+    """ops/launch.py: the second launch of each kernel with the same shapes and flags (new
+    features, new vectors) goes straight to the compiled kernel's launcher, and still writes the
+    Triton kernel's P bit for bit, not the first launch's."""
+    from infclip.ops import launch
+
+    shape = (3001, 2904, 200)
+    a, b, rows, cols, ref = _block(*shape, torch.bfloat16, 1)
+    (first, _), _ = _both(a, b, rows, cols, ref, 37, True, 2)
+    before = launch.FAST["launches"]
+    a, b, rows, cols, ref = _block(*shape, torch.bfloat16, 2)
+    (p, dst), (want, want_dst) = _both(a, b, rows, cols, ref, 37, True, 2)
+    assert launch.FAST["launches"] >= before + 2  # the Gluon kernel's and the Triton kernel's
+    assert torch.equal(p, want) and not torch.equal(p, first)
+    torch.testing.assert_close(dst, want_dst, rtol=1e-5, atol=0)
+
+
+def test_op_backward_with_and_without_direct_launches():
+    """The op's loss and gradients with the direct launches on and off: the same values (up to
+    the order of the atomic sums), and the launches taken as asked."""
+    from infclip.ops import launch
+
+    b = 12288
+    g = torch.Generator(device="cuda").manual_seed(5)
+    img = F.normalize(torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
+    txt = F.normalize(img.float() + torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
+    results = []
+    try:
+        for i, on in enumerate((True, True, False)):  # (the first warms the cache)
+            launch.FAST["on"] = on
+            leaves = [img.clone().requires_grad_(), txt.clone().requires_grad_(),
+                      torch.full((), 20.0, device="cuda", requires_grad=True)]
+            before = launch.FAST["launches"]
+            loss = contrastive_loss(*leaves, impl="triton", graph_max_batch=0)
+            loss.backward()
+            results.append([loss.detach()] + [x.grad for x in leaves])
+            assert i == 0 or (launch.FAST["launches"] > before) == on
+    finally:
+        launch.FAST["on"] = True
+    for got, want in zip(results[1], results[2]):  # (the forward's row sums are atomic too)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)

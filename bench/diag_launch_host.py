@@ -1,0 +1,94 @@
+"""Host microseconds of one launch of the op's Gluon CLIP gradient kernel, by part: the whole
+``clip_grad_block`` call (TMA descriptors cached, as in the op's backward), Triton's argument
+binding and cache lookup alone (``run(..., warmup=True)``: no launch), and the compiled kernel's
+launcher called directly with the bound arguments (what a launch costs once the binding is
+known). One process on a Hopper GPU; the GPU is kept busy behind the launches so none waits.
+
+    python bench/diag_launch_host.py --b 32768 --launches 64 --reps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import infclip.ops.contrastive_loss_triton as tri  # noqa: E402
+from infclip.ops import gluon_kernels as glk  # noqa: E402
+from bench_loss_kernels import inputs  # noqa: E402
+from gpu_queue import queue_gpu_work  # noqa: E402
+
+
+def host_us(fn, launches: int, reps: int) -> float:
+    """Median host microseconds of one fn() over ``reps`` bursts of ``launches`` calls, each burst
+    behind enough queued GPU work that no call waits on the GPU."""
+    per = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        queue_gpu_work(launches * 0.2, None)
+        t0 = time.perf_counter()
+        for _ in range(launches):
+            fn()
+        per.append((time.perf_counter() - t0) * 1e6 / launches)
+    torch.cuda.synchronize()
+    return statistics.median(per)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--b", type=int, default=32768)
+    p.add_argument("--dim", type=int, default=768)
+    p.add_argument("--launches", type=int, default=64)
+    p.add_argument("--reps", type=int, default=20)
+    args = p.parse_args(argv)
+    img, txt, scale, row_shift, col_shift, ref, _ = inputs(args.b, args.dim)
+    rows, cols = tri._grad_block(args.b, args.b, args.dim, 0, img.element_size())
+    a, b = img[:rows], txt[:cols]
+    lse = row_shift + 1.0
+    one = torch.ones(1, device="cuda")
+    scratch = torch.zeros((), device="cuda")
+    out = torch.empty(rows, cols, device="cuda", dtype=img.dtype)
+    sms = tri._sm_count(a.device)
+    kargs = (scale.reshape(1), one, 1.0, one, scratch, lse[:rows], lse[:cols], ref[:rows], lse[:cols], 0, 2.0, 0.0)
+    descriptors: dict = {}
+    block = lambda: glk.clip_grad_block(a, b, out, *kargs, True, 2, sms, descriptors=descriptors)  # noqa: E731
+    block()
+    bm, bn, bk, stages = glk.GRAD_TILES
+    da, db, dp = (glk._descriptor(t, blk, descriptors) for t, blk in ((a, [bm, bk]), (b, [bn, bk]), (out, [bm, bn])))
+    positional = (da, db, dp, rows, cols, args.dim, *kargs)
+    consts = dict(COEF_SCALE=True, DSCALE=2, STAGES=stages)
+    options = dict(num_warps=4, maxnreg=168)
+    jit = glk._clip_grad_ws_kernel
+    grid = (min(sms, -(-rows // bm) * -(-cols // bn)), )
+    kernel = jit.run(*positional, grid=grid, warmup=True, **consts, **options)
+    values = list(positional) + [consts[name] for name in jit.arg_names[len(positional):]]
+    from triton.runtime.driver import driver
+    stream = driver.active.get_current_stream(driver.active.get_current_device())
+
+    def direct():
+        kernel.run(grid[0], 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *values)
+
+    direct()
+    torch.cuda.synchronize()
+    print(f"# {torch.cuda.get_device_name()}, B = {args.b}, block {rows} x {cols}, tiles {glk.GRAD_TILES}")
+    for rnd in range(2):
+        full = host_us(block, args.launches, args.reps)
+        bind = host_us(lambda: jit.run(*positional, grid=grid, warmup=True, **consts, **options), args.launches,
+                       args.reps)
+        launch = host_us(direct, args.launches, args.reps)
+        desc = host_us(lambda: [glk._descriptor(t, blk, descriptors) for t, blk in
+                                ((a, [bm, bk]), (b, [bn, bk]), (out, [bm, bn]))], args.launches, args.reps)
+        mm_out = torch.empty(rows, args.dim, device="cuda", dtype=img.dtype)
+        addmm = host_us(lambda: torch.mm(out, b, out=mm_out), args.launches, args.reps)
+        print(f"host us a launch: clip_grad_block {full:.1f}; Triton's binding + lookup (warmup=True) {bind:.1f}; "
+              f"the launcher alone {launch:.1f}; the cached descriptors' lookup {desc:.1f}; torch.mm of P @ b {addmm:.1f}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
