@@ -71,7 +71,6 @@ import triton
 import triton.language as tl
 
 from . import gluon_kernels
-from .launch import launch
 from .precision import matmul_precision
 
 __all__ = [
@@ -1213,8 +1212,8 @@ def _fused(kernel, a, b, kind: str, allow_tf32, *args, p=None, tma=None, descrip
             p = _descriptor(p, [bm, bn // meta.get("SPLIT", 1)], descriptors)
         args = (p, stride_p, *args)
         meta = dict(meta, TMA_STORE=store)
-    launch(kernel, grid, a, b, a.stride(0) if not tma else 0, b.stride(0) if not tma else 0, m, n, d,
-           *args, **meta)
+    kernel[grid](a, b, a.stride(0) if not tma else 0, b.stride(0) if not tma else 0, m, n, d,
+                 *args, **meta)
 
 
 def _prep(x: torch.Tensor) -> torch.Tensor:

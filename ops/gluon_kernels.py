@@ -37,8 +37,6 @@ from typing import Optional
 
 import torch
 
-from .launch import launch
-
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -245,6 +243,7 @@ def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_
     db = _descriptor(b, [bn, bk], descriptors)
     dp = _descriptor(p, [bm, bn], descriptors)
     grid = min(sm_count, -(-m // bm) * -(-n // bn))
-    launch(_clip_grad_ws_kernel, (grid, ), da, db, dp, m, n, d, scale, coef, coef_mul, dscale_src, dscale_dst,
-           row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset, COEF_SCALE=coef_scale, DSCALE=dscale,
-           STAGES=stages, num_warps=4, maxnreg=168)
+    _clip_grad_ws_kernel[(grid, )](da, db, dp, m, n, d, scale, coef, coef_mul, dscale_src, dscale_dst,
+                                   row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
+                                   COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, num_warps=4,
+                                   maxnreg=168)
