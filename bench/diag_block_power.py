@@ -21,19 +21,13 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import infclip.ops.contrastive_loss_triton as tri  # noqa: E402
 from infclip.ops import gluon_kernels as glk  # noqa: E402
-from bench_loss_kernels import inputs  # noqa: E402
+from diag_gluon_grad import FirstBlock, captured  # noqa: E402
 
 
 def sampled(fn, seconds: float, calls: int = 10) -> dict:
     """Replays a graph of ``calls`` fn() for ``seconds``; ms a call and nvidia-smi's medians."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+    graph = captured(fn, calls)
     for _ in range(20):  # warm: clocks settle
         graph.replay()
     torch.cuda.synchronize()
@@ -81,25 +75,14 @@ def main(argv=None) -> None:
               f"SM {r['clock']:.0f} MHz {r['power']:.0f} W", flush=True)
         del x, y, z
     for size in [int(x) for x in args.sizes.split(",") if x]:
-        img, txt, scale, row_shift, col_shift, ref, _ = inputs(size, args.dim)
-        rows, cols = tri._grad_block(size, size, args.dim, 0, img.element_size())
-        a, b = img[:rows], txt[:cols]
-        lse = row_shift + 1.0
-        s1 = scale.reshape(1)
-        one = torch.ones(1, device="cuda")
-        scratch = torch.zeros((), device="cuda")
-        gflop = 2 * rows * cols * args.dim / 1e9
-        kernel_args = (s1, one, 1.0, one)
-        vectors = (lse[:rows], lse[:cols], ref[:rows], lse[:cols], 0, 2.0, 0.0)
-        sms = tri._sm_count(a.device)
-        out = torch.empty(rows, cols, device="cuda", dtype=img.dtype)
-        kernels = {"cublas_gemm_bf16": lambda: torch.mm(a, b.T, out=out),
-                   f"op's gluon {glk.GRAD_TILES}": lambda: glk.clip_grad_block(
-                       a, b, out, *kernel_args, scratch, *vectors, True, 2, sms)}
+        blk = FirstBlock(size, args.dim)
+        rows, cols, gflop = blk.rows, blk.cols, blk.gflop
+        out = blk.out()
+        kernels = {"cublas_gemm_bf16": lambda: torch.mm(blk.a, blk.b.T, out=out),
+                   f"op's gluon {glk.GRAD_TILES}": lambda: blk.gluon(out)}
         for spec in args.tiles:
             tiles = tuple(int(v) for v in spec.split(","))
-            kernels[f"gluon {tiles}"] = lambda tiles=tiles: glk.clip_grad_block(
-                a, b, out, *kernel_args, scratch, *vectors, True, 2, sms, tiles)
+            kernels[f"gluon {tiles}"] = lambda tiles=tiles: blk.gluon(out, tiles=tiles)
         for rnd in range(2):
             for label, fn in kernels.items():
                 r = sampled(fn, args.seconds)

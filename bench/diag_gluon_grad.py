@@ -27,14 +27,51 @@ from infclip.ops import gluon_kernels  # noqa: E402
 from bench_loss_kernels import _try, inputs  # noqa: E402
 
 
-def graph_timed(fn, reps: int, calls: int = 10) -> float:
-    """Median GPU ms of one fn() over ``reps`` replays of a CUDA graph of ``calls`` calls."""
+def captured(fn, calls: int = 10) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``calls`` fn() (one eager call first: kernels compiled)."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
+    return graph
+
+
+class FirstBlock:
+    """The backward's first gradient block at B = ``size`` (bench_loss_kernels.inputs' features),
+    with the kernels' arguments: ``args`` from scale to the d-scale source, ``vectors`` from the
+    row LSEs to the offset (LSE = the shift + 1), ``scratch`` a d-scale output for timed calls."""
+
+    def __init__(self, size: int, dim: int):
+        img, txt, scale, row_shift, col_shift, ref, _ = inputs(size, dim)
+        self.rows, self.cols = tri._grad_block(size, size, dim, 0, img.element_size())
+        self.a, self.b = img[:self.rows], txt[:self.cols]
+        lse = row_shift + 1.0
+        one = torch.ones(1, device="cuda")
+        self.args = (scale.reshape(1), one, 1.0, one)
+        self.vectors = (lse[:self.rows], lse[:self.cols], ref[:self.rows], lse[:self.cols], 0, 2.0, 0.0)
+        self.scratch = torch.zeros((), device="cuda")
+        self.sms = tri._sm_count(self.a.device)
+        self.gflop = 2 * self.rows * self.cols * dim / 1e9
+
+    def out(self) -> torch.Tensor:
+        return torch.empty(self.rows, self.cols, device="cuda", dtype=self.a.dtype)
+
+    def gluon(self, out, dst=None, tiles=gluon_kernels.GRAD_TILES, descriptors=None) -> None:
+        """The op's Gluon kernel on this block into ``out`` (d scale into ``dst``, else scratch)."""
+        gluon_kernels.clip_grad_block(self.a, self.b, out, *self.args, self.scratch if dst is None else dst,
+                                      *self.vectors, True, 2, self.sms, tiles, descriptors)
+
+    def triton(self, out, dst=None) -> None:
+        """The op's Triton kernel on this block."""
+        tri._fused(tri._clip_grad_fused_kernel, self.a, self.b, "grad", False, *self.args,
+                   self.scratch if dst is None else dst, *self.vectors, True, 2, p=out)
+
+
+def graph_timed(fn, reps: int, calls: int = 10) -> float:
+    """Median GPU ms of one fn() over ``reps`` replays of a CUDA graph of ``calls`` calls."""
+    graph = captured(fn, calls)
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -57,45 +94,28 @@ def main(argv=None) -> None:
     print(f"# {torch.cuda.get_device_name()}, the Triton kernel's tiles {tri._TMA_GRAD}, "
           f"the Gluon kernel's {gluon_kernels.GRAD_TILES}")
     for size in [int(x) for x in args.sizes.split(",") if x]:
-        img, txt, scale, row_shift, col_shift, ref, _ = inputs(size, args.dim)
-        rows, cols = tri._grad_block(size, size, args.dim, 0, img.element_size())
-        a, b = img[:rows], txt[:cols]
-        lse = row_shift + 1.0
-        s1 = scale.reshape(1)
-        one = torch.ones(1, device="cuda")
-        scratch = torch.zeros((), device="cuda")  # d scale of the timed calls
-        gflop = 2 * rows * cols * args.dim / 1e9
-        kernel_args = (s1, one, 1.0, one)
-        vectors = (lse[:rows], lse[:cols], ref[:rows], lse[:cols], 0, 2.0, 0.0)
+        blk = FirstBlock(size, args.dim)
 
         def emit(label, ms):
-            print(f"B={size:<7} {rows}x{cols} {label:<34} {ms:7.3f} ms {gflop / ms:6.0f} TFLOP/s", flush=True)
+            print(f"B={size:<7} {blk.rows}x{blk.cols} {label:<34} {ms:7.3f} ms {blk.gflop / ms:6.0f} TFLOP/s",
+                  flush=True)
 
-        def triton_block(out, dst):
-            tri._fused(tri._clip_grad_fused_kernel, a, b, "grad", False, *kernel_args, dst, *vectors, True, 2,
-                       p=out)
-
-        def gluon_block(out, dst, tiles):
-            gluon_kernels.clip_grad_block(a, b, out, *kernel_args, dst, *vectors, True, 2,
-                                          tri._sm_count(a.device), tiles)
-
-        want = torch.empty(rows, cols, device="cuda", dtype=img.dtype)
+        want = blk.out()
         want_d = torch.zeros((), device="cuda")
-        triton_block(want, want_d)
+        blk.triton(want, want_d)
         logits = torch.empty_like(want)
-        emit("cublas_gemm_bf16", graph_timed(lambda: torch.mm(a, b.T, out=logits), args.reps))
-        emit("triton kernel (the op's before)", graph_timed(lambda: triton_block(want, scratch), args.reps))
+        emit("cublas_gemm_bf16", graph_timed(lambda: torch.mm(blk.a, blk.b.T, out=logits), args.reps))
+        emit("triton kernel (the op's before)", graph_timed(lambda: blk.triton(want), args.reps))
         for spec in args.tiles:
             tiles = tuple(int(v) for v in spec.split(","))
             got = torch.zeros_like(want)
             got_d = torch.zeros((), device="cuda")
-            if _try(lambda: gluon_block(got, got_d, tiles) or True) is None:  # (_try said why)
+            if _try(lambda: blk.gluon(got, got_d, tiles) or True) is None:  # (_try said why)
                 continue
             torch.cuda.synchronize()
             print(f"B={size:<7} gluon {tiles}: P equal to the Triton kernel's: {torch.equal(got, want)}, "
                   f"d scale {got_d.item():.6e} against {want_d.item():.6e}", flush=True)
-            emit(f"gluon {tiles}", graph_timed(lambda: gluon_block(got, scratch, tiles), args.reps))
-
+            emit(f"gluon {tiles}", graph_timed(lambda: blk.gluon(got, tiles=tiles), args.reps))
 
 if __name__ == "__main__":
     main()

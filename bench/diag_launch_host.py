@@ -18,9 +18,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import infclip.ops.contrastive_loss_triton as tri  # noqa: E402
 from infclip.ops import gluon_kernels as glk  # noqa: E402
-from bench_loss_kernels import inputs  # noqa: E402
+from diag_gluon_grad import FirstBlock  # noqa: E402
 from gpu_queue import queue_gpu_work  # noqa: E402
 
 
@@ -46,20 +45,16 @@ def main(argv=None) -> None:
     p.add_argument("--launches", type=int, default=64)
     p.add_argument("--reps", type=int, default=20)
     args = p.parse_args(argv)
-    img, txt, scale, row_shift, col_shift, ref, _ = inputs(args.b, args.dim)
-    rows, cols = tri._grad_block(args.b, args.b, args.dim, 0, img.element_size())
-    a, b = img[:rows], txt[:cols]
-    lse = row_shift + 1.0
-    one = torch.ones(1, device="cuda")
-    scratch = torch.zeros((), device="cuda")
-    out = torch.empty(rows, cols, device="cuda", dtype=img.dtype)
-    sms = tri._sm_count(a.device)
-    kargs = (scale.reshape(1), one, 1.0, one, scratch, lse[:rows], lse[:cols], ref[:rows], lse[:cols], 0, 2.0, 0.0)
+    blk = FirstBlock(args.b, args.dim)
+    a, b, rows, cols = blk.a, blk.b, blk.rows, blk.cols
+    out = blk.out()
+    sms = blk.sms
+    kargs = (*blk.args, blk.scratch, *blk.vectors)
     descriptors: dict = {}
-    block = lambda: glk.clip_grad_block(a, b, out, *kargs, True, 2, sms, descriptors=descriptors)  # noqa: E731
+    block = lambda: blk.gluon(out, descriptors=descriptors)  # noqa: E731
     block()
     bm, bn, bk, stages = glk.GRAD_TILES
-    da, db, dp = (glk._descriptor(t, blk, descriptors) for t, blk in ((a, [bm, bk]), (b, [bn, bk]), (out, [bm, bn])))
+    da, db, dp = (glk._descriptor(t, shape, descriptors) for t, shape in ((a, [bm, bk]), (b, [bn, bk]), (out, [bm, bn])))
     positional = (da, db, dp, rows, cols, args.dim, *kargs)
     consts = dict(COEF_SCALE=True, DSCALE=2, STAGES=stages)
     options = dict(num_warps=4, maxnreg=168)
@@ -81,9 +76,9 @@ def main(argv=None) -> None:
         bind = host_us(lambda: jit.run(*positional, grid=grid, warmup=True, **consts, **options), args.launches,
                        args.reps)
         launch = host_us(direct, args.launches, args.reps)
-        desc = host_us(lambda: [glk._descriptor(t, blk, descriptors) for t, blk in
+        desc = host_us(lambda: [glk._descriptor(t, shape, descriptors) for t, shape in
                                 ((a, [bm, bk]), (b, [bn, bk]), (out, [bm, bn]))], args.launches, args.reps)
-        mm_out = torch.empty(rows, args.dim, device="cuda", dtype=img.dtype)
+        mm_out = torch.empty(rows, args.dim, device="cuda", dtype=a.dtype)
         addmm = host_us(lambda: torch.mm(out, b, out=mm_out), args.launches, args.reps)
         print(f"host us a launch: clip_grad_block {full:.1f}; Triton's binding + lookup (warmup=True) {bind:.1f}; "
               f"the launcher alone {launch:.1f}; the cached descriptors' lookup {desc:.1f}; torch.mm of P @ b {addmm:.1f}",
