@@ -1,0 +1,74 @@
+"""Where an idle-GPU call of the loss op loses time against its GPU work: for each call (started
+on an idle GPU, the previous call finished), the wait from the call's start on the host to its
+first kernel, the GPU's idle gaps between its kernels, and its kernels' busy time, from a torch
+profiler trace. A call bound by its host shows gaps between kernels; one bound by its start, a
+long first wait.
+
+    python bench/diag_idle_gaps.py --sizes 32768 --calls 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_contrastive_loss import inputs, make_dense_siglip, make_compiled_dense, ours  # noqa: E402
+
+
+def call_gaps(prof, label: str) -> list:
+    """(first wait, gaps, busy, span) in ms for each ``label`` range of the trace."""
+    events = prof.events()
+    calls = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == label)
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in events
+                     if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    out = []
+    for i, (t0, t1) in enumerate(calls):
+        t_next = calls[i + 1][0] if i + 1 < len(calls) else float("inf")
+        ks = [k for k in kernels if t0 <= k[0] < t_next]
+        if not ks:
+            continue
+        busy, gaps, end = 0.0, 0.0, ks[0][0]
+        for s, e in ks:
+            gaps += max(0.0, s - end)
+            busy += e - max(s, end) if e > end else 0.0
+            end = max(end, e)
+        out.append(((ks[0][0] - t0) / 1e3, gaps / 1e3, busy / 1e3, (end - t0) / 1e3))
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="32768")
+    p.add_argument("--dim", type=int, default=768)
+    p.add_argument("--calls", type=int, default=5)
+    args = p.parse_args(argv)
+    print(f"# {torch.cuda.get_device_name()}")
+    impls = {"ours_bf16": ours("bf16"), "ours_siglip_bf16": ours("bf16", loss="siglip"),
+             "compiled_dense": make_compiled_dense(), "dense_siglip": make_dense_siglip()}
+    for b in [int(x) for x in args.sizes.split(",") if x]:
+        img, txt, scale, bias = inputs(b, args.dim, torch.bfloat16)
+        for name, fn in impls.items():
+            for _ in range(2):  # warm-up (compiles)
+                fn(img, txt, scale, bias).backward()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(args.calls):
+                    torch.cuda.synchronize()
+                    with record_function("call"):
+                        fn(img, txt, scale, bias).backward()
+                torch.cuda.synchronize()
+            rows = call_gaps(prof, "call")
+            med = [statistics.median(r[i] for r in rows) for i in range(4)]
+            print(f"B={b:<7} {name:<18} ms (median of {len(rows)}): first kernel after {med[0]:.2f}, gaps "
+                  f"{med[1]:.2f}, kernels busy {med[2]:.2f}, call to last kernel's end {med[3]:.2f}", flush=True)
+            img.grad = txt.grad = scale.grad = bias.grad = None
+
+
+if __name__ == "__main__":
+    main()
