@@ -4,7 +4,7 @@ first kernel, the GPU's idle gaps between its kernels, and its kernels' busy tim
 profiler trace. A call bound by its host shows gaps between kernels; one bound by its start, a
 long first wait.
 
-    python bench/diag_idle_gaps.py --sizes 32768 --calls 5
+    python bench/diag_idle_gaps.py --sizes 32768 --calls 5 [--interleave]
 """
 
 from __future__ import annotations
@@ -22,14 +22,16 @@ from bench_contrastive_loss import inputs, make_dense_siglip, make_compiled_dens
 
 
 def call_gaps(prof, label: str) -> list:
-    """(first wait, gaps, busy, span) in ms for each ``label`` range of the trace."""
+    """(first wait, gaps, busy, span) in ms for each ``label`` range of the trace (the kernels
+    up to the next range of any label)."""
     events = prof.events()
+    starts = sorted(e.time_range.start for e in events if e.name.startswith("call"))
     calls = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == label)
     kernels = sorted((e.time_range.start, e.time_range.end) for e in events
                      if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
     out = []
-    for i, (t0, t1) in enumerate(calls):
-        t_next = calls[i + 1][0] if i + 1 < len(calls) else float("inf")
+    for t0, t1 in calls:
+        t_next = next((t for t in starts if t > t0), float("inf"))
         ks = [k for k in kernels if t0 <= k[0] < t_next]
         if not ks:
             continue
@@ -47,27 +49,35 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", default="32768")
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--calls", type=int, default=5)
+    p.add_argument("--interleave", action="store_true",
+                   help="the impls in turn within each round (the order rotating), as the bench's --interleave")
     args = p.parse_args(argv)
     print(f"# {torch.cuda.get_device_name()}")
     impls = {"ours_bf16": ours("bf16"), "ours_siglip_bf16": ours("bf16", loss="siglip"),
              "compiled_dense": make_compiled_dense(), "dense_siglip": make_dense_siglip()}
     for b in [int(x) for x in args.sizes.split(",") if x]:
         img, txt, scale, bias = inputs(b, args.dim, torch.bfloat16)
+        names = list(impls)
         for name, fn in impls.items():
             for _ in range(2):  # warm-up (compiles)
                 fn(img, txt, scale, bias).backward()
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                for _ in range(args.calls):
+        torch.cuda.synchronize()
+        rounds = ([names[r % 4:] + names[:r % 4] for r in range(args.calls)] if args.interleave
+                  else [[name] * args.calls for name in names])
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for order in rounds:
+                for name in order:
                     torch.cuda.synchronize()
-                    with record_function("call"):
-                        fn(img, txt, scale, bias).backward()
-                torch.cuda.synchronize()
-            rows = call_gaps(prof, "call")
+                    with record_function(f"call {name}"):
+                        impls[name](img, txt, scale, bias).backward()
+                    img.grad = txt.grad = scale.grad = bias.grad = None
+            torch.cuda.synchronize()
+        for name in names:
+            rows = call_gaps(prof, f"call {name}")
             med = [statistics.median(r[i] for r in rows) for i in range(4)]
-            print(f"B={b:<7} {name:<18} ms (median of {len(rows)}): first kernel after {med[0]:.2f}, gaps "
-                  f"{med[1]:.2f}, kernels busy {med[2]:.2f}, call to last kernel's end {med[3]:.2f}", flush=True)
-            img.grad = txt.grad = scale.grad = bias.grad = None
+            print(f"B={b:<7} {name:<18} ms (median of {len(rows)}{', interleaved' if args.interleave else ''}): "
+                  f"first kernel after {med[0]:.2f}, gaps {med[1]:.2f}, kernels busy {med[2]:.2f}, call to last "
+                  f"kernel's end {med[3]:.2f}", flush=True)
 
 
 if __name__ == "__main__":
