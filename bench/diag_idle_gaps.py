@@ -1,7 +1,8 @@
 """Where an idle-GPU call of the loss op loses time against its GPU work: for each call (started
-on an idle GPU, the previous call finished), the wait from the call's start on the host to its
-first kernel, the GPU's idle gaps between its kernels, and its kernels' busy time, from a torch
-profiler trace. A call bound by its host shows gaps between kernels; one bound by its start, a
+on an idle GPU, the previous call finished), the host's time from the call's start to its first
+kernel launch, the GPU's idle gaps between its kernels, and its kernels' busy time, from a torch
+profiler trace (the GPU's clock as the trace aligns it: its "first kernel after" column read 0.00
+throughout in h200_fe / h200_ff). A call bound by its host shows gaps between kernels; one bound by its start, a
 long first wait.
 
     python bench/diag_idle_gaps.py --sizes 32768 --calls 5 [--interleave]
@@ -29,6 +30,8 @@ def call_gaps(prof, label: str) -> list:
     calls = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == label)
     kernels = sorted((e.time_range.start, e.time_range.end) for e in events
                      if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    launches = sorted(e.time_range.start for e in events
+                      if e.device_type == torch.autograd.DeviceType.CPU and "Launch" in e.name)
     out = []
     for t0, t1 in calls:
         t_next = next((t for t in starts if t > t0), float("inf"))
@@ -40,7 +43,8 @@ def call_gaps(prof, label: str) -> list:
             gaps += max(0.0, s - end)
             busy += e - max(s, end) if e > end else 0.0
             end = max(end, e)
-        out.append(((ks[0][0] - t0) / 1e3, gaps / 1e3, busy / 1e3, (end - t0) / 1e3))
+        first_launch = next((t for t in launches if t >= t0), t0)
+        out.append(((ks[0][0] - t0) / 1e3, gaps / 1e3, busy / 1e3, (end - t0) / 1e3, (first_launch - t0) / 1e3))
     return out
 
 
@@ -74,10 +78,10 @@ def main(argv=None) -> None:
             torch.cuda.synchronize()
         for name in names:
             rows = call_gaps(prof, f"call {name}")
-            med = [statistics.median(r[i] for r in rows) for i in range(4)]
+            med = [statistics.median(r[i] for r in rows) for i in range(5)]
             print(f"B={b:<7} {name:<18} ms (median of {len(rows)}{', interleaved' if args.interleave else ''}): "
-                  f"first kernel after {med[0]:.2f}, gaps {med[1]:.2f}, kernels busy {med[2]:.2f}, call to last "
-                  f"kernel's end {med[3]:.2f}", flush=True)
+                  f"first launch on the host after {med[4]:.2f}, first kernel after {med[0]:.2f}, gaps {med[1]:.2f}, "
+                  f"kernels busy {med[2]:.2f}, call to last kernel's end {med[3]:.2f}", flush=True)
 
 
 if __name__ == "__main__":
