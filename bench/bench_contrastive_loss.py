@@ -41,6 +41,17 @@ from infclip.pipeline.step import OpTimer  # noqa: E402  (CUDA events, read with
 from gpu_queue import queue_gpu_work  # noqa: E402  (bench/, on sys.path as the script's folder)
 
 
+def captured(fn, calls: int = 10) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``calls`` fn() (one eager call first: kernels compiled, handles made)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph
+
+
 def matmul_tflops_sustained(n: int = 8192, seconds: float = 3.0) -> float:
     """The same GEMM back to back for ``seconds`` (a CUDA graph of ten, replayed): the rate at the
     board's power cap. The roofline uses :func:`matmul_tflops` (short calls from an idle GPU, as
@@ -49,12 +60,7 @@ def matmul_tflops_sustained(n: int = 8192, seconds: float = 3.0) -> float:
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(a)
-    torch.mm(a, b, out=out)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(10):
-            torch.mm(a, b, out=out)
+    graph = captured(lambda: torch.mm(a, b, out=out))
     start = time.time()
     while time.time() - start < seconds / 2:  # to the cap first
         graph.replay()
@@ -334,7 +340,6 @@ def host_only(b, d, calls):
                 runs.append((time.perf_counter() - t0) / calls * 1e6)
             print(f"# host only (CPU, Triton launches stubbed): {loss} {label} B = {b}, D = {d}: "
                   f"{min(runs):.1f} us per forward + backward", flush=True)
-
 
 
 def interleaved(fns: dict, b: int, d: int, rounds: int, warmup: int = 3) -> dict:

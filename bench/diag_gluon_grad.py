@@ -24,18 +24,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import infclip.ops.contrastive_loss_triton as tri  # noqa: E402
 from infclip.ops import gluon_kernels  # noqa: E402
+from bench_contrastive_loss import captured  # noqa: E402
 from bench_loss_kernels import _try, inputs  # noqa: E402
-
-
-def captured(fn, calls: int = 10) -> torch.cuda.CUDAGraph:
-    """A CUDA graph of ``calls`` fn() (one eager call first: kernels compiled)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return graph
 
 
 class FirstBlock:

@@ -66,7 +66,7 @@ def main(argv=None) -> None:
             for _ in range(2):  # warm-up (compiles)
                 fn(img, txt, scale, bias).backward()
         torch.cuda.synchronize()
-        rounds = ([names[r % 4:] + names[:r % 4] for r in range(args.calls)] if args.interleave
+        rounds = ([names[r % len(names):] + names[:r % len(names)] for r in range(args.calls)] if args.interleave
                   else [[name] * args.calls for name in names])
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for order in rounds:
