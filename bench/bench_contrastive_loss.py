@@ -221,6 +221,18 @@ def inputs(b, d, dtype, device="cuda"):
     return img, txt, scale, bias
 
 
+def timed_call(fn, img, txt, scale, bias, queued_ms: float = 0.0):
+    """(ms, loss) of one forward + backward of ``fn`` by CUDA events, its timer starting behind
+    ``queued_ms`` of queued GPU work (0: none); the inputs' gradients are dropped after it."""
+    queue_gpu_work(queued_ms, img.device)
+    timer = OpTimer(img.device)
+    loss = fn(img, txt, scale, bias)
+    loss.backward()
+    ms = float(timer.stop())
+    img.grad = txt.grad = scale.grad = bias.grad = None
+    return ms, loss.detach()
+
+
 def measure(fn, b, d, dtype, reps, warmup=2, queued_ms=0.0):
     """(median fwd+bwd ms, peak memory above the inputs in GiB, loss, memory held between calls
     in GiB), or a status string ("oom", "error: ..."). ``queued_ms``: that much GPU work (a sleep
@@ -245,14 +257,10 @@ def measure(fn, b, d, dtype, reps, warmup=2, queued_ms=0.0):
         base = torch.cuda.memory_allocated()
         times = []
         for _ in range(reps):
-            queue_gpu_work(queued_ms, img.device)
-            timer = OpTimer(img.device)
-            loss = fn(img, txt, scale, bias)
-            loss.backward()
-            times.append(float(timer.stop()))
-            img.grad = txt.grad = scale.grad = bias.grad = None
+            ms, loss = timed_call(fn, img, txt, scale, bias, queued_ms)
+            times.append(ms)
         peak = (torch.cuda.max_memory_allocated() - base) / 2**30
-        return statistics.median(times), peak, float(loss.detach()), held
+        return statistics.median(times), peak, float(loss), held
     except torch.OutOfMemoryError:
         return "oom"
     except Exception as exc:  # an anchor failing must not end the run
@@ -358,12 +366,8 @@ def interleaved(fns: dict, b: int, d: int, rounds: int, warmup: int = 3) -> dict
     names = list(fns)
     for r in range(warmup + rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            fn = fns[name]
             torch.cuda.synchronize()
-            timer = OpTimer(img.device)
-            fn(img, txt, scale, bias).backward()
-            ms = float(timer.stop())
-            img.grad = txt.grad = scale.grad = bias.grad = None
+            ms, _ = timed_call(fns[name], img, txt, scale, bias)
             if r >= warmup:
                 times[name].append(ms)
     del img, txt, scale, bias

@@ -20,8 +20,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_contrastive_loss import inputs, make_compiled_dense, make_dense_siglip, ours  # noqa: E402
-from infclip.pipeline.step import OpTimer  # noqa: E402
+from bench_contrastive_loss import inputs, make_compiled_dense, make_dense_siglip, ours, timed_call  # noqa: E402
 
 
 def _clock():
@@ -44,12 +43,9 @@ def _count(phase, info) -> None:
 
 
 def call(fn, img, txt, scale, bias) -> float:
+    """ms of one forward + backward started on an idle GPU."""
     torch.cuda.synchronize()
-    timer = OpTimer(img.device)
-    fn(img, txt, scale, bias).backward()
-    ms = float(timer.stop())
-    img.grad = txt.grad = scale.grad = bias.grad = None
-    return ms
+    return timed_call(fn, img, txt, scale, bias)[0]
 
 
 def main(argv=None) -> None:

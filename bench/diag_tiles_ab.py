@@ -19,34 +19,28 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_contrastive_loss import inputs  # noqa: E402
-from gpu_queue import queue_gpu_work  # noqa: E402
-from infclip.ops import contrastive_loss  # noqa: E402
+from bench_contrastive_loss import inputs, ours, timed_call  # noqa: E402
 from infclip.ops import contrastive_loss_triton as tri  # noqa: E402
-from infclip.pipeline.step import OpTimer  # noqa: E402
 
 
-def call_ms(img, txt, scale, tiles, queued_ms: float) -> float:
+def call_ms(inputs_: tuple, tiles, queued_ms: float) -> float:
+    """ms of the op's CLIP forward + backward on ``inputs_`` (bench_contrastive_loss.inputs) with
+    these Gluon tiles."""
     tri._GLUON["tiles"] = tiles
-    queue_gpu_work(queued_ms, img.device)
-    timer = OpTimer(img.device)
-    contrastive_loss(img, txt, scale, impl="triton").backward()
-    ms = float(timer.stop())
-    img.grad = txt.grad = scale.grad = None
-    return ms
+    return timed_call(ours("bf16"), *inputs_, queued_ms)[0]
 
 
-def kernel_table(img, txt, scale, tiles, calls: int, queued_ms: float) -> None:
+def kernel_table(inputs_: tuple, tiles, calls: int, queued_ms: float) -> None:
     """GPU ms a call of each kernel of the op (over ``calls`` calls) with these tiles."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
-            call_ms(img, txt, scale, tiles, queued_ms)
+            call_ms(inputs_, tiles, queued_ms)
     rows = [(e.key, e.self_device_time_total / 1e3 / calls, e.count // calls) for e in prof.key_averages()
             if e.self_device_time_total > 0 and "sleep" not in e.key]
     total = sum(r[1] for r in rows)
-    print(f"  B={img.shape[0]} tiles {tiles}: kernels {total:.3f} ms a call")
+    print(f"  B={inputs_[0].shape[0]} tiles {tiles}: kernels {total:.3f} ms a call")
     for name, ms, count in sorted(rows, key=lambda r: -r[1])[:6]:
         print(f"    {ms:8.3f} ms  x{count:<4} {name[:90]}")
 
@@ -68,14 +62,14 @@ def main(argv=None) -> None:
           f"A = {settings[0]}, B = {settings[1]}")
     try:
         for b in [int(x) for x in args.sizes.split(",") if x]:
-            img, txt, scale, _ = inputs(b, args.dim, torch.bfloat16)
+            given = inputs(b, args.dim, torch.bfloat16)
             for tiles in settings * 2:  # warm-up: both compiled
-                call_ms(img, txt, scale, tiles, 0.0)
+                call_ms(given, tiles, 0.0)
             times = {s: [] for s in settings}
             ratios = []
             for r in range(args.rounds):
                 order = settings if r % 2 == 0 else settings[::-1]
-                got = {s: call_ms(img, txt, scale, s, args.queued_ms) for s in order}
+                got = {s: call_ms(given, s, args.queued_ms) for s in order}
                 for s in settings:
                     times[s].append(got[s])
                 ratios.append(got[settings[0]] / got[settings[1]])
@@ -85,8 +79,8 @@ def main(argv=None) -> None:
                   f"{statistics.quantiles(ratios, n=4)[2]:.3f}), A faster in "
                   f"{sum(x < 1 for x in ratios)} of {len(ratios)}", flush=True)
             for s in settings if args.profile else ():
-                kernel_table(img, txt, scale, s, args.profile, args.queued_ms)
-            del img, txt, scale
+                kernel_table(given, s, args.profile, args.queued_ms)
+            del given
             torch.cuda.empty_cache()
     finally:
         tri._GLUON["tiles"] = default
