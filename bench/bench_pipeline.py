@@ -86,7 +86,7 @@ def model_config(preset: str, grad_ckpt="auto", compile="auto", compile_mode="de
 def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=None, leaf=False,
           compile="auto", bf16_overflow_check: bool = False, distributed: str = "gather",
           compile_mode: str = "default", overlap_comm: bool = True, flat: bool = False, on_device_step: bool = True,
-          deepspeed_timers: bool = False, deepcompile: bool = False, patch_embedding: str = "gemm",
+          deepspeed_timers: bool = False, deepcompile: str = "", patch_embedding: str = "gemm",
           loss_graph_max_batch: int = DEFAULT_GRAPH_MAX_BATCH):
     import deepspeed
 
@@ -94,7 +94,7 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
     from infclip.pipeline.engine import with_engine_defaults
     from infclip.pipeline.model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
 
-    deepcompile = deepcompile and zero == 3 and impl != PLAIN
+    deepcompile = deepcompile if zero == 3 and impl != PLAIN else ""
     cfg = model_config(preset, grad_ckpt, False if deepcompile else compile, compile_mode, flat and impl != PLAIN,
                        patch_embedding)
     torch.manual_seed(0)
@@ -118,7 +118,10 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
     engine.train()
     if deepcompile:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # a graph per block
-        engine.compile()
+        from deepspeed.compile.passes import zero3_compile
+
+        # "basic": only the gathers and releases in the graph, not the profiled prefetch passes at step 5
+        engine.compile(schedule=[(0, [zero3_compile.add_z3_gather_release])] if deepcompile == "basic" else None)
     from infclip.pipeline.zero3_step import lighten_zero3, restore_deepspeed_zero3
     from infclip.pipeline.zero_step import keep_step_on_device, restore_deepspeed_mask
 
@@ -341,7 +344,7 @@ def throughput(args, rows):
             if on_device in (2, 3):
                 row["zero3_host_waits_kept"] = {2: "fetch norm", 3: "fetch"}[on_device]
         if zero == 3 and args.deepcompile:
-            row["deepcompile"] = True
+            row["deepcompile"] = args.deepcompile
         if zero == 3 and extra != "{}":
             row["zero3_extra"] = json.loads(extra)
         engine = None
@@ -355,7 +358,7 @@ def throughput(args, rows):
             engine, cfg, loss_fn = build(args.throughput_model, zero, args.micro_batch, ckpt_v, impl,
                                          json.loads(extra), leaf, comp_v, args.bf16_overflow_check,
                                          args.distributed, args.compile_mode, bool(args.overlap_comm), bool(flat),
-                                         int(on_device), bool(args.deepspeed_timers), bool(args.deepcompile),
+                                         int(on_device), bool(args.deepspeed_timers), args.deepcompile,
                                          patch, graphs)
             batch = synthetic_batch(args.micro_batch, cfg, engine.device, torch.bfloat16)
             timed_steps(engine, loss_fn, batch, args.warmup, None)
@@ -472,7 +475,7 @@ def fmt(r) -> str:
     leaf += " ds-step" if r.get("on_device_step") is False else ""
     leaf += f" ds-waits:{r['zero3_host_waits_kept'].replace(' ', ',')}" if r.get("zero3_host_waits_kept") else ""
     leaf += " ds-timers" if r.get("deepspeed_timers") else ""
-    leaf += " deepcompile" if r.get("deepcompile") else ""
+    leaf += f" deepcompile:{r['deepcompile']}" if r.get("deepcompile") else ""
     leaf += " conv" if r.get("patch_embedding") == "conv" and r.get("loss_impl") != PLAIN else ""
     return (f"{r['study']:<10} {r['model']:<7} zero{r['zero']}{leaf:<5} {r['loss_impl']:<8} B={r['micro_batch']:<6} "
             f"chunk={str(r['chunk']):<5} ckpt={r['grad_ckpt']!s:<5} {r['status']:<7} "
@@ -519,8 +522,9 @@ def main(argv=None) -> int:
                    "(ZeRO-0/1/2 rows: one per distinct on/off)")
     p.add_argument("--patch_embedding", nargs="+", default=["gemm"], choices=["gemm", "conv"],
                    help="model.patch_embedding of the pipeline rows: gemm conv runs both")
-    p.add_argument("--deepcompile", action="store_true",
-                   help="ZeRO-3 rows: DeepSpeed's DeepCompile (engine.compile() of the whole towers; model.compile off)")
+    p.add_argument("--deepcompile", nargs="?", const="default", default="", choices=["", "default", "basic"],
+                   help="ZeRO-3 rows: DeepSpeed's DeepCompile (engine.compile() of the whole towers; model.compile "
+                   "off) with DeepSpeed's pass schedule, or 'basic': its gathers and releases only")
     p.add_argument("--deepspeed_timers", type=int, default=0, choices=[0, 1],
                    help="1: DeepSpeed's synchronized throughput timer on (its default; the engine turns it off)")
     p.add_argument("--bf16_overflow_check", action="store_true",
