@@ -432,6 +432,8 @@ def main(argv=None):
                    help="LABEL:ATTR=VALUE;ATTR=VALUE: also ours_bf16_LABEL, the op with these settings of "
                    "ops/contrastive_loss_triton.py (VALUE: a Python literal or @FILE.json:KEY); repeatable")
     p.add_argument("--variant-siglip", action="store_true", help="the --variant runs for SigLIP too")
+    p.add_argument("--variant-kept", action="store_true",
+                   help="the --variant runs with logits_budget_mb=--keep-mb (the matrix kept) instead of the default")
     p.add_argument("--interleave", type=int, default=0,
                    help="also, for each B up to --interleave-max, this many rounds calling ours_bf16, "
                    "ours_siglip_bf16, compiled_dense and dense_siglip in turn on an idle GPU (rows with "
@@ -504,9 +506,11 @@ def main(argv=None):
         for spec in args.variant:
             label, settings = parse_variant(spec)
             with _Settings(settings):  # (ours() takes the fused kernels' limits as they are then)
-                runs.append((f"ours_bf16_{label}", ours("bf16"), torch.bfloat16, settings))
+                kept = {"logits_budget_mb": args.keep_mb} if args.variant_kept else {}
+                runs.append((f"ours_bf16_{label}", ours("bf16", **kept), torch.bfloat16, settings))
                 if args.variant_siglip:
-                    runs.append((f"ours_siglip_bf16_{label}", ours("bf16", "siglip"), torch.bfloat16, settings))
+                    runs.append((f"ours_siglip_bf16_{label}", ours("bf16", "siglip", **kept), torch.bfloat16,
+                                 settings))
         if b <= args.fp32_max:
             runs += [("ours_fp32", ours("ieee"), torch.float32), ("ours_tf32", ours("tf32"), torch.float32)]
         if b <= args.anchor_max:

@@ -384,15 +384,18 @@ def test_dscale_summed_refuses_what_it_cannot_sum():
         triton_impl.clip_grads_triton(img, txt, scale, lse, lse, lse, dscale_summed=True)
 
 
+@pytest.mark.parametrize("factor", [1, 2])
 @pytest.mark.parametrize("loss,eps", [("clip", 0.0), ("clip", 0.1)])
-def test_triton_logits_kept_as_bands_give_the_recompute_numbers(monkeypatch, loss, eps):
+def test_triton_logits_kept_as_bands_give_the_recompute_numbers(monkeypatch, loss, eps, factor):
     """With 16-bit features and a budget for the B x B matrix in their dtype but not in fp32,
-    the forward's GEMM bands are kept and the backward reads them band by band (uneven last band)
-    instead of redoing the GEMMs: the same numbers as the recompute path, which runs the same
-    GEMMs into the same dtype, and the reference; no logit GEMM in the backward."""
+    the forward's GEMM bands are kept and the backward reads them band by band (uneven last band;
+    ``factor`` forward bands at a time: 16 or 32 rows) instead of redoing the GEMMs: the same
+    numbers as the recompute path, which runs the same GEMMs into the same dtype, and the
+    reference; no logit GEMM in the backward."""
     op = importlib.import_module("infclip.ops.assembly")
     monkeypatch.setattr(op, "_BANDS_MIN_LOGITS", 0)  # bands kept at this small B
     monkeypatch.setattr(triton_impl, "band_rows", lambda m, n, d: 16)
+    monkeypatch.setattr(triton_impl, "_KEPT_BANDS_FACTOR", factor)
     monkeypatch.setattr(triton_impl, "_GRAD_BLOCK", (16, 64))  # the backward in the same bands
     monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 0)  # the recompute: cuBLAS bands
     img, txt, scale, bias = _inputs(53, 24, torch.float16, seed=5)
