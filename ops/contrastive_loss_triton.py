@@ -39,8 +39,8 @@ gradient block goes to a warp-specialised Gluon kernel instead (ops/gluon_kernel
 the same P bit for bit, its epilogue beside the MMA; 0.103 against 0.116 ms for the 65k block).
 FLOPs: 8 B^2 D in GEMMs (6 B^2 D when the matrix is kept from forward to backward: whole in fp32
 at small B, or, within a larger ``logits_budget_mb``, as the forward's bands in the features'
-dtype, read back _KEPT_BANDS_FACTOR bands at a time by the backward). SigLIP's gradient needs no statistic of the whole
-row, so a forward whose backward will follow runs the gradient pass itself, the pair losses
+dtype, read back _KEPT_BANDS_FACTOR bands at a time by the backward). SigLIP's gradient needs no
+statistic of the whole row, so a forward whose backward will follow runs the gradient pass itself, the pair losses
 summed in the same epilogue (``siglip_grads_triton(with_loss=True)``): 6 B^2 D and no
 statistics pass, the backward only scales the result by the incoming gradient. GEMMs run at
 cuBLAS's rate or tl.dot's; the Triton kernels are
