@@ -54,7 +54,8 @@ def main(argv=None) -> None:
     block = lambda: blk.gluon(out, descriptors=descriptors)  # noqa: E731
     block()
     bm, bn, bk, stages = glk.GRAD_TILES
-    da, db, dp = (glk._descriptor(t, shape, descriptors) for t, shape in ((a, [bm, bk]), (b, [bn, bk]), (out, [bm, bn])))
+    tiles = ((a, [bm, bk]), (b, [bn, bk]), (out, [bm, bn]))  # the kernel's three TMA descriptors
+    da, db, dp = (glk._descriptor(t, shape, descriptors) for t, shape in tiles)
     positional = (da, db, dp, rows, cols, args.dim, *kargs)
     consts = dict(COEF_SCALE=True, DSCALE=2, STAGES=stages)
     options = dict(num_warps=4, maxnreg=168)
@@ -69,6 +70,7 @@ def main(argv=None) -> None:
         kernel.run(grid[0], 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *values)
 
     direct()
+    mm_out = torch.empty(rows, args.dim, device="cuda", dtype=a.dtype)
     torch.cuda.synchronize()
     print(f"# {torch.cuda.get_device_name()}, B = {args.b}, block {rows} x {cols}, tiles {glk.GRAD_TILES}")
     for rnd in range(2):
@@ -76,9 +78,8 @@ def main(argv=None) -> None:
         bind = host_us(lambda: jit.run(*positional, grid=grid, warmup=True, **consts, **options), args.launches,
                        args.reps)
         launch = host_us(direct, args.launches, args.reps)
-        desc = host_us(lambda: [glk._descriptor(t, shape, descriptors) for t, shape in
-                                ((a, [bm, bk]), (b, [bn, bk]), (out, [bm, bn]))], args.launches, args.reps)
-        mm_out = torch.empty(rows, args.dim, device="cuda", dtype=a.dtype)
+        desc = host_us(lambda: [glk._descriptor(t, shape, descriptors) for t, shape in tiles], args.launches,
+                       args.reps)
         addmm = host_us(lambda: torch.mm(out, b, out=mm_out), args.launches, args.reps)
         print(f"host us a launch: clip_grad_block {full:.1f}; Triton's binding + lookup (warmup=True) {bind:.1f}; "
               f"the launcher alone {launch:.1f}; the cached descriptors' lookup {desc:.1f}; torch.mm of P @ b {addmm:.1f}",
