@@ -64,6 +64,30 @@ def gluon_resources(dtype: str, coef_scale: bool, dscale: int, target) -> dict:
     return _cubin_resources(compiled)
 
 
+def gluon_sums_resources(dtype: str, target, tiles=None) -> dict:
+    """ops/gluon_kernels.py's warp-specialised CLIP forward sums (column strips; ``tiles`` as
+    SUMS_TILES, default the op's) compiled for ``target``: its REG / STACK / shared bytes."""
+    import torch
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    bm, bn, bk, stages, _chunk = tiles or glk.SUMS_TILES
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+
+    def desc(block):
+        return f"tensordesc<{dtype}[{block[0]},{block[1]}],{glk._layout(*block, dt)!r}>"
+
+    f32 = "*fp32"
+    types = dict(a_desc=desc([bm, bk]), b_desc=desc([bn, bk]), M="i32", N="i32", D="i32", chunk="i32",
+                 scale_ptr=f32, row_shift=f32, col_shift=f32, row_sum=f32, col_sum=f32, diag="i32")
+    kernel = glk._clip_sums_ws_kernel
+    constexprs = dict(STAGES=glk.sums_stages(glk.SUMS_MAX_DIM, dt.itemsize, (bm, bn, bk, stages, _chunk)),
+                      KSTEPS=-(-glk.SUMS_MAX_DIM // bk))
+    sig = {name: "constexpr" if name in constexprs else types[name] for name in kernel.arg_names}
+    source = GluonASTSource(kernel, sig, {(kernel.arg_names.index(k),): v for k, v in constexprs.items()})
+    compiled = triton.compile(source, target=target, options=dict(num_warps=4, maxnreg=168))
+    return _cubin_resources(compiled)
+
+
 def _cubin_resources(compiled) -> dict:
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
         f.write(compiled.asm["cubin"])
@@ -158,6 +182,11 @@ def main(argv=None) -> None:
         if args.match in name:
             r = gluon_resources(dtype, coef_scale, dscale, target)
             print(f"| {name} | {glk.GRAD_TILES} | {r['regs']} | {r['stack']} | {r['shared']} | yes |", flush=True)
+    for dtype in ("bf16", "fp16"):
+        name = f"gluon_clip_sums {dtype}"
+        if args.match in name:
+            r = gluon_sums_resources(dtype, target)
+            print(f"| {name} D={glk.SUMS_MAX_DIM} | {glk.SUMS_TILES} | {r['regs']} | {r['stack']} | {r['shared']} | yes |", flush=True)
 
 
 def _parse_tiles(given: list) -> list:

@@ -36,7 +36,9 @@ coefficients (one device, nothing kept) takes only the plain sums, by column str
 across warps once a chunk); its backward's gradient kernel then sums d loss / d s from the final
 softmax weights (DSCALE 2): 13.6 against 16.4 ms for the statistics at 65k. On sm_90 the CLIP
 gradient block goes to a warp-specialised Gluon kernel instead (ops/gluon_kernels.py, _gluon_grad:
-the same P bit for bit, its epilogue beside the MMA; 0.103 against 0.116 ms for the 65k block).
+the same P bit for bit, its epilogue beside the MMA; 0.103 against 0.116 ms for the 65k block),
+and so do the strip sums (_gluon_sums: each strip's column block of B kept in shared memory;
+11.3 against 13.6 ms at 65k).
 FLOPs: 8 B^2 D in GEMMs (6 B^2 D when the matrix is kept from forward to backward: whole in fp32
 at small B, or, within a larger ``logits_budget_mb``, as the forward's bands in the features'
 dtype, read back _KEPT_BANDS_FACTOR bands at a time by the backward). SigLIP's gradient needs no
@@ -981,6 +983,10 @@ except ImportError:  # pragma: no cover - older Triton: pointer kernels only
 # a bench's A/B, or after its first launch failed on this Triton); "tiles": its tiles (a bench's A/B).
 _GLUON = {"on": os.environ.get("INFCLIP_GLUON", "1") != "0" and not gluon_kernels.available(),
           "tiles": gluon_kernels.GRAD_TILES}
+# The CLIP forward's column-strip sums by the warp-specialised Gluon kernel (gluon_kernels.clip_sums)
+# where the strips apply on sm_90; "on" False: the Triton strip kernel (INFCLIP_GLUON=0, a bench's
+# A/B, or after its first launch failed); "tiles": its tiles and chunk (gluon_kernels.SUMS_TILES).
+_GLUON_SUMS = {"on": _GLUON["on"], "tiles": gluon_kernels.SUMS_TILES}
 log = logging.getLogger(__name__)
 
 
@@ -1072,7 +1078,27 @@ def _strips_config(tiles, m: int, n: int, fp32: bool, allow_tf32: bool, programs
                          num_warps=warps, num_stages=stages)
 
 
+def _gluon_sums(a, b, scale_t, row_shift, col_shift, row_sum, col_sum, diag) -> bool:
+    """Whether the column-strip sums went to the warp-specialised Gluon kernel: on sm_90 with
+    16-bit features of at most gluon_kernels.SUMS_MAX_DIM, while _GLUON_SUMS is on (a first launch that fails turns it off, with a
+    warning, and the Triton strip kernel takes the sums)."""
+    if (not _GLUON_SUMS["on"] or a.dtype == torch.float32 or a.shape[1] > gluon_kernels.SUMS_MAX_DIM
+            or _capability(a.device) != (9, 0)):
+        return False
+    try:
+        gluon_kernels.clip_sums(a, b, scale_t, row_shift, col_shift, row_sum, col_sum, int(diag),
+                                _sm_count(a.device), _GLUON_SUMS["tiles"])
+    except Exception as exc:  # noqa: BLE001 - any failure of the first build: the Triton kernel
+        _GLUON_SUMS["on"] = False
+        log.warning("contrastive_loss: the Gluon sums kernel failed (%s: %s); using the Triton "
+                    "kernel from now on", type(exc).__name__, str(exc)[:200])
+        return False
+    return True
+
+
 def _clip_sums_strips(a, b, scale_t, row_shift, col_shift, row_sum, col_sum, diag, allow_tf32):
+    if _gluon_sums(a, b, scale_t, row_shift, col_shift, row_sum, col_sum, diag):
+        return
     (m, d), n = a.shape, b.shape[0]
     grid, meta = _strips_config(_TMA_STRIPS, m, n, a.dtype == torch.float32, allow_tf32,
                                 _sm_count(a.device))

@@ -1,6 +1,7 @@
 """Warp-specialised Hopper kernels in Gluon (Triton's lower-level language). One role: the CLIP
-gradient block P of the backward, as ops/contrastive_loss_triton._clip_grad_fused_kernel computes
-it, with its work split between warps.
+loss's two GEMM-bound passes with their work split between warps: the backward's gradient block P
+(as ops/contrastive_loss_triton._clip_grad_fused_kernel computes it; :func:`clip_grad_block`) and
+the forward's plain sums by column strips (as _clip_sums_strip_kernel; :func:`clip_sums`).
 
 Why: the Triton kernel runs each tile's epilogue (two exponentials per logit, the labels, the
 d-scale shares, the store of P) in the warps that ran the tile's MMA, after it. On an H200 at
@@ -25,9 +26,21 @@ Design points measured on the way (bench/device/h200_dc.sh to h200_dm.sh):
 * Tile sizes are read from the descriptors inside the partitions, the flags from a small buffer's
   shape: constexprs passed through ``warp_specialize``'s arguments arrive as tensors.
 
-:func:`available` says whether this Triton has what the kernel needs (Gluon, Hopper's wgmma and
-TMA); the caller (ops/contrastive_loss_triton.py) takes it only on sm_90 with TMA-aligned blocks
-and falls back to the Triton kernel if its first launch fails.
+The forward's sums (h200_fs to h200_fx): the same loader and ping-pong consumers, a work item being
+a chunk of row tiles of one column block: each consumer adds its tiles' row sums by atomics and
+keeps their column terms in registers until the item's end. With A and B both streamed per tile
+(~290 KB from L2 a tile) it ran 16.8 against 13.6 ms for the Triton strip kernel at 65k, its
+MMA alone no faster (h200_ft; the item order keeps 132 column blocks in flight, so L2 serves
+them poorly, h200_dx). Here the item's column block of B is loaded once into shared memory and
+stays (BLOCK_N x D, 192 KB at D = 768) while only A streams through a short ring (a third of
+the traffic): 11.3 against 13.6 ms at 65k (582 against 484 TFLOP/s; cuBLAS's GEMM of the same
+logits 10.9), 2.84 against 3.45 at 32k, 0.72 against 0.96 at 16k. Chunks of 32 row tiles are
+fastest (64: 11.7-11.8 ms, 16: 11.8, 8: 13.7; 128: 15.0); a ring of BLOCK_K 32 with 6-8 stages
+was slower (13.6-14.0). Features wider than SUMS_MAX_DIM do not fit and take the Triton kernel.
+
+:func:`available` says whether this Triton has what the kernels need (Gluon, Hopper's wgmma and
+TMA); the caller (ops/contrastive_loss_triton.py) takes them only on sm_90 with TMA-aligned blocks
+and falls back to the Triton kernels if a first launch fails.
 """
 
 from __future__ import annotations
@@ -50,11 +63,24 @@ try:
 except (ImportError, AttributeError) as exc:  # an older Triton: the Triton kernel serves
     _WHY_NOT = f"{type(exc).__name__}: {exc}"
 
-__all__ = ["available", "clip_grad_block", "GRAD_TILES"]
+__all__ = ["available", "clip_grad_block", "clip_sums", "GRAD_TILES", "SUMS_MAX_DIM", "SUMS_TILES"]
 
 GRAD_TILES = (64, 128, 64, 6)
 """BLOCK_M, BLOCK_N, BLOCK_K of a consumer's tile and the ring's stages (180 KB of shared memory
 with the two P buffers)."""
+
+SUMS_TILES = (64, 128, 64, 4, 32)
+"""clip_sums: BLOCK_M, BLOCK_N, BLOCK_K of a consumer's tile, the most stages of the A ring, and the
+row tiles of one work item (a chunk of one column strip). The item's column block of B stays in
+shared memory whole (BLOCK_N x D: 192 KB at D = 768), so the ring gets what is left
+(_sums_stages: 3 stages at D = 768)."""
+
+SHARED_BYTES = 232448
+"""The shared memory one block may take on an H100 / H200 (227 KB)."""
+
+SUMS_MAX_DIM = 768
+"""The widest features clip_sums takes (its resident column block of B beside a ring of 2 stages
+or more)."""
 
 def available() -> str:
     """"" when this Triton can build the kernels, else why not."""
@@ -211,6 +237,152 @@ if not _WHY_NOT:
         gl.warp_specialize([(_consumer0, args), (_loader, args), (_consumer1, args)], [1, 4], [40, 232])
 
 
+    @gluon.jit
+    def _strip_item(item, M, N, BM: gl.constexpr, BN: gl.constexpr, chunk):
+        """Work item ``item`` of the column-strip sums: (its column block's first column, its first
+        and last + 1 row tile). Items run along the column blocks of one chunk of row tiles, so
+        the programs at work together share the chunk's rows of A in L2."""
+        grid_m = gl.cdiv(M, BM)
+        grid_n = gl.cdiv(N, BN)
+        lo = (item // grid_n) * chunk
+        return (item % grid_n) * BN, lo, gl.minimum(lo + chunk, grid_m)
+
+    @gluon.jit
+    def _sums_loader(a_desc, b_desc, rings, bars, M, N, D, scalars):
+        """One warp: per item of this program, its column block of B whole into the resident
+        buffer (once both consumers are done with the last item's), then the A chunks of its row
+        tiles, in order, into the ring."""
+        a_ring, b_res = rings
+        ready, empty, turn, b_ready, b_free = bars
+        chunk = scalars[0]
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        KSTEPS: gl.constexpr = b_res.type.shape[0]
+        items = gl.cdiv(gl.cdiv(M, BM), chunk) * gl.cdiv(N, BN)
+        count = 0
+        j = 0  # this program's items so far
+        for item in range(gl.program_id(0), items, gl.num_programs(0)):
+            off_n, lo, hi = _strip_item(item, M, N, BM, BN, chunk)
+            mbarrier.wait(b_free, (j & 1) ^ 1)
+            mbarrier.expect(b_ready, KSTEPS * b_desc.block_type.nbytes)
+            for kb in gl.static_range(KSTEPS):
+                _tma_load(b_desc, [off_n, kb * BK], b_ready, b_res.index(kb))
+            for i in range(lo, hi):
+                for k in range(KSTEPS):
+                    s = count % STAGES
+                    mbarrier.wait(empty.index(s), ((count // STAGES) & 1) ^ 1)
+                    mbarrier.expect(ready.index(s), a_desc.block_type.nbytes)
+                    _tma_load(a_desc, [i * BM, k * BK], ready.index(s), a_ring.index(s))
+                    count += 1
+            j += 1
+
+    @gluon.jit
+    def _sums_tile(acc, q_acc, offs_m, mask_m, offs_n, mask_n, scale2, rs2, cs2, row_sum, diag):
+        """One tile's share of the sums (_strip_tiles' arithmetic): its row sums of
+        exp(S - row shift) added to ``row_sum``, its column terms exp(S - column shift) added into
+        ``q_acc`` (returned); rows and columns past the ends and the positives left out (their
+        logits set to -inf: one select a logit; an interior path without it, chosen per tile,
+        spilled the consumers' registers)."""
+        valid = (gl.expand_dims(mask_m, 1) & gl.expand_dims(mask_n, 0)
+                 & (gl.expand_dims(offs_m - diag, 1) != gl.expand_dims(offs_n, 0)))
+        xs = gl.where(valid, acc * scale2, float("-inf"))
+        gl.atomic_add(row_sum + offs_m, gl.sum(gl.exp2(xs - gl.expand_dims(rs2, 1)), axis=1), mask=mask_m,
+                      sem="relaxed")
+        return q_acc + gl.exp2(xs - gl.expand_dims(cs2, 0))
+
+    @gluon.jit
+    def _sums_consumer(a_desc, b_desc, rings, bars, M, N, D, scalars, WHICH: gl.constexpr):
+        """One warpgroup: every other tile of this program's items (WHICH 0: the first), its wgmma
+        in its turn, then its row sums out by atomics and its column terms kept in registers
+        until the item's end (one reduction across the warps an item)."""
+        a_ring, b_res = rings
+        ready, empty, turn, b_ready, b_free = bars
+        chunk, scale_ptr, row_shift, col_shift, row_sum, col_sum, diag = scalars
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        KSTEPS: gl.constexpr = b_res.type.shape[0]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BN, 16])
+        rows_l: gl.constexpr = gl.SliceLayout(1, mma)
+        cols_l: gl.constexpr = gl.SliceLayout(0, mma)
+        scale2 = gl.load(scale_ptr) * 1.4426950408889634
+        items = gl.cdiv(gl.cdiv(M, BM), chunk) * gl.cdiv(N, BN)
+        j = 0  # this program's items so far
+        t = 0  # tiles of this program before the item (both consumers')
+        for item in range(gl.program_id(0), items, gl.num_programs(0)):
+            off_n, lo, hi = _strip_item(item, M, N, BM, BN, chunk)
+            offs_n = off_n + gl.arange(0, BN, layout=cols_l)
+            mask_n = offs_n < N
+            cs2 = gl.load(col_shift + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
+            q_acc = gl.zeros([BM, BN], gl.float32, layout=mma)
+            mbarrier.wait(b_ready, j & 1)  # the item's column block of B is in
+            # this consumer's tiles: those whose number in the program is WHICH modulo 2
+            for i in range(lo + (t + WHICH) % 2, hi, 2):
+                g = t + i - lo
+                n = g // 2  # this consumer's tiles before this one
+                acc = gl.zeros([BM, BN], gl.float32, layout=mma)
+                mbarrier.wait(turn.index(WHICH), (n & 1) ^ (1 - WHICH))  # consumer 0 first
+                count = g * KSTEPS  # the ring's chunks before this tile's
+                for k in range(KSTEPS):
+                    s = count % STAGES
+                    mbarrier.wait(ready.index(s), (count // STAGES) & 1)
+                    acc = warpgroup_mma(a_ring.index(s), b_res.index(k).permute((1, 0)), acc, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                    mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
+                    count += 1
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
+                mbarrier.arrive(turn.index(1 - WHICH))
+
+                off_m = i * BM
+                offs_m = off_m + gl.arange(0, BM, layout=rows_l)
+                mask_m = offs_m < M
+                rs2 = gl.load(row_shift + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
+                q_acc = _sums_tile(acc, q_acc, offs_m, mask_m, offs_n, mask_n, scale2, rs2, cs2, row_sum, diag)
+            mbarrier.arrive(b_free)  # (its MMAs of the item are done)
+            t += hi - lo
+            j += 1
+            gl.atomic_add(col_sum + offs_n, gl.sum(q_acc, axis=0), mask=mask_n, sem="relaxed")
+
+    @gluon.jit
+    def _sums_consumer0(a_desc, b_desc, rings, bars, M, N, D, scalars):
+        _sums_consumer(a_desc, b_desc, rings, bars, M, N, D, scalars, 0)
+
+    @gluon.jit
+    def _sums_consumer1(a_desc, b_desc, rings, bars, M, N, D, scalars):
+        _sums_consumer(a_desc, b_desc, rings, bars, M, N, D, scalars, 1)
+
+    @gluon.jit
+    def _clip_sums_ws_kernel(a_desc, b_desc, M, N, D, chunk, scale_ptr, row_shift, col_shift, row_sum,
+                             col_sum, diag, STAGES: gl.constexpr, KSTEPS: gl.constexpr):
+        """_clip_sums_strip_kernel's sums (row_sum [M], col_sum [N] += the plain sums of
+        exp(scale a b^T - shift) without the pairs i - j == diag) with TMA descriptors for A [M, D]
+        and Bm [N, D] (D <= KSTEPS BLOCK_K); persistent, 12 warps: 4 + 4 consumers, 1 loader."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+        b_res = gl.allocate_shared_memory(b_desc.dtype, [KSTEPS, BN, BK], b_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        b_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        b_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+        mbarrier.init(b_ready, count=1)
+        mbarrier.init(b_free, count=2)  # both consumers, once an item
+        scalars = (chunk, scale_ptr, row_shift, col_shift, row_sum, col_sum, diag)
+        args = (a_desc, b_desc, (a_ring, b_res), (ready, empty, turn, b_ready, b_free), M, N, D, scalars)
+        gl.warp_specialize([(_sums_consumer0, args), (_sums_loader, args), (_sums_consumer1, args)], [1, 4],
+                           [40, 232])
+
 @functools.lru_cache(maxsize=8)
 def _layout(rows: int, cols: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([rows, cols], {torch.bfloat16: gl.bfloat16,
@@ -247,3 +419,33 @@ def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_
                                    row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
                                    COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, num_warps=4,
                                    maxnreg=168)
+
+
+def clip_sums(a, b, scale, row_shift, col_shift, row_sum, col_sum, diag: int, sm_count: int,
+              tiles=SUMS_TILES, waves: int = 4) -> None:
+    """row_sum [M] and col_sum [N] (fp32) += the plain sums of exp(scale a b^T - shift), the pairs
+    i - j == diag left out, as _clip_sums_strip_kernel takes them: a [M, D], b [N, D], 16-bit,
+    rows TMA-aligned, D <= SUMS_MAX_DIM; ``scale`` an fp32 [1] tensor, the shifts fp32 [M] / [N].
+    Items of at most ``tiles[4]`` row tiles, fewer where that leaves under ``waves`` items a
+    program."""
+    bm, bn, bk, stages, chunk = tiles
+    (m, d), n = a.shape, b.shape[0]
+    if d > SUMS_MAX_DIM:
+        raise ValueError(f"clip_sums takes features of at most {SUMS_MAX_DIM} (a column block of B stays in "
+                         f"shared memory whole), got {d}")
+    grid_m, grid_n = -(-m // bm), -(-n // bn)
+    chunk = max(1, min(chunk, grid_m * grid_n // (waves * sm_count)))
+    grid = min(sm_count, -(-grid_m // chunk) * grid_n)
+    _clip_sums_ws_kernel[(grid, )](_descriptor(a, [bm, bk], None), _descriptor(b, [bn, bk], None), m, n, d,
+                                   chunk, scale, row_shift, col_shift, row_sum, col_sum, diag,
+                                   STAGES=sums_stages(d, a.element_size(), tiles), KSTEPS=-(-d // bk),
+                                   num_warps=4, maxnreg=168)
+
+
+def sums_stages(d: int, size: int, tiles=SUMS_TILES, spare: int = 6144) -> int:
+    """The A ring's stages of clip_sums at feature width ``d`` (``size`` bytes an element): as many
+    as fit (at most ``tiles[3]``) beside the resident column block of B and ``spare`` bytes for
+    the barriers and the compiler's scratch (Triton 3.6 takes ~4.2 KB of it, 3.9 less)."""
+    bm, bn, bk, most, _chunk = tiles
+    resident = bn * -(-d // bk) * bk * size
+    return max(1, min(most, (SHARED_BYTES - resident - spare) // (bm * bk * size)))

@@ -86,11 +86,89 @@ def test_op_backward_takes_it(b, monkeypatch):
         tri._GLUON["on"] = on
         leaves = [img.clone().requires_grad_(), txt.clone().requires_grad_(),
                   torch.full((), 20.0, device="cuda", requires_grad=True)]
-        loss = contrastive_loss(*leaves, impl="triton")
+        # (eager: a CUDA-graph replay would rerun the first setting's capture)
+        loss = contrastive_loss(*leaves, impl="triton", graph_max_batch=0)
         loss.backward()
         results.append([loss.detach()] + [x.grad for x in leaves])
         assert tri._GLUON["on"] == on and (len(calls) > 0) == on
         calls.clear()
     tri._GLUON["on"] = True
     for got, want in zip(*results):
+        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
+
+
+def _strip_sums(a, b, rows, cols, diag, use_gluon: bool):
+    """(row sums, column sums) of the forward's column strips, by the Gluon kernel or by the Triton
+    strip kernel, same arguments."""
+    scale = torch.full((1,), 14.0, device="cuda")
+    row_sum = torch.zeros(a.shape[0], device="cuda")
+    col_sum = torch.zeros(b.shape[0], device="cuda")
+    if use_gluon:
+        gluon_kernels.clip_sums(a, b, scale, rows, cols, row_sum, col_sum, diag, tri._sm_count(a.device))
+    else:
+        saved, tri._GLUON_SUMS = tri._GLUON_SUMS, dict(tri._GLUON_SUMS, on=False)
+        try:
+            tri._clip_sums_strips(a, b, scale, rows, cols, row_sum, col_sum, diag, False)
+        finally:
+            tri._GLUON_SUMS = saved
+    return row_sum, col_sum
+
+
+@pytest.mark.parametrize("m,n,d", [(3001, 2904, 200), (4096, 2312, 768), (2944, 3080, 96), (65, 130, 64)])
+@pytest.mark.parametrize("diag", [0, 37, -5000, 2999])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gluon_sums_equal_the_triton_strips(m, n, d, diag, dtype):
+    """The warp-specialised forward sums against the Triton strip kernel over rows and columns
+    past its tiles, a feature width that is not a multiple of its K chunk, positives off the
+    diagonal, in a corner or outside the block, both 16-bit dtypes: every row and column sum
+    within the fp32 atomics' order (the positives left out: a sum that kept one would be ~e^14
+    larger)."""
+    a, b, rows, cols, _ref = _block(m, n, d, dtype, m + n + diag)
+    got = _strip_sums(a, b, rows, cols, diag, True)
+    want = _strip_sums(a, b, rows, cols, diag, False)
+    for g, w in zip(got, want):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, w, rtol=2e-6, atol=0)
+
+
+def test_gluon_sums_leave_out_exactly_the_positives():
+    """Against the sums written out in fp64 from the same logits (rounded as the kernels' fp32
+    accumulators hold them): the positives i - j == diag and nothing else left out."""
+    m, n, d, diag = 700, 900, 128, -40
+    a, b, rows, cols, _ref = _block(m, n, d, torch.bfloat16, 3)
+    got_rows, got_cols = _strip_sums(a, b, rows, cols, diag, True)
+    s = (a.float() @ b.float().T).double() * 14.0
+    keep = (torch.arange(m, device="cuda")[:, None] - torch.arange(n, device="cuda")[None, :]) != diag
+    want_rows = torch.where(keep, (s - rows.double()[:, None]).exp(), 0.0).sum(1)
+    want_cols = torch.where(keep, (s - cols.double()[None, :]).exp(), 0.0).sum(0)
+    torch.testing.assert_close(got_rows.double(), want_rows, rtol=1e-4, atol=0)
+    torch.testing.assert_close(got_cols.double(), want_cols, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("b", [12288, 16384 + 136])
+def test_op_forward_takes_the_gluon_sums(b, monkeypatch):
+    """The op's CLIP forward at sizes where it takes the column strips, with the Gluon sums and with
+    the Triton strip kernel: the same loss and gradients; the Gluon kernel ran and did not fail
+    over."""
+    assert b * b >= tri._STRIPS_MIN_LOGITS
+    calls = []
+    real = gluon_kernels.clip_sums
+    monkeypatch.setattr(gluon_kernels, "clip_sums", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    g = torch.Generator(device="cuda").manual_seed(b)
+    img = F.normalize(torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
+    txt = F.normalize(img.float() + torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
+    results = []
+    for on in (True, False):
+        tri._GLUON_SUMS["on"] = on
+        leaves = [img.clone().requires_grad_(), txt.clone().requires_grad_(),
+                  torch.full((), 20.0, device="cuda", requires_grad=True)]
+        # (eager: a CUDA-graph replay would rerun the first setting's capture)
+        loss = contrastive_loss(*leaves, impl="triton", graph_max_batch=0)
+        loss.backward()
+        results.append([loss.detach()] + [x.grad for x in leaves])
+        assert tri._GLUON_SUMS["on"] == on and (len(calls) > 0) == on
+        calls.clear()
+    tri._GLUON_SUMS["on"] = True
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-6, atol=0)
+    for got, want in zip(results[0][1:], results[1][1:]):
         torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)

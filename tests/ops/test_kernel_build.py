@@ -82,3 +82,22 @@ def test_gluon_clip_gradient_compiles_for_sm90(tmp_path):
     for name, tiles, regs, stack, shared, ours in rows:
         assert 0 < int(regs) <= 168 and 0 < int(shared) <= 227 * 1024, name
         assert int(stack) <= 16, f"{name} {tiles}: {stack} bytes of spill stack"
+
+
+@pytest.mark.skipif(not os.path.exists(PTXAS), reason="this Triton has no bundled ptxas")
+def test_gluon_clip_sums_compiles_for_sm90(tmp_path):
+    """The warp-specialised forward sums at the widest features they take (their column block of B
+    resident in shared memory beside the A ring): they compile for sm_90 within 168 registers a
+    thread at launch, spill at most a few bytes, and leave the shared memory that sums_stages keeps
+    spare (Triton 3.6 on the device took ~3.5 KB more than this build: over the limit, the op
+    would fall back to the Triton strips)."""
+    from infclip.ops import gluon_kernels
+
+    if gluon_kernels.available():
+        pytest.skip(f"this Triton has no Gluon for Hopper: {gluon_kernels.available()}")
+    rows = _resources(tmp_path, "gluon_clip_sums", "gluon_clip_sums")
+    assert {r[0] for r in rows} == {f"gluon_clip_sums {t} D={gluon_kernels.SUMS_MAX_DIM}" for t in ("bf16", "fp16")}
+    for name, tiles, regs, stack, shared, ours in rows:
+        assert 0 < int(regs) <= 168 and int(stack) <= 16, f"{name} {tiles}: {regs} registers, {stack} spilled"
+        assert 0 < int(shared) <= gluon_kernels.SHARED_BYTES - 4096, f"{name}: {shared} bytes of shared memory"
+    assert gluon_kernels.sums_stages(gluon_kernels.SUMS_MAX_DIM, 2) >= 2
