@@ -4,6 +4,7 @@ block at each B, in one process on a Hopper GPU: P and d scale checked against t
 kernel's, then GPU time (ten calls replayed as one CUDA graph: the launches' host time left out).
 
     python bench/diag_gluon_grad.py --sizes 32768,65536 --tiles 64,128,64,6 64,128,128,4
+    python bench/diag_gluon_grad.py --siglip     # also the SigLIP block with its pair losses
 
 How the kernel got its shape (a ring per consumer, then one shared ring with turns, a third
 consumer, an interior path, cut-down epilogues): ops/gluon_kernels.py and
@@ -78,6 +79,8 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", default="32768,65536")
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--siglip", action="store_true",
+                   help="also the SigLIP gradient block with its pair losses, Triton and Gluon")
     p.add_argument("--tiles", nargs="+", default=[",".join(map(str, gluon_kernels.GRAD_TILES))],
                    help="BLOCK_M,BLOCK_N,BLOCK_K,STAGES of the Gluon kernel")
     args = p.parse_args(argv)
@@ -106,6 +109,33 @@ def main(argv=None) -> None:
             print(f"B={size:<7} gluon {tiles}: P equal to the Triton kernel's: {torch.equal(got, want)}, "
                   f"d scale {got_d.item():.6e} against {want_d.item():.6e}", flush=True)
             emit(f"gluon {tiles}", graph_timed(lambda: blk.gluon(got, tiles=tiles), args.reps))
+        if args.siglip:
+            siglip_rows(blk, args.reps, emit)
+
+
+def siglip_rows(blk: FirstBlock, reps: int, emit) -> None:
+    """The SigLIP gradient block with its pair losses on the same block (scale 10, bias -10): the
+    Triton kernel, then the Gluon kernel, P and the row sums checked against the Triton kernel's."""
+    scale = torch.full((1,), 10.0, device="cuda")
+    bias = torch.full((1,), -10.0, device="cuda")
+    coef = torch.full((1,), 1.0 / blk.rows, device="cuda")
+    outs = []
+    for use_gluon in (False, True):
+        p, sums = blk.out(), torch.zeros(3, blk.rows, device="cuda")
+        args = (scale, bias, coef, sums[1], sums[0], sums[2], 0, True)
+        if use_gluon:
+            call = lambda: gluon_kernels.siglip_grad_block(blk.a, blk.b, p, *args, blk.sms)  # noqa: E731
+        else:
+            call = lambda: tri._fused(tri._siglip_grad_fused_kernel, blk.a, blk.b,  # noqa: E731
+                                      "siglip_grad_loss", False, *args, True, p=p)
+        call()
+        torch.cuda.synchronize()
+        outs.append((p, sums.clone()))
+        emit(f"siglip {'gluon' if use_gluon else 'triton'} (pair losses)", graph_timed(call, reps))
+    (want, want_sums), (got, got_sums) = outs
+    err = ((got_sums - want_sums).abs() / want_sums.abs().clamp_min(1e-30)).max().item()
+    print(f"siglip gluon: P equal to the Triton kernel's: {torch.equal(got, want)}, row sums within {err:.1e}",
+          flush=True)
 
 if __name__ == "__main__":
     main()

@@ -64,6 +64,30 @@ def gluon_resources(dtype: str, coef_scale: bool, dscale: int, target) -> dict:
     return _cubin_resources(compiled)
 
 
+def gluon_siglip_resources(dtype: str, coef_scale: bool, target) -> dict:
+    """ops/gluon_kernels.py's warp-specialised SigLIP gradient kernel with the pair losses
+    (GRAD_TILES, ``dtype`` descriptors) compiled for ``target``: its REG / STACK / shared bytes."""
+    import torch
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    bm, bn, bk, stages = glk.GRAD_TILES
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+
+    def desc(block):
+        return f"tensordesc<{dtype}[{block[0]},{block[1]}],{glk._layout(*block, dt)!r}>"
+
+    f32 = "*fp32"
+    types = dict(a_desc=desc([bm, bk]), b_desc=desc([bn, bk]), p_desc=desc([bm, bn]), M="i32", N="i32",
+                 D="i32", scale_ptr=f32, bias_ptr=f32, coef_ptr=f32, gsum=f32, gwsum=f32, row_loss=f32,
+                 diag="i32")
+    kernel = glk._siglip_grad_ws_kernel
+    constexprs = dict(COEF_SCALE=coef_scale, STAGES=stages)
+    sig = {name: "constexpr" if name in constexprs else types[name] for name in kernel.arg_names}
+    source = GluonASTSource(kernel, sig, {(kernel.arg_names.index(k),): v for k, v in constexprs.items()})
+    compiled = triton.compile(source, target=target, options=dict(num_warps=4, maxnreg=168))
+    return _cubin_resources(compiled)
+
+
 def gluon_sums_resources(dtype: str, target, tiles=None) -> dict:
     """ops/gluon_kernels.py's warp-specialised CLIP forward sums (column strips; ``tiles`` as
     SUMS_TILES, default the op's) compiled for ``target``: its REG / STACK / shared bytes."""
@@ -181,6 +205,11 @@ def main(argv=None) -> None:
         name = f"gluon_clip_grad {dtype} coef_scale={coef_scale} dscale={dscale}"
         if args.match in name:
             r = gluon_resources(dtype, coef_scale, dscale, target)
+            print(f"| {name} | {glk.GRAD_TILES} | {r['regs']} | {r['stack']} | {r['shared']} | yes |", flush=True)
+    for dtype, coef_scale in (("bf16", True), ("fp16", False)):
+        name = f"gluon_siglip_grad {dtype} coef_scale={coef_scale}"
+        if args.match in name:
+            r = gluon_siglip_resources(dtype, coef_scale, target)
             print(f"| {name} | {glk.GRAD_TILES} | {r['regs']} | {r['stack']} | {r['shared']} | yes |", flush=True)
     for dtype in ("bf16", "fp16"):
         name = f"gluon_clip_sums {dtype}"

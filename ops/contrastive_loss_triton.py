@@ -38,7 +38,8 @@ softmax weights (DSCALE 2): 13.6 against 16.4 ms for the statistics at 65k. On s
 gradient block goes to a warp-specialised Gluon kernel instead (ops/gluon_kernels.py, _gluon_grad:
 the same P bit for bit, its epilogue beside the MMA; 0.103 against 0.116 ms for the 65k block),
 and so do the strip sums (_gluon_sums: each strip's column block of B kept in shared memory;
-11.3 against 13.6 ms at 65k).
+11.3 against 13.6 ms at 65k) and the SigLIP gradient block with its pair losses (_gluon_grad with
+_GLUON_SIGLIP: 0.132 against 0.163 ms for the 65k block).
 FLOPs: 8 B^2 D in GEMMs (6 B^2 D when the matrix is kept from forward to backward: whole in fp32
 at small B, or, within a larger ``logits_budget_mb``, as the forward's bands in the features'
 dtype, read back _KEPT_BANDS_FACTOR bands at a time by the backward). SigLIP's gradient needs no
@@ -980,9 +981,13 @@ except ImportError:  # pragma: no cover - older Triton: pointer kernels only
     TensorDescriptor = None
 # The CLIP gradient block by the warp-specialised Gluon kernel (ops/gluon_kernels.py) where it
 # applies (sm_90, TMA loads and store); "on" False: the Triton kernel everywhere (INFCLIP_GLUON=0,
-# a bench's A/B, or after its first launch failed on this Triton); "tiles": its tiles (a bench's A/B).
+# a bench's A/B, or after its first launch failed on this Triton); "tiles": its tiles (a bench's A/B);
+# "launch": gluon_kernels' function (looked up at each launch).
 _GLUON = {"on": os.environ.get("INFCLIP_GLUON", "1") != "0" and not gluon_kernels.available(),
-          "tiles": gluon_kernels.GRAD_TILES}
+          "tiles": gluon_kernels.GRAD_TILES, "launch": "clip_grad_block"}
+# The SigLIP gradient block with its pair losses (the forward of a loss whose backward follows)
+# likewise, with a switch of its own: a kernel whose build fails turns off itself only.
+_GLUON_SIGLIP = dict(_GLUON, launch="siglip_grad_block")
 # The CLIP forward's column-strip sums by the warp-specialised Gluon kernel (gluon_kernels.clip_sums)
 # where the strips apply on sm_90; "on" False: the Triton strip kernel (INFCLIP_GLUON=0, a bench's
 # A/B, or after its first launch failed); "tiles": its tiles and chunk (gluon_kernels.SUMS_TILES).
@@ -1014,16 +1019,16 @@ def _capability(device: torch.device) -> tuple:
     return torch.cuda.get_device_capability(device)
 
 
-def _gluon_grad(a, b, p, args: tuple, flags: dict, checked: Optional[dict] = None,
+def _gluon_grad(state: dict, a, b, p, args: tuple, checked: Optional[dict] = None,
                 descriptors: Optional[dict] = None) -> bool:
-    """Whether the CLIP gradient block a b^T into ``p`` went to the warp-specialised Gluon kernel
-    (``args``: _clip_grad_fused_kernel's from scale_ptr to offset; ``flags``: its COEF_SCALE and
-    DSCALE): on sm_90 (wgmma) with the TMA loads and a TMA-aligned P, while _GLUON is on. A launch
-    that fails (a Triton whose Gluon differs fails at its first build) turns it off, with a
-    warning, and the Triton kernel takes the block. ``checked`` and ``descriptors``: dicts kept
-    for the blocks of one call (views of the same tensors, so the answer depends on the block's
-    shape only): the checks' answer per block shape, and the kernel's TMA descriptors per view."""
-    if not _GLUON["on"]:
+    """Whether the gradient block a b^T into ``p`` went to the warp-specialised Gluon kernel of
+    ``state`` (_GLUON: CLIP, _GLUON_SIGLIP; ``args``: its launch's between p and sm_count): on
+    sm_90 (wgmma) with the TMA loads and a TMA-aligned P, while the state is on. A launch that fails
+    (a Triton whose Gluon differs fails at its first build) turns it off, with a warning, and the
+    Triton kernel takes the block. ``checked`` and ``descriptors``: dicts kept for the blocks of one
+    call (views of the same tensors, so the answer depends on the block's shape only): the checks'
+    answer per block shape, and the kernel's TMA descriptors per view."""
+    if not state["on"]:
         return False
     shape = (a.shape[0], b.shape[0], p.shape[1])
     ok = checked.get(shape) if checked is not None else None
@@ -1034,12 +1039,12 @@ def _gluon_grad(a, b, p, args: tuple, flags: dict, checked: Optional[dict] = Non
     if not ok:
         return False
     try:
-        gluon_kernels.clip_grad_block(a, b, p, *args, bool(flags["COEF_SCALE"]), int(flags["DSCALE"]),
-                                      _sm_count(a.device), _GLUON["tiles"], descriptors)
+        getattr(gluon_kernels, state["launch"])(a, b, p, *args, _sm_count(a.device), state["tiles"],
+                                                descriptors)
     except Exception as exc:  # noqa: BLE001 - any failure of the first build: the Triton kernel
-        _GLUON["on"] = False
-        log.warning("contrastive_loss: the Gluon gradient kernel failed (%s: %s); using the Triton "
-                    "kernel from now on", type(exc).__name__, str(exc)[:200])
+        state["on"] = False
+        log.warning("contrastive_loss: the Gluon kernel %s failed (%s: %s); using the Triton kernel "
+                    "from now on", state["launch"], type(exc).__name__, str(exc)[:200])
         return False
     return True
 
@@ -1684,7 +1689,8 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
         (r_rows, ref_rows), (c_cols, ref_cols) = memo.rows[r0], memo.columns[c0]
         args = (scale_t, coef_t, float(coef_mul), src, dst, r_rows, c_cols, ref_rows, ref_cols,
                 label_args[0] - r0 + c0, *label_args[1:])
-        if not _gluon_grad(a_band, b_block, p, args, flags, memo.checked, memo.descriptors):
+        launch_args = (*args, bool(flags["COEF_SCALE"]), int(flags["DSCALE"]))
+        if not _gluon_grad(_GLUON, a_band, b_block, p, launch_args, memo.checked, memo.descriptors):
             _fused(_clip_grad_fused_kernel, a_band, b_block, "grad", allow_tf32, *args,
                    *flags.values(), p=p, descriptors=memo.descriptors)
 
@@ -1727,9 +1733,11 @@ def _siglip_grad_pass(a, b, scale, bias, diag, coef, coef_scale, logits, band, o
     def fused_fill(r0, r1, c0, c1, p, a_band, b_block, memo):
         if r0 not in memo.rows:
             memo.rows[r0] = (gsum[r0:r1], gwsum[r0:r1], row_loss[r0:r1])
-        _fused(_siglip_grad_fused_kernel, a_band, b_block, kind, allow_tf32, scale_t, bias_t,
-               coef_t, *memo.rows[r0], int(diag) - r0 + c0, bool(coef_scale), with_loss, p=p,
-               descriptors=memo.descriptors)
+        args = (scale_t, bias_t, coef_t, *memo.rows[r0], int(diag) - r0 + c0, bool(coef_scale))
+        if not (with_loss and _gluon_grad(_GLUON_SIGLIP, a_band, b_block, p, args, memo.checked,
+                                          memo.descriptors)):
+            _fused(_siglip_grad_fused_kernel, a_band, b_block, kind, allow_tf32, *args, with_loss,
+                   p=p, descriptors=memo.descriptors)
 
     grads = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a)
     return (sums, *grads)

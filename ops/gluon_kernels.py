@@ -1,7 +1,9 @@
-"""Warp-specialised Hopper kernels in Gluon (Triton's lower-level language). One role: the CLIP
-loss's two GEMM-bound passes with their work split between warps: the backward's gradient block P
-(as ops/contrastive_loss_triton._clip_grad_fused_kernel computes it; :func:`clip_grad_block`) and
-the forward's plain sums by column strips (as _clip_sums_strip_kernel; :func:`clip_sums`).
+"""Warp-specialised Hopper kernels in Gluon (Triton's lower-level language). One role: the loss's
+GEMM-bound passes with their work split between warps: the CLIP backward's gradient block P (as
+ops/contrastive_loss_triton._clip_grad_fused_kernel computes it; :func:`clip_grad_block`), the
+SigLIP gradient block with its pair losses (as _siglip_grad_fused_kernel with LOSS;
+:func:`siglip_grad_block`) and the CLIP forward's plain sums by column strips (as
+_clip_sums_strip_kernel; :func:`clip_sums`).
 
 Why: the Triton kernel runs each tile's epilogue (two exponentials per logit, the labels, the
 d-scale shares, the store of P) in the warps that ran the tile's MMA, after it. On an H200 at
@@ -25,6 +27,12 @@ Design points measured on the way (bench/device/h200_dc.sh to h200_dm.sh):
   what is left over the MMA is mostly P's store through shared memory.
 * Tile sizes are read from the descriptors inside the partitions, the flags from a small buffer's
   shape: constexprs passed through ``warp_specialize``'s arguments arrive as tensors.
+
+The SigLIP block (h200_fz to h200_gd) takes the same loader and ping-pong consumers with SigLIP's
+epilogue: 0.067 against 0.081 ms for the Triton kernel at 4,096 x 4,096, 0.132 against 0.163 at
+8,192 x 4,096. Built first with the pair losses' atomic before P's store, it took 0.114: the
+store's fence (fence.proxy.async) waits for the global atomics issued before it, so every atomic
+now follows the store. Without the pair losses the Triton kernel is as fast and stays.
 
 The forward's sums (h200_fs to h200_fx): the same loader and ping-pong consumers, a work item being
 a chunk of row tiles of one column block: each consumer adds its tiles' row sums by atomics and
@@ -63,7 +71,8 @@ try:
 except (ImportError, AttributeError) as exc:  # an older Triton: the Triton kernel serves
     _WHY_NOT = f"{type(exc).__name__}: {exc}"
 
-__all__ = ["available", "clip_grad_block", "clip_sums", "GRAD_TILES", "SUMS_MAX_DIM", "SUMS_TILES"]
+__all__ = ["available", "clip_grad_block", "clip_sums", "siglip_grad_block", "GRAD_TILES", "SUMS_MAX_DIM",
+           "SUMS_TILES"]
 
 GRAD_TILES = (64, 128, 64, 6)
 """BLOCK_M, BLOCK_N, BLOCK_K of a consumer's tile and the ring's stages (180 KB of shared memory
@@ -101,6 +110,31 @@ if not _WHY_NOT:
         return (first_m + (tile % width) % size_m) * BM, ((tile % width) // size_m) * BN
 
     @gluon.jit
+    def _turn_mma(a_ring, b_ops, ready, empty, turn, acc, n, count, steps, WHICH: gl.constexpr,
+                  B_BY_K: gl.constexpr):
+        """One consumer's wgmma of one tile, in its turn at the tensor cores (the n-th tile of
+        consumer WHICH; 0 goes first), over ``steps`` chunks of the ring from its chunk ``count``:
+        A from the ring, B from the ring too or, B_BY_K, chunk k of a resident block. Each slot is
+        released once the next chunk's MMA is issued, and the turn passed once the tile's are done."""
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        mbarrier.wait(turn.index(WHICH), (n & 1) ^ (1 - WHICH))
+        for k in range(steps):
+            s = count % STAGES
+            mbarrier.wait(ready.index(s), (count // STAGES) & 1)
+            if B_BY_K:
+                b = b_ops.index(k)
+            else:
+                b = b_ops.index(s)
+            acc = warpgroup_mma(a_ring.index(s), b.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
+            count += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
+        mbarrier.arrive(turn.index(1 - WHICH))
+        return acc
+
+    @gluon.jit
     def _loader(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
         """One warp: the A and B chunks of every tile of this program, in order, into the ring."""
         a_ring, b_ring, c_bufs = rings
@@ -136,7 +170,6 @@ if not _WHY_NOT:
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
-        STAGES: gl.constexpr = a_ring.type.shape[0]
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BN, 16])
         rows_l: gl.constexpr = gl.SliceLayout(1, mma)
@@ -157,18 +190,9 @@ if not _WHY_NOT:
         for tile in range(gl.program_id(0) + WHICH * nprog, tiles, 2 * nprog):
             off_m, off_n = _tile_origin(tile, M, N, BM, BN, _GROUP_M)
             acc = gl.zeros([BM, BN], gl.float32, layout=mma)
-            mbarrier.wait(turn.index(WHICH), (n & 1) ^ (1 - WHICH))  # consumer 0 first
-            count = (2 * n + WHICH) * steps  # the ring's chunks before this tile's
-            for k in range(steps):
-                s = count % STAGES
-                mbarrier.wait(ready.index(s), (count // STAGES) & 1)
-                acc = warpgroup_mma(a_ring.index(s), b_ring.index(s).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-                mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
-                count += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
-            mbarrier.arrive(turn.index(1 - WHICH))
+            # (the ring's chunks before this tile's: 2 n + WHICH tiles' worth)
+            acc = _turn_mma(a_ring, b_ring, ready, empty, turn, acc, n, (2 * n + WHICH) * steps, steps, WHICH,
+                            False)
             n += 1
 
             offs_m = off_m + gl.arange(0, BM, layout=rows_l)
@@ -238,6 +262,115 @@ if not _WHY_NOT:
 
 
     @gluon.jit
+    def _log1p_unit(u):
+        """log(1 + u) for 0 <= u <= 1: contrastive_loss_triton._log1p_unit's polynomial, the same
+        FMAs in the same order."""
+        p = 0.005253457929939032 * u - 0.02958850748836994
+        p = p * u + 0.07836166769266129
+        p = p * u - 0.13674770295619965
+        p = p * u + 0.19111430644989014
+        p = p * u - 0.24844369292259216
+        p = p * u + 0.33319270610809326
+        p = p * u - 0.49999502301216125
+        return (p * u + 1.0) * u
+
+    @gluon.jit
+    def _siglip_consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, WHICH: gl.constexpr):
+        """One warpgroup: every other tile of this program (as _consumer), then
+        _siglip_grad_fused_kernel's epilogue with the pair losses (_siglip_grad_value's arithmetic,
+        LOSS, so P is its bit for bit): coef G stored by TMA, then the row sums of G, G S' and the
+        pair losses by atomics. No atomic comes before the store's fence, which would wait for it: with the
+        pair losses' atomic before it the 4,096 x 4,096 block took 0.114 against 0.067 ms
+        (h200_gb / h200_gc)."""
+        a_ring, b_ring, c_bufs = rings
+        ready, empty, turn = bars
+        scale_ptr, bias_ptr, coef_ptr, gsum, gwsum, row_loss, diag, flags = scalars
+        COEF_SCALE: gl.constexpr = flags.type.shape[0] // 2  # (shape [2^COEF_SCALE, 1])
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BN, 16])
+        rows_l: gl.constexpr = gl.SliceLayout(1, mma)
+        cols_l: gl.constexpr = gl.SliceLayout(0, mma)
+        c_buf = c_bufs.index(WHICH)
+        scale = gl.load(scale_ptr)
+        bias = gl.load(bias_ptr)
+        nan_sb = scale * 0.0 + bias * 0.0  # NaN iff scale or bias is not finite, else 0
+        coef = gl.load(coef_ptr) * 1.0
+        if COEF_SCALE:
+            coef = coef * scale
+        tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
+        steps = gl.cdiv(D, BK)
+        nprog = gl.num_programs(0)
+        n = 0  # this consumer's tiles so far
+        for tile in range(gl.program_id(0) + WHICH * nprog, tiles, 2 * nprog):
+            off_m, off_n = _tile_origin(tile, M, N, BM, BN, _GROUP_M)
+            acc = gl.zeros([BM, BN], gl.float32, layout=mma)
+            acc = _turn_mma(a_ring, b_ring, ready, empty, turn, acc, n, (2 * n + WHICH) * steps, steps, WHICH,
+                            False)
+            n += 1
+
+            offs_m = off_m + gl.arange(0, BM, layout=rows_l)
+            offs_n = off_n + gl.arange(0, BN, layout=cols_l)
+            mask_m = offs_m < M
+            inside = gl.expand_dims(mask_m, 1) & gl.expand_dims(offs_n < N, 0)
+            is_pos = (gl.expand_dims(offs_m, 1) - gl.expand_dims(offs_n, 0)) == diag  # z = +1, else -1
+            y = acc * scale + bias
+            t = gl.where(is_pos, -y, y)  # -z y (a sign flip: bit for bit the Triton kernel's product)
+            e = gl.exp(-gl.abs(t))
+            r = 1.0 / (1.0 + e)
+            sig = gl.where(t >= 0.0, r, e * r)
+            g = gl.where(inside, gl.where(is_pos, -sig, sig), 0.0)  # -z sig
+            tma.store_wait(pendings=0)  # this consumer's previous tile has left its buffer
+            c_buf.store((g * coef).to(p_desc.dtype))
+            fence_async_shared()
+            _tma_store(p_desc, [off_m, off_n], c_buf)  # (the copy engine clips at the bounds)
+            # (every atomic after the fence, which would wait for them)
+            sp = gl.maximum(t, 0.0) + _log1p_unit(e)
+            # (NaN where S' is not finite, or where scale or bias is not: added to the row sum)
+            sp_sum = gl.sum(gl.where(inside, sp, 0.0) + acc * 0.0, axis=1) + nan_sb
+            gl.atomic_add(row_loss + offs_m, sp_sum, mask=mask_m, sem="relaxed")
+            gl.atomic_add(gsum + offs_m, gl.sum(g, axis=1), mask=mask_m, sem="relaxed")
+            gl.atomic_add(gwsum + offs_m, gl.sum(g * acc, axis=1), mask=mask_m, sem="relaxed")
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _siglip_consumer0(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
+        _siglip_consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, 0)
+
+    @gluon.jit
+    def _siglip_consumer1(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
+        _siglip_consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, 1)
+
+    @gluon.jit
+    def _siglip_grad_ws_kernel(a_desc, b_desc, p_desc, M, N, D, scale_ptr, bias_ptr, coef_ptr, gsum, gwsum,
+                               row_loss, diag, COEF_SCALE: gl.constexpr, STAGES: gl.constexpr):
+        """_siglip_grad_fused_kernel's coef G and row sums with the pair losses (LOSS) with TMA
+        descriptors for A [M, D], Bm [N, D] and G [M, N]; the loader and barriers of
+        _clip_grad_ws_kernel."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+        b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
+        c_bufs = gl.allocate_shared_memory(p_desc.dtype, [2, BM, BN], p_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+        flags = gl.allocate_shared_memory(gl.int8, [1 << COEF_SCALE, 1],
+                                          gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        scalars = (scale_ptr, bias_ptr, coef_ptr, gsum, gwsum, row_loss, diag, flags)
+        args = (a_desc, b_desc, p_desc, (a_ring, b_ring, c_bufs), (ready, empty, turn), M, N, D, scalars)
+        gl.warp_specialize([(_siglip_consumer0, args), (_loader, args), (_siglip_consumer1, args)], [1, 4],
+                           [40, 232])
+
+    @gluon.jit
     def _strip_item(item, M, N, BM: gl.constexpr, BN: gl.constexpr, chunk):
         """Work item ``item`` of the column-strip sums: (its column block's first column, its first
         and last + 1 row tile). Items run along the column blocks of one chunk of row tiles, so
@@ -302,7 +435,6 @@ if not _WHY_NOT:
         chunk, scale_ptr, row_shift, col_shift, row_sum, col_sum, diag = scalars
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BN: gl.constexpr = b_desc.block_type.shape[0]
-        STAGES: gl.constexpr = a_ring.type.shape[0]
         KSTEPS: gl.constexpr = b_res.type.shape[0]
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BN, 16])
@@ -324,18 +456,7 @@ if not _WHY_NOT:
                 g = t + i - lo
                 n = g // 2  # this consumer's tiles before this one
                 acc = gl.zeros([BM, BN], gl.float32, layout=mma)
-                mbarrier.wait(turn.index(WHICH), (n & 1) ^ (1 - WHICH))  # consumer 0 first
-                count = g * KSTEPS  # the ring's chunks before this tile's
-                for k in range(KSTEPS):
-                    s = count % STAGES
-                    mbarrier.wait(ready.index(s), (count // STAGES) & 1)
-                    acc = warpgroup_mma(a_ring.index(s), b_res.index(k).permute((1, 0)), acc, is_async=True)
-                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-                    mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
-                    count += 1
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
-                mbarrier.arrive(turn.index(1 - WHICH))
+                acc = _turn_mma(a_ring, b_res, ready, empty, turn, acc, n, g * KSTEPS, KSTEPS, WHICH, True)
 
                 off_m = i * BM
                 offs_m = off_m + gl.arange(0, BM, layout=rows_l)
@@ -419,6 +540,23 @@ def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_
                                    row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
                                    COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, num_warps=4,
                                    maxnreg=168)
+
+
+def siglip_grad_block(a, b, p, scale, bias, coef, gsum, gwsum, row_loss, diag: int, coef_scale: bool,
+                      sm_count: int, tiles=GRAD_TILES, descriptors: Optional[dict] = None) -> None:
+    """coef G of a b^T into ``p`` with the row sums and the pair losses, the arguments as
+    _siglip_grad_fused_kernel's with LOSS (a [M, D], b [N, D], p [M, N], 16-bit, rows TMA-aligned;
+    scale, bias, coef fp32 one-element tensors; gsum, gwsum, row_loss fp32 [M]); ``descriptors``
+    as :func:`clip_grad_block`'s. (Without the losses the Triton kernel is as fast: 0.059 against
+    0.063 ms for a 4,096 x 4,096 block, h200_gc.)"""
+    bm, bn, bk, stages = tiles
+    (m, d), n = a.shape, b.shape[0]
+    da = _descriptor(a, [bm, bk], descriptors)
+    db = _descriptor(b, [bn, bk], descriptors)
+    dp = _descriptor(p, [bm, bn], descriptors)
+    grid = min(sm_count, -(-m // bm) * -(-n // bn))
+    _siglip_grad_ws_kernel[(grid, )](da, db, dp, m, n, d, scale, bias, coef, gsum, gwsum, row_loss, diag,
+                                     COEF_SCALE=coef_scale, STAGES=stages, num_warps=4, maxnreg=168)
 
 
 def clip_sums(a, b, scale, row_shift, col_shift, row_sum, col_sum, diag: int, sm_count: int,

@@ -1,9 +1,10 @@
-"""GPU tests of the warp-specialised Gluon CLIP gradient kernel (ops/gluon_kernels.py; an H100 /
-H200 only): over awkward shapes (rows and columns not multiples of its tiles, a feature width not a
-multiple of its K chunk), positives off the main diagonal or outside the block, both dtypes and
-every d-scale mode, it writes the Triton kernel's P bit for bit and its d scale up to the order of
-the fp32 atomic sums; the op's backward takes it and gives the same gradients as with the Triton
-kernel."""
+"""GPU tests of the warp-specialised Gluon kernels (ops/gluon_kernels.py; an H100 / H200 only).
+Over awkward shapes (rows and columns not multiples of their tiles, a feature width not a multiple
+of their K chunk), positives off the main diagonal or outside the block, both dtypes and every
+flag, the CLIP and SigLIP gradient kernels write the Triton kernels' P bit for bit and their sums
+(d scale; SigLIP's row sums and pair losses) up to the order of the fp32 atomic sums, and the
+forward's column-strip sums match the Triton strip kernel's; the op takes each kernel and gives
+the same loss and gradients as with the Triton kernels."""
 
 import pytest
 import torch
@@ -40,12 +41,11 @@ def _both(a, b, rows, cols, ref, diag, coef_scale, dscale):
     for use_gluon in (True, False):
         p = torch.full((m, n), float("nan"), device="cuda", dtype=a.dtype)
         dst = torch.zeros((), device="cuda")
-        args = (scale, coef, 1.5, src, dst, rows, cols, ref[:m], ref[:n], diag, 2.0, 0.25)
-        flags = dict(COEF_SCALE=coef_scale, DSCALE=dscale)
+        args = (scale, coef, 1.5, src, dst, rows, cols, ref[:m], ref[:n], diag, 2.0, 0.25, coef_scale, dscale)
         if use_gluon:
-            assert tri._gluon_grad(a, b, p, args, flags), "the Gluon kernel did not take the block"
+            assert tri._gluon_grad(tri._GLUON, a, b, p, args), "the Gluon kernel did not take the block"
         else:
-            tri._fused(tri._clip_grad_fused_kernel, a, b, "grad", False, *args, *flags.values(), p=p)
+            tri._fused(tri._clip_grad_fused_kernel, a, b, "grad", False, *args, p=p)
         out.append((p, dst))
     return out
 
@@ -169,6 +169,86 @@ def test_op_forward_takes_the_gluon_sums(b, monkeypatch):
         assert tri._GLUON_SUMS["on"] == on and (len(calls) > 0) == on
         calls.clear()
     tri._GLUON_SUMS["on"] = True
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-6, atol=0)
+    for got, want in zip(results[0][1:], results[1][1:]):
+        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
+
+
+def _siglip_both(a, b, diag, coef_scale, bias=-4.0):
+    """(P, sums [3, M]: G S', G, the pair losses) by the Gluon SigLIP kernel and by the Triton
+    kernel with the pair losses, same arguments."""
+    m, n = a.shape[0], b.shape[0]
+    scale = torch.full((1,), 14.0, device="cuda")
+    bias_t = torch.full((1,), bias, device="cuda")
+    coef = torch.full((1,), 0.37, device="cuda")
+    out = []
+    for use_gluon in (True, False):
+        p = torch.full((m, n), float("nan"), device="cuda", dtype=a.dtype)
+        sums = torch.zeros(3, m, device="cuda")
+        args = (scale, bias_t, coef, sums[1], sums[0], sums[2], diag, coef_scale)
+        if use_gluon:
+            assert tri._gluon_grad(tri._GLUON_SIGLIP, a, b, p, args), "the Gluon kernel did not take the block"
+        else:
+            tri._fused(tri._siglip_grad_fused_kernel, a, b, "siglip_grad_loss", False, *args, True, p=p)
+        out.append((p, sums))
+    return out
+
+
+# (at least tri._TMA_MIN_LOGITS logits: smaller blocks take the Triton kernel)
+@pytest.mark.parametrize("m,n,d", [(3001, 2904, 200), (4096, 2312, 768), (2944, 3080, 96), (1100, 8200, 64)])
+@pytest.mark.parametrize("diag", [0, 37, -5000])
+def test_gluon_siglip_block_equals_the_triton_kernel(m, n, d, diag):
+    """P bit for bit; G's row sums, G S''s and the pair losses' within the fp32 atomics' order."""
+    a, b, *_ = _block(m, n, d, torch.bfloat16, m + n + diag)
+    (p, sums), (want, want_sums) = _siglip_both(a, b, diag, True)
+    assert torch.equal(p, want)
+    assert torch.isfinite(sums).all() and sums[2].min() > 0
+    torch.testing.assert_close(sums, want_sums, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype,coef_scale", [(torch.float16, False), (torch.float16, True), (torch.bfloat16, False)])
+def test_gluon_siglip_block_flags_and_dtypes(dtype, coef_scale):
+    a, b, *_ = _block(3001, 3000, 256, dtype, 11)
+    (p, sums), (want, want_sums) = _siglip_both(a, b, 5, coef_scale, bias=2.5)
+    assert torch.equal(p, want)
+    torch.testing.assert_close(sums, want_sums, rtol=1e-5, atol=1e-6)
+
+
+def test_gluon_siglip_pair_losses_are_nan_where_the_triton_kernels_are():
+    """A non-finite feature makes its row's pair losses NaN (and only its row's), as in the Triton
+    kernel; a NaN bias makes every row's NaN."""
+    a, b, *_ = _block(3000, 3000, 128, torch.bfloat16, 5)
+    a[17, 3] = float("inf")
+    (_p, sums), (_want, want_sums) = _siglip_both(a, b, 0, True)
+    assert torch.equal(sums[2].isnan(), want_sums[2].isnan()) and sums[2].isnan().sum() == 1
+    (_p, sums), (_want, want_sums) = _siglip_both(a[18:], b, 0, True, bias=float("nan"))
+    assert sums[2].isnan().all() and want_sums[2].isnan().all()
+
+
+@pytest.mark.parametrize("b", [8192, 12288 + 136])
+def test_op_siglip_takes_the_gluon_block(b, monkeypatch):
+    """The op's SigLIP loss (its forward with the gradients in one pass) with the Gluon block and
+    with the Triton block: the same loss and gradients (up to the atomic sums' order); the Gluon
+    kernel ran and did not fail over."""
+    calls = []
+    real = gluon_kernels.siglip_grad_block
+    monkeypatch.setattr(gluon_kernels, "siglip_grad_block", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    g = torch.Generator(device="cuda").manual_seed(b)
+    img = F.normalize(torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
+    txt = F.normalize(img.float() + torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
+    results = []
+    for on in (True, False):
+        tri._GLUON_SIGLIP["on"] = on
+        leaves = [img.clone().requires_grad_(), txt.clone().requires_grad_(),
+                  torch.full((), 10.0, device="cuda", requires_grad=True),
+                  torch.full((), -10.0, device="cuda", requires_grad=True)]
+        # (eager: a CUDA-graph replay would rerun the first setting's capture)
+        loss = contrastive_loss(*leaves, loss="siglip", impl="triton", graph_max_batch=0)
+        loss.backward()
+        results.append([loss.detach()] + [x.grad for x in leaves])
+        assert tri._GLUON_SIGLIP["on"] == on and (len(calls) > 0) == on
+        calls.clear()
+    tri._GLUON_SIGLIP["on"] = True
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-6, atol=0)
     for got, want in zip(results[0][1:], results[1][1:]):
         torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
