@@ -1,6 +1,6 @@
 # 1 x H200 (counts part), issue 11: h200_fz found the Gluon SigLIP block slower than the Triton kernel in the op (47.8
 # against 41.2 ms at 65k) and its G's sign flipped (fixed). Its GPU tests again; the block alone against the Triton
-# kernel and cuBLAS, and with its atomics and / or its store cut (bench/device/tmp_siglip_variants.py, device-only: its
+# kernel and cuBLAS, and with its atomics and / or its store cut (bench/device/tmp_siglip_variants.py, device-only, in commit ecd7fb6 only: its
 # CUTS then, BODIES since h200_gb).
 source bench/device/env.sh
 R=/tmp/ga; mkdir -p $R

@@ -1,6 +1,6 @@
 # 1 x H200 (counts part), issue 11: h200_ga found the Gluon SigLIP block's pair losses costing 0.05 ms of 0.11 at 32k
 # (without them 0.062, the Triton kernel with them 0.081). Variants of the losses' epilogue (bench/device/
-# tmp_siglip_variants.py, device-only): log1p by the log of 1 + e with its correction, no polynomial, no NaN term, the
+# tmp_siglip_variants.py, device-only, in commit ecd7fb6 only): log1p by the log of 1 + e with its correction, no polynomial, no NaN term, the
 # losses after G's store.
 source bench/device/env.sh
 R=/tmp/gb; mkdir -p $R
