@@ -39,77 +39,58 @@ def resources(kernel, types: dict, constexprs: dict, target, warps: int, stages:
     return _cubin_resources(compiled)
 
 
-def gluon_resources(dtype: str, coef_scale: bool, dscale: int, target) -> dict:
-    """ops/gluon_kernels.py's warp-specialised CLIP gradient kernel (its tiles, TMA descriptors
-    of ``dtype`` "bf16" or "fp16") compiled for ``target``: its REG / STACK / shared bytes."""
+def _gluon_compiled(kernel, dtype: str, blocks: dict, types: dict, constexprs: dict, target) -> dict:
+    """A warp-specialised kernel of ops/gluon_kernels.py compiled for ``target`` as the op
+    launches it (4 warps, 168 registers a thread): its TMA descriptor arguments ``blocks`` (name
+    -> [rows, cols] of ``dtype``, "bf16" or "fp16"), the other arguments' ``types``; its REG /
+    STACK / shared bytes."""
     import torch
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    bm, bn, bk, stages = glk.GRAD_TILES
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-
-    def desc(block):
-        return f"tensordesc<{dtype}[{block[0]},{block[1]}],{glk._layout(*block, dt)!r}>"
-
-    f32 = "*fp32"
-    types = dict(a_desc=desc([bm, bk]), b_desc=desc([bn, bk]), p_desc=desc([bm, bn]), M="i32", N="i32",
-                 D="i32", scale_ptr=f32, coef_ptr=f32, coef_mul="fp32", dscale_src=f32, dscale_dst=f32,
-                 row_lse=f32, col_lse=f32, row_ref=f32, col_ref=f32, diag="i32", diag_value="fp32",
-                 offset="fp32")
-    kernel = glk._clip_grad_ws_kernel
-    constexprs = dict(COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages)
+    types = dict(types, **{name: f"tensordesc<{dtype}[{b[0]},{b[1]}],{glk._layout(*b, dt)!r}>"
+                           for name, b in blocks.items()})
     sig = {name: "constexpr" if name in constexprs else types[name] for name in kernel.arg_names}
     source = GluonASTSource(kernel, sig, {(kernel.arg_names.index(k),): v for k, v in constexprs.items()})
     compiled = triton.compile(source, target=target, options=dict(num_warps=4, maxnreg=168))
     return _cubin_resources(compiled)
+
+
+def gluon_resources(dtype: str, coef_scale: bool, dscale: int, target) -> dict:
+    """ops/gluon_kernels.py's warp-specialised CLIP gradient kernel (its tiles, TMA descriptors
+    of ``dtype`` "bf16" or "fp16") compiled for ``target``: its REG / STACK / shared bytes."""
+    bm, bn, bk, stages = glk.GRAD_TILES
+    f32 = "*fp32"
+    types = dict(M="i32", N="i32", D="i32", scale_ptr=f32, coef_ptr=f32, coef_mul="fp32", dscale_src=f32,
+                 dscale_dst=f32, row_lse=f32, col_lse=f32, row_ref=f32, col_ref=f32, diag="i32",
+                 diag_value="fp32", offset="fp32")
+    return _gluon_compiled(glk._clip_grad_ws_kernel, dtype, dict(a_desc=[bm, bk], b_desc=[bn, bk], p_desc=[bm, bn]),
+                           types, dict(COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages), target)
 
 
 def gluon_siglip_resources(dtype: str, coef_scale: bool, target) -> dict:
     """ops/gluon_kernels.py's warp-specialised SigLIP gradient kernel with the pair losses
     (GRAD_TILES, ``dtype`` descriptors) compiled for ``target``: its REG / STACK / shared bytes."""
-    import torch
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     bm, bn, bk, stages = glk.GRAD_TILES
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-
-    def desc(block):
-        return f"tensordesc<{dtype}[{block[0]},{block[1]}],{glk._layout(*block, dt)!r}>"
-
     f32 = "*fp32"
-    types = dict(a_desc=desc([bm, bk]), b_desc=desc([bn, bk]), p_desc=desc([bm, bn]), M="i32", N="i32",
-                 D="i32", scale_ptr=f32, bias_ptr=f32, coef_ptr=f32, gsum=f32, gwsum=f32, row_loss=f32,
-                 diag="i32")
-    kernel = glk._siglip_grad_ws_kernel
-    constexprs = dict(COEF_SCALE=coef_scale, STAGES=stages)
-    sig = {name: "constexpr" if name in constexprs else types[name] for name in kernel.arg_names}
-    source = GluonASTSource(kernel, sig, {(kernel.arg_names.index(k),): v for k, v in constexprs.items()})
-    compiled = triton.compile(source, target=target, options=dict(num_warps=4, maxnreg=168))
-    return _cubin_resources(compiled)
+    types = dict(M="i32", N="i32", D="i32", scale_ptr=f32, bias_ptr=f32, coef_ptr=f32, gsum=f32, gwsum=f32,
+                 row_loss=f32, diag="i32")
+    return _gluon_compiled(glk._siglip_grad_ws_kernel, dtype, dict(a_desc=[bm, bk], b_desc=[bn, bk], p_desc=[bm, bn]),
+                           types, dict(COEF_SCALE=coef_scale, STAGES=stages), target)
 
 
 def gluon_sums_resources(dtype: str, target, tiles=None) -> dict:
     """ops/gluon_kernels.py's warp-specialised CLIP forward sums (column strips; ``tiles`` as
     SUMS_TILES, default the op's) compiled for ``target``: its REG / STACK / shared bytes."""
-    import torch
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    bm, bn, bk, stages, _chunk = tiles or glk.SUMS_TILES
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-
-    def desc(block):
-        return f"tensordesc<{dtype}[{block[0]},{block[1]}],{glk._layout(*block, dt)!r}>"
-
+    bm, bn, bk, stages, chunk = tiles or glk.SUMS_TILES
+    itemsize = 2  # (bf16 or fp16)
     f32 = "*fp32"
-    types = dict(a_desc=desc([bm, bk]), b_desc=desc([bn, bk]), M="i32", N="i32", D="i32", chunk="i32",
-                 scale_ptr=f32, row_shift=f32, col_shift=f32, row_sum=f32, col_sum=f32, diag="i32")
-    kernel = glk._clip_sums_ws_kernel
-    constexprs = dict(STAGES=glk.sums_stages(glk.SUMS_MAX_DIM, dt.itemsize, (bm, bn, bk, stages, _chunk)),
+    types = dict(M="i32", N="i32", D="i32", chunk="i32", scale_ptr=f32, row_shift=f32, col_shift=f32,
+                 row_sum=f32, col_sum=f32, diag="i32")
+    constexprs = dict(STAGES=glk.sums_stages(glk.SUMS_MAX_DIM, itemsize, (bm, bn, bk, stages, chunk)),
                       KSTEPS=-(-glk.SUMS_MAX_DIM // bk))
-    sig = {name: "constexpr" if name in constexprs else types[name] for name in kernel.arg_names}
-    source = GluonASTSource(kernel, sig, {(kernel.arg_names.index(k),): v for k, v in constexprs.items()})
-    compiled = triton.compile(source, target=target, options=dict(num_warps=4, maxnreg=168))
-    return _cubin_resources(compiled)
+    return _gluon_compiled(glk._clip_sums_ws_kernel, dtype, dict(a_desc=[bm, bk], b_desc=[bn, bk]), types,
+                           constexprs, target)
 
 
 def _cubin_resources(compiled) -> dict:

@@ -230,11 +230,9 @@ if not _WHY_NOT:
         _consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, 1)
 
     @gluon.jit
-    def _clip_grad_ws_kernel(a_desc, b_desc, p_desc, M, N, D, scale_ptr, coef_ptr, coef_mul, dscale_src,
-                             dscale_dst, row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
-                             COEF_SCALE: gl.constexpr, DSCALE: gl.constexpr, STAGES: gl.constexpr):
-        """_clip_grad_fused_kernel's P (and d scale) with TMA descriptors for A [M, D], Bm [N, D]
-        and P [M, N]; one program an SM (persistent), 12 warps: 4 + 4 consumers, 1 loader."""
+    def _grad_smem(a_desc, b_desc, p_desc, STAGES: gl.constexpr):
+        """The gradient kernels' shared memory: (the ring of A and B chunks, a P buffer for each
+        consumer), (the ring's ready and empty barriers, the consumers' turn pair)."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
@@ -249,13 +247,22 @@ if not _WHY_NOT:
             mbarrier.init(empty.index(i), count=1)
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
+        return (a_ring, b_ring, c_bufs), (ready, empty, turn)
+
+    @gluon.jit
+    def _clip_grad_ws_kernel(a_desc, b_desc, p_desc, M, N, D, scale_ptr, coef_ptr, coef_mul, dscale_src,
+                             dscale_dst, row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
+                             COEF_SCALE: gl.constexpr, DSCALE: gl.constexpr, STAGES: gl.constexpr):
+        """_clip_grad_fused_kernel's P (and d scale) with TMA descriptors for A [M, D], Bm [N, D]
+        and P [M, N]; one program an SM (persistent), 12 warps: 4 + 4 consumers, 1 loader."""
+        rings, bars = _grad_smem(a_desc, b_desc, p_desc, STAGES)
         # the flags travel as the shape of a small unused buffer: constexprs passed to the
         # partitions arrive as tensors, a shared-memory buffer's shape stays a constexpr
         flags = gl.allocate_shared_memory(gl.int8, [1 << COEF_SCALE, 1 << DSCALE],
                                           gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         scalars = (scale_ptr, coef_ptr, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref,
                    diag, diag_value, offset, flags)
-        args = (a_desc, b_desc, p_desc, (a_ring, b_ring, c_bufs), (ready, empty, turn), M, N, D, scalars)
+        args = (a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars)
         # registers: 168 a thread for the 12 warps at launch (64K / 384), moved at run time from
         # the loader's warpgroup (40) to the consumers' (232)
         gl.warp_specialize([(_consumer0, args), (_loader, args), (_consumer1, args)], [1, 4], [40, 232])
@@ -349,24 +356,11 @@ if not _WHY_NOT:
         """_siglip_grad_fused_kernel's coef G and row sums with the pair losses (LOSS) with TMA
         descriptors for A [M, D], Bm [N, D] and G [M, N]; the loader and barriers of
         _clip_grad_ws_kernel."""
-        BM: gl.constexpr = a_desc.block_type.shape[0]
-        BK: gl.constexpr = a_desc.block_type.shape[1]
-        BN: gl.constexpr = b_desc.block_type.shape[0]
-        a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
-        b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
-        c_bufs = gl.allocate_shared_memory(p_desc.dtype, [2, BM, BN], p_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
-        for i in gl.static_range(2):
-            mbarrier.init(turn.index(i), count=1)
+        rings, bars = _grad_smem(a_desc, b_desc, p_desc, STAGES)
         flags = gl.allocate_shared_memory(gl.int8, [1 << COEF_SCALE, 1],
                                           gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         scalars = (scale_ptr, bias_ptr, coef_ptr, gsum, gwsum, row_loss, diag, flags)
-        args = (a_desc, b_desc, p_desc, (a_ring, b_ring, c_bufs), (ready, empty, turn), M, N, D, scalars)
+        args = (a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars)
         gl.warp_specialize([(_siglip_consumer0, args), (_loader, args), (_siglip_consumer1, args)], [1, 4],
                            [40, 232])
 

@@ -31,6 +31,32 @@ def _block(m, n, d, dtype, seed):
     return a, b, rows, cols, ref
 
 
+def _op_with_and_without(b, state: dict, launch: str, monkeypatch, loss="clip"):
+    """The op's loss and gradients at B = ``b`` (bf16, D = 768) with the Gluon kernel of ``state``
+    (a dict of contrastive_loss_triton's: _GLUON, _GLUON_SUMS, _GLUON_SIGLIP) on and off; asserts
+    that gluon_kernels.``launch`` ran exactly when on (no failover to the Triton kernel)."""
+    calls = []
+    real = getattr(gluon_kernels, launch)
+    monkeypatch.setattr(gluon_kernels, launch, lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    g = torch.Generator(device="cuda").manual_seed(b)
+    img = F.normalize(torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
+    txt = F.normalize(img.float() + torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
+    results = []
+    for on in (True, False):
+        monkeypatch.setitem(state, "on", on)
+        leaves = [img.clone().requires_grad_(), txt.clone().requires_grad_(),
+                  torch.full((), 20.0 if loss == "clip" else 10.0, device="cuda", requires_grad=True)]
+        if loss == "siglip":
+            leaves.append(torch.full((), -10.0, device="cuda", requires_grad=True))
+        # (eager: a CUDA-graph replay would rerun the first setting's capture)
+        out = contrastive_loss(*leaves, loss=loss, impl="triton", graph_max_batch=0)
+        out.backward()
+        results.append([out.detach()] + [x.grad for x in leaves])
+        assert state["on"] == on and (len(calls) > 0) == on
+        calls.clear()
+    return results
+
+
 def _both(a, b, rows, cols, ref, diag, coef_scale, dscale):
     """(P, d scale) by the Gluon kernel and by the Triton kernel, same arguments."""
     m, n = a.shape[0], b.shape[0]
@@ -73,27 +99,9 @@ def test_gluon_block_flags_and_dtypes(dtype, coef_scale, dscale):
 @pytest.mark.parametrize("b", [8192, 12288])
 def test_op_backward_takes_it(b, monkeypatch):
     """The op's CLIP backward with the Gluon block and with the Triton block: the same loss and
-    gradients (up to the atomic sums' order); the Gluon kernel ran (and did not fail over to the
-    Triton kernel)."""
-    calls = []
-    real = gluon_kernels.clip_grad_block
-    monkeypatch.setattr(gluon_kernels, "clip_grad_block", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
-    g = torch.Generator(device="cuda").manual_seed(b)
-    img = F.normalize(torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
-    txt = F.normalize(img.float() + torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
-    results = []
-    for on in (True, False):
-        tri._GLUON["on"] = on
-        leaves = [img.clone().requires_grad_(), txt.clone().requires_grad_(),
-                  torch.full((), 20.0, device="cuda", requires_grad=True)]
-        # (eager: a CUDA-graph replay would rerun the first setting's capture)
-        loss = contrastive_loss(*leaves, impl="triton", graph_max_batch=0)
-        loss.backward()
-        results.append([loss.detach()] + [x.grad for x in leaves])
-        assert tri._GLUON["on"] == on and (len(calls) > 0) == on
-        calls.clear()
-    tri._GLUON["on"] = True
-    for got, want in zip(*results):
+    gradients (up to the atomic sums' order)."""
+    with_it, without = _op_with_and_without(b, tri._GLUON, "clip_grad_block", monkeypatch)
+    for got, want in zip(with_it, without):
         torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
 
 
@@ -148,29 +156,11 @@ def test_gluon_sums_leave_out_exactly_the_positives():
 @pytest.mark.parametrize("b", [12288, 16384 + 136])
 def test_op_forward_takes_the_gluon_sums(b, monkeypatch):
     """The op's CLIP forward at sizes where it takes the column strips, with the Gluon sums and with
-    the Triton strip kernel: the same loss and gradients; the Gluon kernel ran and did not fail
-    over."""
+    the Triton strip kernel: the same loss and gradients."""
     assert b * b >= tri._STRIPS_MIN_LOGITS
-    calls = []
-    real = gluon_kernels.clip_sums
-    monkeypatch.setattr(gluon_kernels, "clip_sums", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
-    g = torch.Generator(device="cuda").manual_seed(b)
-    img = F.normalize(torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
-    txt = F.normalize(img.float() + torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
-    results = []
-    for on in (True, False):
-        tri._GLUON_SUMS["on"] = on
-        leaves = [img.clone().requires_grad_(), txt.clone().requires_grad_(),
-                  torch.full((), 20.0, device="cuda", requires_grad=True)]
-        # (eager: a CUDA-graph replay would rerun the first setting's capture)
-        loss = contrastive_loss(*leaves, impl="triton", graph_max_batch=0)
-        loss.backward()
-        results.append([loss.detach()] + [x.grad for x in leaves])
-        assert tri._GLUON_SUMS["on"] == on and (len(calls) > 0) == on
-        calls.clear()
-    tri._GLUON_SUMS["on"] = True
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-6, atol=0)
-    for got, want in zip(results[0][1:], results[1][1:]):
+    with_it, without = _op_with_and_without(b, tri._GLUON_SUMS, "clip_sums", monkeypatch)
+    torch.testing.assert_close(with_it[0], without[0], rtol=1e-6, atol=0)
+    for got, want in zip(with_it[1:], without[1:]):
         torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
 
 
@@ -228,27 +218,8 @@ def test_gluon_siglip_pair_losses_are_nan_where_the_triton_kernels_are():
 @pytest.mark.parametrize("b", [8192, 12288 + 136])
 def test_op_siglip_takes_the_gluon_block(b, monkeypatch):
     """The op's SigLIP loss (its forward with the gradients in one pass) with the Gluon block and
-    with the Triton block: the same loss and gradients (up to the atomic sums' order); the Gluon
-    kernel ran and did not fail over."""
-    calls = []
-    real = gluon_kernels.siglip_grad_block
-    monkeypatch.setattr(gluon_kernels, "siglip_grad_block", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
-    g = torch.Generator(device="cuda").manual_seed(b)
-    img = F.normalize(torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
-    txt = F.normalize(img.float() + torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
-    results = []
-    for on in (True, False):
-        tri._GLUON_SIGLIP["on"] = on
-        leaves = [img.clone().requires_grad_(), txt.clone().requires_grad_(),
-                  torch.full((), 10.0, device="cuda", requires_grad=True),
-                  torch.full((), -10.0, device="cuda", requires_grad=True)]
-        # (eager: a CUDA-graph replay would rerun the first setting's capture)
-        loss = contrastive_loss(*leaves, loss="siglip", impl="triton", graph_max_batch=0)
-        loss.backward()
-        results.append([loss.detach()] + [x.grad for x in leaves])
-        assert tri._GLUON_SIGLIP["on"] == on and (len(calls) > 0) == on
-        calls.clear()
-    tri._GLUON_SIGLIP["on"] = True
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-6, atol=0)
-    for got, want in zip(results[0][1:], results[1][1:]):
+    with the Triton block: the same loss and gradients (up to the atomic sums' order)."""
+    with_it, without = _op_with_and_without(b, tri._GLUON_SIGLIP, "siglip_grad_block", monkeypatch, "siglip")
+    torch.testing.assert_close(with_it[0], without[0], rtol=1e-6, atol=0)
+    for got, want in zip(with_it[1:], without[1:]):
         torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)

@@ -120,3 +120,23 @@ def test_gluon_clip_sums_compiles_for_sm90(tmp_path):
         assert 0 < int(regs) <= 168 and int(stack) <= 16, f"{name} {tiles}: {regs} registers, {stack} spilled"
         assert 0 < int(shared) <= gluon_kernels.SHARED_BYTES - 4096, f"{name}: {shared} bytes of shared memory"
     assert gluon_kernels.sums_stages(gluon_kernels.SUMS_MAX_DIM, 2) >= 2
+
+
+def test_gluon_log1p_is_the_triton_kernels_polynomial():
+    """The Gluon SigLIP kernel's copy of the pairs' log1p (a Gluon kernel cannot call a Triton
+    one) has the Triton kernel's lines: the same coefficients in the same FMAs, so both give the
+    same pair losses; a coefficient changed in one file only fails here."""
+    import inspect
+
+    from infclip.ops import contrastive_loss_triton, gluon_kernels
+
+    if gluon_kernels.available():
+        pytest.skip(f"this Triton has no Gluon for Hopper: {gluon_kernels.available()}")
+
+    def body(jitted) -> list:
+        lines = inspect.getsource(jitted.fn).split('"""')[-1].splitlines()
+        return [line.strip() for line in lines if line.strip()]
+
+    triton_body = body(contrastive_loss_triton._log1p_unit)
+    assert len(triton_body) == 8 and triton_body[0].startswith("p = 0.00525")
+    assert body(gluon_kernels._log1p_unit) == triton_body
