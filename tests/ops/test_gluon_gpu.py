@@ -4,7 +4,10 @@ of their K chunk), positives off the main diagonal or outside the block, both dt
 flag, the CLIP and SigLIP gradient kernels write the Triton kernels' P bit for bit and their sums
 (d scale; SigLIP's row sums and pair losses) up to the order of the fp32 atomic sums, and the
 forward's column-strip sums match the Triton strip kernel's; the op takes each kernel and gives
-the same loss and gradients as with the Triton kernels."""
+the same loss and gradients as with the Triton kernels, and falls back to them, with a warning,
+when a kernel's first launch fails."""
+
+import logging
 
 import pytest
 import torch
@@ -31,30 +34,69 @@ def _block(m, n, d, dtype, seed):
     return a, b, rows, cols, ref
 
 
-def _op_with_and_without(b, state: dict, launch: str, monkeypatch, loss="clip"):
-    """The op's loss and gradients at B = ``b`` (bf16, D = 768) with the Gluon kernel of ``state``
-    (a dict of contrastive_loss_triton's: _GLUON, _GLUON_SUMS, _GLUON_SIGLIP) on and off; asserts
-    that gluon_kernels.``launch`` ran exactly when on (no failover to the Triton kernel)."""
-    calls = []
-    real = getattr(gluon_kernels, launch)
-    monkeypatch.setattr(gluon_kernels, launch, lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+def _features(b: int):
+    """Image and text features [b, 768] (bf16, unit rows, positives correlated)."""
     g = torch.Generator(device="cuda").manual_seed(b)
     img = F.normalize(torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
     txt = F.normalize(img.float() + torch.randn(b, 768, device="cuda", generator=g), dim=-1).bfloat16()
+    return img, txt
+
+
+def _loss_and_grads(img, txt, loss: str) -> list:
+    """[loss, d img, d txt, d scale(, d bias)] of one eager call of the op (a CUDA-graph replay
+    would rerun its first capture, whatever the kernels' switches say since)."""
+    leaves = [img.clone().requires_grad_(), txt.clone().requires_grad_(),
+              torch.full((), 20.0 if loss == "clip" else 10.0, device="cuda", requires_grad=True)]
+    if loss == "siglip":
+        leaves.append(torch.full((), -10.0, device="cuda", requires_grad=True))
+    out = contrastive_loss(*leaves, loss=loss, impl="triton", graph_max_batch=0)
+    out.backward()
+    return [out.detach()] + [x.grad for x in leaves]
+
+
+def _op_with_and_without(b, state: dict, launch: str, monkeypatch, loss="clip"):
+    """The op's loss and gradients at B = ``b`` with the Gluon kernel of ``state`` (a dict of
+    contrastive_loss_triton's: _GLUON, _GLUON_SUMS, _GLUON_SIGLIP) on and off; asserts that
+    gluon_kernels.``launch`` ran exactly when on (no failover to the Triton kernel)."""
+    calls = []
+    real = getattr(gluon_kernels, launch)
+    monkeypatch.setattr(gluon_kernels, launch, lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    img, txt = _features(b)
     results = []
     for on in (True, False):
         monkeypatch.setitem(state, "on", on)
-        leaves = [img.clone().requires_grad_(), txt.clone().requires_grad_(),
-                  torch.full((), 20.0 if loss == "clip" else 10.0, device="cuda", requires_grad=True)]
-        if loss == "siglip":
-            leaves.append(torch.full((), -10.0, device="cuda", requires_grad=True))
-        # (eager: a CUDA-graph replay would rerun the first setting's capture)
-        out = contrastive_loss(*leaves, loss=loss, impl="triton", graph_max_batch=0)
-        out.backward()
-        results.append([out.detach()] + [x.grad for x in leaves])
+        results.append(_loss_and_grads(img, txt, loss))
         assert state["on"] == on and (len(calls) > 0) == on
         calls.clear()
     return results
+
+
+@pytest.mark.parametrize("state,launch,loss,b", [("_GLUON", "clip_grad_block", "clip", 8192),
+                                                 ("_GLUON_SUMS", "clip_sums", "clip", 12288),
+                                                 ("_GLUON_SIGLIP", "siglip_grad_block", "siglip", 8192)])
+def test_a_failed_first_launch_falls_back_to_the_triton_kernel(state, launch, loss, b, monkeypatch, caplog):
+    """A Gluon kernel whose first launch fails (a Triton whose Gluon differs fails at its first
+    build) turns itself off with one warning that says why, the same call finishes with the Triton
+    kernel's results, and the other Gluon kernels stay on."""
+    switches = {name: getattr(tri, name) for name in ("_GLUON", "_GLUON_SUMS", "_GLUON_SIGLIP")}
+    for switch in switches.values():
+        monkeypatch.setitem(switch, "on", True)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of resource: shared memory, Required: 233584")
+
+    monkeypatch.setattr(gluon_kernels, launch, broken)
+    img, txt = _features(b)
+    with caplog.at_level(logging.WARNING, logger=tri.log.name):
+        got = _loss_and_grads(img, txt, loss)
+    assert {name: s["on"] for name, s in switches.items()} == {name: name != state for name in switches}
+    warned = [r.getMessage() for r in caplog.records if r.name == tri.log.name and r.levelno >= logging.WARNING]
+    assert len(warned) == 1, warned
+    assert "Gluon" in warned[0] and "Triton" in warned[0] and "out of resource" in warned[0]
+    want = _loss_and_grads(img, txt, loss)  # (the kernel off by now: the Triton kernel's path)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=0)
+    for g, w in zip(got[1:], want[1:]):
+        torch.testing.assert_close(g.float(), w.float(), rtol=2 ** -7, atol=1e-6)
 
 
 def _both(a, b, rows, cols, ref, diag, coef_scale, dscale):
