@@ -989,9 +989,8 @@ _GLUON = {"on": os.environ.get("INFCLIP_GLUON", "1") != "0" and not gluon_kernel
 # likewise, with a switch of its own: a kernel whose build fails turns off itself only.
 _GLUON_SIGLIP = dict(_GLUON, launch="siglip_grad_block")
 # The CLIP forward's column-strip sums by the warp-specialised Gluon kernel (gluon_kernels.clip_sums)
-# where the strips apply on sm_90; "on" False: the Triton strip kernel (INFCLIP_GLUON=0, a bench's
-# A/B, or after its first launch failed); "tiles": its tiles and chunk (gluon_kernels.SUMS_TILES).
-_GLUON_SUMS = {"on": _GLUON["on"], "tiles": gluon_kernels.SUMS_TILES}
+# where the strips apply on sm_90, likewise; "tiles": its tiles and chunk (gluon_kernels.SUMS_TILES).
+_GLUON_SUMS = {"on": _GLUON["on"], "tiles": gluon_kernels.SUMS_TILES, "launch": "clip_sums"}
 log = logging.getLogger(__name__)
 
 
@@ -1036,11 +1035,16 @@ def _gluon_grad(state: dict, a, b, p, args: tuple, checked: Optional[dict] = Non
         ok = a.is_cuda and _use_tma(a, b) and _tma_rows(p) and _capability(a.device) == (9, 0)
         if checked is not None:
             checked[shape] = ok
-    if not ok:
-        return False
+    return ok and _gluon_launch(state, a, b, p, *args, descriptors=descriptors)
+
+
+def _gluon_launch(state: dict, *args, **kwargs) -> bool:
+    """Whether gluon_kernels.``state["launch"]`` ran on ``args`` (then the device's SM count and the
+    state's tiles). A launch that fails (a Triton whose Gluon differs fails at its first build)
+    turns the state off, with a warning, and returns False: the caller's Triton kernel takes the
+    work, now and from then on."""
     try:
-        getattr(gluon_kernels, state["launch"])(a, b, p, *args, _sm_count(a.device), state["tiles"],
-                                                descriptors)
+        getattr(gluon_kernels, state["launch"])(*args, _sm_count(args[0].device), state["tiles"], **kwargs)
     except Exception as exc:  # noqa: BLE001 - any failure of the first build: the Triton kernel
         state["on"] = False
         log.warning("contrastive_loss: the Gluon kernel %s failed (%s: %s); using the Triton kernel "
@@ -1085,20 +1089,12 @@ def _strips_config(tiles, m: int, n: int, fp32: bool, allow_tf32: bool, programs
 
 def _gluon_sums(a, b, scale_t, row_shift, col_shift, row_sum, col_sum, diag) -> bool:
     """Whether the column-strip sums went to the warp-specialised Gluon kernel: on sm_90 with
-    16-bit features of at most gluon_kernels.SUMS_MAX_DIM, while _GLUON_SUMS is on (a first launch that fails turns it off, with a
-    warning, and the Triton strip kernel takes the sums)."""
+    16-bit features of at most gluon_kernels.SUMS_MAX_DIM, while _GLUON_SUMS is on (a first launch
+    that fails turns it off, _gluon_launch, and the Triton strip kernel takes the sums)."""
     if (not _GLUON_SUMS["on"] or a.dtype == torch.float32 or a.shape[1] > gluon_kernels.SUMS_MAX_DIM
             or _capability(a.device) != (9, 0)):
         return False
-    try:
-        gluon_kernels.clip_sums(a, b, scale_t, row_shift, col_shift, row_sum, col_sum, int(diag),
-                                _sm_count(a.device), _GLUON_SUMS["tiles"])
-    except Exception as exc:  # noqa: BLE001 - any failure of the first build: the Triton kernel
-        _GLUON_SUMS["on"] = False
-        log.warning("contrastive_loss: the Gluon sums kernel failed (%s: %s); using the Triton "
-                    "kernel from now on", type(exc).__name__, str(exc)[:200])
-        return False
-    return True
+    return _gluon_launch(_GLUON_SUMS, a, b, scale_t, row_shift, col_shift, row_sum, col_sum, int(diag))
 
 
 def _clip_sums_strips(a, b, scale_t, row_shift, col_shift, row_sum, col_sum, diag, allow_tf32):
@@ -1688,11 +1684,10 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
             memo.columns[c0] = (c[c0:c1], ref[c0:c1])
         (r_rows, ref_rows), (c_cols, ref_cols) = memo.rows[r0], memo.columns[c0]
         args = (scale_t, coef_t, float(coef_mul), src, dst, r_rows, c_cols, ref_rows, ref_cols,
-                label_args[0] - r0 + c0, *label_args[1:])
-        launch_args = (*args, bool(flags["COEF_SCALE"]), int(flags["DSCALE"]))
-        if not _gluon_grad(_GLUON, a_band, b_block, p, launch_args, memo.checked, memo.descriptors):
-            _fused(_clip_grad_fused_kernel, a_band, b_block, "grad", allow_tf32, *args,
-                   *flags.values(), p=p, descriptors=memo.descriptors)
+                label_args[0] - r0 + c0, *label_args[1:], *flags.values())
+        if not _gluon_grad(_GLUON, a_band, b_block, p, args, memo.checked, memo.descriptors):
+            _fused(_clip_grad_fused_kernel, a_band, b_block, "grad", allow_tf32, *args, p=p,
+                   descriptors=memo.descriptors)
 
     grads = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a)
     return grads if dscale_from is None and not dscale_summed else (*grads, dst)

@@ -157,12 +157,37 @@ if not _WHY_NOT:
                 count += 1
 
     @gluon.jit
+    def _tile_acc(a_ring, b_ring, bars, tile, n, M, N, steps, WHICH: gl.constexpr):
+        """Tile number ``tile`` of the block, this consumer's n-th: S' of it by wgmma over the ring
+        in this consumer's turn (the ring's chunks before it: 2 n + WHICH tiles' worth), its
+        origin, its row and column offsets."""
+        ready, empty, turn = bars
+        BM: gl.constexpr = a_ring.type.shape[1]
+        BN: gl.constexpr = b_ring.type.shape[1]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BN, 16])
+        off_m, off_n = _tile_origin(tile, M, N, BM, BN, _GROUP_M)
+        acc = gl.zeros([BM, BN], gl.float32, layout=mma)
+        acc = _turn_mma(a_ring, b_ring, ready, empty, turn, acc, n, (2 * n + WHICH) * steps, steps, WHICH, False)
+        offs_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
+        offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
+        return acc, off_m, off_n, offs_m, offs_n
+
+    @gluon.jit
+    def _store_tile(p_desc, c_buf, value, off_m, off_n):
+        """``value`` stored by TMA at [off_m, off_n] of P through this consumer's buffer (once its
+        previous tile has left it; the copy engine clips at the bounds)."""
+        tma.store_wait(pendings=0)
+        c_buf.store(value.to(p_desc.dtype))
+        fence_async_shared()
+        _tma_store(p_desc, [off_m, off_n], c_buf)
+
+    @gluon.jit
     def _consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, WHICH: gl.constexpr):
         """One warpgroup: every other tile of this program (WHICH 0: the first), its wgmma over the
         ring's chunks in its turn, then _clip_grad_fused_kernel's epilogue (the same arithmetic in
         the same order), P stored by TMA from this consumer's buffer."""
         a_ring, b_ring, c_bufs = rings
-        ready, empty, turn = bars
         (scale_ptr, coef_ptr, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref, diag,
          diag_value, offset, flags) = scalars
         COEF_SCALE: gl.constexpr = flags.type.shape[0] // 2  # (shape [2^COEF_SCALE, 2^DSCALE])
@@ -173,7 +198,6 @@ if not _WHY_NOT:
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BN, 16])
         rows_l: gl.constexpr = gl.SliceLayout(1, mma)
-        cols_l: gl.constexpr = gl.SliceLayout(0, mma)
         c_buf = c_bufs.index(WHICH)
         scale = gl.load(scale_ptr)
         scale2 = scale * 1.4426950408889634
@@ -188,15 +212,8 @@ if not _WHY_NOT:
         nprog = gl.num_programs(0)
         n = 0  # this consumer's tiles so far
         for tile in range(gl.program_id(0) + WHICH * nprog, tiles, 2 * nprog):
-            off_m, off_n = _tile_origin(tile, M, N, BM, BN, _GROUP_M)
-            acc = gl.zeros([BM, BN], gl.float32, layout=mma)
-            # (the ring's chunks before this tile's: 2 n + WHICH tiles' worth)
-            acc = _turn_mma(a_ring, b_ring, ready, empty, turn, acc, n, (2 * n + WHICH) * steps, steps, WHICH,
-                            False)
+            acc, off_m, off_n, offs_m, offs_n = _tile_acc(a_ring, b_ring, bars, tile, n, M, N, steps, WHICH)
             n += 1
-
-            offs_m = off_m + gl.arange(0, BM, layout=rows_l)
-            offs_n = off_n + gl.arange(0, BN, layout=cols_l)
             mask_m = offs_m < M
             mask_n = offs_n < N
             r2 = gl.load(row_lse + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
@@ -213,10 +230,7 @@ if not _WHY_NOT:
                 inside = gl.expand_dims(mask_m, 1) & gl.expand_dims(mask_n, 0)
                 w_acc += gl.sum(gl.where(inside, e_r * (t - gl.expand_dims(rr, 1))
                                          + e_c * (t - gl.expand_dims(cr, 0)), 0.0), axis=1)
-            tma.store_wait(pendings=0)  # this consumer's previous tile has left its buffer
-            c_buf.store((p * coef_p).to(p_desc.dtype))
-            fence_async_shared()
-            _tma_store(p_desc, [off_m, off_n], c_buf)  # (the copy engine clips at the bounds)
+            _store_tile(p_desc, c_buf, p * coef_p, off_m, off_n)
         tma.store_wait(pendings=0)
         if DSCALE == 2:
             gl.atomic_add(dscale_dst, coef * gl.sum(w_acc, axis=0), sem="relaxed")
@@ -290,16 +304,11 @@ if not _WHY_NOT:
         pair losses' atomic before it the 4,096 x 4,096 block took 0.114 against 0.067 ms
         (h200_gb / h200_gc)."""
         a_ring, b_ring, c_bufs = rings
-        ready, empty, turn = bars
         scale_ptr, bias_ptr, coef_ptr, gsum, gwsum, row_loss, diag, flags = scalars
         COEF_SCALE: gl.constexpr = flags.type.shape[0] // 2  # (shape [2^COEF_SCALE, 1])
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BN, 16])
-        rows_l: gl.constexpr = gl.SliceLayout(1, mma)
-        cols_l: gl.constexpr = gl.SliceLayout(0, mma)
         c_buf = c_bufs.index(WHICH)
         scale = gl.load(scale_ptr)
         bias = gl.load(bias_ptr)
@@ -312,14 +321,8 @@ if not _WHY_NOT:
         nprog = gl.num_programs(0)
         n = 0  # this consumer's tiles so far
         for tile in range(gl.program_id(0) + WHICH * nprog, tiles, 2 * nprog):
-            off_m, off_n = _tile_origin(tile, M, N, BM, BN, _GROUP_M)
-            acc = gl.zeros([BM, BN], gl.float32, layout=mma)
-            acc = _turn_mma(a_ring, b_ring, ready, empty, turn, acc, n, (2 * n + WHICH) * steps, steps, WHICH,
-                            False)
+            acc, off_m, off_n, offs_m, offs_n = _tile_acc(a_ring, b_ring, bars, tile, n, M, N, steps, WHICH)
             n += 1
-
-            offs_m = off_m + gl.arange(0, BM, layout=rows_l)
-            offs_n = off_n + gl.arange(0, BN, layout=cols_l)
             mask_m = offs_m < M
             inside = gl.expand_dims(mask_m, 1) & gl.expand_dims(offs_n < N, 0)
             is_pos = (gl.expand_dims(offs_m, 1) - gl.expand_dims(offs_n, 0)) == diag  # z = +1, else -1
@@ -329,10 +332,7 @@ if not _WHY_NOT:
             r = 1.0 / (1.0 + e)
             sig = gl.where(t >= 0.0, r, e * r)
             g = gl.where(inside, gl.where(is_pos, -sig, sig), 0.0)  # -z sig
-            tma.store_wait(pendings=0)  # this consumer's previous tile has left its buffer
-            c_buf.store((g * coef).to(p_desc.dtype))
-            fence_async_shared()
-            _tma_store(p_desc, [off_m, off_n], c_buf)  # (the copy engine clips at the bounds)
+            _store_tile(p_desc, c_buf, g * coef, off_m, off_n)
             # (every atomic after the fence, which would wait for them)
             sp = gl.maximum(t, 0.0) + _log1p_unit(e)
             # (NaN where S' is not finite, or where scale or bias is not: added to the row sum)
