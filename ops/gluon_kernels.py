@@ -253,6 +253,12 @@ if not _WHY_NOT:
         a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
         b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
         c_bufs = gl.allocate_shared_memory(p_desc.dtype, [2, BM, BN], p_desc.layout)
+        return (a_ring, b_ring, c_bufs), _ring_barriers(STAGES)
+
+    @gluon.jit
+    def _ring_barriers(STAGES: gl.constexpr):
+        """(ready, empty, turn): the ring's STAGES ready and empty barriers and the consumers' turn
+        pair, allocated and initialised (one arrival each)."""
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -261,7 +267,7 @@ if not _WHY_NOT:
             mbarrier.init(empty.index(i), count=1)
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
-        return (a_ring, b_ring, c_bufs), (ready, empty, turn)
+        return ready, empty, turn
 
     @gluon.jit
     def _clip_grad_ws_kernel(a_desc, b_desc, p_desc, M, N, D, scale_ptr, coef_ptr, coef_mul, dscale_src,
@@ -481,16 +487,9 @@ if not _WHY_NOT:
         BN: gl.constexpr = b_desc.block_type.shape[0]
         a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
         b_res = gl.allocate_shared_memory(b_desc.dtype, [KSTEPS, BN, BK], b_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        ready, empty, turn = _ring_barriers(STAGES)
         b_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         b_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
-        for i in gl.static_range(2):
-            mbarrier.init(turn.index(i), count=1)
         mbarrier.init(b_ready, count=1)
         mbarrier.init(b_free, count=2)  # both consumers, once an item
         scalars = (chunk, scale_ptr, row_shift, col_shift, row_sum, col_sum, diag)
