@@ -165,13 +165,34 @@ def _clip_prologue(img, txt, s, sw: Sweep, o: Options):
     return row_shift, col_shift, aux, ref.new_zeros(4 * b)
 
 
-def _dscale_in_backward(img, txt, in_place: bool, o: Options, keep: bool) -> bool:
+def _dscale_in_backward(img, txt, sw: Sweep, o: Options, keep: bool) -> bool:
     """Whether the forward leaves the weighted sums out (the triton column-strip statistics) and
-    the backward's gradient kernel sums d loss / d s instead: in place, gradients folded, nothing
-    kept, and where the strips run (asked of the same tensors by forward and backward; ``keep``:
-    the forward keeps S', the backward has it)."""
-    return (in_place and folds_coefficients(True, o.impl, img.dtype)
-            and triton_kernels().sums_in_strips(img, txt, keep))
+    the backward's gradient kernels sum d loss / d s instead, asked of the same tensors (this
+    rank's rows, a column block) by forward and backward: where the strips run, nothing kept
+    (``keep``: the forward keeps S', the backward has it), and in place only where the kernel
+    writes finished gradients (it takes the coefficient itself). The gathered-rows sweep keeps
+    its weighted sums (two one-direction blocks)."""
+    if sw.in_place:
+        ok = folds_coefficients(True, o.impl, img.dtype)
+    else:
+        ok = o.impl == "triton" and not sw.gathers_rows and SWEEPS_SUM_DSCALE
+    return ok and triton_kernels().sums_in_strips(img, txt, keep)
+
+
+SWEEPS_SUM_DSCALE = True
+"""False: the distributed sweeps' forwards take the weighted sums (the per-tile statistics
+kernels) for d loss / d s, as the gathered-rows sweep does (bench/diag_rank_compute.py times
+both)."""
+
+SWEEP_BLOCKS_GLOBAL = True
+"""Whether a sweep's gradient steps size their recompute blocks by the memory budget of the
+global batch (as the gathered sweep's one step over all B columns does) rather than of the
+column block in hand: at b = 16,384 a rank then takes 8,192 x 4,096 blocks, not 4,096 x 4,096
+(bench/diag_rank_compute.py times both)."""
+
+
+def _sweep_width(sw: Sweep, b: int) -> int:
+    return sw.world * b if SWEEP_BLOCKS_GLOBAL else 0
 
 
 def _clip_block_stats(a, b, s, row_shift, col_shift, row_ref, col_ref, diag, rows, cols,
@@ -240,7 +261,7 @@ def clip_forward(img, txt, s, sw: Sweep, o: Options) -> tuple:
             cols = own_cols if sw.in_place else [sums.new_zeros(t.shape[0]) for _ in range(2)]
             kept = _clip_block_stats(img, t, s, row_shift, t_shift, ref, t_ref,
                                      col_offset - row_offset, rows, cols, o, o.keep,
-                                     not _dscale_in_backward(img, t, sw.in_place, o, bool(o.keep)))
+                                     not _dscale_in_backward(img, t, sw, o, bool(o.keep)))
             return cols
 
         cols, full = sw.columns([txt, col_shift, ref], step, "sum")
@@ -264,7 +285,7 @@ def clip_forward(img, txt, s, sw: Sweep, o: Options) -> tuple:
 # ----------------------------------------------------------------------------------------------
 # CLIP backward
 # ----------------------------------------------------------------------------------------------
-def _clip_own_block_grads(g, img, txt, s, row_lse, col_lse, aux, logits, o: Options):
+def _clip_own_block_grads(g, img, txt, s, row_lse, col_lse, aux, logits, sw: Sweep, o: Options):
     """The finished (d_img, d_txt, d_scale) of an in-place sweep: one block, this rank's rows and
     columns whole; the kept S' (``logits``) replaces the recompute when there is one."""
     n = img.shape[0]
@@ -278,7 +299,7 @@ def _clip_own_block_grads(g, img, txt, s, row_lse, col_lse, aux, logits, o: Opti
         return triton_kernels().clip_grads_triton(
             img, txt, s, row_lse, col_lse, ref, **labels, coef=g, coef_mul=1 / (2 * n),
             coef_scale=True, dscale_from=aux, dscale_index=n,
-            dscale_summed=_dscale_in_backward(img, txt, True, o, kept is not None), logits=kept,
+            dscale_summed=_dscale_in_backward(img, txt, sw, o, kept is not None), logits=kept,
             band=o.block_m, out_dtype=img.dtype, allow_tf32=o.allow_tf32)
     if o.impl == "triton":  # fp16: k = coef s multiplies the fp32 results, d_scale = coef aux[n]
         tri = triton_kernels()
@@ -318,26 +339,40 @@ def _clip_gathered_grads(img, txt, s, row_lse, col_lse, ref, kept, sw: Sweep, o:
     return d_img, d_txt
 
 
-def _clip_swept_grads(img, txt, s, row_lse, col_lse, ref, kept_text, sw: Sweep, o: Options):
+def _clip_swept_grads(img, txt, s, row_lse, col_lse, aux, kept_text, sw: Sweep, o: Options):
     """Every column block through the sweep: (P @ T rows, P^T @ I of this rank's columns), fp32
-    [b, D] each, without k."""
+    [b, D] each, without k, and this rank's share of the sum of the E[S'] - S'_ii terms (fp32
+    []): aux[b] of the forward's weighted sums plus what the gradient kernels sum of the blocks
+    whose forward took none (_dscale_in_backward; the terms are linear in the blocks)."""
     b = img.shape[0]
     n_global = sw.world * b
+    ref = aux[:b]
     rows = torch.zeros(img.shape, dtype=torch.float32, device=img.device)
+    share = [aux[b]]
+
+    def add_rows(i0, i1, part):  # (each block's finished rows straight into the sum)
+        rows[i0:i1].add_(part)
 
     def step(col_offset, held):
+        t, t_lse, t_ref = held
         # positives (global row == global column) at i - j == col_offset - row_offset; the label
         # terms are taken inside the tiles, before rounding (see clip_grads)
-        grad_a, grad_b = clip_grads(img, held[0], s, row_lse, held[1], ref,
-                                    diag=col_offset - sw.rank * b, diag_value=2 * (1 - o.eps),
-                                    offset=2 * o.eps / n_global, **o.kw)
-        rows.add_(grad_a)
+        labels = dict(diag=col_offset - sw.rank * b, diag_value=2 * (1 - o.eps),
+                      offset=2 * o.eps / n_global, width=_sweep_width(sw, b), sink_a=add_rows)
+        if _dscale_in_backward(img, t, sw, o, False):
+            if share[0] is aux[b]:
+                share[0] = aux[b].clone()
+            _, grad_b, _ = triton_kernels().clip_grads_triton(
+                img, t, s, row_lse, t_lse, ref, **labels, dscale_summed=True, col_ref=t_ref,
+                dscale_out=share[0], band=o.block_m, allow_tf32=o.allow_tf32)
+        else:
+            _, grad_b = clip_grads(img, t, s, row_lse, t_lse, ref, **labels, **o.kw)
         return [grad_b]
 
     gathered = sw.gathers_columns and kept_text is not None and kept_text.numel()
-    reuse = [kept_text, None] if gathered else None
-    (d_txt,), _ = sw.columns([txt, col_lse], step, "sum", reuse)
-    return rows, d_txt
+    reuse = [kept_text, None, None] if gathered else None
+    (d_txt,), _ = sw.columns([txt, col_lse, ref], step, "sum", reuse)
+    return rows, d_txt, share[0]
 
 
 def clip_backward(g, img, txt, s, row_lse, col_lse, aux, kept, sw: Sweep, o: Options):
@@ -349,15 +384,19 @@ def clip_backward(g, img, txt, s, row_lse, col_lse, aux, kept, sw: Sweep, o: Opt
     coef = g / (2 * n_global) if o.eps or not sw.in_place else None
     if sw.in_place:
         d_img, d_txt, d_scale = _own_block(sw, [txt, col_lse], lambda held: _clip_own_block_grads(
-            g, img, held[0], s, row_lse, held[1], aux, kept, o))
+            g, img, held[0], s, row_lse, held[1], aux, kept, sw, o))
     else:
-        grads = _clip_gathered_grads if sw.gathers_rows else _clip_swept_grads
-        d_img, d_txt = grads(img, txt, s, row_lse, col_lse, aux[:b], kept, sw, o)
+        if sw.gathers_rows:
+            d_img, d_txt = _clip_gathered_grads(img, txt, s, row_lse, col_lse, aux[:b], kept, sw, o)
+            share = aux[b]
+        else:
+            d_img, d_txt, share = _clip_swept_grads(img, txt, s, row_lse, col_lse, aux, kept, sw, o)
         k = coef * s * o.factor
         d_img.mul_(k)
         d_txt.mul_(k)
-        # this rank's share: sum over its rows and columns of E[S'] - S'_ii (see clip_terms)
-        d_scale = coef * aux[b] * o.factor
+        # this rank's share of the sum of the E[S'] - S'_ii terms (see clip_terms); the shares
+        # of all ranks add up to the whole batch's
+        d_scale = coef * share * o.factor
     if o.eps:
         img_sum, txt_sum = aux[b + 2:b + 2 + d], aux[b + 2 + d:]
         # the global term -2 eps / B <sum I, sum T>: each rank takes 1/N of it
@@ -432,13 +471,16 @@ def _siglip_swept_grads(img, txt, s, bias, kept_text, sw: Sweep, o: Options, row
     rows = [torch.zeros(img.shape, dtype=torch.float32, device=img.device),
             img.new_zeros((), dtype=torch.float32), img.new_zeros((), dtype=torch.float32)]
 
+    def add_rows(i0, i1, part):  # (each block's finished rows straight into the sum)
+        rows[0][i0:i1].add_(part)
+
     def step(col_offset, held):
         out = siglip_grads(img, held[0], s, bias, col_offset - row_offset, **o.kw,
-                           with_loss=row_loss is not None)
+                           with_loss=row_loss is not None, width=_sweep_width(sw, b),
+                           sink_a=add_rows)
         if row_loss is not None:
             row_loss.add_(out[0])
-        grad_a, grad_b, gsum, gwsum = out[-4:]
-        rows[0] += grad_a
+        _, grad_b, gsum, gwsum = out[-4:]
         rows[1] += gsum
         rows[2] += gwsum
         return [grad_b]

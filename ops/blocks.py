@@ -187,7 +187,8 @@ def clip_stats(a: Tensor, b: Tensor, scale: Tensor, row_shift: Tensor, col_shift
 def clip_grads(a: Tensor, b: Tensor, scale: Tensor, row_lse: Tensor, col_lse: Tensor,
                row_ref: Tensor, *, diag: int = 0, diag_value: float = 0.0, offset: float = 0.0,
                impl: str = "chunked_torch",
-               block_m: int = 0, block_n: int = 0, allow_tf32: bool = False, sink_a=None):
+               block_m: int = 0, block_n: int = 0, allow_tf32: bool = False, sink_a=None,
+               width: int = 0):
     """(P @ b, P^T @ a) in fp32 for P = exp(S - row_lse[:, None]) + exp(S - col_lse[None, :])
     - diag_value [i - j == diag] - offset.
 
@@ -200,12 +201,13 @@ def clip_grads(a: Tensor, b: Tensor, scale: Tensor, row_lse: Tensor, col_lse: Te
     cancel away the gradient's precision.
     Returns ([M, D], [N, D]) fp32; partials over blocks add up. With ``sink_a(i0, i1, rows)``
     the finished fp32 rows of P @ b are handed over band by band instead (first result None),
-    so the caller can write its final gradient without an [M, D] fp32 buffer.
+    so the caller can write its final gradient without an [M, D] fp32 buffer. ``width``
+    (triton): the global batch of a sweep's column block, whose memory budget its blocks take.
     """
     if impl == "triton":
         return triton_kernels().clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, diag=diag,
                                            diag_value=diag_value, offset=offset, band=block_m,
-                                           allow_tf32=allow_tf32, sink_a=sink_a)
+                                           allow_tf32=allow_tf32, sink_a=sink_a, width=width)
     bm, bn = _blocks(impl, a, b, block_m, block_n)
     with matmul_precision(allow_tf32):
         return _torch_clip_grads(a, b, scale, row_lse, col_lse, row_ref, bm, bn, diag, diag_value,
@@ -230,15 +232,15 @@ def siglip_stats(a: Tensor, b: Tensor, scale: Tensor, bias: Tensor, diag: int = 
 
 def siglip_grads(a: Tensor, b: Tensor, scale: Tensor, bias: Tensor, diag: int = 0, *,
                  impl: str = "chunked_torch", block_m: int = 0, block_n: int = 0,
-                 allow_tf32: bool = False, sink_a=None, with_loss: bool = False):
+                 allow_tf32: bool = False, sink_a=None, with_loss: bool = False, width: int = 0):
     """(G @ b [M, D], G^T @ a [N, D], sum(G) [], sum(G * S') []) in fp32, G = -z sigmoid(-z x).
 
-    ``sink_a`` as in :func:`clip_grads`. ``with_loss``: the same pass also gives the
-    :func:`siglip_stats` row sums, returned first (a forward whose backward will follow)."""
+    ``sink_a`` and ``width`` as in :func:`clip_grads`. ``with_loss``: the same pass also gives
+    the :func:`siglip_stats` row sums, returned first (a forward whose backward will follow)."""
     if impl == "triton":
         return triton_kernels().siglip_grads_triton(a, b, scale, bias, diag, band=block_m,
                                              allow_tf32=allow_tf32, sink_a=sink_a,
-                                             with_loss=with_loss)
+                                             with_loss=with_loss, width=width)
     bm, bn = _blocks(impl, a, b, block_m, block_n)
     row_loss = a.new_zeros(a.shape[0], dtype=torch.float32) if with_loss else None
     with matmul_precision(allow_tf32):

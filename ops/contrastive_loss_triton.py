@@ -1515,13 +1515,17 @@ _GRAD_FACTOR = 1.5
 _GRAD_FACTOR_MIN_N = 12288
 
 
-def _grad_block(m: int, n: int, d: int, band: int, itemsize: int) -> tuple[int, int]:
+def _grad_block(m: int, n: int, d: int, band: int, itemsize: int, width: int = 0) -> tuple[int, int]:
     """(rows, columns) of the backward's recompute blocks: the whole [m, n] when it fits the band
     budget (band_rows), full-width bands of ``band`` rows when a band height is forced, else the
     first of _GRAD_BLOCK, _GRAD_BLOCKS whose block and fp32 [rows, D] sum of grad_a take no more
-    than _GRAD_FACTOR max(n d, 2^24) elements' bytes (below _GRAD_FACTOR_MIN_N columns: _GRAD_BLOCK
-    within 2 max(n d, 2^24), as before),
-    else full-width bands of at most that many bytes. (Capping the rows instead, 5,888 at 8k-16k,
+    than _GRAD_FACTOR max(w d, 2^24) elements' bytes (below _GRAD_FACTOR_MIN_N columns: _GRAD_BLOCK
+    within 2 max(w d, 2^24), as before),
+    else full-width bands of at most that many bytes; w = max(n, ``width``) from
+    _GRAD_FACTOR_MIN_N columns on (else n): a distributed sweep's column block takes the budget
+    of the global batch, as the gathered sweep's one step over all B columns does (below, at
+    b = 8,192 of 32,768, 8,192 x 4,096 blocks were no faster than the 4,096-row bands, for 184
+    against 160 MiB, h200_gs). (Capping the rows instead, 5,888 at 8k-16k,
     measured 1.05 / 1.00x the compiled dense loss against 0.96 / 0.99x with bands,
     bench/results/contrastive_loss_h200_blocks_capped_queued20.log.)"""
     step = _step(m, n, d, False, band)
@@ -1530,7 +1534,8 @@ def _grad_block(m: int, n: int, d: int, band: int, itemsize: int) -> tuple[int, 
     if band > 0:
         return step, n
     small = n < _GRAD_FACTOR_MIN_N  # (as before: full-width bands unless _GRAD_BLOCK fits)
-    budget = int((_BAND_FACTOR if small else _GRAD_FACTOR) * max(n * d, 1 << 24)) * itemsize
+    w = n if small else max(n, width)
+    budget = int((_BAND_FACTOR if small else _GRAD_FACTOR) * max(w * d, 1 << 24)) * itemsize
     for block in (_GRAD_BLOCK,) if small else (_GRAD_BLOCK, *_GRAD_BLOCKS):
         rows, cols = min(m, block[0]), min(n, block[1])
         if rows * (cols * itemsize + d * 4) <= budget:
@@ -1551,7 +1556,7 @@ class _BlockMemo:
 
 
 def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Callable, out_dtype,
-                sink_a):
+                sink_a, width: int = 0):
     """Shared block loop of the backward: per block, the scaled gradient block P, then grad_a
     rows += P @ b_block and grad_b rows += P^T @ a_band. P comes from ``fused_fill(r0, r1, c0,
     c1, p, a_band, b_block, memo)`` (one fused launch, ``memo`` the call's :class:`_BlockMemo`,
@@ -1576,7 +1581,7 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
         if kept_bands and band <= 0:
             rows = min(m, rows * _KEPT_BANDS_FACTOR)
     else:
-        rows, cols = _grad_block(m, n, d, band, a.element_size())
+        rows, cols = _grad_block(m, n, d, band, a.element_size(), width)
     dev = a.device
     grad_a = None if sink_a is not None else torch.empty(m, d, device=dev, dtype=out_dtype)
     with _precision(a, allow_tf32):
@@ -1639,8 +1644,9 @@ def _grad_grid(m, n):
 
 def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_value=0.0,
                       offset=0.0, coef=None, coef_mul=1.0, coef_scale=False, dscale_from=None,
-                      dscale_index=0, dscale_summed=False, logits=None, band=0,
-                      out_dtype=torch.float32, allow_tf32=False, sink_a=None):
+                      dscale_index=0, dscale_summed=False, col_ref=None, dscale_out=None,
+                      logits=None, band=0, out_dtype=torch.float32, allow_tf32=False,
+                      sink_a=None, width=0):
     """(k P @ b, k P^T @ a) in ``out_dtype`` (see ops/blocks.clip_grads), k folded into
     P before its rounding: k = c scale if ``coef_scale`` else c, c = coef coef_mul.
 
@@ -1649,19 +1655,27 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
     then the kernel also computes c dscale_from[dscale_index] (the single-device d scale) and
     the result is (grad_a, grad_b, that fp32 [] tensor). ``dscale_summed``: that d scale is
     summed by the gradient kernel instead (the forward took no weighted sums: clip_stats_triton
-    with ``weighted=False``; a square block, its positives on the diagonal, row_ref the column
-    refs too, and the fused kernels: :func:`sums_in_strips`).
+    with ``weighted=False``; needs the fused kernels, :func:`sums_in_strips`): c times the
+    block's share of the E[S'] - S'_ii terms of its rows and columns, added into ``dscale_out``
+    (an fp32 [] tensor, then returned) when given. col_ref: the columns' positive S' ([N] fp32)
+    for a block whose positives are not on its diagonal (a sweep's column block); None: row_ref,
+    on a square block with its positives on the diagonal. width: the blocks' memory budget is
+    that of this many columns if more than b's (_grad_block).
     """
     a, b = _prep(a), _prep(b)
     dev = a.device
     scale_t = _scalar(scale, dev)
     coef_t = _scalar(1.0 if coef is None else coef, dev)
     r, c, ref = (t.float().contiguous() for t in (row_lse, col_lse, row_ref))
+    cref = ref if col_ref is None else col_ref.float().contiguous()
     if dscale_summed:
-        if not sums_in_strips(a, b, logits is not None) or diag != 0 or a.shape != b.shape:
-            raise ValueError("clip_grads_triton: dscale_summed needs the fused TMA kernels on a "
-                             "square block with its positives on the diagonal")
-        src, dst = scale_t, torch.zeros((), device=dev, dtype=torch.float32)
+        if not sums_in_strips(a, b, logits is not None) or (
+                col_ref is None and (diag != 0 or a.shape != b.shape)):
+            raise ValueError("clip_grads_triton: dscale_summed needs the fused TMA kernels, and "
+                             "col_ref unless the block is square with its positives on the "
+                             "diagonal")
+        src = scale_t
+        dst = torch.zeros((), device=dev, dtype=torch.float32) if dscale_out is None else dscale_out
     elif dscale_from is None:
         src = dst = scale_t  # not touched (DSCALE off)
     else:
@@ -1681,7 +1695,7 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
         if r0 not in memo.rows:
             memo.rows[r0] = (r[r0:r1], ref[r0:r1])
         if c0 not in memo.columns:
-            memo.columns[c0] = (c[c0:c1], ref[c0:c1])
+            memo.columns[c0] = (c[c0:c1], cref[c0:c1])
         (r_rows, ref_rows), (c_cols, ref_cols) = memo.rows[r0], memo.columns[c0]
         args = (scale_t, coef_t, float(coef_mul), src, dst, r_rows, c_cols, ref_rows, ref_cols,
                 label_args[0] - r0 + c0, *label_args[1:], *flags.values())
@@ -1689,7 +1703,7 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
             _fused(_clip_grad_fused_kernel, a_band, b_block, "grad", allow_tf32, *args, p=p,
                    descriptors=memo.descriptors)
 
-    grads = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a)
+    grads = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a, width)
     return grads if dscale_from is None and not dscale_summed else (*grads, dst)
 
 
@@ -1707,7 +1721,7 @@ def _sums_and_coef(rows: int, m: int, coef, device) -> tuple:
 
 
 def _siglip_grad_pass(a, b, scale, bias, diag, coef, coef_scale, logits, band, out_dtype,
-                      allow_tf32, sink_a, with_loss):
+                      allow_tf32, sink_a, with_loss, width=0):
     """The gradient pass of :func:`siglip_grads_triton`: (sums, grad_a, grad_b), sums fp32
     [2, M] (row i: sum_j G_ij S'_ij, sum_j G_ij), with the pair losses of row i a third row with
     ``with_loss``. Rows of one buffer: a single reduction sums them all."""
@@ -1734,19 +1748,20 @@ def _siglip_grad_pass(a, b, scale, bias, diag, coef, coef_scale, logits, band, o
             _fused(_siglip_grad_fused_kernel, a_band, b_block, kind, allow_tf32, *args, with_loss,
                    p=p, descriptors=memo.descriptors)
 
-    grads = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a)
+    grads = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a, width)
     return (sums, *grads)
 
 
 def siglip_grads_triton(a, b, scale, bias, diag=0, *, coef=None, coef_scale=False, logits=None,
                         band=0, out_dtype=torch.float32, allow_tf32=False, sink_a=None,
-                        with_loss=False):
+                        with_loss=False, width=0):
     """(k G @ b, k G^T @ a, sum(G), sum(G * S')): gradients in ``out_dtype``, the two sums
     fp32 [] without k (see ops/blocks.siglip_grads); k = coef (None: 1; a number or a device
     tensor), times scale if ``coef_scale`` (taken in the kernel). ``with_loss``: the same pass also
-    sums the pair losses, returned first (fp32 [M], as siglip_stats_triton's)."""
+    sums the pair losses, returned first (fp32 [M], as siglip_stats_triton's). ``width``: as
+    clip_grads_triton's."""
     sums, grad_a, grad_b = _siglip_grad_pass(a, b, scale, bias, diag, coef, coef_scale, logits,
-                                             band, out_dtype, allow_tf32, sink_a, with_loss)
+                                             band, out_dtype, allow_tf32, sink_a, with_loss, width)
     pair = sums[:2].sum(1)  # (sum G S', sum G): one reduction for both
     grads = (grad_a, grad_b, pair[1], pair[0])
     return (sums[2], *grads) if with_loss else grads

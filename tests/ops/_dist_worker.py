@@ -11,6 +11,7 @@ compare with one process on the whole batch.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import traceback
@@ -77,6 +78,14 @@ def cases(world: int):
                 out[f"triton-{scheme}-L{local}-{lname}"] = dict(
                     scheme=scheme, local=local, dtype="fp32", loss=loss, eps=eps, scale=SCALE,
                     reduction="mean", group=None, overflow=False, impl="triton")
+            # the TMA kernels forced (as on Hopper): the forward takes the plain sums by column
+            # strips and the backward's gradient kernels sum d scale, block by block
+            if scheme != "gather":
+                for lname in ("clip", "clip_ls"):
+                    out[f"strips-{scheme}-L{local}-{lname}"] = dict(
+                        scheme=scheme, local=local, dtype="fp32", loss="clip", eps=LOSSES[lname][1],
+                        scale=SCALE, reduction="mean", group=None, overflow=False, impl="triton",
+                        strips=True)
     if world == 4:
         # a group that is not the world, with non-consecutive members: {0, 2} and {1, 3}
         for scheme, local in (("ring", None), ("disco", None), ("gather", None),
@@ -92,6 +101,31 @@ def cases(world: int):
                 scheme="hierarchical_ring", local=2, dtype="fp32", loss=loss, eps=eps,
                 scale=SCALE, reduction="mean", group="copy", overflow=False)
     return out
+
+
+@contextlib.contextmanager
+def _strips(on: bool):
+    """With ``on``: the triton impl's TMA kernels forced (the interpreter, fp32 rows of 48 bytes)
+    and the column-strip sums from any size, so the CLIP forward leaves d scale to the backward;
+    yields the ``dscale_summed`` of each gradient-kernel call (else None)."""
+    if not on:
+        yield None
+        return
+    from infclip.ops import contrastive_loss_triton as tri
+
+    saved = {k: getattr(tri, k) for k in ("_TMA_FORCE", "_STRIPS_MIN_LOGITS", "clip_grads_triton")}
+    summed = []
+
+    def grads(*args, **kw):
+        summed.append(bool(kw.get("dscale_summed")))
+        return saved["clip_grads_triton"](*args, **kw)
+
+    tri._TMA_FORCE, tri._STRIPS_MIN_LOGITS, tri.clip_grads_triton = True, 0, grads
+    try:
+        yield summed
+    finally:
+        for k, v in saved.items():
+            setattr(tri, k, v)
 
 
 def triton_interpreting() -> bool:
@@ -126,13 +160,17 @@ def _run_case(spec, rank, world, group, extra):
     bias = torch.tensor([BIAS], requires_grad=True) if spec["loss"] == "siglip" else None
     impl = spec.get("impl", "chunked_torch")
     blocks = (16, 16) if impl == "triton" else (BLOCK_M, BLOCK_N)  # triton tiles: powers of 2 >= 16
-    loss = contrastive_loss(img, txt, scale, bias, loss=spec["loss"], impl=impl,
-                            triton_interpret=impl == "triton", label_smoothing=spec["eps"],
-                            block_m=blocks[0], block_n=blocks[1],
-                            distributed=spec["scheme"], process_group=group,
-                            local_world_size=spec["local"], grad_reduction=spec["reduction"])
-    (loss * UPSTREAM).backward()
+    with _strips(spec.get("strips", False)) as summed:
+        loss = contrastive_loss(img, txt, scale, bias, loss=spec["loss"], impl=impl,
+                                triton_interpret=impl == "triton", label_smoothing=spec["eps"],
+                                block_m=0 if summed is not None else blocks[0],
+                                block_n=0 if summed is not None else blocks[1],
+                                distributed=spec["scheme"], process_group=group,
+                                local_world_size=spec["local"], grad_reduction=spec["reduction"])
+        (loss * UPSTREAM).backward()
     out = dict(loss=loss.detach(), img_grad=img.grad, txt_grad=txt.grad, scale_grad=scale.grad)
+    if summed is not None:
+        out["dscale_summed"] = torch.tensor(summed)
     if bias is not None:
         out["bias_grad"] = bias.grad
     return out

@@ -21,9 +21,9 @@ B, D = 384, 64
 SCHEMES = ("ring", "disco", "gather", "hierarchical_ring")
 
 
-def batch(device, n=B):
+def batch(device, n=B, dim=D):
     gen = torch.Generator(device="cpu").manual_seed(n)
-    img = F.normalize(torch.randn(n, D, generator=gen), dim=-1)
+    img = F.normalize(torch.randn(n, dim, generator=gen), dim=-1)
     txt = F.normalize(img + torch.randn(n, D, generator=gen), dim=-1)
     return img.to(device), txt.to(device)
 
@@ -37,6 +37,49 @@ def loss_and_grads(img, txt, scale, **kw):
     loss = contrastive_loss(img, txt, scale, impl="triton", **kw)
     loss.backward()
     return loss.detach(), img.grad, txt.grad
+
+
+def strips_cases(rank: int, world: int, device) -> list:
+    """bf16 at b = 12,288 rows a rank (b x b >= the strips' size): the CLIP forward of disco,
+    ring and hierarchical ring takes the plain sums (on an H100 / H200: the Gluon or Triton
+    strips) and every gradient block sums its share of d scale; the loss, the rows' gradients
+    and the logit scale's gradient (mean over ranks, as DeepSpeed reduces it) against one
+    device on the whole batch."""
+    from infclip.ops import contrastive_loss_triton as tri
+
+    b = 12288
+    if not tri.sums_in_strips(*(torch.empty(b, 256, device=device, dtype=torch.bfloat16),) * 2, ""):
+        return []  # (no TMA here: the per-tile statistics with their weighted sums)
+    img, txt = (x.to(torch.bfloat16) for x in batch(device, world * b, dim=256))
+    rows = slice(rank * b, (rank + 1) * b)
+
+    def run(x, t, **kw):
+        x, t, scale = leaves(x, t)
+        loss = contrastive_loss(x, t, scale, impl="triton", **kw)
+        loss.backward()
+        return loss.detach(), x.grad.float(), t.grad.float(), scale.grad
+
+    want = run(img, txt, distributed="none")
+    real, summed = tri.clip_grads_triton, []
+    tri.clip_grads_triton = lambda *a, **k: (summed.append(bool(k.get("dscale_summed"))), real(*a, **k))[1]
+    out = []
+    try:
+        for scheme in ("disco", "ring", "hierarchical_ring"):
+            summed.clear()
+            loss, g_img, g_txt, g_scale = run(img[rows], txt[rows], distributed=scheme)
+            dist.all_reduce(g_scale)
+            checks = (("loss", loss, want[0], 1e-5), ("img grad", g_img / world, want[1][rows], 1e-2),
+                      ("txt grad", g_txt / world, want[2][rows], 1e-2),
+                      ("scale grad", g_scale / world, want[3], 1e-3))
+            for name, got, ref, tol in checks:
+                err = float((got - ref).abs().max() / ref.abs().max())
+                if not err <= tol:
+                    out.append(f"rank {rank} strips {scheme}: {name} differs by {err:.3g} (relative)")
+            if not (summed and all(summed)):
+                out.append(f"rank {rank} strips {scheme}: d scale not summed by every block {summed}")
+    finally:
+        tri.clip_grads_triton = real
+    return out
 
 
 def main() -> int:
@@ -80,6 +123,7 @@ def main() -> int:
         loss, _, _ = loss_and_grads(*leaves(img[rows], txt[rows]), distributed=scheme)  # still works
         if not float((loss - want_loss).abs() / want_loss.abs()) <= 1e-5:
             failures.append(f"rank {rank} {scheme}: wrong loss after the uneven call")
+    failures += strips_cases(rank, world, device)
     for line in failures:
         print(line, flush=True)
     print(f"rank {rank}: {len(failures)} failures", flush=True)

@@ -235,6 +235,24 @@ def test_gradient_blocks_keep_within_their_memory_budget(b):
     assert triton_impl._grad_block(b, b, d, 512, item) == (512, b)  # a forced band height
 
 
+@pytest.mark.parametrize("b,world", [(8192, 4), (16384, 2), (16384, 4), (32768, 4)])
+def test_a_sweeps_gradient_blocks_take_the_global_batchs_budget(b, world):
+    """A distributed sweep's column block of b columns (``width`` = the global batch) sizes its
+    blocks as a gathered step over all B = world b columns would: within that budget, and no
+    smaller than the column block's own (b = 16,384 of 65,536: 8,192 x 4,096 against 4,096 x 4,096)."""
+    d, item, n_global = 768, 2, world * b
+    own = triton_impl._grad_block(b, b, d, 0, item)
+    rows, cols = triton_impl._grad_block(b, b, d, 0, item, width=n_global)
+    factor = triton_impl._GRAD_FACTOR if b >= triton_impl._GRAD_FACTOR_MIN_N else 2.0
+    assert rows * cols * item + (rows * d * 4 if cols < b else 0) <= factor * n_global * d * item
+    assert rows * cols >= own[0] * own[1] and 0 < rows <= b and 0 < cols <= b
+    if n_global == 65536:
+        assert (own, (rows, cols)) == ((4096, 4096), (8192, 4096))
+    assert triton_impl._grad_block(b, b, d, 0, item, width=b) == own
+    if b < triton_impl._GRAD_FACTOR_MIN_N:  # (narrow column blocks keep their own)
+        assert (rows, cols) == own
+
+
 def test_gradient_blocks_fall_back_to_bands(monkeypatch):
     monkeypatch.setattr(triton_impl, "_GRAD_BLOCKS", ((1 << 20, 1 << 20),))  # never fits
     rows, cols = triton_impl._grad_block(32768, 32768, 768, 0, 2)
@@ -303,8 +321,10 @@ def test_triton_gradient_epilogue_in_slices(monkeypatch, m, n, diag):
     """The fused gradient kernel's epilogue taken in 2 or 4 column slices of each tile (SPLIT)
     writes the one-slice kernel's gradients bit for bit and the same d scale: 8 x 16 TMA tiles
     over [45, 38] (partial edge tiles; P's rows unaligned, stored by pointers) and [64, 48] /
-    [64, 64] (stored by the copy engine, blocks of 8 x 8 and 8 x 4), positives crossing slices;
-    on the square block with its positives on the diagonal d scale is summed in the kernel."""
+    [64, 64] (stored by the copy engine, blocks of 8 x 8 and 8 x 4), positives crossing slices.
+    d scale is summed in the kernel: on the square block with its positives on the diagonal
+    from the row refs, on the others (a sweep's column blocks) with the columns' refs too, added
+    into a given accumulator."""
     monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 1 << 40)
     monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
     monkeypatch.setattr(triton_impl, "_STRIPS_MIN_LOGITS", 0)
@@ -313,27 +333,33 @@ def test_triton_gradient_epilogue_in_slices(monkeypatch, m, n, diag):
     s = scale.reshape(())
     logits = s * img @ txt.T
     ref = (img * txt[(torch.arange(m) - diag).clamp(0, n - 1)]).sum(-1)
-    summed = m == n and diag == 0
+    # the columns' refs (a column without its positive in the block: any value, as in a sweep)
+    col_ref = (img[(torch.arange(n) + diag).clamp(0, m - 1)] * txt).sum(-1)
+    own = m == n and diag == 0
     aux = torch.tensor([0.0, 0.75])
 
-    def run(split):
+    def run(split, summed=False, into=None):
         monkeypatch.setattr(triton_impl, "_TMA_GRAD", (8, 16, 16, 2, 4, 1, 2, split))
         return triton_impl.clip_grads_triton(
             img, txt, s, logits.logsumexp(1), logits.logsumexp(0), ref, diag=diag, diag_value=1.8,
             offset=0.01, coef=torch.tensor([0.5]), coef_scale=True, dscale_from=aux, dscale_index=1,
-            dscale_summed=summed)
+            dscale_summed=summed, col_ref=None if own else col_ref, dscale_out=into)
 
     want = run(1)
+    assert want[2].item() == 0.375  # c aux[1], c = coef
+    summed = run(1, True)
+    assert torch.equal(summed[0], want[0]) and torch.equal(summed[1], want[1])
     for split in (2, 4):
-        got = run(split)
+        got = run(split, True)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), split
-        torch.testing.assert_close(got[2], want[2], rtol=1e-6, atol=0, msg=str(split))
-    if not summed:  # c aux[1], c = coef
-        assert want[2].item() == 0.375
-        return
+        torch.testing.assert_close(got[2], summed[2], rtol=1e-6, atol=0, msg=str(split))
     sp = img @ txt.T  # (S'_ii is ref_i)
-    shares = (torch.softmax(logits, 1) * (sp - ref[:, None]) + torch.softmax(logits, 0) * (sp - ref))
-    torch.testing.assert_close(want[2], 0.5 * shares.sum(), rtol=1e-4, atol=1e-6)
+    shares = (torch.softmax(logits, 1) * (sp - ref[:, None]) + torch.softmax(logits, 0) * (sp - col_ref))
+    torch.testing.assert_close(summed[2], 0.5 * shares.sum(), rtol=1e-4, atol=1e-6)
+    into = torch.tensor(0.25)
+    added = run(1, True, into)[2]
+    assert added is into
+    torch.testing.assert_close(added, 0.25 + summed[2], rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("b,eps", [(70, 0.0), (70, 0.1), (64, 0.0)])
@@ -377,11 +403,17 @@ def test_strips_only_from_their_size_and_without_kept_logits(monkeypatch):
     assert not triton_impl.sums_in_strips(*unaligned, "")
 
 
-def test_dscale_summed_refuses_what_it_cannot_sum():
+def test_dscale_summed_refuses_what_it_cannot_sum(monkeypatch):
     img, txt, scale, _ = _inputs(16, 8, torch.float32)
     lse = torch.zeros(16)
-    with pytest.raises(ValueError, match="dscale_summed"):
+    with pytest.raises(ValueError, match="dscale_summed"):  # no fused TMA kernels
         triton_impl.clip_grads_triton(img, txt, scale, lse, lse, lse, dscale_summed=True)
+    monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
+    monkeypatch.setattr(triton_impl, "_STRIPS_MIN_LOGITS", 0)
+    with pytest.raises(ValueError, match="col_ref"):  # positives off the diagonal, no col_ref
+        triton_impl.clip_grads_triton(img, txt, scale, lse, lse, lse, diag=3, dscale_summed=True)
+    with pytest.raises(ValueError, match="col_ref"):  # not square, no col_ref
+        triton_impl.clip_grads_triton(img, txt[:12], scale, lse, lse[:12], lse, dscale_summed=True)
 
 
 @pytest.mark.parametrize("factor", [1, 2])

@@ -113,6 +113,9 @@ def _check_case(name: str, spec: dict, per_rank: list, world: int) -> None:
     losses = torch.stack([per_rank[r]["loss"] for r in members])
     assert torch.all(losses == losses[0]), f"{name}: ranks disagree on the loss: {losses}"
     torch.testing.assert_close(losses[0], single["loss"], rtol=2e-6, atol=2e-6)
+    if spec.get("strips"):  # every gradient block of every rank summed its share of d scale
+        flags = [per_rank[r]["dscale_summed"] for r in members]
+        assert all(f.numel() and bool(f.all()) for f in flags), f"{name}: dscale_summed {flags}"
     factor = n if spec["reduction"] == "mean" else 1
     got = _gather_ranks(per_rank, members, factor)
     bf16 = spec["dtype"] == "bf16"
