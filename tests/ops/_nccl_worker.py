@@ -24,7 +24,7 @@ SCHEMES = ("ring", "disco", "gather", "hierarchical_ring")
 def batch(device, n=B, dim=D):
     gen = torch.Generator(device="cpu").manual_seed(n)
     img = F.normalize(torch.randn(n, dim, generator=gen), dim=-1)
-    txt = F.normalize(img + torch.randn(n, D, generator=gen), dim=-1)
+    txt = F.normalize(img + torch.randn(n, dim, generator=gen), dim=-1)
     return img.to(device), txt.to(device)
 
 
@@ -48,6 +48,8 @@ def strips_cases(rank: int, world: int, device) -> list:
     from infclip.ops import contrastive_loss_triton as tri
 
     b = 12288
+    if world == 1:
+        return []  # (one rank: the single-device op, no sweep)
     if not tri.sums_in_strips(*(torch.empty(b, 256, device=device, dtype=torch.bfloat16),) * 2, ""):
         return []  # (no TMA here: the per-tile statistics with their weighted sums)
     img, txt = (x.to(torch.bfloat16) for x in batch(device, world * b, dim=256))
