@@ -348,7 +348,7 @@ def _clip_swept_grads(img, txt, s, row_lse, col_lse, aux, kept_text, sw: Sweep, 
     n_global = sw.world * b
     ref = aux[:b]
     rows = torch.zeros(img.shape, dtype=torch.float32, device=img.device)
-    share = [aux[b]]
+    share = [aux[b], False]  # (the share, whether it is this call's own accumulator yet)
 
     def add_rows(i0, i1, part):  # (each block's finished rows straight into the sum)
         rows[i0:i1].add_(part)
@@ -360,8 +360,8 @@ def _clip_swept_grads(img, txt, s, row_lse, col_lse, aux, kept_text, sw: Sweep, 
         labels = dict(diag=col_offset - sw.rank * b, diag_value=2 * (1 - o.eps),
                       offset=2 * o.eps / n_global, width=_sweep_width(sw, b), sink_a=add_rows)
         if _dscale_in_backward(img, t, sw, o, False):
-            if share[0] is aux[b]:
-                share[0] = aux[b].clone()
+            if not share[1]:  # (a copy: the saved aux stays as the forward left it)
+                share[:] = aux[b].clone(), True
             _, grad_b, _ = triton_kernels().clip_grads_triton(
                 img, t, s, row_lse, t_lse, ref, **labels, dscale_summed=True, col_ref=t_ref,
                 dscale_out=share[0], band=o.block_m, allow_tf32=o.allow_tf32)

@@ -1,5 +1,6 @@
 # 4 x H200 (counts in full; not yet run: the 4-GPU kind was not lent in sessions 14-34): every 4-GPU bar still open,
-# with the code of 2026-11-24 (Gluon gradient blocks and sums, the SigLIP one-sweep path), one call, ~9 minutes.
+# with the code as it stands (Gluon gradient blocks and sums, the SigLIP one-sweep path; since the twelfth session the
+# schemes' CLIP forwards on the column-strip sums, d scale summed in their gradient blocks), one call, ~9 minutes.
 # Issue 11: the NCCL tests, then CLIP and SigLIP per scheme against the 1-GPU op on the whole batch behind 20 ms of
 # queued work (bars: ring and hierarchical ring >= 90% at B >= 65,536 and >= 75% at 32,768, disco >= 95% at
 # B >= 65,536), and 2 "nodes" x 2 against one node of 4. Issue 10: the ViT-B/32 preset (micro-batch 1,024, ZeRO-2,

@@ -86,6 +86,12 @@ def cases(world: int):
                         scheme=scheme, local=local, dtype="fp32", loss="clip", eps=LOSSES[lname][1],
                         scale=SCALE, reduction="mean", group=None, overflow=False, impl="triton",
                         strips=True)
+            # the rank's own block without the strips (as for a misaligned text tensor): its
+            # forward takes the weighted sums, the other blocks' backward sums d scale
+            if scheme in ("ring", "hierarchical_ring"):
+                out[f"strips_mixed-{scheme}-L{local}-clip_ls"] = dict(
+                    scheme=scheme, local=local, dtype="fp32", loss="clip", eps=0.1, scale=SCALE,
+                    reduction="mean", group=None, overflow=False, impl="triton", strips="mixed")
     if world == 4:
         # a group that is not the world, with non-consecutive members: {0, 2} and {1, 3}
         for scheme, local in (("ring", None), ("disco", None), ("gather", None),
@@ -104,23 +110,29 @@ def cases(world: int):
 
 
 @contextlib.contextmanager
-def _strips(on: bool):
+def _strips(on, own):
     """With ``on``: the triton impl's TMA kernels forced (the interpreter, fp32 rows of 48 bytes)
     and the column-strip sums from any size, so the CLIP forward leaves d scale to the backward;
-    yields the ``dscale_summed`` of each gradient-kernel call (else None)."""
+    "mixed": except for the blocks whose columns are ``own`` (the rank's text features); yields
+    the ``dscale_summed`` of each gradient-kernel call (else None)."""
     if not on:
         yield None
         return
     from infclip.ops import contrastive_loss_triton as tri
 
-    saved = {k: getattr(tri, k) for k in ("_TMA_FORCE", "_STRIPS_MIN_LOGITS", "clip_grads_triton")}
+    saved = {k: getattr(tri, k) for k in ("_TMA_FORCE", "_STRIPS_MIN_LOGITS", "clip_grads_triton",
+                                          "sums_in_strips")}
     summed = []
 
     def grads(*args, **kw):
         summed.append(bool(kw.get("dscale_summed")))
         return saved["clip_grads_triton"](*args, **kw)
 
+    def strips(a, b, keep):
+        return saved["sums_in_strips"](a, b, keep) and not (on == "mixed" and b.data_ptr() == own.data_ptr())
+
     tri._TMA_FORCE, tri._STRIPS_MIN_LOGITS, tri.clip_grads_triton = True, 0, grads
+    tri.sums_in_strips = strips
     try:
         yield summed
     finally:
@@ -160,17 +172,22 @@ def _run_case(spec, rank, world, group, extra):
     bias = torch.tensor([BIAS], requires_grad=True) if spec["loss"] == "siglip" else None
     impl = spec.get("impl", "chunked_torch")
     blocks = (16, 16) if impl == "triton" else (BLOCK_M, BLOCK_N)  # triton tiles: powers of 2 >= 16
-    with _strips(spec.get("strips", False)) as summed:
+    with _strips(spec.get("strips", False), txt) as summed:
         loss = contrastive_loss(img, txt, scale, bias, loss=spec["loss"], impl=impl,
                                 triton_interpret=impl == "triton", label_smoothing=spec["eps"],
                                 block_m=0 if summed is not None else blocks[0],
                                 block_n=0 if summed is not None else blocks[1],
                                 distributed=spec["scheme"], process_group=group,
                                 local_world_size=spec["local"], grad_reduction=spec["reduction"])
-        (loss * UPSTREAM).backward()
+        (loss * UPSTREAM).backward(retain_graph=summed is not None)
+        first = list(summed or ())
+        # a second backward over the same saved tensors (retain_graph): the same gradients (the
+        # accumulated d scale must not land in what the forward saved)
+        again = torch.autograd.grad(loss * UPSTREAM, (img, txt, scale)) if summed is not None else ()
     out = dict(loss=loss.detach(), img_grad=img.grad, txt_grad=txt.grad, scale_grad=scale.grad)
     if summed is not None:
-        out["dscale_summed"] = torch.tensor(summed)
+        out["dscale_summed"] = torch.tensor(first, dtype=torch.bool)
+        out["twice_equal"] = all(torch.equal(a, b) for a, b in zip(again, (img.grad, txt.grad, scale.grad)))
     if bias is not None:
         out["bias_grad"] = bias.grad
     return out

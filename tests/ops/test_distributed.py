@@ -115,7 +115,11 @@ def _check_case(name: str, spec: dict, per_rank: list, world: int) -> None:
     torch.testing.assert_close(losses[0], single["loss"], rtol=2e-6, atol=2e-6)
     if spec.get("strips"):  # every gradient block of every rank summed its share of d scale
         flags = [per_rank[r]["dscale_summed"] for r in members]
-        assert all(f.numel() and bool(f.all()) for f in flags), f"{name}: dscale_summed {flags}"
+        if spec["strips"] == "mixed":  # all but the rank's own block
+            assert all(f.numel() > 1 and int((~f).sum()) == 1 for f in flags), f"{name}: {flags}"
+        else:
+            assert all(f.numel() and bool(f.all()) for f in flags), f"{name}: dscale_summed {flags}"
+        assert all(per_rank[r]["twice_equal"] for r in members), f"{name}: a second backward differs"
     factor = n if spec["reduction"] == "mean" else 1
     got = _gather_ranks(per_rank, members, factor)
     bf16 = spec["dtype"] == "bf16"
