@@ -4,9 +4,9 @@
 
 Rank 0 of an N-rank group runs the loss assembly (ops/assembly.py) through an emulated sweep:
 the same steps, on the same shapes, in the same order as bench_distributed.py's schemes, with
-the other ranks' column blocks made up front, collectives replaced by local copies (all-gather:
-N copies of this rank's tensor; reduce-scatter: its first rows; all-reduces: nothing) and the
-ring's incoming partials merged as the real ring merges them. What is left is the compute a
+the other ranks' column blocks made up front, collectives replaced by local work (all-gather:
+N copies of this rank's tensor; reduce-scatter: the sum of its N slices; all-reduces: nothing)
+and the ring's incoming partials merged as the real ring merges them. What is left is the compute a
 rank does, without its communication and its waits: ``t1 / (N tN)`` against the single-device
 op on the whole batch in the same process (t1) bounds the scheme's scaling from above, and the
 difference to bench_distributed.py's measured scaling is what communication and imbalance
@@ -64,7 +64,7 @@ class _Emulated:
             full = [g if g is not None else self.all_gather(x) if i else
                     torch.cat([x, *self.others]) for i, (x, g) in
                     enumerate(zip(block, kept or [None] * len(block)))]
-            return [p[:b].clone() for p in fn(0, full)], full
+            return [self.reduce_scatter(p, merge) for p in fn(0, full)], full
         parts = None
         for t in range(self._world):  # rank 0 holds the block of rank (0 - t) mod N at step t
             owner = (-t) % self._world
@@ -77,7 +77,9 @@ class _Emulated:
         return full if out is None else out.copy_(full)
 
     def reduce_scatter(self, x, merge="sum"):
-        return x[: x.shape[0] // self._world].clone()
+        # the N slices summed, as if each rank's contribution to rank 0's were rank 0's own slice
+        # of every owner (so the partials mix as the ring's merges mix them)
+        return x.view(self._world, -1, *x.shape[1:]).sum(0)
 
     # the all-reduces and the size check: nothing to combine (as on one device)
     max_, sum, check_sizes = Local.max_, Local.sum, Local.check_sizes
