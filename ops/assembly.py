@@ -195,6 +195,14 @@ def _sweep_width(sw: Sweep, b: int) -> int:
     return sw.world * b if SWEEP_BLOCKS_GLOBAL else 0
 
 
+def _adding_into(rows: Tensor):
+    """A gradient pass's ``sink_a`` that adds each block's finished rows straight into the fp32
+    sum ``rows`` (no [b, D] result to add a step)."""
+    def sink(i0, i1, part):
+        rows[i0:i1].add_(part)
+    return sink
+
+
 def _clip_block_stats(a, b, s, row_shift, col_shift, row_ref, col_ref, diag, rows, cols,
                       o: Options, keep: str = "", weighted: bool = True):
     """Adds the statistics of the block a x b into rows = [row_sum, row_wsum] ([M] each) and
@@ -348,23 +356,23 @@ def _clip_swept_grads(img, txt, s, row_lse, col_lse, aux, kept_text, sw: Sweep, 
     n_global = sw.world * b
     ref = aux[:b]
     rows = torch.zeros(img.shape, dtype=torch.float32, device=img.device)
-    share = [aux[b], False]  # (the share, whether it is this call's own accumulator yet)
-
-    def add_rows(i0, i1, part):  # (each block's finished rows straight into the sum)
-        rows[i0:i1].add_(part)
+    # the share's accumulator once a block sums d scale: a copy of aux[b] (the saved aux stays
+    # as the forward left it)
+    summed = []
 
     def step(col_offset, held):
         t, t_lse, t_ref = held
         # positives (global row == global column) at i - j == col_offset - row_offset; the label
         # terms are taken inside the tiles, before rounding (see clip_grads)
         labels = dict(diag=col_offset - sw.rank * b, diag_value=2 * (1 - o.eps),
-                      offset=2 * o.eps / n_global, width=_sweep_width(sw, b), sink_a=add_rows)
+                      offset=2 * o.eps / n_global, width=_sweep_width(sw, b),
+                      sink_a=_adding_into(rows))
         if _dscale_in_backward(img, t, sw, o, False):
-            if not share[1]:  # (a copy: the saved aux stays as the forward left it)
-                share[:] = aux[b].clone(), True
+            if not summed:
+                summed.append(aux[b].clone())
             _, grad_b, _ = triton_kernels().clip_grads_triton(
                 img, t, s, row_lse, t_lse, ref, **labels, dscale_summed=True, col_ref=t_ref,
-                dscale_out=share[0], band=o.block_m, allow_tf32=o.allow_tf32)
+                dscale_out=summed[0], band=o.block_m, allow_tf32=o.allow_tf32)
         else:
             _, grad_b = clip_grads(img, t, s, row_lse, t_lse, ref, **labels, **o.kw)
         return [grad_b]
@@ -372,7 +380,7 @@ def _clip_swept_grads(img, txt, s, row_lse, col_lse, aux, kept_text, sw: Sweep, 
     gathered = sw.gathers_columns and kept_text is not None and kept_text.numel()
     reuse = [kept_text, None, None] if gathered else None
     (d_txt,), _ = sw.columns([txt, col_lse, ref], step, "sum", reuse)
-    return rows, d_txt, share[0]
+    return rows, d_txt, summed[0] if summed else aux[b]
 
 
 def clip_backward(g, img, txt, s, row_lse, col_lse, aux, kept, sw: Sweep, o: Options):
@@ -471,13 +479,10 @@ def _siglip_swept_grads(img, txt, s, bias, kept_text, sw: Sweep, o: Options, row
     rows = [torch.zeros(img.shape, dtype=torch.float32, device=img.device),
             img.new_zeros((), dtype=torch.float32), img.new_zeros((), dtype=torch.float32)]
 
-    def add_rows(i0, i1, part):  # (each block's finished rows straight into the sum)
-        rows[0][i0:i1].add_(part)
-
     def step(col_offset, held):
         out = siglip_grads(img, held[0], s, bias, col_offset - row_offset, **o.kw,
                            with_loss=row_loss is not None, width=_sweep_width(sw, b),
-                           sink_a=add_rows)
+                           sink_a=_adding_into(rows[0]))
         if row_loss is not None:
             row_loss.add_(out[0])
         _, grad_b, gsum, gwsum = out[-4:]
