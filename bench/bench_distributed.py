@@ -37,11 +37,14 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from infclip.ops import contrastive_loss  # noqa: E402
+from infclip.ops import sweeps  # noqa: E402
 from infclip.ops.sweeps import SCHEMES, make_sweep  # noqa: E402
 from infclip.pipeline.step import OpTimer  # noqa: E402  (CUDA events on a GPU, the wall clock on CPU)
 from gpu_queue import queue_gpu_work  # noqa: E402  (bench/, on sys.path as the script's folder)
 
 GPU_BATCHES = (32768, 65536, 131072, 262144, 524288)
+# bench-only names: (the scheme, sweeps.DISCO_PIPELINED while it runs)
+VARIANT_SCHEMES = {"disco_one_step": ("disco", False)}
 SMOKE_BATCHES = (64, 192)
 
 
@@ -178,7 +181,9 @@ def peak_run(fn, device) -> tuple:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="CPU/gloo, tiny batches, chunked_torch")
-    p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES)
+    p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES + tuple(VARIANT_SCHEMES),
+                   help="disco_one_step: disco's first schedule (one step on all B columns between "
+                        "a blocking all-gather and reduce-scatter)")
     p.add_argument("--batches", nargs="+", type=int, default=None, help="global batch sizes")
     p.add_argument("--dim", type=int, default=None)
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
@@ -287,10 +292,11 @@ def run(args, cuda: bool) -> None:
                              fwd_bwd_ms=t1, peak_gib=peak, peak_extra_gib=extra))
             del img, txt, fn
         # 2) each scheme on the local batch
-        for scheme in args.schemes:
-            skip = agree(rank == 0 and over_budget(scheme, batch, prev), device)
+        for name in args.schemes:
+            scheme, sweeps.DISCO_PIPELINED = VARIANT_SCHEMES.get(name, (name, True))
+            skip = agree(rank == 0 and over_budget(name, batch, prev), device)
             if skip:
-                rows.append(dict(meta, scheme=scheme, global_batch=batch, skipped="time budget"))
+                rows.append(dict(meta, scheme=name, global_batch=batch, skipped="time budget"))
                 continue
             if t1 is not None:  # this rank's rows of the whole batch: results comparable
                 img, txt = (x.to(device).requires_grad_(True) for x in mine)
@@ -307,14 +313,14 @@ def run(args, cuda: bool) -> None:
                            dist.group.WORLD)
             per_rank = all_values(statistics.median(times), device)
             t_n = max(per_rank)
-            projected[scheme] = t_n
+            projected[name] = t_n
             comm_ms = slowest(statistics.median(comm), device)
             if args.profile:
                 from profile_table import print_profile
 
                 print_profile(lambda call=fn: [call() for _ in range(args.profile)],
-                              f"{scheme} B={batch} b={b}", args.profile, show=rank == 0)
-            rows.append(dict(meta, scheme=scheme, local_world_size=sweep.topo.local, global_batch=batch,
+                              f"{name} B={batch} b={b}", args.profile, show=rank == 0)
+            rows.append(dict(meta, scheme=name, local_world_size=sweep.topo.local, global_batch=batch,
                              local_batch=b, fwd_bwd_ms=t_n, fwd_bwd_ms_per_rank=per_rank,
                              single_gpu_ms=t1,
                              scaling_efficiency=(t1 / (world * t_n)) if t1 else None,
@@ -322,6 +328,7 @@ def run(args, cuda: bool) -> None:
                              peak_gib=max(all_values(peak, device)) if cuda else None,
                              peak_extra_gib=max(all_values(extra, device)) if cuda else None, **errors))
             del img, txt, fn
+            sweeps.DISCO_PIPELINED = True
         prev = batch
     if rank == 0:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

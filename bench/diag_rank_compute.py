@@ -5,14 +5,16 @@
 Rank 0 of an N-rank group runs the loss assembly (ops/assembly.py) through an emulated sweep:
 the same steps, on the same shapes, in the same order as bench_distributed.py's schemes, with
 the other ranks' column blocks made up front, collectives replaced by local work (all-gather:
-N copies of this rank's tensor; reduce-scatter: the sum of its N slices; all-reduces: nothing)
-and the ring's incoming partials merged as the real ring merges them. What is left is the compute a
+N copies of this rank's tensor; reduce-scatter: the sum of its N slices; all-reduces: nothing;
+disco's reduces to each block's owner: the blocks' partials added into the own block's) and the
+ring's incoming partials merged as the real ring merges them. What is left is the compute a
 rank does, without its communication and its waits: ``t1 / (N tN)`` against the single-device
 op on the whole batch in the same process (t1) bounds the scheme's scaling from above, and the
 difference to bench_distributed.py's measured scaling is what communication and imbalance
 cost. Variants of the assembly, each scheme where it differs: ``default``; ``local_blocks``
-(rings: the gradient steps' blocks sized by the column block's budget, not the global batch's,
-assembly.SWEEP_BLOCKS_GLOBAL); ``weighted`` (CLIP: also the forward's weighted sums by the
+(the gradient steps' blocks sized by the column block's budget, not the global batch's,
+assembly.SWEEP_BLOCKS_GLOBAL); ``one_step`` (disco: one step on all B columns between a
+blocking all-gather and reduce-scatter, sweeps.DISCO_PIPELINED off); ``weighted`` (CLIP: also the forward's weighted sums by the
 per-tile statistics kernels instead of d scale summed in the gradient blocks,
 assembly.SWEEPS_SUM_DSCALE; the code before both). Times: CUDA events behind --queued-ms of
 queued GPU work, median of --reps; peak: the most allocated during one call above what was
@@ -31,7 +33,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from infclip.ops import assembly, contrastive_loss  # noqa: E402
+from infclip.ops import assembly, contrastive_loss, sweeps  # noqa: E402
 from infclip.ops.sweeps import Gathered, HierarchicalRing, Local, Ring  # noqa: E402
 from infclip.pipeline.step import OpTimer  # noqa: E402
 from gpu_queue import queue_gpu_work  # noqa: E402
@@ -64,7 +66,15 @@ class _Emulated:
             full = [g if g is not None else self.all_gather(x) if i else
                     torch.cat([x, *self.others]) for i, (x, g) in
                     enumerate(zip(block, kept or [None] * len(block)))]
-            return [self.reduce_scatter(p, merge) for p in fn(0, full)], full
+            if not sweeps.DISCO_PIPELINED:
+                return [self.reduce_scatter(p, merge) for p in fn(0, full)], full
+            # the own block first, then the others in rank order; each block's partials "reduced"
+            # into the own ones (the sum a real owner receives, mixed as the ring's merges mix)
+            parts = fn(0, list(block))
+            for q in range(1, self._world):
+                step = fn(q * b, [x[q * b:(q + 1) * b] for x in full])
+                parts = [p.add_(s) for p, s in zip(parts, step)]
+            return parts, full
         parts = None
         for t in range(self._world):  # rank 0 holds the block of rank (0 - t) mod N at step t
             owner = (-t) % self._world
@@ -107,13 +117,19 @@ def rank_step(loss: str, img, txt, s, bias, sw, o):
     return assembly.siglip_backward_from_forward(g, s, img.dtype, d_img, d_txt, sums, sw, o)
 
 
-VARIANTS = {"default": (True, True), "local_blocks": (True, False), "weighted": (False, False)}
+# variant -> (assembly.SWEEPS_SUM_DSCALE, assembly.SWEEP_BLOCKS_GLOBAL, sweeps.DISCO_PIPELINED)
+VARIANTS = {"default": (True, True, True), "local_blocks": (True, False, True),
+            "weighted": (False, False, True), "one_step": (True, True, False)}
+
+
+def set_variant(name: str) -> None:
+    assembly.SWEEPS_SUM_DSCALE, assembly.SWEEP_BLOCKS_GLOBAL, sweeps.DISCO_PIPELINED = VARIANTS[name]
 
 
 def variants(loss: str, scheme: str) -> list:
-    names = ["default"]
-    if scheme != "disco":  # (disco's one step is as wide as the global batch)
-        names.append("local_blocks")
+    names = ["default", "local_blocks"]
+    if scheme == "disco":  # (the first version's one step on all B columns)
+        names.append("one_step")
     if loss == "clip":
         names.append("weighted")
     return names
@@ -145,6 +161,8 @@ def main(argv=None) -> None:
     p.add_argument("--batches", nargs="+", type=int, default=[32768, 65536, 131072])
     p.add_argument("--loss", nargs="+", default=["clip", "siglip"], choices=("clip", "siglip"))
     p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+                   help="of those that apply to each scheme and loss (default: all)")
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--queued-ms", type=float, default=20.0)
@@ -175,8 +193,8 @@ def main(argv=None) -> None:
                 others = [txt[r * b:(r + 1) * b] for r in range(1, world)]
                 o = assembly.Options(loss, "triton", 0.0, False, 0, 0, float(world))
                 for scheme in args.schemes:
-                    for variant in variants(loss, scheme):
-                        assembly.SWEEPS_SUM_DSCALE, assembly.SWEEP_BLOCKS_GLOBAL = VARIANTS[variant]
+                    for variant in [v for v in variants(loss, scheme) if v in args.variants]:
+                        set_variant(variant)
                         sw = emulated(scheme, world, others)
 
                         def call():
@@ -190,7 +208,7 @@ def main(argv=None) -> None:
                                          compute_scaling=bound))
                         print(f"  N={world} {scheme:18s} {variant:12s}: rank {t_n:7.2f} ms, {peak:6.0f} MiB, "
                               f"compute scaling {100 * bound:5.1f}%", flush=True)
-                    assembly.SWEEPS_SUM_DSCALE, assembly.SWEEP_BLOCKS_GLOBAL = VARIANTS["default"]
+                    set_variant("default")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "a") as f:
         for row in rows:

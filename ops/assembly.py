@@ -197,9 +197,12 @@ def _sweep_width(sw: Sweep, b: int) -> int:
 
 def _adding_into(rows: Tensor):
     """A gradient pass's ``sink_a`` that adds each block's finished rows straight into the fp32
-    sum ``rows`` (no [b, D] result to add a step)."""
+    sum ``rows`` (no [b, D] result to add a step); named as ``sink.into``, the triton block loop
+    accumulates its GEMMs into ``rows`` itself (no band sums and no add a band, of which a ring
+    or pipelined disco step has two or more)."""
     def sink(i0, i1, part):
         rows[i0:i1].add_(part)
+    sink.into = rows
     return sink
 
 

@@ -1564,7 +1564,9 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
     (recomputed by cuBLAS, or the kept ``logits``) and ``fill(s, p, r0, r1, c0, c1)`` (in place,
     p is s, except for the kept logits, which stay untouched: the registered op declares no
     mutation). A kept matrix is read in full-width row bands. With ``sink_a(i0, i1, rows)`` the
-    finished fp32 rows of grad_a are handed over instead. Returns (grad_a or None, grad_b).
+    finished fp32 rows of grad_a are handed over instead; a sink that only adds them into an fp32
+    [M, D] tensor names it as ``sink_a.into``, and every block's GEMM then accumulates straight
+    into its rows (no band sums, no add a band). Returns (grad_a or None, grad_b).
 
     The views a block needs are made once per row band, column block and block shape, not per
     block: at B = 32,768 (64 blocks) each slice cost ~2.7 us of the host's ~160 us a block, where
@@ -1584,10 +1586,11 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
         rows, cols = _grad_block(m, n, d, band, a.element_size(), width)
     dev = a.device
     grad_a = None if sink_a is not None else torch.empty(m, d, device=dev, dtype=out_dtype)
+    into = getattr(sink_a, "into", None)  # fp32 [m, d] the rows' GEMMs add into
     with _precision(a, allow_tf32):
         buf = torch.empty(rows * cols, device=dev, dtype=a.dtype)
         # fp32 sums where a result takes several blocks; else each block writes its final rows
-        acc_a = torch.empty(rows, d, device=dev, dtype=torch.float32) if cols < n else None
+        acc_a = torch.empty(rows, d, device=dev, dtype=torch.float32) if cols < n and into is None else None
         acc_b = torch.zeros(n, d, device=dev, dtype=torch.float32) if rows < m else None
         grad_b = acc_b if acc_b is not None else torch.empty(n, d, device=dev, dtype=out_dtype)
         # (c0, c1, b's column block, grad_b's rows of it) for every column block
@@ -1608,7 +1611,9 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
                     fused_fill(r0, r1, c0, c1, p, a_band, b_block, memo)
                 else:
                     fill(_logits(a_band, b_block, p), p, r0, r1, c0, c1)
-                if acc_a is None and sink_a is None:
+                if into is not None:
+                    _addmm_(into[r0:r1], p, b_block)
+                elif acc_a is None and sink_a is None:
                     _mm_into(grad_a[r0:r1], p, b)
                 elif acc_a is None:
                     sink_a(r0, r1, _mm(p, b, torch.float32))

@@ -444,18 +444,75 @@ class Local(Sweep):
 _LOCAL = Local(None)  # (stateless: one instance serves every call)
 
 
+DISCO_PIPELINED = True
+"""disco's schedule: True, a step per column block, each block's column partials reduced to their
+owner (an asynchronous reduce) while the next block is computed, the own block first where
+something is gathered (Gathered._pipelined); False, one step on all B columns between
+a blocking all-gather and a blocking reduce-scatter (the first version; ``bench_distributed.py
+--schemes disco disco_one_step`` times both). Both give the same sums up to their order."""
+
+_REDUCES_IN_FLIGHT = 2
+"""Column partials of other owners kept alive while their reduce runs (the memory bound of the
+pipelined schedule: the own block's partials and this many [b, ...] blocks)."""
+
+
 class Gathered(Sweep):
-    """disco: all-gather the column blocks, one step on all B columns, reduce-scatter the
-    column partials (DisCo-CLIP, SUM not AVG)."""
+    """disco: all-gather the column blocks, each rank's rows against all B columns, the column
+    partials summed at their owner (DisCo-CLIP, SUM not AVG); the schedule: DISCO_PIPELINED."""
 
     name = "disco"
     gathers_columns = True
 
     def columns(self, block, fn, merge="sum", kept=None):
-        full = [g if g is not None else self.all_gather(x)
-                for x, g in zip(block, kept or [None] * len(block))]
-        parts = fn(0, full)
-        return [self.reduce_scatter(p, merge) for p in parts], full
+        if not DISCO_PIPELINED:
+            full = [g if g is not None else self.all_gather(x)
+                    for x, g in zip(block, kept or [None] * len(block))]
+            parts = fn(0, full)
+            return [self.reduce_scatter(p, merge) for p in parts], full
+        return self._pipelined(block, fn, merge, kept or [None] * len(block))
+
+    def _pipelined(self, block, fn, merge, kept):
+        """A step per column block, each block's partials reduced to its owner (an asynchronous
+        reduce, issued in rank order on every rank, as collectives need) while the next block is
+        computed. With something to gather (not ``kept``) the own block goes first, on the local
+        tensors, while the all-gather runs; else the blocks go in rank order, so that each
+        reduce can start as soon as its block is done everywhere and only the last one is left
+        exposed. The own partials are the root's buffers of their reduce and end up holding the
+        sums. Memory: the gathered block, the own partials and _REDUCES_IN_FLIGHT others."""
+        b, group = block[0].shape[0], self.topo.group
+        full, gathers = [], []
+        for x, g in zip(block, kept):
+            if g is None:
+                g = x.new_empty((self.world * b,) + tuple(x.shape[1:]))
+                gathers.append(_all_gather_single(g, x.contiguous(), group=group, async_op=True))
+            full.append(g)
+        order = list(range(self.world))
+        if gathers:
+            order.remove(self.rank)
+            order.insert(0, self.rank)
+        op = dist.ReduceOp.SUM if merge == "sum" else dist.ReduceOp.MAX
+        done: dict = {}  # block -> its partials, until reduced
+        flying: List[tuple] = []  # (work, the partial it reads) of other owners, oldest first
+        mine: list = []
+        reduced = 0  # the blocks before this one have their reduces issued
+        for q in order:
+            if q == self.rank:
+                done[q] = own = fn(q * b, list(block))
+                for work in gathers:  # (the own block overlapped them)
+                    work.wait()
+            else:
+                done[q] = fn(q * b, [x[q * b:(q + 1) * b] for x in full])
+            while reduced in done:
+                parts = done.pop(reduced)
+                for p in parts:
+                    work = dist.reduce(p, dst=self.topo.ranks[reduced], op=op, group=group, async_op=True)
+                    (mine if reduced == self.rank else flying).append((work, p))
+                reduced += 1
+                while len(flying) > _REDUCES_IN_FLIGHT * max(len(parts), 1):
+                    flying.pop(0)[0].wait()  # (NCCL: the stream waits, not the host)
+        for work, _ in flying + mine:
+            work.wait()
+        return own, full
 
 
 class GatheredRowsAndColumns(Gathered):

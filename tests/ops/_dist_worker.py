@@ -251,6 +251,41 @@ def _schedules(world, group):
         (home,) = ring_sweep(topo, block, step)
         out[name] = dict(seen=torch.tensor(seen[0::2]), data=torch.tensor(seen[1::2]), home=home,
                          local=topo.local)
+    out.update(_disco_schedules(world, group))
+    return out
+
+
+def _disco_schedules(world, group):
+    """disco's steps, pipelined and in one step: the blocks (first column / b) in the order each
+    rank computes them, the owners whose data each step held (per row of its features: the
+    gathered block's rows in place), the home partials ([b, 3], each rank adds 1 + its rank:
+    sum_r (1 + r) at the owner), three times: gathering everything, with the features kept from
+    the first call (the backward's reuse; the per-column vector gathered again), with both kept."""
+    from infclip.ops import sweeps
+
+    out = {}
+    saved = sweeps.DISCO_PIPELINED
+    try:
+        for name, pipelined in (("disco", True), ("disco-one-step", False)):
+            sweeps.DISCO_PIPELINED = pipelined
+            sw = sweeps.make_sweep("disco", group)
+            rank = sw.rank
+            block = [torch.full((LOCAL_B, 2), float(rank)), torch.full((LOCAL_B,), 10.0 + rank)]
+            seen, held_by, homes = [], [], []
+
+            def step(col_offset, held):
+                seen.append(col_offset // LOCAL_B)
+                held_by.append(torch.stack([held[0][:, 0], held[1] - 10.0]))
+                return [torch.full((held[0].shape[0], 3), 1.0 + rank)]
+
+            full = None
+            for keep in (0, 1, 2):  # entries kept from the first call's gathered block
+                kept = [full[i] if i < keep else None for i in range(2)] if keep else None
+                (home,), full = sw.columns(block, step, "sum", kept)
+                homes.append(home)
+            out[name] = dict(seen=torch.tensor(seen), held=held_by, homes=homes)
+    finally:
+        sweeps.DISCO_PIPELINED = saved
     return out
 
 

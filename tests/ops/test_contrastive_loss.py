@@ -210,6 +210,7 @@ def test_triton_gradient_blocks_of_an_off_diagonal_block(monkeypatch, diag, fuse
     want = clip_grads(img, txt, s, row_lse, col_lse, ref, **label, impl="chunked_torch",
                       block_m=7, block_n=9)
     got = clip_grads(img, txt, s, row_lse, col_lse, ref, **label, impl="triton")
+    want_clip_rows = want[0]
     for w, g, name in zip(want, got, ("clip rows", "clip columns")):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, msg=name)
     b = bias.reshape(())
@@ -218,6 +219,23 @@ def test_triton_gradient_blocks_of_an_off_diagonal_block(monkeypatch, diag, fuse
     got = siglip_grads(img, txt, s, b, diag, impl="triton", with_loss=True)
     for w, g, name in zip(want, got, ("pair losses", "rows", "columns", "sum G", "sum G S'")):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, msg=f"siglip {name}")
+    # the rows handed to a sink that adds them into an fp32 sum (a sweep's step): as a callable,
+    # and named as sink.into (every block's GEMM then accumulates into the sum itself)
+    start = torch.randn(45, 20)
+    for named in (False, True):
+        for grads, want_rows in ((lambda sink: clip_grads(img, txt, s, row_lse, col_lse, ref, **label,
+                                                          impl="triton", sink_a=sink), want_clip_rows),
+                                 (lambda sink: siglip_grads(img, txt, s, b, diag, impl="triton", sink_a=sink),
+                                  want[1])):
+            total = start.clone()
+
+            def sink(i0, i1, part):
+                total[i0:i1].add_(part)
+            if named:
+                sink.into = total
+            assert grads(sink)[0] is None
+            torch.testing.assert_close(total, start + want_rows, rtol=1e-5, atol=1e-5,
+                                       msg=f"sink, named {named}")
 
 
 @pytest.mark.parametrize("b", [8192, 12288, 16384, 32768, 65536, 100000])

@@ -336,6 +336,27 @@ def test_ring_schedules_visit_every_block_once_in_the_documented_order(world, tm
             assert torch.equal(got["home"], torch.full((W.LOCAL_B,), float(sum(range(1, world + 1)))))
 
 
+@pytest.mark.parametrize("world", [w for w in WORLDS if w > 1])
+def test_disco_schedules_compute_every_block_once_and_sum_at_the_owner(world, tmp_path_factory):
+    """Pipelined (sweeps.DISCO_PIPELINED): where something is gathered rank r computes its own
+    block first, on its own tensors, then every other block in rank order (the order of the
+    reduces to each owner); with everything kept, all blocks in rank order; in one step: the
+    whole gathered batch once. Each step holds its owners' data, and the owner's partials are the
+    sum over ranks, also when the features are reused from an earlier call."""
+    per_rank = results(world, tmp_path_factory)
+    for r in range(world):
+        gathering = [r] + [q for q in range(world) if q != r]
+        for name, want in (("disco", gathering * 2 + list(range(world))), ("disco-one-step", [0] * 3)):
+            got = per_rank[r]["schedules"][name]
+            assert got["seen"].tolist() == want, f"{name} rank {r}"
+            for first, held in zip(want, got["held"]):
+                rows = held.shape[1] // W.LOCAL_B
+                owners = torch.arange(first, first + rows).repeat_interleave(W.LOCAL_B).float()
+                assert torch.equal(held, torch.stack([owners, owners])), f"{name} rank {r}: wrong data"
+            for home in got["homes"]:
+                assert torch.equal(home, torch.full((W.LOCAL_B, 3), float(sum(range(1, world + 1))))), name
+
+
 def test_launcher_local_world_size_precedence(monkeypatch):
     from infclip.ops.sweeps import launcher_local_world_size
 
