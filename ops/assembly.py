@@ -186,9 +186,9 @@ both)."""
 
 SWEEP_BLOCKS_GLOBAL = True
 """Whether a sweep's gradient steps size their recompute blocks by the memory budget of the
-global batch (as the gathered sweep's one step over all B columns does) rather than of the
-column block in hand: at b = 16,384 a rank then takes 8,192 x 4,096 blocks, not 4,096 x 4,096
-(bench/diag_rank_compute.py times both)."""
+global batch (as disco's one step over all B columns, sweeps.DISCO_PIPELINED off, does) rather
+than of the column block in hand: at b = 16,384 a rank then takes 8,192 x 4,096 blocks, not
+4,096 x 4,096 (bench/diag_rank_compute.py times both)."""
 
 
 def _sweep_width(sw: Sweep, b: int) -> int:

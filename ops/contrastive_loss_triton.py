@@ -1523,7 +1523,7 @@ def _grad_block(m: int, n: int, d: int, band: int, itemsize: int, width: int = 0
     within 2 max(w d, 2^24), as before),
     else full-width bands of at most that many bytes; w = max(n, ``width``) from
     _GRAD_FACTOR_MIN_N columns on (else n): a distributed sweep's column block takes the budget
-    of the global batch, as the gathered sweep's one step over all B columns does (below, at
+    of the global batch, as disco's one step over all B columns does (below, at
     b = 8,192 of 32,768, 8,192 x 4,096 blocks were no faster than the 4,096-row bands, for 184
     against 160 MiB, h200_gs). (Capping the rows instead, 5,888 at 8k-16k,
     measured 1.05 / 1.00x the compiled dense loss against 0.96 / 0.99x with bands,

@@ -7,8 +7,10 @@ interface and never asks which scheme it runs (only what the sweep's class attri
 (:func:`sweep_class`), once per call, into one of
 
     Local              every block on this device (no process group; world size 1)
-    Gathered           "disco": all-gather the column blocks, one step on all B columns,
-                       reduce-scatter the column partials (O(B) floats for the statistics)
+    Gathered           "disco": all-gather the column blocks, a step per block, each
+                       block's column partials reduced to its owner under the next block's
+                       compute (DISCO_PIPELINED; or one step on all B columns and a
+                       reduce-scatter)
     GatheredRowsAndColumns
                        "gather": as Gathered, and the rows are gathered too so each rank also
                        computes its columns against all rows (OpenCLIP's local loss)
