@@ -362,14 +362,14 @@ def _clip_swept_grads(img, txt, s, row_lse, col_lse, aux, kept_text, sw: Sweep, 
     # the share's accumulator once a block sums d scale: a copy of aux[b] (the saved aux stays
     # as the forward left it)
     summed = []
+    fixed = dict(diag_value=2 * (1 - o.eps), offset=2 * o.eps / n_global,
+                 width=_sweep_width(sw, b), sink_a=_adding_into(rows))
 
     def step(col_offset, held):
         t, t_lse, t_ref = held
         # positives (global row == global column) at i - j == col_offset - row_offset; the label
         # terms are taken inside the tiles, before rounding (see clip_grads)
-        labels = dict(diag=col_offset - sw.rank * b, diag_value=2 * (1 - o.eps),
-                      offset=2 * o.eps / n_global, width=_sweep_width(sw, b),
-                      sink_a=_adding_into(rows))
+        labels = dict(fixed, diag=col_offset - sw.rank * b)
         if _dscale_in_backward(img, t, sw, o, False):
             if not summed:
                 summed.append(aux[b].clone())
@@ -481,11 +481,11 @@ def _siglip_swept_grads(img, txt, s, bias, kept_text, sw: Sweep, o: Options, row
     row_offset = sw.rank * b
     rows = [torch.zeros(img.shape, dtype=torch.float32, device=img.device),
             img.new_zeros((), dtype=torch.float32), img.new_zeros((), dtype=torch.float32)]
+    sink, width = _adding_into(rows[0]), _sweep_width(sw, b)
 
     def step(col_offset, held):
         out = siglip_grads(img, held[0], s, bias, col_offset - row_offset, **o.kw,
-                           with_loss=row_loss is not None, width=_sweep_width(sw, b),
-                           sink_a=_adding_into(rows[0]))
+                           with_loss=row_loss is not None, width=width, sink_a=sink)
         if row_loss is not None:
             row_loss.add_(out[0])
         _, grad_b, gsum, gwsum = out[-4:]
