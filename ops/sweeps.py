@@ -321,11 +321,17 @@ def ring_sweep(topo: Topology, block: List[Tensor], fn: StepFn, merge: str = "su
                        merge)
 
 
-def all_gather(x: Tensor, topo: Topology, out: Optional[Tensor] = None) -> Tensor:
+def _gather_into(x: Tensor, topo: Topology, out: Optional[Tensor] = None, async_op: bool = False):
+    """(out, work): the all-gather of ``x`` over ``topo``'s group into ``out`` ([world b, ...],
+    allocated if None); with ``async_op`` only started (``work.wait()`` before reading ``out``;
+    with NCCL the stream waits, not the host), else done (``work`` None)."""
     if out is None:
         out = x.new_empty((topo.world * x.shape[0],) + tuple(x.shape[1:]))
-    _all_gather_single(out, x.contiguous(), group=topo.group)
-    return out
+    return out, _all_gather_single(out, x.contiguous(), group=topo.group, async_op=async_op)
+
+
+def all_gather(x: Tensor, topo: Topology, out: Optional[Tensor] = None) -> Tensor:
+    return _gather_into(x, topo, out)[0]
 
 
 def reduce_scatter(x: Tensor, topo: Topology, merge: str = "sum") -> Tensor:
@@ -485,8 +491,8 @@ class Gathered(Sweep):
         full, gathers = [], []
         for x, g in zip(block, kept):
             if g is None:
-                g = x.new_empty((self.world * b,) + tuple(x.shape[1:]))
-                gathers.append(_all_gather_single(g, x.contiguous(), group=group, async_op=True))
+                g, work = _gather_into(x, self.topo, async_op=True)
+                gathers.append(work)
             full.append(g)
         order = list(range(self.world))
         if gathers:
