@@ -71,6 +71,47 @@ def _slices(n: int, chunk: int):
     return [slice(i, min(i + chunk, n)) for i in range(0, n, chunk)]
 
 
+def _features_without_grad(run: Callable, slices: list, device: torch.device):
+    """Step (a): every chunk's features under no_grad, and the RNG state each chunk started from
+    (and the state after the last). Returns (states, img [B,E], txt [B,E], scale, bias, end_state)."""
+    states, imgs, txts = [], [], []
+    with torch.no_grad(), warnings.catch_warnings():
+        # activation checkpointing sees inputs without grad here, as intended: it says so per block
+        warnings.filterwarnings("ignore", message="None of the inputs have requires_grad=True")
+        for sl in slices:
+            states.append(_rng_state(device))
+            img, txt, scale, bias = run(sl)
+            imgs.append(img)
+            txts.append(txt)
+    return states, torch.cat(imgs), torch.cat(txts), scale, bias, _rng_state(device)
+
+
+def _replay_chunks(run: Callable, slices: list, states: list, grads: tuple, engine: Any,
+                   device: torch.device) -> None:
+    """Step (c): each chunk again with grad (its RNG state restored), back-propagating the
+    surrogate whose parameter gradient is the chunk's share of dL/dparam; the last chunk also
+    carries the scale's and bias's terms and the engine's own accumulation boundary."""
+    g_img, g_txt, g_scale, g_bias = grads
+    boundary = None
+    if engine is not None:
+        boundary = (engine.micro_steps + 1) % engine.gradient_accumulation_steps() == 0
+    for k, (sl, state) in enumerate(zip(slices, states)):
+        last = k == len(slices) - 1
+        _set_rng_state(state, device)
+        img, txt, scale, bias = run(sl)
+        surrogate = (img * g_img[sl].to(img.dtype)).sum() + (txt * g_txt[sl].to(txt.dtype)).sum()
+        if last and g_scale is not None:
+            surrogate = surrogate + (scale * g_scale.to(scale.dtype)).sum()
+        if last and g_bias is not None:
+            surrogate = surrogate + (bias * g_bias.to(bias.dtype)).sum()
+        if engine is not None:
+            engine.set_gradient_accumulation_boundary(boundary if last else False)
+            engine.backward(surrogate.float())
+        else:
+            surrogate.backward()
+        del img, txt, surrogate
+
+
 def chunked_forward_backward(model: Callable, pixel_values: Tensor, input_ids: Tensor,
                              attention_mask: Optional[Tensor], loss_fn: Callable[..., Tensor],
                              chunk_size: int, *, engine: Any = None) -> ChunkedResult:
@@ -102,25 +143,14 @@ def chunked_forward_backward(model: Callable, pixel_values: Tensor, input_ids: T
         mask = attention_mask[sl] if attention_mask is not None else None
         return model(pixel_values[sl], input_ids[sl], mask)
 
-    # (a) features without grad, remembering the RNG state each chunk started from
-    states, imgs, txts = [], [], []
-    with torch.no_grad(), warnings.catch_warnings():
-        # activation checkpointing sees inputs without grad here, as intended: it says so per block
-        warnings.filterwarnings("ignore", message="None of the inputs have requires_grad=True")
-        for sl in slices:
-            states.append(_rng_state(device))
-            img, txt, scale, bias = run(sl)
-            imgs.append(img)
-            txts.append(txt)
-    end_state = _rng_state(device)
+    states, img, txt, scale, bias, end_state = _features_without_grad(run, slices, device)
 
     # (b) the loss on full features, with leaves for everything it differentiates
-    img_all = torch.cat(imgs).detach().requires_grad_(True)
-    txt_all = torch.cat(txts).detach().requires_grad_(True)
+    img_all, txt_all = img.detach().requires_grad_(True), txt.detach().requires_grad_(True)
     scale_leaf = scale.detach().clone().requires_grad_(True)
     bias_leaf = bias.detach().clone().requires_grad_(True)
     scale_value = float(scale_leaf.detach().float().reshape(-1)[0])
-    del imgs, txts
+    del img, txt
     t0 = time.perf_counter()
     loss = loss_fn(img_all, txt_all, scale_leaf, bias_leaf)
     if not torch.isfinite(loss.detach()).all():
@@ -130,27 +160,9 @@ def chunked_forward_backward(model: Callable, pixel_values: Tensor, input_ids: T
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     loss_op_ms = (time.perf_counter() - t0) * 1e3
-    g_img, g_txt = img_all.grad, txt_all.grad
-    g_scale, g_bias = scale_leaf.grad, bias_leaf.grad  # None where the loss does not use them
 
-    # (c) replay each chunk with grad and back-propagate its share of the feature gradient
-    boundary = None
-    if engine is not None:
-        boundary = (engine.micro_steps + 1) % engine.gradient_accumulation_steps() == 0
-    for k, (sl, state) in enumerate(zip(slices, states)):
-        last = k == len(slices) - 1
-        _set_rng_state(state, device)
-        img, txt, scale, bias = run(sl)
-        surrogate = (img * g_img[sl].to(img.dtype)).sum() + (txt * g_txt[sl].to(txt.dtype)).sum()
-        if last and g_scale is not None:
-            surrogate = surrogate + (scale * g_scale.to(scale.dtype)).sum()
-        if last and g_bias is not None:
-            surrogate = surrogate + (bias * g_bias.to(bias.dtype)).sum()
-        if engine is not None:
-            engine.set_gradient_accumulation_boundary(boundary if last else False)
-            engine.backward(surrogate.float())
-        else:
-            surrogate.backward()
-        del img, txt, surrogate
+    # (c) (the scale's and bias's gradients are None where the loss does not use them)
+    grads = (img_all.grad, txt_all.grad, scale_leaf.grad, bias_leaf.grad)
+    _replay_chunks(run, slices, states, grads, engine, device)
     _set_rng_state(end_state, device)
     return ChunkedResult(loss.detach(), img_all.detach(), txt_all.detach(), loss_op_ms, len(slices), scale_value)
