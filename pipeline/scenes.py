@@ -429,6 +429,47 @@ def _write_job(job: _ShardJob) -> Tuple[str, int, float]:
     return job.path, job.stop - job.start, time.process_time() - t0
 
 
+def _run_jobs(jobs: List[_ShardJob], workers: int, total: int) -> float:
+    """Write every shard job, in ``workers`` processes (one job a task, in any order), logging
+    progress by tenths of ``total`` samples; on an error or Ctrl-C the queued jobs are dropped.
+    Returns the workers' CPU seconds."""
+    cpu_s, done, t0 = 0.0, 0, time.perf_counter()
+    if workers <= 1 or len(jobs) == 1:
+        results: Iterator = map(_write_job, jobs)
+        pool = None
+    else:
+        pool = multiprocessing.get_context("fork").Pool(min(workers, len(jobs)))
+        results = pool.imap_unordered(_write_job, jobs)
+    finished = False
+    try:
+        for _path, n, cpu in results:
+            cpu_s += cpu
+            done += n
+            if len(jobs) > 10 and done % max(1, total // 10) < n:
+                logger.info("scenes: %d samples written (%.0f/s)", done, done / (time.perf_counter() - t0))
+        finished = True
+    finally:
+        if pool is not None:
+            # on an error or Ctrl-C, stop the queued shards instead of waiting for them all
+            pool.close() if finished else pool.terminate()
+            pool.join()
+    return cpu_s
+
+
+def _write_manifest(out: Path, manifest: Dict[str, Any]) -> None:
+    """``out/scenes.json``: ``manifest`` with its URLs relative to ``out`` (the same wherever the
+    folder is), keeping the splits an earlier call with the same settings listed."""
+    manifest = {**manifest, "splits": {s: {**v, "url": os.path.relpath(v["url"], out)}
+                                       for s, v in manifest["splits"].items()}}
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "scenes.json"
+    previous = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if previous.get("splits") and {**previous, "splits": None} == {**manifest, "splits": None}:
+        # the same generator settings: splits written earlier stay listed beside these
+        manifest["splits"] = {**previous["splits"], **manifest["splits"]}
+    path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def write_scenes(out_dir: Union[str, Path], num_train: int, num_eval: int = 2000, num_retrieval: int = 5000,
                  *, seed: int = 0, image_size: int = 256, samples_per_shard: int = 1000, jpeg_quality: int = 90,
                  group_size: int = 5, workers: Optional[int] = None, prefix: str = "shard",
@@ -471,49 +512,20 @@ def write_scenes(out_dir: Union[str, Path], num_train: int, num_eval: int = 2000
             paths[split].append(path)
             jobs.append(_ShardJob(split, path, start, min(n, start + samples_per_shard), seed, image_size,
                                   jpeg_quality, group_size))
-    workers = workers or len(os.sched_getaffinity(0))
     t0 = time.perf_counter()
-    cpu_s = 0.0
-    done = 0
-    if workers <= 1 or len(jobs) == 1:
-        results: Iterator = map(_write_job, jobs)
-        pool = None
-    else:
-        pool = multiprocessing.get_context("fork").Pool(min(workers, len(jobs)))
-        results = pool.imap_unordered(_write_job, jobs)
-    finished = False
-    try:
-        for _path, n, cpu in results:
-            cpu_s += cpu
-            done += n
-            if len(jobs) > 10 and done % max(1, sum(counts[s] for s in splits) // 10) < n:
-                logger.info("scenes: %d samples written (%.0f/s)", done, done / (time.perf_counter() - t0))
-        finished = True
-    finally:
-        if pool is not None:
-            # on an error or Ctrl-C, stop the queued shards instead of waiting for them all
-            pool.close() if finished else pool.terminate()
-            pool.join()
+    cpu_s = _run_jobs(jobs, workers or len(os.sched_getaffinity(0)), sum(counts[s] for s in splits))
     wall_s = time.perf_counter() - t0
     for split in ZEROSHOT_SPLITS:
         if split in splits:
             task, folder = split.split("_")[1], out / split
             (folder / "classnames.txt").write_text("\n".join(zeroshot_classnames(task)) + "\n", encoding="utf-8")
             (folder / "templates.txt").write_text("\n".join(zeroshot_templates(task)) + "\n", encoding="utf-8")
-    # the manifest's URLs are relative to out_dir, so that it too is the same wherever it is written
     manifest = {
-        "splits": {s: {"url": os.path.relpath(brace_url(p), out), "samples": counts[s]} for s, p in paths.items()},
+        "splits": {s: {"url": brace_url(p), "samples": counts[s]} for s, p in paths.items()},
         "seed": seed, "image_size": image_size, "jpeg_quality": jpeg_quality, "group_size": group_size,
         "samples_per_shard": samples_per_shard,
         "held_out": {"colour_shape": sorted(map(list, HELD_OUT_COLOUR_SHAPE)),
                      "count_shape": sorted(map(list, HELD_OUT_COUNT_SHAPE))},
     }
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "scenes.json"
-    previous = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    if previous.get("splits") and {**previous, "splits": None} == {**manifest, "splits": None}:
-        # the same generator settings: splits written earlier stay listed beside these
-        manifest["splits"] = {**previous["splits"], **manifest["splits"]}
-    path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    splits_out = {s: {"url": brace_url(p), "samples": counts[s]} for s, p in paths.items()}
-    return {**manifest, "splits": splits_out, "cpu_s": cpu_s, "wall_s": wall_s}
+    _write_manifest(out, manifest)
+    return {**manifest, "cpu_s": cpu_s, "wall_s": wall_s}
