@@ -334,10 +334,14 @@ def all_gather(x: Tensor, topo: Topology, out: Optional[Tensor] = None) -> Tenso
     return _gather_into(x, topo, out)[0]
 
 
+def _reduce_op(merge: str):
+    """The collective's reduction for a sweep's ``merge`` ("sum" or "max")."""
+    return dist.ReduceOp.SUM if merge == "sum" else dist.ReduceOp.MAX
+
+
 def reduce_scatter(x: Tensor, topo: Topology, merge: str = "sum") -> Tensor:
     out = x.new_empty((x.shape[0] // topo.world,) + tuple(x.shape[1:]))
-    op = dist.ReduceOp.SUM if merge == "sum" else dist.ReduceOp.MAX
-    _reduce_scatter_single(out, x.contiguous(), op=op, group=topo.group)
+    _reduce_scatter_single(out, x.contiguous(), op=_reduce_op(merge), group=topo.group)
     return out
 
 
@@ -498,7 +502,7 @@ class Gathered(Sweep):
         if gathers:
             order.remove(self.rank)
             order.insert(0, self.rank)
-        op = dist.ReduceOp.SUM if merge == "sum" else dist.ReduceOp.MAX
+        op = _reduce_op(merge)
         done: dict = {}  # block -> its partials, until reduced
         flying: List[tuple] = []  # (work, the partial it reads) of other owners, oldest first
         mine: list = []

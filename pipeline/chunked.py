@@ -150,7 +150,6 @@ def chunked_forward_backward(model: Callable, pixel_values: Tensor, input_ids: T
     scale_leaf = scale.detach().clone().requires_grad_(True)
     bias_leaf = bias.detach().clone().requires_grad_(True)
     scale_value = float(scale_leaf.detach().float().reshape(-1)[0])
-    del img, txt
     t0 = time.perf_counter()
     loss = loss_fn(img_all, txt_all, scale_leaf, bias_leaf)
     if not torch.isfinite(loss.detach()).all():
