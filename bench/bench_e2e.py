@@ -69,7 +69,7 @@ def main(argv=None) -> int:
         preset = json.load(f)
     micro = preset["train_micro_batch_size_per_gpu"]
     zero = preset["zero_optimization"]["stage"]
-    model = os.path.basename(args.preset).split(".")[0]
+    model = os.path.basename(args.preset).split(".")[0].split("_")[0]  # vitb32_zero3 -> vitb32
 
     t0 = time.perf_counter()
     run([sys.executable, "launch/make_shards.py", "--scenes", str(args.scenes), "--out", f"{work}/scenes",
@@ -80,9 +80,16 @@ def main(argv=None) -> int:
 
     synth = f"{work}/synthetic.jsonl"
     # the synthetic step with the preset's own settings
-    settings = ["--flat_parameters", str(int(bool(preset.get("model", {}).get("flat_parameters", False)))),
-                "--compile_mode", preset.get("model", {}).get("compile_mode", "default"),
+    model_cfg = preset.get("model", {})
+    flat = model_cfg.get("flat_parameters", False)
+    settings = ["--flat_parameters", {False: "0", True: "1"}.get(flat, flat),
+                "--compile_mode", model_cfg.get("compile_mode", "default"),
+                "--grad_ckpt", {True: "on", False: "off"}.get(model_cfg.get("gradient_checkpointing", "auto"), "auto"),
                 "--overlap_comm", str(int(bool(preset["zero_optimization"].get("overlap_comm", True))))]
+    if zero == 3:  # the training engine's units and host waits (pipeline.engine.zero3_kept_waits)
+        leaf = model_cfg.get("zero3_leaf_layers", True)
+        settings += ["--zero3_leaf", {True: "1", False: "0"}.get(leaf, leaf),
+                     "--on_device_step", "1" if flat == "tower" else "2"]
     run([sys.executable, "bench/bench_pipeline.py", "--only", "throughput", "--throughput_model", model,
          "--micro_batch", str(micro), "--zero", str(zero), "--anchors", *settings, "--out", synth],
         f"{work}/synthetic.log")

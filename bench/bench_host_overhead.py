@@ -98,10 +98,11 @@ def plain_ms(count: int, numel: int, steps: int, device: torch.device) -> float:
     return _ms_per_step(step, steps, device)
 
 
-def towers_ms(flat: bool, zero: int, steps: int, device: torch.device, width: int, leaf=True,
+def towers_ms(flat, zero: int, steps: int, device: torch.device, width: int, leaf=True,
               lighten: bool = False) -> tuple:
     """The ViT-B/32 towers' layout (12 + 12 blocks, 399 tensors) at width ``width``, with or
-    without ``model.flat_parameters``, through the DeepSpeed step on 2 rows: (tensors, ms).
+    without ``model.flat_parameters`` (True: per block, "tower": per tower), through the DeepSpeed
+    step on 2 rows: (tensors, ms).
     Under ZeRO-3, ``leaf`` is ``model.zero3_leaf_layers`` (True: each block, "stack": each
     tower's stack of blocks, "tower": each tower, False: none), and ``lighten`` applies ``pipeline.zero3_step``
     (False: DeepSpeed's ZeRO-3 step as written, restored if an earlier engine replaced it)."""
@@ -146,7 +147,8 @@ def main(argv=None) -> int:
     p.add_argument("--zero", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--towers", action="store_true",
-                   help="instead: the ViT-B/32 towers' layout (narrow) with and without model.flat_parameters")
+                   help="instead: the ViT-B/32 towers' layout (narrow) without and with model.flat_parameters "
+                        "(per block, per tower)")
     p.add_argument("--width", type=int, default=64, help="--towers: hidden size of both towers")
     p.add_argument("--zero3_leaf", type=lambda v: {"0": False, "1": True}.get(v, v), nargs="+",
                    default=[True, "stack"], choices=[False, True, "stack", "tower"],
@@ -163,13 +165,16 @@ def main(argv=None) -> int:
     if args.towers:
         print(f"# {device}, {os.cpu_count()} CPUs, ViT-B/32 layout at width {args.width}; ms per DeepSpeed step")
         for zero in args.zero:
-            for flat in (False, True):
+            for flat in (False, True, "tower"):
                 for leaf in (args.zero3_leaf if zero == 3 else [True]):
+                    if flat == "tower" and zero == 3 and leaf != "tower":
+                        continue  # flat towers are ZeRO-3's units
                     for lighten in (args.lighten if zero == 3 else [0]):
                         count, ms = towers_ms(flat, zero, args.steps, device, args.width, leaf, bool(lighten))
                         unit = {True: " blocks", False: " no leaf", "stack": " stacks", "tower": " towers"}[leaf] if zero == 3 else ""
                         unit += " lightened" if lighten else ""
-                        print(f"ZeRO-{zero}{unit:<18} {'flat_parameters' if flat else 'plain':<16} {count:>4} tensors "
+                        layout = {False: "plain", True: "flat_parameters", "tower": "flat towers"}[flat]
+                        print(f"ZeRO-{zero}{unit:<18} {layout:<16} {count:>4} tensors "
                               f"{ms:7.1f}", flush=True)
         return 0
     print(f"# {device}, {os.cpu_count()} CPUs, {args.numel:,} elements; ms per step (forward + backward + step)")

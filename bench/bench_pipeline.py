@@ -74,7 +74,7 @@ def synthetic_batch(n: int, cfg, device, dtype):
     return pv, ids, mask
 
 
-def model_config(preset: str, grad_ckpt="auto", compile="auto", compile_mode="default", flat: bool = False,
+def model_config(preset: str, grad_ckpt="auto", compile="auto", compile_mode="default", flat=False,
                  patch_embedding: str = "gemm"):
     from infclip.pipeline.model import ModelConfig
 
@@ -85,7 +85,7 @@ def model_config(preset: str, grad_ckpt="auto", compile="auto", compile_mode="de
 
 def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=None, leaf=False,
           compile="auto", bf16_overflow_check: bool = False, distributed: str = "gather",
-          compile_mode: str = "default", overlap_comm: bool = True, flat: bool = False, on_device_step: bool = True,
+          compile_mode: str = "default", overlap_comm: bool = True, flat=False, on_device_step: bool = True,
           deepspeed_timers: bool = False, deepcompile: str = "", patch_embedding: str = "gemm",
           loss_graph_max_batch: int = DEFAULT_GRAPH_MAX_BATCH):
     import deepspeed
@@ -95,7 +95,7 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
     from infclip.pipeline.model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
 
     deepcompile = deepcompile if zero == 3 and impl != PLAIN else ""
-    cfg = model_config(preset, grad_ckpt, False if deepcompile else compile, compile_mode, flat and impl != PLAIN,
+    cfg = model_config(preset, grad_ckpt, False if deepcompile else compile, compile_mode, flat if impl != PLAIN else False,
                        patch_embedding)
     torch.manual_seed(0)
     if impl == PLAIN:
@@ -336,7 +336,7 @@ def throughput(args, rows):
         ckpt_v, comp_v = _flag(ckpt), _flag(comp)
         row = {**base_row(args), **base, "zero": zero, "loss_impl": impl, "grad_ckpt": ckpt_v, "compile": comp_v,
                "bf16_check_grad_overflow": args.bf16_overflow_check, "compile_mode": args.compile_mode,
-               "overlap_comm": bool(args.overlap_comm), "flat_parameters": bool(flat),
+               "overlap_comm": bool(args.overlap_comm), "flat_parameters": flat,
                "on_device_step": bool(on_device), "deepspeed_timers": bool(args.deepspeed_timers),
                "patch_embedding": patch, "loss_graph_max_batch": graphs}
         if zero == 3:
@@ -357,7 +357,7 @@ def throughput(args, rows):
         try:
             engine, cfg, loss_fn = build(args.throughput_model, zero, args.micro_batch, ckpt_v, impl,
                                          json.loads(extra), leaf, comp_v, args.bf16_overflow_check,
-                                         args.distributed, args.compile_mode, bool(args.overlap_comm), bool(flat),
+                                         args.distributed, args.compile_mode, bool(args.overlap_comm), flat,
                                          int(on_device), bool(args.deepspeed_timers), args.deepcompile,
                                          patch, graphs)
             batch = synthetic_batch(args.micro_batch, cfg, engine.device, torch.bfloat16)
@@ -471,7 +471,7 @@ def fmt(r) -> str:
     num = (lambda k, f: format(r[k], f) if isinstance(r.get(k), (int, float)) else "-")
     leaf = {True: "+leaf", False: "-leaf", "stack": "+stack", "tower": "+tower"}.get(r.get("zero3_leaf_layers"), "")
     leaf += f" x{r['world_size']} {r['distributed']}" if r.get("world_size", 1) > 1 else ""
-    leaf += " flat" if r.get("flat_parameters") else ""
+    leaf += {True: " flat", "tower": " flat-tower"}.get(r.get("flat_parameters"), "")
     leaf += " ds-step" if r.get("on_device_step") is False else ""
     leaf += f" ds-waits:{r['zero3_host_waits_kept'].replace(' ', ',')}" if r.get("zero3_host_waits_kept") else ""
     leaf += " ds-timers" if r.get("deepspeed_timers") else ""
@@ -512,8 +512,9 @@ def main(argv=None) -> int:
     p.add_argument("--compile_mode", default="reduce-overhead", choices=["default", "reduce-overhead",
                                                                          "max-autotune-no-cudagraphs"])
     p.add_argument("--overlap_comm", type=int, default=0, choices=[0, 1], help="zero_optimization.overlap_comm")
-    p.add_argument("--flat_parameters", type=int, nargs="+", default=[1], choices=[0, 1],
-                   help="model.flat_parameters of the pipeline rows: 0 1 runs both")
+    p.add_argument("--flat_parameters", type=lambda v: {"0": False, "1": True}.get(v, v), nargs="+", default=[True],
+                   choices=[False, True, "tower"], help="model.flat_parameters of the pipeline rows: 0 1 tower "
+                   "runs all three (tower: whole towers, with --grad_ckpt off)")
     p.add_argument("--on_device_step", type=int, nargs="+", default=[1], choices=[0, 1, 2, 3],
                    help="ZeRO-0/1/2 rows: the optimizer step without host waits (pipeline.zero_step, as "
                    "pipeline.train builds it) or as DeepSpeed wrote it (0); ZeRO-3 rows: the step with less "

@@ -161,6 +161,10 @@ class RunConfig:
             raise ConfigError(f"{self.source or 'config'}: 'model.flat_parameters' under ZeRO-3 needs "
                               "'model.zero3_init': false (the blocks are flattened whole, then partitioned by "
                               "deepspeed.initialize)")
+        if self.model.flat_parameters == "tower" and self.zero_stage == 3 and self.model.zero3_leaf_layers != "tower":
+            raise ConfigError(f"{self.source or 'config'}: 'model.flat_parameters' \"tower\" under ZeRO-3 needs "
+                              "'model.zero3_leaf_layers': \"tower\" (each tower's two flat tensors are gathered "
+                              "as one unit)")
 
     @property
     def micro_batch_size(self) -> int:

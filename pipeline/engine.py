@@ -35,10 +35,20 @@ from .zero_step import keep_step_on_device
 __all__ = ["TrainEngine", "build_engine", "contrastive_batch", "export_final", "param_groups"]
 
 ZERO3_KEPT_WAITS = ("fetch", "norm")
-"""DeepSpeed's ZeRO-3 host waits the training engine keeps. Removing them (pipeline.zero3_step,
-exact) measured no faster on one H200 (ViT-B/32, micro-batch 256, one process: 3,436-3,460
-samples/s without them against 3,841 with them, bench/device/h200_bb.sh): the step is bound by
-the host's own per-step work. ``()`` removes them."""
+"""DeepSpeed's ZeRO-3 host waits the training engine keeps, unless the towers are flat
+(:func:`zero3_kept_waits`). Removing them (pipeline.zero3_step, exact) measured no faster on one
+H200 with flat blocks (ViT-B/32, micro-batch 256, one process: 3,436-3,460 samples/s without them
+against 3,841 with them, bench/device/h200_bb.sh): that step is bound by the host's own per-step
+work. ``()`` removes them."""
+
+
+def zero3_kept_waits(model_cfg: Any) -> tuple:
+    """The ZeRO-3 host waits to keep: none with flat towers (``model.flat_parameters: "tower"``),
+    whose step leaves the host little else to do, so that it runs ahead of the GPU once the waits
+    are gone (ViT-B/32, micro-batch 256, one H200, against ZeRO-2 with flat towers in the same
+    process: 0.93-0.95x without them, 0.81-0.82x with them; bench/device/h200_hc.sh to
+    h200_he.sh); else :data:`ZERO3_KEPT_WAITS`."""
+    return () if model_cfg.flat_parameters == "tower" else ZERO3_KEPT_WAITS
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +155,7 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
     keep_step_on_device(engine)  # ZeRO-1/2 with bf16: no host waits in the step; ZeRO-0: one overflow read
     if zero3:
         # less of DeepSpeed's per-step Python (pipeline.zero3_step); its host waits kept
-        lighten_zero3(engine, keep_waits=ZERO3_KEPT_WAITS)
+        lighten_zero3(engine, keep_waits=zero3_kept_waits(model_cfg))
         engine.module.bind_flat_views_in_forward()  # after DeepSpeed's hooks: views of the gathered tensors
         reduce_when_accumulated(engine)  # "tower" units: their gradients reduced once accumulated
     misaligned = misaligned_parameters(engine.module)

@@ -69,12 +69,11 @@ def flatten_block(block: nn.Module) -> int:
     """Replace ``block``'s parameters by ``flat_matrices`` (>= 2-D) and ``flat_vectors``;
     returns how many tensors were folded. The block must hold trainable parameters only."""
     groups: Dict[str, list] = {}
-    order = []  # the state-dict keys of the block's parameters, in the order they are written
+    state_order = list(block.state_dict())  # the keys (parameters and buffers) in the order they are written
     for path, module in block.named_modules():
         for attr, p in list(module._parameters.items()):
             if p is None:
                 continue
-            order.append(f"{path}.{attr}" if path else attr)
             if not p.requires_grad:
                 raise ValueError(f"flat_parameters: '{path}.{attr}' is frozen (locked towers are not supported)")
             groups.setdefault(MATRICES if p.ndim >= 2 else VECTORS, []).append((path, module, attr, p))
@@ -97,7 +96,7 @@ def flatten_block(block: nn.Module) -> int:
     block._flat_layout = layout
     block._flat_sizes = {name: _split_sizes(members, block._parameters[name].numel())
                          for name, members in layout.items()}
-    block._flat_order = order
+    block._flat_order = state_order
     block._flat_numel = {name: block._parameters[name].numel() for name in layout}
     block._flat_held = False  # views bound by an enclosing BindingForward (a ZeRO-3 layer stack)
     block.register_state_dict_post_hook(_write_original_names)
@@ -218,8 +217,8 @@ def bind_in_forward(blocks: List[nn.Module], stacks: List[nn.Module] = ()) -> No
 
 
 def _write_original_names(block: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:
-    # the block's own entries come last in state_dict when its hook runs: the original keys are
-    # appended where the unflattened block would have written them
+    # the block's entries come last in state_dict when its hook runs: they are rewritten in the
+    # order the unflattened block would have written them (a whole tower's buffers included)
     if any(state_dict[prefix + name].numel() != block._flat_numel[name] for name in block._flat_layout):
         return  # partitioned by ZeRO-3 (its checkpoints keep the parameters in the optimizer's files)
     pieces = {}
@@ -227,7 +226,11 @@ def _write_original_names(block: nn.Module, state_dict: dict, prefix: str, local
         flat = state_dict.pop(prefix + name)
         pieces.update((m.key, m.view(flat).clone()) for m in members)
     for key in block._flat_order:
-        state_dict[prefix + key] = pieces[key]
+        if prefix + key in state_dict:  # a buffer: moved to its place
+            pieces[key] = state_dict.pop(prefix + key)
+    for key in block._flat_order:
+        if key in pieces:  # a non-persistent buffer was never written
+            state_dict[prefix + key] = pieces[key]
 
 
 def _read_original_names(block: nn.Module, state_dict: dict, prefix: str, local_metadata, strict,

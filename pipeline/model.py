@@ -195,13 +195,16 @@ class ModelConfig:
     them by the kernel (``pipeline/patch_embed.py``; same weights, same results), ``"conv"`` keeps
     transformers' strided convolution, which cuDNN runs with slow generic kernels (on an H200,
     ViT-B/32: 12% of the step's GPU time at micro-batch 256 and 1,024)."""
-    flat_parameters: bool = False
-    """Hold each transformer block's weights in two parameter tensors (matrices, vectors) instead
-    of 16: DeepSpeed's per-tensor host work in every step shrinks with the count (ViT-B/32: 399 ->
-    63 tensors; ``pipeline/flat_params.py``). Checkpoints and exports keep the usual names.
-    Unlocked towers; under ZeRO-3 with ``zero3_init`` false (a block's gathered weights then stay
-    in memory from its forward to its backward). On an H200 (ViT-B/32, ZeRO-2): 1.28x at
-    micro-batch 256, 1.045x at 1,024; on in the vitb32 preset."""
+    flat_parameters: typing.Union[bool, typing.Literal["tower"]] = False
+    """``true``: hold each transformer block's weights in two parameter tensors (matrices,
+    vectors) instead of 16: DeepSpeed's per-tensor host work in every step shrinks with the count
+    (ViT-B/32: 399 -> 63 tensors; ``pipeline/flat_params.py``). ``"tower"``: each whole tower's
+    weights in two (ViT-B/32: 399 -> 6 tensors); under ZeRO-3 only with ``zero3_leaf_layers:
+    "tower"`` (the unit that gathers them), where each tower then compiles to one graph, CUDA
+    graphs included; not with gradient checkpointing. Checkpoints and exports keep the usual names. Unlocked towers; under ZeRO-3
+    with ``zero3_init`` false (a block's gathered weights then stay in memory from its forward to
+    its backward). On an H200 (ViT-B/32, ZeRO-2): ``true`` 1.28x at micro-batch 256, 1.045x at
+    1,024; on in the vitb32 preset."""
 
     def __post_init__(self) -> None:
         self.vision = _sub(VisionTowerConfig, self.vision, "model.vision")
@@ -222,6 +225,10 @@ class ModelConfig:
                               "('lock_image' / 'lock_text'); use true")
         if self.flat_parameters and (self.lock_image or self.lock_text):
             raise ConfigError("'flat_parameters' does not support locked towers ('lock_image' / 'lock_text')")
+        if self.flat_parameters == "tower" and self.gradient_checkpointing is not False:
+            # a recomputed block's backward would add into its tower's flat gradient once per block
+            raise ConfigError(f"'flat_parameters': \"tower\" needs 'gradient_checkpointing': false, got "
+                              f"{json.dumps(self.gradient_checkpointing)} (use 'flat_parameters': true with checkpointing)")
         if math.exp(self.init_logit_scale) > self.max_logit_scale * (1 + 1e-6):
             raise ConfigError(f"exp('init_logit_scale') = {math.exp(self.init_logit_scale):.4g} "
                               f"exceeds 'max_logit_scale' {self.max_logit_scale}")
@@ -478,8 +485,9 @@ def mark_zero3_leaf_layers(model: nn.Module, unit: typing.Union[bool, str] = Tru
     from deepspeed.utils import set_z3_leaf_module
 
     if unit == "tower":
-        for encoder in _encoders(model):
-            route_through_stack(encoder)
+        if model.cfg.flat_parameters != "tower":  # a flat tower compiles whole, its stack inside
+            for encoder in _encoders(model):
+                route_through_stack(encoder)
         leaves = model.route_towers()
     elif unit == "stack":
         leaves = [route_through_stack(e) for e in _encoders(model)]
@@ -551,7 +559,10 @@ class CLIPTowers(nn.Module):
         self.compiled: Optional[str] = None
         """What :meth:`_plan` compiled: None, "towers" or "blocks"."""
         self.set_gradient_checkpointing(cfg.gradient_checkpointing is True)
-        self._flat_blocks: list[nn.Module] = _encoder_layers(self) if cfg.flat_parameters else []
+        self._flat_blocks: list[nn.Module] = []
+        """The modules holding flat tensors: the blocks, or the two towers (``flat_parameters``)."""
+        if cfg.flat_parameters:
+            self._flat_blocks = [self.vision, self.text] if cfg.flat_parameters == "tower" else _encoder_layers(self)
         for block in self._flat_blocks:
             flatten_block(block)
 
@@ -633,20 +644,25 @@ class CLIPTowers(nn.Module):
         """Whole towers as one graph each (the features of encode_image / encode_text); where
         hooks run inside the towers, the parts between them: under ZeRO-3 with layer stacks as its
         unit (``zero3_leaf_layers: "stack"``), each tower's stack of blocks as one graph; under
-        ZeRO-3 with per-block units, or with checkpointed blocks, each block's forward alone. The
+        ZeRO-3 with per-block units, or with checkpointed blocks, each block's forward alone. Under
+        ZeRO-3 with flat towers as its units (``flat_parameters: "tower"``) each tower is whole
+        again: its binding of the gathered tensors' views stays outside, the rest is one graph. The
         hooks (ZeRO-3's parameter fetch, checkpointing) stay outside the compiled code."""
         mode = self.cfg.compile_mode
         zero3 = any(hasattr(p, "ds_id") for p in self.parameters())
         checkpointing = self.vision.vision_model.encoder.gradient_checkpointing
-        stacks = layer_stacks(self) if zero3 and not checkpointing else []
-        by_block = (zero3 or checkpointing) and not stacks
+        # ZeRO-3 with flat towers as its units: each tower binds its views after the gather and
+        # runs its features as one graph, as without ZeRO-3
+        flat_units = [t for t in (self.vision, self.text) if isinstance(t.__dict__.get("forward"), BindingForward)]
+        stacks = layer_stacks(self) if zero3 and not checkpointing and not flat_units else []
+        by_block = (zero3 and not flat_units or checkpointing) and not stacks
         # CUDA graphs per block would copy each block's re-gathered (moving) ZeRO-3 weights into
-        # the graph's inputs at every replay, or replay under checkpointing's recompute. A stack of
-        # flat blocks takes that copy once per tower (~0.1 ms for ViT-B/32's towers: its views are
-        # plain inputs); a stack's own parameters would be static inputs whose gathers move them,
-        # so that the graphs would be recorded anew
-        graphs = not (zero3 or checkpointing) or bool(stacks and all(isinstance(m.forward, BindingForward)
-                                                                 for m in stacks))
+        # the graph's inputs at every replay, or replay under checkpointing's recompute. A stack or
+        # a tower of flat tensors takes that copy once (~0.1 ms for ViT-B/32's towers: its views
+        # are plain inputs); a stack's own parameters would be static inputs whose gathers move
+        # them, so that the graphs would be recorded anew
+        graphs = not (zero3 or checkpointing) or bool(flat_units and not checkpointing) or bool(
+            stacks and all(isinstance(m.forward, BindingForward) for m in stacks))
         if mode == "reduce-overhead" and not graphs:
             logger.warning("compile_mode 'reduce-overhead' applies to whole towers and stacks of flat blocks; "
                            "%s compile with mode 'default' (%s)", "the stacks" if stacks else "the blocks",
@@ -661,6 +677,10 @@ class CLIPTowers(nn.Module):
         elif by_block:
             self._compile_blocks(compile_fn)
             self.compiled = "blocks"
+        elif flat_units:
+            for tower in flat_units:
+                tower.forward.inner = _compiled_while_training(self, tower.forward.inner, compile_fn)
+            self.compiled = "towers"
         else:
             self._image_features = _compiled_while_training(self, self._image_features, compile_fn)
             self._text_features = _compiled_while_training(self, self._text_features, compile_fn)
@@ -857,10 +877,10 @@ class CLIPTowers(nn.Module):
         with _no_init_weights():
             hf = CLIPModel(config)
         state = {"logit_scale": torch.tensor(log_scale)}
-        for prefix, module in (("vision_model.", self.vision.vision_model), ("text_model.", self.text.text_model),
-                               ("visual_projection.", self.vision.visual_projection),
-                               ("text_projection.", self.text.text_projection)):
-            state.update({prefix + k: v.detach().float().cpu() for k, v in module.state_dict().items()})
+        # the towers' keys (vision_model.*, visual_projection.* ...) are CLIPModel's; read from the
+        # towers, whose state-dict hooks write flat tensors under those names
+        for tower in (self.vision, self.text):
+            state.update({k: v.detach().float().cpu() for k, v in tower.state_dict().items()})
         hf.load_state_dict(state, strict=True)
         return hf.float().eval()
 

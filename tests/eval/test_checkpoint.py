@@ -42,12 +42,14 @@ def _features(model, tokenizer):
         return model.encode_image(pixels).float(), model.encode_text(ids, mask).float()
 
 
-@pytest.mark.parametrize("stage, flat", [(0, False), (3, False), (2, True)])
+@pytest.mark.parametrize("stage, flat", [(0, False), (3, False), (2, True), (2, "tower")])
 def test_zero_checkpoint_round_trip(stage, flat, tmp_path, tokenizer, tokenizer_dir, single_rank_env):
-    """flat: model.flat_parameters, whose ZeRO-2 partitions are saved under the flat names."""
+    """flat: model.flat_parameters (per block or per tower), whose ZeRO-2 partitions are saved
+    under the flat names."""
     run = tmp_path / "run"
-    write_run_files(run, tokenizer_dir, dict(TINY_MODEL, flat_parameters=flat))
-    model = make_model(tokenizer, flat_parameters=flat)
+    layout = {"flat_parameters": flat, **({"gradient_checkpointing": False} if flat == "tower" else {})}
+    write_run_files(run, tokenizer_dir, dict(TINY_MODEL, **layout))
+    model = make_model(tokenizer, **layout)
     init_img, _ = _features(model, tokenizer)
     engine = _train_and_save(model, stage, run / "ckpt", tokenizer)
     engine.module.eval()

@@ -71,11 +71,15 @@ def _check_transformers_folder(folder, model, tokenizer):
         assert r["score"] == pytest.approx(probs[r["label"]], abs=1e-5)
 
 
-def test_export_final_and_export_hf_load_in_transformers(tmp_path, tokenizer, tokenizer_dir, single_rank_env):
+@pytest.mark.parametrize("flat", [False, "tower"])
+def test_export_final_and_export_hf_load_in_transformers(flat, tmp_path, tokenizer, tokenizer_dir, single_rank_env):
+    """Also from flat towers (model.flat_parameters "tower"), whose weights the towers' state-dict
+    hooks write under transformers' names."""
     run = tmp_path / "run"
-    write_run_files(run, tokenizer_dir, TINY_MODEL)
-    (run / "config.json").write_text(json.dumps({"model": TINY_MODEL, "data": {"image_mean": MEAN, "image_std": STD}}))
-    model = make_model(tokenizer)
+    model_cfg = dict(TINY_MODEL, **({"flat_parameters": "tower", "gradient_checkpointing": False} if flat else {}))
+    write_run_files(run, tokenizer_dir, model_cfg)
+    (run / "config.json").write_text(json.dumps({"model": model_cfg, "data": {"image_mean": MEAN, "image_std": STD}}))
+    model = make_model(tokenizer, **{k: v for k, v in model_cfg.items() if k not in TINY_MODEL})
     with torch.no_grad():
         model.logit_scale.fill_(3.3)
     engine = _train_and_save(model, 0, run / "ckpt", tokenizer, steps=1)

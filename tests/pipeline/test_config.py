@@ -11,7 +11,7 @@ from infclip.ops.config import ConfigError
 from infclip.pipeline.config import DEEPSPEED_TOP_LEVEL_KEYS, apply_overrides, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PRESETS = ["tiny_cpu", "vitb32", "vitb16", "vitl14"]
+PRESETS = ["tiny_cpu", "vitb32", "vitb32_zero3", "vitb16", "vitl14"]
 
 
 def write(tmp_path, data, name="run.json"):

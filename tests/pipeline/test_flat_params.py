@@ -17,10 +17,10 @@ from infclip.pipeline.model import CLIPTowers, param_groups
 from .test_model_speed import batch, cfg
 
 
-def pair(**over):
+def pair(flat=True, **over):
     torch.manual_seed(0)
     plain = CLIPTowers(cfg(**over), eos_token_id=1, pad_token_id=0).train()
-    flat = CLIPTowers(cfg(flat_parameters=True, **over), eos_token_id=1, pad_token_id=0).train()
+    flat = CLIPTowers(cfg(flat_parameters=flat, **over), eos_token_id=1, pad_token_id=0).train()
     flat.load_state_dict(plain.state_dict())
     return plain, flat
 
@@ -59,8 +59,32 @@ def test_same_features_gradients_and_state_dict_with_fewer_tensors():
     assert id(block.flat_matrices) in decay and id(block.flat_vectors) in no_decay
 
 
-def test_state_dict_loads_both_ways_and_follows_new_tensors():
-    plain, flat = pair()
+def test_flat_towers_same_features_gradients_and_state_dict_in_six_tensors():
+    """``flat_parameters: "tower"``: each tower's weights in two tensors (the patch and token
+    embeddings and the projections included), the same model otherwise."""
+    plain, flat = pair("tower")
+    assert sorted(n for n, _ in flat.named_parameters()) == [
+        "logit_bias", "logit_scale", "text.flat_matrices", "text.flat_vectors", "vision.flat_matrices",
+        "vision.flat_vectors"]
+    assert flat_blocks(flat) == [flat.vision, flat.text]
+    want, got = plain.state_dict(), flat.state_dict()
+    assert list(got) == list(want)  # buffers (position ids) where the unflattened towers write them
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    loss_of(plain).backward()
+    loss_of(flat).backward()
+    want, got = named_grads(plain), named_grads(flat)
+    assert set(got) == set(want) == {n for n, _ in plain.named_parameters()} - {"logit_bias"}  # CLIP: no bias
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-6, atol=1e-7, msg=name)
+    decay, no_decay = (set(map(id, g["params"])) for g in param_groups(flat))
+    assert {id(flat.vision.flat_matrices), id(flat.text.flat_matrices)} <= decay
+    assert {id(flat.vision.flat_vectors), id(flat.text.flat_vectors), id(flat.logit_scale)} <= no_decay
+
+
+@pytest.mark.parametrize("flat", [True, "tower"])
+def test_state_dict_loads_both_ways_and_follows_new_tensors(flat):
+    plain, flat = pair(flat)
     other = CLIPTowers(cfg(), eos_token_id=1, pad_token_id=0).train()
     other.load_state_dict(flat.state_dict())  # flat -> plain
     with torch.no_grad():
@@ -77,7 +101,8 @@ def test_state_dict_loads_both_ways_and_follows_new_tensors():
         assert flat.encode_image(batch()[0].double()).dtype == torch.float64
 
 
-def test_deepspeed_zero2_trains_the_flat_model_as_the_plain_one(tmp_path):
+@pytest.mark.parametrize("flat", [True, "tower"])
+def test_deepspeed_zero2_trains_the_flat_model_as_the_plain_one(flat):
     deepspeed = pytest.importorskip("deepspeed")
     from infclip.pipeline.model import misaligned_parameters
     from infclip.pipeline.train import single_process_env
@@ -87,7 +112,7 @@ def test_deepspeed_zero2_trains_the_flat_model_as_the_plain_one(tmp_path):
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "torch_adam": True}},
           "zero_optimization": {"stage": 2}}
     losses, states = {}, {}
-    for name, model in zip(("plain", "flat"), pair()):
+    for name, model in zip(("plain", "flat"), pair(flat)):
         engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
         assert misaligned_parameters(engine.module) == []
         steps = []
@@ -113,7 +138,8 @@ def _counting_backend(gm, example_inputs):
     return gm.forward
 
 
-def test_compiled_flat_towers_keep_their_graphs_across_steps():
+@pytest.mark.parametrize("flat", [True, "tower"])
+def test_compiled_flat_towers_keep_their_graphs_across_steps(flat):
     """The views are made anew before every forward: the compiled towers must take them as
     inputs, not recompile for each new tensor."""
     import torch._dynamo
@@ -122,7 +148,7 @@ def test_compiled_flat_towers_keep_their_graphs_across_steps():
         torch._dynamo.register_backend(_counting_backend, name="infclip_counting_flat")
     torch._dynamo.reset()
     GRAPHS.clear()
-    plain, flat = pair(compile=True, compile_backend="infclip_counting_flat")
+    plain, flat = pair(flat, compile=True, compile_backend="infclip_counting_flat")
     opt = torch.optim.SGD(flat.parameters(), lr=0.1)
     loss_of(plain).backward()
     for step in range(3):
@@ -154,6 +180,18 @@ def test_refused_with_zero3_init_and_with_locked_towers():
     assert loaded.model.flat_parameters and loaded.zero_stage == 3
     zero2 = load_config(data={**base, "zero_optimization": {"stage": 2}, "model": {"flat_parameters": True}})
     assert zero2.model.zero3_init  # the default, which only ZeRO-3 reads
+    # flat towers under ZeRO-3: the tower must be the unit that gathers its two tensors
+    towers = {"flat_parameters": "tower", "zero3_init": False, "gradient_checkpointing": False}
+    for unit in (True, "stack", False):
+        with pytest.raises(ConfigError, match=r"flat_parameters' \"tower\" under ZeRO-3 needs 'model.zero3_leaf_layers'"):
+            load_config(data={**base, "model": {**towers, "zero3_leaf_layers": unit}})
+    assert load_config(data={**base, "model": {**towers, "zero3_leaf_layers": "tower"}}).model.flat_parameters == "tower"
+    with pytest.raises(ConfigError, match="flat_parameters"):
+        cfg(flat_parameters="towers")
+    # a checkpointed block's recomputation would add into its tower's flat gradient once per block
+    for ckpt in (True, "auto"):
+        with pytest.raises(ConfigError, match=r"flat_parameters': \"tower\" needs 'gradient_checkpointing': false"):
+            cfg(flat_parameters="tower", gradient_checkpointing=ckpt)
 
 
 def _zero3_run(model, steps=4, leaf=True):
@@ -186,25 +224,58 @@ def _zero3_run(model, steps=4, leaf=True):
 
 
 # each unit with and without checkpointing; the default run keeps each unit once and each
-# checkpointing setting at least twice (1.5 s each on 2 cores), the rest with -m slow
-@pytest.mark.parametrize("leaf, ckpt", [(True, True), (False, False), ("stack", False), ("tower", True),
-                                        pytest.param(True, False, marks=pytest.mark.slow),
-                                        pytest.param("stack", True, marks=pytest.mark.slow),
-                                        pytest.param("tower", False, marks=pytest.mark.slow)])
-def test_deepspeed_zero3_trains_the_flat_model_as_the_plain_one(leaf, ckpt):
-    """ZeRO-3 partitions the flat tensors; each block (or each layer stack) binds its views after
-    DeepSpeed's gather. With leaf modules ZeRO-3 reduces a leaf's gradients in a hook on its
-    inputs: the flat tensors' gradients must be complete by then (a block reduced early would
-    not train). With checkpointed blocks, a block's recomputation in backward (outside its
-    stack's forward) binds its own views."""
+# checkpointing setting at least twice (1.5 s each on 2 cores), the rest with -m slow; flat towers
+# (one unit each, no checkpointing)
+@pytest.mark.parametrize("leaf, ckpt, flat", [(True, True, True), (False, False, True), ("stack", False, True),
+                                              ("tower", True, True), ("tower", False, "tower"),
+                                              pytest.param(True, False, True, marks=pytest.mark.slow),
+                                              pytest.param("stack", True, True, marks=pytest.mark.slow),
+                                              pytest.param("tower", False, True, marks=pytest.mark.slow)])
+def test_deepspeed_zero3_trains_the_flat_model_as_the_plain_one(leaf, ckpt, flat):
+    """ZeRO-3 partitions the flat tensors; each block (or each layer stack, or each flat tower)
+    binds its views after DeepSpeed's gather. With leaf modules ZeRO-3 reduces a leaf's gradients
+    in a hook on its inputs (a tower's once its parameters have accumulated): the flat tensors'
+    gradients must be complete by then (a block reduced early would not train). With
+    checkpointed blocks, a block's recomputation in backward (outside its stack's forward) binds
+    its own views."""
     pytest.importorskip("deepspeed")
     from infclip.pipeline.train import single_process_env
 
     single_process_env()
-    (want_losses, want), (got_losses, got) = (_zero3_run(m, leaf=leaf) for m in pair(gradient_checkpointing=ckpt))
+    (want_losses, want), (got_losses, got) = (_zero3_run(m, leaf=leaf)
+                                              for m in pair(flat, gradient_checkpointing=ckpt))
     assert got_losses[-1] < got_losses[0]
     torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-6)
     assert list(got) == list(want)
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_zero3_flat_towers_compile_whole_and_keep_their_graphs():
+    """Under ZeRO-3 with flat towers as the units, each tower's features compile to one graph
+    (the binding of the gathered tensors' views outside it), kept across steps, and training
+    matches the plain model's."""
+    pytest.importorskip("deepspeed")
+    import torch._dynamo
+
+    from infclip.pipeline.train import single_process_env
+
+    single_process_env()
+    if "infclip_counting_flat" not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(_counting_backend, name="infclip_counting_flat")
+    torch._dynamo.reset()
+    GRAPHS.clear()
+    plain, _ = pair()
+    torch.manual_seed(0)
+    flat = CLIPTowers(cfg(flat_parameters="tower", compile=True, compile_backend="infclip_counting_flat"),
+                      eos_token_id=1, pad_token_id=0).train()
+    flat.load_state_dict(plain.state_dict())
+    want_losses, want = _zero3_run(plain, leaf="tower")
+    got_losses, got = _zero3_run(flat, leaf="tower")
+    assert flat.compiled == "towers"
+    # one graph per tower over the four steps (the backend is the graph's own forward: no backward graphs)
+    assert len(GRAPHS) == 2, [len(g.graph.nodes) for g in GRAPHS]
+    torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-6)
     for name, value in want.items():
         torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=name)
 

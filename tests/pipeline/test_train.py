@@ -114,8 +114,8 @@ def test_two_process_zero0_trains_and_logs(zero0_run):
 
 # zero3_init: 28 s on 2 cores, in the slow run (towers built partitioned are also tested against
 # the whole build in tests/pipeline/test_zero3_init.py); the default run keeps the presets' layout
-@pytest.mark.parametrize("flat", [pytest.param(False, marks=pytest.mark.slow), True],
-                         ids=["zero3_init", "flat_stack"])
+@pytest.mark.parametrize("flat", [pytest.param(False, marks=pytest.mark.slow), True, "tower"],
+                         ids=["zero3_init", "flat_stack", "flat_tower"])
 def test_two_process_zero3_chunked_ring_follows_zero0(zero0_run, digits_shards, tmp_path, flat):
     """ZeRO-3 + chunked backbone (3 chunks per micro-batch) + ring loss follow ZeRO-0 + one-graph
     backbone + gather loss (same data, same init): at step 1 (identical weights) the loss and the
@@ -125,12 +125,13 @@ def test_two_process_zero3_chunked_ring_follows_zero0(zero0_run, digits_shards, 
     built partitioned (zero3_init, each block a ZeRO-3 unit), once with flat per-block parameters
     partitioned by deepspeed.initialize and each tower's stack of blocks as the unit (views bound
     after the stack's gather, the stack called once per chunk; checkpoints and the export keep
-    the usual names)."""
+    the usual names), once with flat towers, each tower the unit (its gradients reduced once per
+    chunk's backward, none of DeepSpeed's host waits kept)."""
     z0, z0_norm = tb_scalars(zero0_run[0]), tb_scalars(zero0_run[0], "train/grad_norm")
     out = tmp_path / "run"
     steps = 3
-    extra = ({"model.flat_parameters": True, "model.zero3_init": False, "model.zero3_leaf_layers": "stack"}
-             if flat else {})
+    extra = ({"model.flat_parameters": flat, "model.zero3_init": False,
+              "model.zero3_leaf_layers": "tower" if flat == "tower" else "stack"} if flat else {})
     sets = base_overrides(digits_shards, out, steps, **{"zero_optimization.stage": 3, "train.chunk_size": 12,
                                                          "contrastive_loss.distributed": "ring",
                                                          "train.export_final": True, **extra})
