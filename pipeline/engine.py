@@ -46,8 +46,8 @@ def zero3_kept_waits(model_cfg: Any) -> tuple:
     """The ZeRO-3 host waits to keep: none with flat towers (``model.flat_parameters: "tower"``),
     whose step leaves the host little else to do, so that it runs ahead of the GPU once the waits
     are gone (ViT-B/32, micro-batch 256, one H200, against ZeRO-2 with flat towers in the same
-    process: 0.93-0.95x without them, 0.81-0.82x with them; bench/device/h200_hc.sh to
-    h200_he.sh); else :data:`ZERO3_KEPT_WAITS`."""
+    process: 0.88-0.95x without them over nine processes, median 0.93x; 0.78-0.83x with them;
+    bench/device/h200_hb.sh to h200_hk.sh); else :data:`ZERO3_KEPT_WAITS`."""
     return () if model_cfg.flat_parameters == "tower" else ZERO3_KEPT_WAITS
 
 logger = logging.getLogger(__name__)
