@@ -82,13 +82,14 @@ def main(argv=None) -> int:
     # the synthetic step with the preset's own settings
     model_cfg = preset.get("model", {})
     flat = model_cfg.get("flat_parameters", False)
-    settings = ["--flat_parameters", {False: "0", True: "1"}.get(flat, flat),
+    arg = lambda v: str(int(v)) if isinstance(v, bool) else v  # noqa: E731  (true/false -> 1/0, strings as they are)
+    settings = ["--flat_parameters", arg(flat),
                 "--compile_mode", model_cfg.get("compile_mode", "default"),
                 "--grad_ckpt", {True: "on", False: "off"}.get(model_cfg.get("gradient_checkpointing", "auto"), "auto"),
                 "--overlap_comm", str(int(bool(preset["zero_optimization"].get("overlap_comm", True))))]
     if zero == 3:  # the training engine's units and host waits (pipeline.engine.zero3_kept_waits)
         leaf = model_cfg.get("zero3_leaf_layers", True)
-        settings += ["--zero3_leaf", {True: "1", False: "0"}.get(leaf, leaf),
+        settings += ["--zero3_leaf", arg(leaf),
                      "--on_device_step", "1" if flat == "tower" else "2"]
     run([sys.executable, "bench/bench_pipeline.py", "--only", "throughput", "--throughput_model", model,
          "--micro_batch", str(micro), "--zero", str(zero), "--anchors", *settings, "--out", synth],

@@ -154,7 +154,7 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
     engine = _initialize(model, param_groups(model, tcfg.weight_decay_1d), engine_config, str(run_cfg.source))
     keep_step_on_device(engine)  # ZeRO-1/2 with bf16: no host waits in the step; ZeRO-0: one overflow read
     if zero3:
-        # less of DeepSpeed's per-step Python (pipeline.zero3_step); its host waits kept
+        # less of DeepSpeed's per-step Python (pipeline.zero3_step); its host waits kept but with flat towers
         lighten_zero3(engine, keep_waits=zero3_kept_waits(model_cfg))
         engine.module.bind_flat_views_in_forward()  # after DeepSpeed's hooks: views of the gathered tensors
         reduce_when_accumulated(engine)  # "tower" units: their gradients reduced once accumulated

@@ -236,12 +236,10 @@ def _write_original_names(block: nn.Module, state_dict: dict, prefix: str, local
     for name, members in block._flat_layout.items():
         flat = state_dict.pop(prefix + name)
         pieces.update((m.key, m.view(flat).clone()) for m in members)
-    for key in block._flat_order:
-        if prefix + key in state_dict:  # a buffer: moved to its place
-            pieces[key] = state_dict.pop(prefix + key)
-    for key in block._flat_order:
-        if key in pieces:  # a non-persistent buffer was never written
-            state_dict[prefix + key] = pieces[key]
+    for key in block._flat_order:  # each entry popped and appended in turn: the original order
+        value = pieces.pop(key) if key in pieces else state_dict.pop(prefix + key, None)
+        if value is not None:  # (None: a buffer the state dict does not hold)
+            state_dict[prefix + key] = value
 
 
 def _read_original_names(block: nn.Module, state_dict: dict, prefix: str, local_metadata, strict,

@@ -201,9 +201,9 @@ class ModelConfig:
     (ViT-B/32: 399 -> 63 tensors; ``pipeline/flat_params.py``). ``"tower"``: each whole tower's
     weights in two (ViT-B/32: 399 -> 6 tensors); under ZeRO-3 only with ``zero3_leaf_layers:
     "tower"`` (the unit that gathers them), where each tower then compiles to one graph, CUDA
-    graphs included; not with gradient checkpointing. Checkpoints and exports keep the usual names. Unlocked towers; under ZeRO-3
-    with ``zero3_init`` false (a block's gathered weights then stay in memory from its forward to
-    its backward). On an H200 (ViT-B/32, ZeRO-2): ``true`` 1.28x at micro-batch 256, 1.045x at
+    graphs included; not with gradient checkpointing. Checkpoints and exports keep the usual
+    names. Unlocked towers; under ZeRO-3 with ``zero3_init`` false (a block's gathered weights
+    then stay in memory from its forward to its backward). On an H200 (ViT-B/32, ZeRO-2): ``true`` 1.28x at micro-batch 256, 1.045x at
     1,024; on in the vitb32 preset."""
 
     def __post_init__(self) -> None:

@@ -138,17 +138,23 @@ def _counting_backend(gm, example_inputs):
     return gm.forward
 
 
-@pytest.mark.parametrize("flat", [True, "tower"])
-def test_compiled_flat_towers_keep_their_graphs_across_steps(flat):
-    """The views are made anew before every forward: the compiled towers must take them as
-    inputs, not recompile for each new tensor."""
+def _count_graphs() -> str:
+    """Registers (once) the backend that records each compiled graph in GRAPHS, starts both
+    afresh, and returns its name."""
     import torch._dynamo
 
     if "infclip_counting_flat" not in torch._dynamo.list_backends(exclude_tags=()):
         torch._dynamo.register_backend(_counting_backend, name="infclip_counting_flat")
     torch._dynamo.reset()
     GRAPHS.clear()
-    plain, flat = pair(flat, compile=True, compile_backend="infclip_counting_flat")
+    return "infclip_counting_flat"
+
+
+@pytest.mark.parametrize("flat", [True, "tower"])
+def test_compiled_flat_towers_keep_their_graphs_across_steps(flat):
+    """The views are made anew before every forward: the compiled towers must take them as
+    inputs, not recompile for each new tensor."""
+    plain, flat = pair(flat, compile=True, compile_backend=_count_graphs())
     opt = torch.optim.SGD(flat.parameters(), lr=0.1)
     loss_of(plain).backward()
     for step in range(3):
@@ -256,18 +262,12 @@ def test_zero3_flat_towers_compile_whole_and_keep_their_graphs():
     (the binding of the gathered tensors' views outside it), kept across steps, and training
     matches the plain model's."""
     pytest.importorskip("deepspeed")
-    import torch._dynamo
-
     from infclip.pipeline.train import single_process_env
 
     single_process_env()
-    if "infclip_counting_flat" not in torch._dynamo.list_backends(exclude_tags=()):
-        torch._dynamo.register_backend(_counting_backend, name="infclip_counting_flat")
-    torch._dynamo.reset()
-    GRAPHS.clear()
     plain, _ = pair()
     torch.manual_seed(0)
-    flat = CLIPTowers(cfg(flat_parameters="tower", compile=True, compile_backend="infclip_counting_flat"),
+    flat = CLIPTowers(cfg(flat_parameters="tower", compile=True, compile_backend=_count_graphs()),
                       eos_token_id=1, pad_token_id=0).train()
     flat.load_state_dict(plain.state_dict())
     want_losses, want = _zero3_run(plain, leaf="tower")
