@@ -82,7 +82,7 @@ def main(argv=None) -> None:
     p.add_argument("--siglip", action="store_true",
                    help="also the SigLIP gradient block with its pair losses, Triton and Gluon")
     p.add_argument("--tiles", nargs="+", default=[",".join(map(str, gluon_kernels.GRAD_TILES))],
-                   help="BLOCK_M,BLOCK_N,BLOCK_K,STAGES of the Gluon kernel")
+                   help="BLOCK_M,BLOCK_N,BLOCK_K,STAGES[,GROUP: chunks a ring barrier] of the Gluon kernels")
     args = p.parse_args(argv)
     print(f"# {torch.cuda.get_device_name()}, the Triton kernel's tiles {tri._TMA_GRAD}, "
           f"the Gluon kernel's {gluon_kernels.GRAD_TILES}")
@@ -110,32 +110,34 @@ def main(argv=None) -> None:
                   f"d scale {got_d.item():.6e} against {want_d.item():.6e}", flush=True)
             emit(f"gluon {tiles}", graph_timed(lambda: blk.gluon(got, tiles=tiles), args.reps))
         if args.siglip:
-            siglip_rows(blk, args.reps, emit)
+            siglip_rows(blk, args.reps, emit, [tuple(int(v) for v in spec.split(",")) for spec in args.tiles])
 
 
-def siglip_rows(blk: FirstBlock, reps: int, emit) -> None:
+def siglip_rows(blk: FirstBlock, reps: int, emit, tiles: list) -> None:
     """The SigLIP gradient block with its pair losses on the same block (scale 10, bias -10): the
-    Triton kernel, then the Gluon kernel, P and the row sums checked against the Triton kernel's."""
+    Triton kernel, then the Gluon kernel with each of ``tiles``, P and the row sums checked against
+    the Triton kernel's."""
     scale = torch.full((1,), 10.0, device="cuda")
     bias = torch.full((1,), -10.0, device="cuda")
     coef = torch.full((1,), 1.0 / blk.rows, device="cuda")
     outs = []
-    for use_gluon in (False, True):
+    for spec in [None, *tiles]:
         p, sums = blk.out(), torch.zeros(3, blk.rows, device="cuda")
         args = (scale, bias, coef, sums[1], sums[0], sums[2], 0, True)
-        if use_gluon:
-            call = lambda: gluon_kernels.siglip_grad_block(blk.a, blk.b, p, *args, blk.sms)  # noqa: E731
+        if spec is not None:
+            call = lambda: gluon_kernels.siglip_grad_block(blk.a, blk.b, p, *args, blk.sms, spec)  # noqa: E731
         else:
             call = lambda: tri._fused(tri._siglip_grad_fused_kernel, blk.a, blk.b,  # noqa: E731
                                       "siglip_grad_loss", False, *args, True, p=p)
         call()
         torch.cuda.synchronize()
         outs.append((p, sums.clone()))
-        emit(f"siglip {'gluon' if use_gluon else 'triton'} (pair losses)", graph_timed(call, reps))
-    (want, want_sums), (got, got_sums) = outs
-    err = ((got_sums - want_sums).abs() / want_sums.abs().clamp_min(1e-30)).max().item()
-    print(f"siglip gluon: P equal to the Triton kernel's: {torch.equal(got, want)}, row sums within {err:.1e}",
-          flush=True)
+        emit(f"siglip {'triton' if spec is None else f'gluon {spec}'} (pair losses)", graph_timed(call, reps))
+    (want, want_sums), *gots = outs
+    for spec, (got, got_sums) in zip(tiles, gots):
+        err = ((got_sums - want_sums).abs() / want_sums.abs().clamp_min(1e-30)).max().item()
+        print(f"siglip gluon {spec}: P equal to the Triton kernel's: {torch.equal(got, want)}, row sums within "
+              f"{err:.1e}", flush=True)
 
 if __name__ == "__main__":
     main()
