@@ -50,7 +50,7 @@ def main(argv=None) -> None:
     r0, r1, c0, c1 = blk, 2 * blk, 3 * blk, 4 * blk
     pv = buf[: blk * blk].view(blk, blk)
     args_k = (scale, coef, 1.0, scale, dst, r[r0:r1], r[c0:c1], r[r0:r1], r[c0:c1], -r0 + c0, 0.0, 0.0)
-    bm, bn, bk = gluon_kernels.GRAD_TILES[:3]
+    bm, bn, bk, _ = gluon_kernels.GRAD_TILES
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     launch = lambda: gluon_kernels.clip_grad_block(a[r0:r1], t[c0:c1], pv, *args_k, True, 2, sms)
     launch()  # compiled here

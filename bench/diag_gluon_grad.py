@@ -82,7 +82,7 @@ def main(argv=None) -> None:
     p.add_argument("--siglip", action="store_true",
                    help="also the SigLIP gradient block with its pair losses, Triton and Gluon")
     p.add_argument("--tiles", nargs="+", default=[",".join(map(str, gluon_kernels.GRAD_TILES))],
-                   help="BLOCK_M,BLOCK_N,BLOCK_K,STAGES[,GROUP: chunks a ring barrier] of the Gluon kernels")
+                   help="BLOCK_M,BLOCK_N,BLOCK_K,STAGES of the Gluon kernels (CLIP, and SigLIP with --siglip)")
     args = p.parse_args(argv)
     print(f"# {torch.cuda.get_device_name()}, the Triton kernel's tiles {tri._TMA_GRAD}, "
           f"the Gluon kernel's {gluon_kernels.GRAD_TILES}")

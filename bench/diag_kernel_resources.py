@@ -59,26 +59,24 @@ def _gluon_compiled(kernel, dtype: str, blocks: dict, types: dict, constexprs: d
 def gluon_resources(dtype: str, coef_scale: bool, dscale: int, target) -> dict:
     """ops/gluon_kernels.py's warp-specialised CLIP gradient kernel (its tiles, TMA descriptors
     of ``dtype`` "bf16" or "fp16") compiled for ``target``: its REG / STACK / shared bytes."""
-    bm, bn, bk, stages = glk.GRAD_TILES[:4]
+    bm, bn, bk, stages = glk.GRAD_TILES
     f32 = "*fp32"
     types = dict(M="i32", N="i32", D="i32", scale_ptr=f32, coef_ptr=f32, coef_mul="fp32", dscale_src=f32,
                  dscale_dst=f32, row_lse=f32, col_lse=f32, row_ref=f32, col_ref=f32, diag="i32",
                  diag_value="fp32", offset="fp32")
     return _gluon_compiled(glk._clip_grad_ws_kernel, dtype, dict(a_desc=[bm, bk], b_desc=[bn, bk], p_desc=[bm, bn]),
-                           types, dict(COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages,
-                                                GROUP=glk.ring_group(glk.GRAD_TILES, glk.SUMS_MAX_DIM)), target)
+                           types, dict(COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages), target)
 
 
 def gluon_siglip_resources(dtype: str, coef_scale: bool, target) -> dict:
     """ops/gluon_kernels.py's warp-specialised SigLIP gradient kernel with the pair losses
     (GRAD_TILES, ``dtype`` descriptors) compiled for ``target``: its REG / STACK / shared bytes."""
-    bm, bn, bk, stages = glk.GRAD_TILES[:4]
+    bm, bn, bk, stages = glk.GRAD_TILES
     f32 = "*fp32"
     types = dict(M="i32", N="i32", D="i32", scale_ptr=f32, bias_ptr=f32, coef_ptr=f32, gsum=f32, gwsum=f32,
                  row_loss=f32, diag="i32")
     return _gluon_compiled(glk._siglip_grad_ws_kernel, dtype, dict(a_desc=[bm, bk], b_desc=[bn, bk], p_desc=[bm, bn]),
-                           types, dict(COEF_SCALE=coef_scale, STAGES=stages,
-                                                GROUP=glk.ring_group(glk.GRAD_TILES, glk.SUMS_MAX_DIM)), target)
+                           types, dict(COEF_SCALE=coef_scale, STAGES=stages), target)
 
 
 def gluon_sums_resources(dtype: str, target, tiles=None) -> dict:

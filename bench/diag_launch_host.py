@@ -53,11 +53,11 @@ def main(argv=None) -> None:
     descriptors: dict = {}
     block = lambda: blk.gluon(out, descriptors=descriptors)  # noqa: E731
     block()
-    bm, bn, bk, stages = glk.GRAD_TILES[:4]
+    bm, bn, bk, stages = glk.GRAD_TILES
     tiles = ((a, [bm, bk]), (b, [bn, bk]), (out, [bm, bn]))  # the kernel's three TMA descriptors
     da, db, dp = (glk._descriptor(t, shape, descriptors) for t, shape in tiles)
     positional = (da, db, dp, rows, cols, args.dim, *kargs)
-    consts = dict(COEF_SCALE=True, DSCALE=2, STAGES=stages, GROUP=glk.ring_group(glk.GRAD_TILES, args.dim))
+    consts = dict(COEF_SCALE=True, DSCALE=2, STAGES=stages)
     options = dict(num_warps=4, maxnreg=168)
     jit = glk._clip_grad_ws_kernel
     grid = (min(sms, -(-rows // bm) * -(-cols // bn)), )

@@ -113,53 +113,47 @@ if not _WHY_NOT:
     def _turn_mma(a_ring, b_ops, ready, empty, turn, acc, n, count, steps, WHICH: gl.constexpr,
                   B_BY_K: gl.constexpr):
         """One consumer's wgmma of one tile, in its turn at the tensor cores (the n-th tile of
-        consumer WHICH; 0 goes first), over ``steps`` groups of the ring from its group ``count``
-        (a group: the ring's slots behind one ready / empty barrier pair, GROUP chunks of K): A from
-        the ring, B from the ring too or, B_BY_K, chunk k of a resident block. Each group is
-        released once the next group's MMAs are issued, and the turn passed once the tile's are done."""
-        GROUPS: gl.constexpr = ready.type.shape[0]
-        GROUP: gl.constexpr = a_ring.type.shape[0] // GROUPS
+        consumer WHICH; 0 goes first), over ``steps`` chunks of the ring from its chunk ``count``:
+        A from the ring, B from the ring too or, B_BY_K, chunk k of a resident block. Each slot is
+        released once the next chunk's MMA is issued, and the turn passed once the tile's are done."""
+        STAGES: gl.constexpr = a_ring.type.shape[0]
         mbarrier.wait(turn.index(WHICH), (n & 1) ^ (1 - WHICH))
         for k in range(steps):
-            g = count % GROUPS
-            mbarrier.wait(ready.index(g), (count // GROUPS) & 1)
-            for j in gl.static_range(GROUP):
-                if B_BY_K:
-                    b = b_ops.index(k * GROUP + j)
-                else:
-                    b = b_ops.index(g * GROUP + j)
-                acc = warpgroup_mma(a_ring.index(g * GROUP + j), b.permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=GROUP, deps=(acc, ))
-            mbarrier.arrive(empty.index((count + GROUPS - 1) % GROUPS), pred=k > 0)
+            s = count % STAGES
+            mbarrier.wait(ready.index(s), (count // STAGES) & 1)
+            if B_BY_K:
+                b = b_ops.index(k)
+            else:
+                b = b_ops.index(s)
+            acc = warpgroup_mma(a_ring.index(s), b.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
             count += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty.index((count + GROUPS - 1) % GROUPS))
+        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
         mbarrier.arrive(turn.index(1 - WHICH))
         return acc
 
     @gluon.jit
     def _loader(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
-        """One warp: the A and B chunks of every tile of this program, in order, into the ring, a
-        group of chunks (GROUP slots behind one barrier pair) at a time."""
+        """One warp: the A and B chunks of every tile of this program, in order, into the ring."""
         a_ring, b_ring, c_bufs = rings
         ready, empty, turn = bars
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
-        GROUPS: gl.constexpr = ready.type.shape[0]
-        GROUP: gl.constexpr = a_ring.type.shape[0] // GROUPS
+        STAGES: gl.constexpr = a_ring.type.shape[0]
         tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
-        steps = gl.cdiv(gl.cdiv(D, BK), GROUP)
+        steps = gl.cdiv(D, BK)
         count = 0
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
             off_m, off_n = _tile_origin(tile, M, N, BM, BN, _GROUP_M)
             for k in range(steps):
-                g = count % GROUPS
-                mbarrier.wait(empty.index(g), ((count // GROUPS) & 1) ^ 1)
-                mbarrier.expect(ready.index(g), GROUP * (a_desc.block_type.nbytes + b_desc.block_type.nbytes))
-                for j in gl.static_range(GROUP):
-                    _tma_load(a_desc, [off_m, (k * GROUP + j) * BK], ready.index(g), a_ring.index(g * GROUP + j))
-                    _tma_load(b_desc, [off_n, (k * GROUP + j) * BK], ready.index(g), b_ring.index(g * GROUP + j))
+                s = count % STAGES
+                mbarrier.wait(empty.index(s), ((count // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+                _tma_load(a_desc, [off_m, k * BK], ready.index(s), a_ring.index(s))
+                _tma_load(b_desc, [off_n, k * BK], ready.index(s), b_ring.index(s))
                 count += 1
 
     @gluon.jit
@@ -178,12 +172,6 @@ if not _WHY_NOT:
         offs_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
         offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
         return acc, off_m, off_n, offs_m, offs_n
-
-    @gluon.jit
-    def _group_steps(rings, bars, D, BK: gl.constexpr):
-        """The ring groups (barrier pairs) a tile's K takes: cdiv(D, BK) chunks, GROUP a group."""
-        GROUP: gl.constexpr = rings[0].type.shape[0] // bars[0].type.shape[0]
-        return gl.cdiv(gl.cdiv(D, BK), GROUP)
 
     @gluon.jit
     def _store_tile(p_desc, c_buf, value, off_m, off_n):
@@ -219,7 +207,7 @@ if not _WHY_NOT:
                 gl.store(dscale_dst, coef * gl.load(dscale_src), mask=gl.program_id(0) == 0)
         coef_p = coef * scale if COEF_SCALE else coef
         tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
-        steps = _group_steps(rings, bars, D, BK)
+        steps = gl.cdiv(D, BK)
         w_acc = gl.zeros([BM], gl.float32, layout=rows_l)
         nprog = gl.num_programs(0)
         n = 0  # this consumer's tiles so far
@@ -256,22 +244,21 @@ if not _WHY_NOT:
         _consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, 1)
 
     @gluon.jit
-    def _grad_smem(a_desc, b_desc, p_desc, STAGES: gl.constexpr, GROUP: gl.constexpr):
+    def _grad_smem(a_desc, b_desc, p_desc, STAGES: gl.constexpr):
         """The gradient kernels' shared memory: (the ring of A and B chunks, a P buffer for each
-        consumer), (the ring's ready and empty barriers, one pair a group of GROUP slots, the
-        consumers' turn pair)."""
+        consumer), (the ring's ready and empty barriers, the consumers' turn pair)."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
         a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
         b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
         c_bufs = gl.allocate_shared_memory(p_desc.dtype, [2, BM, BN], p_desc.layout)
-        return (a_ring, b_ring, c_bufs), _ring_barriers(STAGES // GROUP)
+        return (a_ring, b_ring, c_bufs), _ring_barriers(STAGES)
 
     @gluon.jit
     def _ring_barriers(STAGES: gl.constexpr):
-        """(ready, empty, turn): the ring's STAGES ready and empty barriers (one pair a group of
-        slots) and the consumers' turn pair, allocated and initialised (one arrival each)."""
+        """(ready, empty, turn): the ring's STAGES ready and empty barriers and the consumers' turn
+        pair, allocated and initialised (one arrival each)."""
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -285,11 +272,10 @@ if not _WHY_NOT:
     @gluon.jit
     def _clip_grad_ws_kernel(a_desc, b_desc, p_desc, M, N, D, scale_ptr, coef_ptr, coef_mul, dscale_src,
                              dscale_dst, row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
-                             COEF_SCALE: gl.constexpr, DSCALE: gl.constexpr, STAGES: gl.constexpr,
-                             GROUP: gl.constexpr):
+                             COEF_SCALE: gl.constexpr, DSCALE: gl.constexpr, STAGES: gl.constexpr):
         """_clip_grad_fused_kernel's P (and d scale) with TMA descriptors for A [M, D], Bm [N, D]
         and P [M, N]; one program an SM (persistent), 12 warps: 4 + 4 consumers, 1 loader."""
-        rings, bars = _grad_smem(a_desc, b_desc, p_desc, STAGES, GROUP)
+        rings, bars = _grad_smem(a_desc, b_desc, p_desc, STAGES)
         # the flags travel as the shape of a small unused buffer: constexprs passed to the
         # partitions arrive as tensors, a shared-memory buffer's shape stays a constexpr
         flags = gl.allocate_shared_memory(gl.int8, [1 << COEF_SCALE, 1 << DSCALE],
@@ -337,7 +323,7 @@ if not _WHY_NOT:
         if COEF_SCALE:
             coef = coef * scale
         tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
-        steps = _group_steps(rings, bars, D, BK)
+        steps = gl.cdiv(D, BK)
         nprog = gl.num_programs(0)
         n = 0  # this consumer's tiles so far
         for tile in range(gl.program_id(0) + WHICH * nprog, tiles, 2 * nprog):
@@ -372,12 +358,11 @@ if not _WHY_NOT:
 
     @gluon.jit
     def _siglip_grad_ws_kernel(a_desc, b_desc, p_desc, M, N, D, scale_ptr, bias_ptr, coef_ptr, gsum, gwsum,
-                               row_loss, diag, COEF_SCALE: gl.constexpr, STAGES: gl.constexpr,
-                               GROUP: gl.constexpr):
+                               row_loss, diag, COEF_SCALE: gl.constexpr, STAGES: gl.constexpr):
         """_siglip_grad_fused_kernel's coef G and row sums with the pair losses (LOSS) with TMA
         descriptors for A [M, D], Bm [N, D] and G [M, N]; the loader and barriers of
         _clip_grad_ws_kernel."""
-        rings, bars = _grad_smem(a_desc, b_desc, p_desc, STAGES, GROUP)
+        rings, bars = _grad_smem(a_desc, b_desc, p_desc, STAGES)
         flags = gl.allocate_shared_memory(gl.int8, [1 << COEF_SCALE, 1],
                                           gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         scalars = (scale_ptr, bias_ptr, coef_ptr, gsum, gwsum, row_loss, diag, flags)
@@ -538,7 +523,7 @@ def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_
     _clip_grad_fused_kernel's: a [M, D], b [N, D], p [M, N], 16-bit, rows TMA-aligned.
     ``descriptors``: a dict that keeps the TMA descriptors between calls on the same views (the
     blocks of one backward: each descriptor cost ~5 us of host time, h200_el)."""
-    bm, bn, bk, stages = tiles[:4]
+    bm, bn, bk, stages = tiles
     (m, d), n = a.shape, b.shape[0]
     da = _descriptor(a, [bm, bk], descriptors)
     db = _descriptor(b, [bn, bk], descriptors)
@@ -546,8 +531,8 @@ def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_
     grid = min(sm_count, -(-m // bm) * -(-n // bn))
     _clip_grad_ws_kernel[(grid, )](da, db, dp, m, n, d, scale, coef, coef_mul, dscale_src, dscale_dst,
                                    row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
-                                   COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages,
-                                   GROUP=ring_group(tiles, d), num_warps=4, maxnreg=168)
+                                   COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, num_warps=4,
+                                   maxnreg=168)
 
 
 def siglip_grad_block(a, b, p, scale, bias, coef, gsum, gwsum, row_loss, diag: int, coef_scale: bool,
@@ -557,23 +542,14 @@ def siglip_grad_block(a, b, p, scale, bias, coef, gsum, gwsum, row_loss, diag: i
     scale, bias, coef fp32 one-element tensors; gsum, gwsum, row_loss fp32 [M]); ``descriptors``
     as :func:`clip_grad_block`'s. (Without the losses the Triton kernel is as fast: 0.059 against
     0.063 ms for a 4,096 x 4,096 block, h200_gc.)"""
-    bm, bn, bk, stages = tiles[:4]
+    bm, bn, bk, stages = tiles
     (m, d), n = a.shape, b.shape[0]
     da = _descriptor(a, [bm, bk], descriptors)
     db = _descriptor(b, [bn, bk], descriptors)
     dp = _descriptor(p, [bm, bn], descriptors)
     grid = min(sm_count, -(-m // bm) * -(-n // bn))
     _siglip_grad_ws_kernel[(grid, )](da, db, dp, m, n, d, scale, bias, coef, gsum, gwsum, row_loss, diag,
-                                     COEF_SCALE=coef_scale, STAGES=stages, GROUP=ring_group(tiles, d),
-                                     num_warps=4, maxnreg=168)
-
-
-def ring_group(tiles, d: int) -> int:
-    """The chunks of K behind one ring barrier pair of the gradient kernels: ``tiles[4]`` (1 if
-    not given) where it divides both the ring's stages and D's chunks, else 1."""
-    group = tiles[4] if len(tiles) > 4 else 1
-    bk, stages = tiles[2], tiles[3]
-    return group if stages % group == 0 and -(-d // bk) % group == 0 else 1
+                                     COEF_SCALE=coef_scale, STAGES=stages, num_warps=4, maxnreg=168)
 
 
 def clip_sums(a, b, scale, row_shift, col_shift, row_sum, col_sum, diag: int, sm_count: int,

@@ -2,6 +2,7 @@
 # chunks of K behind one barrier pair (h200_gm's profile: ~21% of the k-loop's samples stalled at the warpgroup
 # barrier that precedes each slot's release, one a chunk). The blocks at 16k / 32k / 65k, groups of 1 / 2 / 3
 # (1 twice), CLIP and SigLIP; then the op behind 20 ms of queued work with groups of 2 as a variant in the same process.
+# Ran at commit 701d02e (ops/gluon_kernels.py with GROUP; reverted in the commit after it: no group was faster).
 source bench/device/env.sh
 R=/tmp/hl; mkdir -p $R
 timeout $(left 200) python bench/diag_gluon_grad.py --sizes 16384,32768,65536 --reps 15 --siglip \
