@@ -38,7 +38,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from infclip.ops import contrastive_loss  # noqa: E402
 from infclip.pipeline.step import OpTimer  # noqa: E402  (CUDA events, read without a device-wide sync)
-from gpu_queue import queue_gpu_work  # noqa: E402  (bench/, on sys.path as the script's folder)
+import gpu_queue  # noqa: E402  (bench/, on sys.path as the script's folder)
+from gpu_queue import queue_gpu_work  # noqa: E402
 
 
 def captured(fn, calls: int = 10) -> torch.cuda.CUDAGraph:
@@ -408,6 +409,9 @@ def main(argv=None):
     p.add_argument("--queued-ms", type=float, default=0.0,
                    help="GPU work queued before each timed call, the timer starting behind it (the "
                         "towers' forward in training); 0: each call starts on an idle GPU")
+    p.add_argument("--queued-work", choices=("sleep", "gemm"), default="sleep",
+                   help="what --queued-ms queues: a sleep kernel, or bf16 GEMMs (the GPU at its power cap, as "
+                   "behind the towers' matmuls)")
     p.add_argument("--profile", default="", help="B values whose kernel table (ours and the compiled dense "
                    "anchors) goes to --profile-out")
     p.add_argument("--profile-out", default="contrastive_loss_profile.txt")
@@ -442,6 +446,7 @@ def main(argv=None):
     p.add_argument("--host-only", action="store_true",
                    help="CPU only (TRITON_INTERPRET=1): time the op's Python layers with the Triton launches stubbed")
     args = p.parse_args(argv)
+    gpu_queue.use_gemms(args.queued_work == "gemm")
     if args.host_only:
         host_only(32, 16, 500)
         return
@@ -461,7 +466,7 @@ def main(argv=None):
     sustained = matmul_tflops_sustained()
     meta = dict(gpu=dev, torch=torch.__version__, triton=triton.__version__, dim=args.dim,
                 matmul_tflops=round(tflops, 1), matmul_tflops_sustained=round(sustained, 1),
-                date=time.strftime("%Y-%m-%d"), queued_ms=args.queued_ms)
+                date=time.strftime("%Y-%m-%d"), queued_ms=args.queued_ms, queued_work=args.queued_work)
     print(f"# {dev}, torch {torch.__version__}, triton {triton.__version__}, bf16 matmul {tflops:.0f} TFLOP/s "
           f"(the roofline's; sustained at the power cap: {sustained:.0f})", flush=True)
 
