@@ -25,6 +25,10 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from bench_pipeline import ZERO3_STEP_WAITS  # noqa: E402  (bench/, on sys.path as the script's folder)
+from infclip.pipeline.config import load_config  # noqa: E402
+from infclip.pipeline.engine import zero3_kept_waits  # noqa: E402
 
 
 def run(cmd: list, log: str) -> None:
@@ -65,10 +69,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     work = args.dir or tempfile.mkdtemp(prefix="bench_e2e_")
     os.makedirs(work, exist_ok=True)
-    with open(os.path.join(ROOT, args.preset)) as f:
-        preset = json.load(f)
-    micro = preset["train_micro_batch_size_per_gpu"]
-    zero = preset["zero_optimization"]["stage"]
+    run_cfg = load_config(os.path.join(ROOT, args.preset))
+    micro, zero = run_cfg.micro_batch_size, run_cfg.zero_stage
     model = os.path.basename(args.preset).split(".")[0].split("_")[0]  # vitb32_zero3 -> vitb32
 
     t0 = time.perf_counter()
@@ -80,17 +82,14 @@ def main(argv=None) -> int:
 
     synth = f"{work}/synthetic.jsonl"
     # the synthetic step with the preset's own settings
-    model_cfg = preset.get("model", {})
-    flat = model_cfg.get("flat_parameters", False)
+    mcfg = run_cfg.model
     arg = lambda v: str(int(v)) if isinstance(v, bool) else v  # noqa: E731  (true/false -> 1/0, strings as they are)
-    settings = ["--flat_parameters", arg(flat),
-                "--compile_mode", model_cfg.get("compile_mode", "default"),
-                "--grad_ckpt", {True: "on", False: "off"}.get(model_cfg.get("gradient_checkpointing", "auto"), "auto"),
-                "--overlap_comm", str(int(bool(preset["zero_optimization"].get("overlap_comm", True))))]
-    if zero == 3:  # the training engine's units and host waits (pipeline.engine.zero3_kept_waits)
-        leaf = model_cfg.get("zero3_leaf_layers", True)
-        settings += ["--zero3_leaf", arg(leaf),
-                     "--on_device_step", "1" if flat == "tower" else "2"]
+    settings = ["--flat_parameters", arg(mcfg.flat_parameters), "--compile_mode", mcfg.compile_mode,
+                "--grad_ckpt", {True: "on", False: "off"}.get(mcfg.gradient_checkpointing, "auto"),
+                "--overlap_comm", arg(bool(run_cfg.ds_config["zero_optimization"].get("overlap_comm", True)))]
+    if zero == 3:  # the training engine's units and host waits
+        step = {waits: str(v) for v, waits in ZERO3_STEP_WAITS.items()}[zero3_kept_waits(mcfg)]
+        settings += ["--zero3_leaf", arg(mcfg.zero3_leaf_layers), "--on_device_step", step]
     run([sys.executable, "bench/bench_pipeline.py", "--only", "throughput", "--throughput_model", model,
          "--micro_batch", str(micro), "--zero", str(zero), "--anchors", *settings, "--out", synth],
         f"{work}/synthetic.log")

@@ -60,6 +60,10 @@ PLAIN = "hf_plain"
 LOOPS = ("torch_eager", "torch_compile")
 
 
+ZERO3_STEP_WAITS = {1: (), 2: ("fetch", "norm"), 3: ("fetch",)}
+"""ZeRO-3 rows' --on_device_step value -> DeepSpeed's host waits kept in the lightened step."""
+
+
 def synthetic_batch(n: int, cfg, device, dtype):
     g = torch.Generator(device=device).manual_seed(n)
     size, ctx, vocab = cfg.vision.image_size, cfg.text.context_length, cfg.text.vocab_size
@@ -126,7 +130,7 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
     from infclip.pipeline.zero_step import keep_step_on_device, restore_deepspeed_mask
 
     if on_device_step and zero == 3:
-        keep = {1: (), 2: ("fetch", "norm"), 3: ("fetch",)}[int(on_device_step)]
+        keep = ZERO3_STEP_WAITS[int(on_device_step)]
         if keep:  # DeepSpeed's own host waits, kept in the lightened step (an earlier row may have replaced them)
             restore_deepspeed_zero3()
         print(f"# ZeRO-3 step lightened: {lighten_zero3(engine, keep_waits=keep)}"
