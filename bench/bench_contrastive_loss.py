@@ -38,8 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from infclip.ops import contrastive_loss  # noqa: E402
 from infclip.pipeline.step import OpTimer  # noqa: E402  (CUDA events, read without a device-wide sync)
-import gpu_queue  # noqa: E402  (bench/, on sys.path as the script's folder)
-from gpu_queue import queue_gpu_work  # noqa: E402
+from gpu_queue import queue_gpu_work, use_gemms  # noqa: E402  (bench/, on sys.path as the script's folder)
 
 
 def captured(fn, calls: int = 10) -> torch.cuda.CUDAGraph:
@@ -446,7 +445,7 @@ def main(argv=None):
     p.add_argument("--host-only", action="store_true",
                    help="CPU only (TRITON_INTERPRET=1): time the op's Python layers with the Triton launches stubbed")
     args = p.parse_args(argv)
-    gpu_queue.use_gemms(args.queued_work == "gemm")
+    use_gemms(args.queued_work == "gemm")
     if args.host_only:
         host_only(32, 16, 500)
         return

@@ -86,6 +86,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     print(f"# {torch.cuda.get_device_name()}, the Triton kernel's tiles {tri._TMA_GRAD}, "
           f"the Gluon kernel's {gluon_kernels.GRAD_TILES}")
+    tile_specs = [tuple(int(v) for v in spec.split(",")) for spec in args.tiles]
     for size in [int(x) for x in args.sizes.split(",") if x]:
         blk = FirstBlock(size, args.dim)
 
@@ -99,8 +100,7 @@ def main(argv=None) -> None:
         logits = torch.empty_like(want)
         emit("cublas_gemm_bf16", graph_timed(lambda: torch.mm(blk.a, blk.b.T, out=logits), args.reps))
         emit("triton kernel (the op's before)", graph_timed(lambda: blk.triton(want), args.reps))
-        for spec in args.tiles:
-            tiles = tuple(int(v) for v in spec.split(","))
+        for tiles in tile_specs:
             got = torch.zeros_like(want)
             got_d = torch.zeros((), device="cuda")
             if _try(lambda: blk.gluon(got, got_d, tiles) or True) is None:  # (_try said why)
@@ -110,7 +110,7 @@ def main(argv=None) -> None:
                   f"d scale {got_d.item():.6e} against {want_d.item():.6e}", flush=True)
             emit(f"gluon {tiles}", graph_timed(lambda: blk.gluon(got, tiles=tiles), args.reps))
         if args.siglip:
-            siglip_rows(blk, args.reps, emit, [tuple(int(v) for v in spec.split(",")) for spec in args.tiles])
+            siglip_rows(blk, args.reps, emit, tile_specs)
 
 
 def siglip_rows(blk: FirstBlock, reps: int, emit, tiles: list) -> None:

@@ -20,23 +20,26 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import infclip.ops.contrastive_loss_triton as tri  # noqa: E402
 from infclip.ops import gluon_kernels  # noqa: E402
+from infclip.pipeline.step import OpTimer  # noqa: E402
 from bench_loss_kernels import inputs  # noqa: E402
 
 
-def passes(b: int, dim: int) -> dict:
-    """name -> (callable, GFLOP a call) at batch ``b``: cuBLAS's GEMM of a 65,536-row band of
-    the logits (bf16 out; the whole matrix above 65k would not fit), and the op's Gluon forward
-    sums over the whole B x B."""
+def passes(b: int, dim: int, names: list) -> dict:
+    """name -> (callable, GFLOP a call) at batch ``b`` for each of ``names``: "gemm", cuBLAS's
+    GEMM of a 65,536-row band of the logits (bf16 out; the whole matrix above 65k would not fit),
+    and "sums", the op's Gluon forward sums over the whole B x B."""
     img, txt, scale, row_shift, col_shift, _ref, _sums = inputs(b, dim)
-    rows = min(b, 65536)
-    band = torch.empty(rows, b, device="cuda", dtype=img.dtype)
-    out = torch.zeros(b, device="cuda"), torch.zeros(b, device="cuda")
-    sms = tri._sm_count(img.device)
-    return {
-        "gemm": (lambda: torch.mm(img[:rows], txt.T, out=band), 2 * rows * b * dim / 1e9),
-        "sums": (lambda: gluon_kernels.clip_sums(img, txt, scale.reshape(1), row_shift, col_shift, *out, 0, sms),
-                 2 * b * b * dim / 1e9),
-    }
+    found = {}
+    if "gemm" in names:
+        rows = min(b, 65536)
+        band = torch.empty(rows, b, device="cuda", dtype=img.dtype)  # (32 GiB at 262k: made only if asked)
+        found["gemm"] = (lambda: torch.mm(img[:rows], txt.T, out=band), 2 * rows * b * dim / 1e9)
+    if "sums" in names:
+        out = torch.zeros(b, device="cuda"), torch.zeros(b, device="cuda")
+        sms = tri._sm_count(img.device)
+        found["sums"] = (lambda: gluon_kernels.clip_sums(img, txt, scale.reshape(1), row_shift, col_shift, *out, 0,
+                                                         sms), 2 * b * b * dim / 1e9)
+    return found
 
 
 def burst(fn, seconds: float, calls_hint: float) -> list:
@@ -56,12 +59,9 @@ def spaced(fn, count: int, gap: float) -> list:
     times = []
     for _ in range(count):
         time.sleep(gap)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        timer = OpTimer(torch.device("cuda"))
         fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(float(timer.stop()))
     return times
 
 
@@ -89,9 +89,7 @@ def main(argv=None) -> None:
     print(f"# {torch.cuda.get_device_name()}; TFLOP/s over five stretches of each burst, then spaced calls",
           flush=True)
     for b in [int(x) for x in args.b.split(",")]:
-        for name, (fn, gflop) in passes(b, args.dim).items():
-            if name not in args.what.split(","):
-                continue
+        for name, (fn, gflop) in passes(b, args.dim, args.what.split(",")).items():
             first = spaced(fn, 2, args.gap)[-1]
             times = burst(fn, args.seconds, first)
             late = spaced(fn, 3, args.gap)

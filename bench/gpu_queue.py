@@ -22,10 +22,6 @@ def use_gemms(on: bool = True) -> None:
     _KIND["gemm"] = on
 
 
-def queued_kind() -> str:
-    return "gemm" if _KIND["gemm"] else "sleep"
-
-
 def queue_gpu_work(ms: float, device=None) -> None:
     """Queue about ``ms`` milliseconds of GPU work on the current stream of ``device`` (a sleep
     kernel, or GEMMs after :func:`use_gemms`); nothing when ``ms`` is 0."""
