@@ -219,8 +219,11 @@ def test_triton_gradient_blocks_of_an_off_diagonal_block(monkeypatch, diag, fuse
     got = siglip_grads(img, txt, s, b, diag, impl="triton", with_loss=True)
     for w, g, name in zip(want, got, ("pair losses", "rows", "columns", "sum G", "sum G S'")):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, msg=f"siglip {name}")
-    # the rows handed to a sink that adds them into an fp32 sum (a sweep's step): as a callable,
-    # and named as sink.into (every block's GEMM then accumulates into the sum itself)
+    # the rows handed to a sink that adds them into an fp32 sum (a sweep's step): as a plain
+    # callable, and as the sweeps' own sink (assembly._adding_into), which names the sum as
+    # sink.into (every block's GEMM then accumulates into the sum itself)
+    from infclip.ops.assembly import _adding_into
+
     start = torch.randn(45, 20)
     for named in (False, True):
         for grads, want_rows in ((lambda sink: clip_grads(img, txt, s, row_lse, col_lse, ref, **label,
@@ -228,11 +231,8 @@ def test_triton_gradient_blocks_of_an_off_diagonal_block(monkeypatch, diag, fuse
                                  (lambda sink: siglip_grads(img, txt, s, b, diag, impl="triton", sink_a=sink),
                                   want[1])):
             total = start.clone()
-
-            def sink(i0, i1, part):
-                total[i0:i1].add_(part)
-            if named:
-                sink.into = total
+            sink = _adding_into(total) if named else (lambda i0, i1, part, total=total: total[i0:i1].add_(part))
+            assert hasattr(sink, "into") == named
             assert grads(sink)[0] is None
             torch.testing.assert_close(total, start + want_rows, rtol=1e-5, atol=1e-5,
                                        msg=f"sink, named {named}")
