@@ -203,8 +203,8 @@ class ModelConfig:
     "tower"`` (the unit that gathers them), where each tower then compiles to one graph, CUDA
     graphs included; not with gradient checkpointing. Checkpoints and exports keep the usual
     names. Unlocked towers; under ZeRO-3 with ``zero3_init`` false (a block's gathered weights
-    then stay in memory from its forward to its backward). On an H200 (ViT-B/32, ZeRO-2): ``true`` 1.28x at micro-batch 256, 1.045x at
-    1,024; on in the vitb32 preset."""
+    then stay in memory from its forward to its backward). On an H200 (ViT-B/32, ZeRO-2):
+    ``true`` 1.28x at micro-batch 256, 1.045x at 1,024; on in the vitb32 preset."""
 
     def __post_init__(self) -> None:
         self.vision = _sub(VisionTowerConfig, self.vision, "model.vision")
