@@ -85,7 +85,7 @@ def gluon_sums_resources(dtype: str, target, tiles=None) -> dict:
     bm, bn, bk, stages, chunk = tiles or glk.SUMS_TILES
     itemsize = 2  # (bf16 or fp16)
     f32 = "*fp32"
-    types = dict(M="i32", N="i32", D="i32", chunk="i32", scale_ptr=f32, row_shift=f32, col_shift=f32,
+    types = dict(M="i32", N="i32", D="i32", chunk="i32", rotate="i32", scale_ptr=f32, row_shift=f32, col_shift=f32,
                  row_sum=f32, col_sum=f32, diag="i32")
     constexprs = dict(STAGES=glk.sums_stages(glk.SUMS_MAX_DIM, itemsize, (bm, bn, bk, stages, chunk)),
                       KSTEPS=-(-glk.SUMS_MAX_DIM // bk))

@@ -990,6 +990,8 @@ _GLUON = {"on": os.environ.get("INFCLIP_GLUON", "1") != "0" and not gluon_kernel
 _GLUON_SIGLIP = dict(_GLUON, launch="siglip_grad_block")
 # The CLIP forward's column-strip sums by the warp-specialised Gluon kernel (gluon_kernels.clip_sums)
 # where the strips apply on sm_90, likewise; "tiles": its tiles and chunk (gluon_kernels.SUMS_TILES).
+# A state's optional "kw" goes to its launch too (bench/bench_contrastive_loss.py --variant sets e.g.
+# the sums' launch_logits or rotate that way).
 _GLUON_SUMS = {"on": _GLUON["on"], "tiles": gluon_kernels.SUMS_TILES, "launch": "clip_sums"}
 log = logging.getLogger(__name__)
 
@@ -1040,11 +1042,12 @@ def _gluon_grad(state: dict, a, b, p, args: tuple, checked: Optional[dict] = Non
 
 def _gluon_launch(state: dict, *args, **kwargs) -> bool:
     """Whether gluon_kernels.``state["launch"]`` ran on ``args`` (then the device's SM count and the
-    state's tiles). A launch that fails (a Triton whose Gluon differs fails at its first build)
-    turns the state off, with a warning, and returns False: the caller's Triton kernel takes the
-    work, now and from then on."""
+    state's tiles, and its "kw" if any). A launch that fails (a Triton whose Gluon differs fails at
+    its first build) turns the state off, with a warning, and returns False: the caller's Triton
+    kernel takes the work, now and from then on."""
     try:
-        getattr(gluon_kernels, state["launch"])(*args, _sm_count(args[0].device), state["tiles"], **kwargs)
+        getattr(gluon_kernels, state["launch"])(*args, _sm_count(args[0].device), state["tiles"], **kwargs,
+                                                **state.get("kw", {}))
     except Exception as exc:  # noqa: BLE001 - any failure of the first build: the Triton kernel
         state["on"] = False
         log.warning("contrastive_loss: the Gluon kernel %s failed (%s: %s); using the Triton kernel "

@@ -45,6 +45,12 @@ the traffic): 11.3 against 13.6 ms at 65k (582 against 484 TFLOP/s; cuBLAS's GEM
 logits 10.9), 2.84 against 3.45 at 32k, 0.72 against 0.96 at 16k. Chunks of 32 row tiles are
 fastest (64: 11.7-11.8 ms, 16: 11.8, 8: 13.7; 128: 15.0); a ring of BLOCK_K 32 with 6-8 stages
 was slower (13.6-14.0). Features wider than SUMS_MAX_DIM do not fit and take the Triton kernel.
+Two orders of the work, measured (h200_hs to h200_hx): a long launch loses ~25% (one launch of
+2^36 logits at 262k: 438-447 TFLOP/s, L2 hit rate 76% against 89% at 65k, warps waiting on L1TEX;
+the same items at 65k x 262k: 547-569), so the sums go in launches of at most SUMS_LAUNCH_LOGITS
+(slabs of rows: 575 at 262k); and a short one gains where each program takes its items' row tiles
+from its own offset (SUMS_ROTATE_ITEMS). Items in groups of 132 or 264 column blocks (the group's
+B within L2 chunk after chunk) were slower at 32k-131k and only 5% faster at 262k.
 
 :func:`available` says whether this Triton has what the kernels need (Gluon, Hopper's wgmma and
 TMA); the caller (ops/contrastive_loss_triton.py) takes them only on sm_90 with TMA-aligned blocks
@@ -90,6 +96,17 @@ SHARED_BYTES = 232448
 SUMS_MAX_DIM = 768
 """The widest features clip_sums takes (its resident column block of B beside a ring of 2 stages
 or more)."""
+
+SUMS_LAUNCH_LOGITS = 1 << 33
+"""clip_sums: the most logits one launch takes (more: launches over slabs of A's rows). On an H200 the
+kernel holds 566-590 TFLOP/s in launches of up to 2^33 logits and falls to 473 / 438-447 in one launch
+of 2^35 / 2^36 (B = 196k / 262k; h200_hw, h200_hx; cause not found)."""
+
+SUMS_ROTATE_ITEMS = 32
+"""clip_sums: a launch with at most this many items a program has each program take its items' row
+tiles from its own offset on (_strip_row), not all programs the same tile at once: on an H200 560 ->
+647 / 545 -> 608 / 545 -> 584 TFLOP/s at B = 16k / 24k / 32k (8-31 items a program); no change at
+49k-65k (70-124), slower at 131k (h200_hu to h200_hx)."""
 
 def available() -> str:
     """"" when this Triton can build the kernels, else why not."""
@@ -381,6 +398,11 @@ if not _WHY_NOT:
         return (item % grid_n) * BN, lo, gl.minimum(lo + chunk, grid_m)
 
     @gluon.jit
+    def _strip_row(i, lo, hi, rot):
+        """The row tile an item's i-th (lo <= i < hi) is: its tiles taken from ``rot`` on, round."""
+        return lo + (i - lo + rot) % (hi - lo)
+
+    @gluon.jit
     def _sums_loader(a_desc, b_desc, rings, bars, M, N, D, scalars):
         """One warp: per item of this program, its column block of B whole into the resident
         buffer (once both consumers are done with the last item's), then the A chunks of its row
@@ -388,6 +410,7 @@ if not _WHY_NOT:
         a_ring, b_res = rings
         ready, empty, turn, b_ready, b_free = bars
         chunk = scalars[0]
+        rot = scalars[1] * gl.program_id(0)
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
@@ -407,7 +430,7 @@ if not _WHY_NOT:
                     s = count % STAGES
                     mbarrier.wait(empty.index(s), ((count // STAGES) & 1) ^ 1)
                     mbarrier.expect(ready.index(s), a_desc.block_type.nbytes)
-                    _tma_load(a_desc, [i * BM, k * BK], ready.index(s), a_ring.index(s))
+                    _tma_load(a_desc, [_strip_row(i, lo, hi, rot) * BM, k * BK], ready.index(s), a_ring.index(s))
                     count += 1
             j += 1
 
@@ -432,7 +455,8 @@ if not _WHY_NOT:
         until the item's end (one reduction across the warps an item)."""
         a_ring, b_res = rings
         ready, empty, turn, b_ready, b_free = bars
-        chunk, scale_ptr, row_shift, col_shift, row_sum, col_sum, diag = scalars
+        chunk, rotate, scale_ptr, row_shift, col_shift, row_sum, col_sum, diag = scalars
+        rot = rotate * gl.program_id(0)
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BN: gl.constexpr = b_desc.block_type.shape[0]
         KSTEPS: gl.constexpr = b_res.type.shape[0]
@@ -458,7 +482,7 @@ if not _WHY_NOT:
                 acc = gl.zeros([BM, BN], gl.float32, layout=mma)
                 acc = _turn_mma(a_ring, b_res, ready, empty, turn, acc, n, g * KSTEPS, KSTEPS, WHICH, True)
 
-                off_m = i * BM
+                off_m = _strip_row(i, lo, hi, rot) * BM
                 offs_m = off_m + gl.arange(0, BM, layout=rows_l)
                 mask_m = offs_m < M
                 rs2 = gl.load(row_shift + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
@@ -477,7 +501,7 @@ if not _WHY_NOT:
         _sums_consumer(a_desc, b_desc, rings, bars, M, N, D, scalars, 1)
 
     @gluon.jit
-    def _clip_sums_ws_kernel(a_desc, b_desc, M, N, D, chunk, scale_ptr, row_shift, col_shift, row_sum,
+    def _clip_sums_ws_kernel(a_desc, b_desc, M, N, D, chunk, rotate, scale_ptr, row_shift, col_shift, row_sum,
                              col_sum, diag, STAGES: gl.constexpr, KSTEPS: gl.constexpr):
         """_clip_sums_strip_kernel's sums (row_sum [M], col_sum [N] += the plain sums of
         exp(scale a b^T - shift) without the pairs i - j == diag) with TMA descriptors for A [M, D]
@@ -492,7 +516,7 @@ if not _WHY_NOT:
         b_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(b_ready, count=1)
         mbarrier.init(b_free, count=2)  # both consumers, once an item
-        scalars = (chunk, scale_ptr, row_shift, col_shift, row_sum, col_sum, diag)
+        scalars = (chunk, rotate, scale_ptr, row_shift, col_shift, row_sum, col_sum, diag)
         args = (a_desc, b_desc, (a_ring, b_res), (ready, empty, turn, b_ready, b_free), M, N, D, scalars)
         gl.warp_specialize([(_sums_consumer0, args), (_sums_loader, args), (_sums_consumer1, args)], [1, 4],
                            [40, 232])
@@ -553,24 +577,33 @@ def siglip_grad_block(a, b, p, scale, bias, coef, gsum, gwsum, row_loss, diag: i
 
 
 def clip_sums(a, b, scale, row_shift, col_shift, row_sum, col_sum, diag: int, sm_count: int,
-              tiles=SUMS_TILES, waves: int = 4) -> None:
+              tiles=SUMS_TILES, waves: int = 4, launch_logits: int = SUMS_LAUNCH_LOGITS,
+              rotate: Optional[bool] = None) -> None:
     """row_sum [M] and col_sum [N] (fp32) += the plain sums of exp(scale a b^T - shift), the pairs
     i - j == diag left out, as _clip_sums_strip_kernel takes them: a [M, D], b [N, D], 16-bit,
     rows TMA-aligned, D <= SUMS_MAX_DIM; ``scale`` an fp32 [1] tensor, the shifts fp32 [M] / [N].
     Items of at most ``tiles[4]`` row tiles, fewer where that leaves under ``waves`` items a
-    program."""
+    program; one launch a slab of A's rows of at most ``launch_logits`` logits (0: one launch), in
+    whole items; ``rotate`` None: where a launch has at most SUMS_ROTATE_ITEMS items a program."""
     bm, bn, bk, stages, chunk = tiles
     (m, d), n = a.shape, b.shape[0]
     if d > SUMS_MAX_DIM:
         raise ValueError(f"clip_sums takes features of at most {SUMS_MAX_DIM} (a column block of B stays in "
                          f"shared memory whole), got {d}")
-    grid_m, grid_n = -(-m // bm), -(-n // bn)
-    chunk = max(1, min(chunk, grid_m * grid_n // (waves * sm_count)))
-    grid = min(sm_count, -(-grid_m // chunk) * grid_n)
-    _clip_sums_ws_kernel[(grid, )](_descriptor(a, [bm, bk], None), _descriptor(b, [bn, bk], None), m, n, d,
-                                   chunk, scale, row_shift, col_shift, row_sum, col_sum, diag,
-                                   STAGES=sums_stages(d, a.element_size(), tiles), KSTEPS=-(-d // bk),
-                                   num_warps=4, maxnreg=168)
+    item_rows = bm * chunk
+    slab = m if launch_logits <= 0 else max(item_rows, launch_logits // n // item_rows * item_rows)
+    db = _descriptor(b, [bn, bk], None)
+    for r0 in range(0, m, slab):
+        rows = min(slab, m - r0)
+        grid_m, grid_n = -(-rows // bm), -(-n // bn)
+        items_chunk = max(1, min(chunk, grid_m * grid_n // (waves * sm_count)))
+        items = -(-grid_m // items_chunk) * grid_n
+        grid = min(sm_count, items)
+        rotated = items <= SUMS_ROTATE_ITEMS * grid if rotate is None else rotate
+        _clip_sums_ws_kernel[(grid, )](_descriptor(a[r0:r0 + rows], [bm, bk], None), db, rows, n, d, items_chunk,
+                                       int(rotated), scale, row_shift[r0:], col_shift, row_sum[r0:], col_sum,
+                                       diag - r0, STAGES=sums_stages(d, a.element_size(), tiles),
+                                       KSTEPS=-(-d // bk), num_warps=4, maxnreg=168)
 
 
 def sums_stages(d: int, size: int, tiles=SUMS_TILES, spare: int = 6144) -> int:

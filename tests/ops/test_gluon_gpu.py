@@ -147,14 +147,14 @@ def test_op_backward_takes_it(b, monkeypatch):
         torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
 
 
-def _strip_sums(a, b, rows, cols, diag, use_gluon: bool):
-    """(row sums, column sums) of the forward's column strips, by the Gluon kernel or by the Triton
-    strip kernel, same arguments."""
+def _strip_sums(a, b, rows, cols, diag, use_gluon: bool, **order):
+    """(row sums, column sums) of the forward's column strips, by the Gluon kernel (``order``: its
+    launch_logits and rotate) or by the Triton strip kernel, same arguments."""
     scale = torch.full((1,), 14.0, device="cuda")
     row_sum = torch.zeros(a.shape[0], device="cuda")
     col_sum = torch.zeros(b.shape[0], device="cuda")
     if use_gluon:
-        gluon_kernels.clip_sums(a, b, scale, rows, cols, row_sum, col_sum, diag, tri._sm_count(a.device))
+        gluon_kernels.clip_sums(a, b, scale, rows, cols, row_sum, col_sum, diag, tri._sm_count(a.device), **order)
     else:
         saved, tri._GLUON_SUMS = tri._GLUON_SUMS, dict(tri._GLUON_SUMS, on=False)
         try:
@@ -178,6 +178,20 @@ def test_gluon_sums_equal_the_triton_strips(m, n, d, diag, dtype):
     want = _strip_sums(a, b, rows, cols, diag, False)
     for g, w in zip(got, want):
         assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, w, rtol=2e-6, atol=0)
+
+
+@pytest.mark.parametrize("diag", [0, 2100, -37, 4999])
+@pytest.mark.parametrize("launch_logits,rotate", [(1, False), (1, True), (0, True), (6000 * 4500, False)])
+def test_gluon_sums_over_row_slabs_and_rotated_equal_the_triton_strips(diag, launch_logits, rotate):
+    """The sums in launches over slabs of A's rows (launch_logits 1: slabs of one item's rows,
+    2,048, the last one short; 6000 x 4500: two slabs of 4,096 and 904 rows), each program's row
+    tiles taken from its own offset on (rotate), and both, against the Triton strip kernel: the
+    positives found across the slabs' row offsets, every sum within the atomics' order."""
+    a, b, rows, cols, _ref = _block(5000, 6000, 256, torch.bfloat16, 11 + abs(diag))
+    got = _strip_sums(a, b, rows, cols, diag, True, launch_logits=launch_logits, rotate=rotate)
+    want = _strip_sums(a, b, rows, cols, diag, False)
+    for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=2e-6, atol=0)
 
 
