@@ -1516,9 +1516,17 @@ _GRAD_BLOCK = (8192, 4096)
 _GRAD_BLOCKS: tuple = ((4096, 4096),)
 _GRAD_FACTOR = 1.5
 _GRAD_FACTOR_MIN_N = 12288
+# Larger blocks, tried first where the backward casts its fp32 [N, D] sum of grad_b to the features'
+# dtype at the end (a single-device call whose outputs are 16-bit): that cast holds N D of the dtype
+# beside the sum, and a block with its fp32 row sum taking no more leaves the call's peak where the
+# cast puts it. From B ~ 104k (D = 768): 8,192 x 8,192 at 131k, 16,384 x 8,192 at 262k, the same
+# peak (0.75 / 1.51 GiB); H200, queued: 188 against 192 ms at 131k, 763 against 799 at 262k
+# (contrastive_loss_h200_wide_blocks_queued20.log).
+_GRAD_BLOCKS_WIDE: tuple = ((16384, 8192), (8192, 8192))
 
 
-def _grad_block(m: int, n: int, d: int, band: int, itemsize: int, width: int = 0) -> tuple[int, int]:
+def _grad_block(m: int, n: int, d: int, band: int, itemsize: int, width: int = 0,
+                cast: bool = False) -> tuple[int, int]:
     """(rows, columns) of the backward's recompute blocks: the whole [m, n] when it fits the band
     budget (band_rows), full-width bands of ``band`` rows when a band height is forced, else the
     first of _GRAD_BLOCK, _GRAD_BLOCKS whose block and fp32 [rows, D] sum of grad_a take no more
@@ -1530,12 +1538,18 @@ def _grad_block(m: int, n: int, d: int, band: int, itemsize: int, width: int = 0
     b = 8,192 of 32,768, 8,192 x 4,096 blocks were no faster than the 4,096-row bands, for 184
     against 160 MiB, h200_gs). (Capping the rows instead, 5,888 at 8k-16k,
     measured 1.05 / 1.00x the compiled dense loss against 0.96 / 0.99x with bands,
-    bench/results/contrastive_loss_h200_blocks_capped_queued20.log.)"""
+    bench/results/contrastive_loss_h200_blocks_capped_queued20.log.) With ``cast`` (grad_b's fp32
+    sum is cast to the features' dtype at the end) first the _GRAD_BLOCKS_WIDE block whose bytes
+    the cast's n d of the dtype covers."""
     step = _step(m, n, d, False, band)
     if step >= m:
         return m, n
     if band > 0:
         return step, n
+    for block in _GRAD_BLOCKS_WIDE if cast else ():
+        rows, cols = min(m, block[0]), min(n, block[1])
+        if rows < m and rows * (cols * itemsize + d * 4) <= n * d * itemsize:
+            return rows, cols
     small = n < _GRAD_FACTOR_MIN_N  # (as before: full-width bands unless _GRAD_BLOCK fits)
     w = n if small else max(n, width)
     budget = int((_BAND_FACTOR if small else _GRAD_FACTOR) * max(w * d, 1 << 24)) * itemsize
@@ -1586,7 +1600,7 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
         if kept_bands and band <= 0:
             rows = min(m, rows * _KEPT_BANDS_FACTOR)
     else:
-        rows, cols = _grad_block(m, n, d, band, a.element_size(), width)
+        rows, cols = _grad_block(m, n, d, band, a.element_size(), width, cast=out_dtype != torch.float32)
     dev = a.device
     grad_a = None if sink_a is not None else torch.empty(m, d, device=dev, dtype=out_dtype)
     into = getattr(sink_a, "into", None)  # fp32 [m, d] the rows' GEMMs add into

@@ -271,6 +271,21 @@ def test_a_sweeps_gradient_blocks_take_the_global_batchs_budget(b, world):
         assert (rows, cols) == own
 
 
+@pytest.mark.parametrize("b", [32768, 65536, 98304, 131072, 196608, 262144, 524288])
+def test_wider_gradient_blocks_only_under_the_end_cast(b):
+    """Where the backward casts grad_b's fp32 sum to the features' dtype at the end (``cast``), a
+    _GRAD_BLOCKS_WIDE block is taken first if it and its fp32 row sum take no more than that cast's
+    B D elements of the dtype (the call's peak stays the cast's): 8,192 x 8,192 at 131k and 196k,
+    16,384 x 8,192 at 262k and above; below ~104k, and without the cast, the blocks as before."""
+    d, item = 768, 2
+    before = triton_impl._grad_block(b, b, d, 0, item)
+    rows, cols = triton_impl._grad_block(b, b, d, 0, item, cast=True)
+    assert rows * (cols * item + d * 4) <= max(b * d * item, before[0] * (before[1] * item + d * 4))
+    assert rows * cols >= before[0] * before[1]
+    want = {131072: (8192, 8192), 196608: (8192, 8192), 262144: (16384, 8192), 524288: (16384, 8192)}
+    assert (rows, cols) == want.get(b, before)
+
+
 def test_gradient_blocks_fall_back_to_bands(monkeypatch):
     monkeypatch.setattr(triton_impl, "_GRAD_BLOCKS", ((1 << 20, 1 << 20),))  # never fits
     rows, cols = triton_impl._grad_block(32768, 32768, 768, 0, 2)
