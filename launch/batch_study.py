@@ -212,7 +212,8 @@ def prepare(args):
     splits = ensure_scenes(args.data, args.scenes, args.scene_size, args.eval_samples, args.retrieval_samples)
     run_cfg = load_config(args.config, [f"data.train_shards={splits['train']}"])
     tokenizer_dir = os.path.join(args.data, "tokenizer")
-    tokenizer = ensure_tokenizer(run_cfg.data, splits["train"], tokenizer_dir, run_cfg.model.text.context_length)
+    tokenizer = ensure_tokenizer(run_cfg.data, expand_urls(splits["train"]), tokenizer_dir,
+                                 run_cfg.model.text.context_length)
     stats_path = out / "false_negatives.json"
     if not stats_path.exists():
         captions = list(iter_shard_captions(expand_urls(splits["train"])))

@@ -252,16 +252,16 @@ def iter_shard_captions(urls: Sequence[str], caption_key: str = "txt", max_capti
                 broken.append(url)
 
 
-def ensure_tokenizer(data_cfg, shards: Optional[Union[str, Sequence[str]]], out_dir: Union[str, Path],
+def ensure_tokenizer(data_cfg, shards: Optional[Sequence[str]], out_dir: Union[str, Path],
                      context_length: int = 77):
     """The run's tokenizer: the configured folder, an earlier run's copy, or a freshly trained BPE.
 
     Args:
         data_cfg: :class:`pipeline.data.DataConfig` (uses ``tokenizer``, ``vocab_size``,
             ``tokenizer_train_captions``, ``caption_key``).
-        shards: training shard URLs (brace URL or list of them) whose captions train the BPE;
-            None: ``data_cfg.train_shards``. Missing local shards are generated first when
-            ``data_cfg.generate_digits`` (as :func:`pipeline.data.prepare_shards` does).
+        shards: the training shards' URLs, expanded and present (e.g.
+            :func:`pipeline.data.prepare_shards`'s list), whose captions train the BPE; needed
+            only when there is no tokenizer to load.
         out_dir: the tokenizer folder inside the run directory (e.g. ``run_dir/tokenizer``).
             When ``data_cfg.tokenizer`` is null and it already holds a tokenizer (a resumed
             run), that one is loaded, so the vocabulary never changes under a checkpoint.
@@ -278,13 +278,13 @@ def ensure_tokenizer(data_cfg, shards: Optional[Union[str, Sequence[str]]], out_
     out_dir = Path(out_dir)
     if (out_dir / "tokenizer.json").is_file():
         return load_tokenizer(out_dir)
-    from .data import prepare_shards, resolve_shards  # local import: data imports this module
-
-    if shards is None:
-        urls = prepare_shards(data_cfg, "train")
-    else:
-        urls = resolve_shards(shards, generate_digits_split="train" if data_cfg.generate_digits else None,
-                              digits_image_size=data_cfg.digits_image_size)
+    if isinstance(shards, str):
+        raise TypeError(f"ensure_tokenizer takes the training shards as a list of URLs, got the string {shards!r} "
+                        "(pipeline.data.expand_urls expands a brace pattern)")
+    if not shards:
+        raise ConfigError(f"no tokenizer to train: data.tokenizer is unset, {out_dir} holds none, and no "
+                          "training shards were given")
+    urls = list(shards)
     broken: List[str] = []
     texts = iter_shard_captions(urls, data_cfg.caption_key, data_cfg.tokenizer_train_captions, broken)
     first = next(texts, None)

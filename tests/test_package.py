@@ -28,3 +28,72 @@ def test_import_infclip_gives_the_api_and_no_generic_top_level_modules():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+LAYERS = ("ops", "pipeline", "eval", "launch")  # each imports only from its own layer and those before
+
+
+def _project_imports() -> dict:
+    """{module: the project modules it imports} for every .py file of the four layers, read from the
+    source (imports inside functions included): ``ops.sweeps``-style names, ``infclip.`` dropped,
+    ``from . import x`` as the module x."""
+    import ast
+
+    modules = {}
+    for layer in LAYERS:
+        for folder, _dirs, files in os.walk(os.path.join(ROOT, layer)):
+            for name in files:
+                if name.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(folder, name), ROOT)[:-3].replace(os.sep, ".")
+                    modules[rel.removesuffix(".__init__")] = os.path.join(folder, name)
+
+    def known(name: str):
+        name = name.removeprefix("infclip.")
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for module, path in modules.items():
+        package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+        found = set()
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update(known(a.name) for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                targets = [known(f"{base}.{a.name}") for a in node.names]
+                found.update(t if t and t != known(base) else known(base) for t in targets)
+        graph[module] = found - {None, module}
+    return graph
+
+
+def test_imports_point_one_way_and_never_in_a_circle():
+    """launch -> eval -> pipeline -> ops: no module imports from a later layer, and no chain of
+    imports, lazy ones inside functions included, leads back to where it started (a circle forces
+    an import inside a function and an order of first use)."""
+    graph = _project_imports()
+    assert len(graph) > 40 and graph["ops.assembly"], "the import graph was not read"
+    upward = sorted((m, t) for m, ts in graph.items() for t in ts
+                    if LAYERS.index(t.split(".")[0]) > LAYERS.index(m.split(".")[0]))
+    assert not upward, f"imports against the layers: {upward}"
+    done, path = set(), []
+
+    def visit(module):
+        if module in path:
+            raise AssertionError(f"an import circle: {' -> '.join(path[path.index(module):] + [module])}")
+        if module in done:
+            return
+        path.append(module)
+        for target in sorted(graph[module]):
+            visit(target)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)

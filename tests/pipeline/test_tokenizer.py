@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel
 
-from infclip.pipeline.data import DataConfig
+from infclip.ops.config import ConfigError
+from infclip.pipeline.data import DataConfig, expand_urls
 from infclip.pipeline.tokenizer import (EOS_TOKEN, ensure_tokenizer, load_tokenizer, special_token_ids, tokenize,
                                 train_bpe_tokenizer)
 
@@ -77,7 +78,12 @@ def test_ensure_tokenizer_trains_once_then_reuses(digits_shards, tmp_path):
     cfg = DataConfig.from_dict({"train_shards": digits_shards["train"], "vocab_size": 320,
                                 "tokenizer_train_captions": 300})
     out = tmp_path / "run" / "tokenizer"
-    tok = ensure_tokenizer(cfg, digits_shards["train"], out, context_length=16)
+    with pytest.raises(TypeError, match="list of URLs"):
+        ensure_tokenizer(cfg, digits_shards["train"], out, context_length=16)
+    with pytest.raises(ConfigError, match="no training shards"):
+        ensure_tokenizer(cfg, None, out, context_length=16)
+    assert not (out / "tokenizer.json").exists()
+    tok = ensure_tokenizer(cfg, expand_urls(digits_shards["train"]), out, context_length=16)
     vocab = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
     assert len(vocab) <= 320 and special_token_ids(tok)["eos_token_id"] == 1
     stamp = (out / "tokenizer.json").stat().st_mtime_ns
@@ -121,7 +127,6 @@ def test_broken_shards_are_skipped_and_named(digits_shards, tmp_path, caplog):
     cfg = DataConfig.from_dict({"train_shards": urls, "vocab_size": 300})
     tok = ensure_tokenizer(cfg, urls, tmp_path / "tok", context_length=16)
     assert special_token_ids(tok)["eos_token_id"] == 1
-    from infclip.ops.config import ConfigError
     with pytest.raises(ConfigError, match=r"no 'txt' captions .* in the 2 training shard\(s\) \(2 of them broken"):
         ensure_tokenizer(DataConfig.from_dict({"train_shards": [str(empty), str(not_tar)]}),
                          [str(empty), str(not_tar)], tmp_path / "tok2")
