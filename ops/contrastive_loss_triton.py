@@ -1520,8 +1520,9 @@ _GRAD_FACTOR_MIN_N = 12288
 # dtype at the end (a single-device call whose outputs are 16-bit): that cast holds N D of the dtype
 # beside the sum, and a block with its fp32 row sum taking no more leaves the call's peak where the
 # cast puts it. From B ~ 104k (D = 768): 8,192 x 8,192 at 131k, 16,384 x 8,192 at 262k, the same
-# peak (0.75 / 1.51 GiB); H200, queued: 188 against 192 ms at 131k, 763 against 799 at 262k
-# (contrastive_loss_h200_wide_blocks_queued20.log).
+# peak (0.75 / 1.51 GiB); H200, queued, the blocks before as a variant: CLIP 182 against 188 ms at
+# 131k, 742 against 772 at 262k, SigLIP 150 / 156 and 605 / 639
+# (contrastive_loss_h200_wide_default_queued20.log).
 _GRAD_BLOCKS_WIDE: tuple = ((16384, 8192), (8192, 8192))
 
 
