@@ -86,7 +86,8 @@ def main(argv=None) -> None:
                 if got is None:  # (_try said why)
                     continue
                 err = [((g - w).abs() / w.abs().clamp_min(1e-30)).max().item() for g, w in zip(got, want)]
-                label = f"gluon {tiles} {f'launch<=2^{most.bit_length() - 1}' if most else 'one launch'}{['', ' rotated', ' (rotated as the op)'][rotate]}"
+                launches = f"launch<=2^{most.bit_length() - 1}" if most else "one launch"
+                label = f"gluon {tiles} {launches}{['', ' rotated', ' (rotated as the op)'][rotate]}"
                 print(f"B={size:<14} {label}: largest relative difference to the Triton kernel's sums: "
                       f"rows {err[0]:.2e}, columns {err[1]:.2e}", flush=True)
                 emit(label, graph_timed(lambda: gluon(*scratch), args.reps))

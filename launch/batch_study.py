@@ -212,11 +212,11 @@ def prepare(args):
     splits = ensure_scenes(args.data, args.scenes, args.scene_size, args.eval_samples, args.retrieval_samples)
     run_cfg = load_config(args.config, [f"data.train_shards={splits['train']}"])
     tokenizer_dir = os.path.join(args.data, "tokenizer")
-    tokenizer = ensure_tokenizer(run_cfg.data, expand_urls(splits["train"]), tokenizer_dir,
-                                 run_cfg.model.text.context_length)
+    train_urls = expand_urls(splits["train"])
+    tokenizer = ensure_tokenizer(run_cfg.data, train_urls, tokenizer_dir, run_cfg.model.text.context_length)
     stats_path = out / "false_negatives.json"
     if not stats_path.exists():
-        captions = list(iter_shard_captions(expand_urls(splits["train"])))
+        captions = list(iter_shard_captions(train_urls))
         stats = {str(b): false_negative_share(captions, b) for b in sorted(set(args.batches))}
         stats_path.write_text(json.dumps(stats, indent=1) + "\n")
     return splits, tokenizer_dir, tokenizer

@@ -108,6 +108,7 @@ tiles from its own offset on (_strip_row), not all programs the same tile at onc
 647 / 545 -> 608 / 545 -> 584 TFLOP/s at B = 16k / 24k / 32k (8-31 items a program); no change at
 49k-65k (70-124), slower at 131k (h200_hu to h200_hx)."""
 
+
 def available() -> str:
     """"" when this Triton can build the kernels, else why not."""
     return _WHY_NOT
@@ -593,17 +594,18 @@ def clip_sums(a, b, scale, row_shift, col_shift, row_sum, col_sum, diag: int, sm
     item_rows = bm * chunk
     slab = m if launch_logits <= 0 else max(item_rows, launch_logits // n // item_rows * item_rows)
     db = _descriptor(b, [bn, bk], None)
+    grid_n = -(-n // bn)
+    meta = dict(STAGES=sums_stages(d, a.element_size(), tiles), KSTEPS=-(-d // bk), num_warps=4, maxnreg=168)
     for r0 in range(0, m, slab):
         rows = min(slab, m - r0)
-        grid_m, grid_n = -(-rows // bm), -(-n // bn)
+        grid_m = -(-rows // bm)
         items_chunk = max(1, min(chunk, grid_m * grid_n // (waves * sm_count)))
         items = -(-grid_m // items_chunk) * grid_n
         grid = min(sm_count, items)
         rotated = items <= SUMS_ROTATE_ITEMS * grid if rotate is None else rotate
         _clip_sums_ws_kernel[(grid, )](_descriptor(a[r0:r0 + rows], [bm, bk], None), db, rows, n, d, items_chunk,
                                        int(rotated), scale, row_shift[r0:], col_shift, row_sum[r0:], col_sum,
-                                       diag - r0, STAGES=sums_stages(d, a.element_size(), tiles),
-                                       KSTEPS=-(-d // bk), num_warps=4, maxnreg=168)
+                                       diag - r0, **meta)
 
 
 def sums_stages(d: int, size: int, tiles=SUMS_TILES, spare: int = 6144) -> int:

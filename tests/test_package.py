@@ -64,11 +64,12 @@ def _project_imports() -> dict:
                 found.update(known(a.name) for a in node.names)
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
-                if node.level:
-                    parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                    base = ".".join(parts + ([node.module] if node.module else []))
-                targets = [known(f"{base}.{a.name}") for a in node.names]
-                found.update(t if t and t != known(base) else known(base) for t in targets)
+                if node.level:  # from . / from .. : up level - 1 packages from this one
+                    parts = package.split(".")
+                    parts = parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else [])
+                    base = ".".join(parts)
+                # each name a module of its own, else (a name defined in ``base``) base's module
+                found.update(known(f"{base}.{a.name}") or known(base) for a in node.names)
         graph[module] = found - {None, module}
     return graph
 
