@@ -30,13 +30,14 @@ from bench_loss_kernels import _try, inputs  # noqa: E402
 
 
 class FirstBlock:
-    """The backward's first gradient block at B = ``size`` (bench_loss_kernels.inputs' features),
+    """The backward's first gradient block at B = ``size`` (bench_loss_kernels.inputs' features;
+    ``cast``: the block of a call whose grad_b is cast to 16 bits at its end, _grad_block's),
     with the kernels' arguments: ``args`` from scale to the d-scale source, ``vectors`` from the
     row LSEs to the offset (LSE = the shift + 1), ``scratch`` a d-scale output for timed calls."""
 
-    def __init__(self, size: int, dim: int):
+    def __init__(self, size: int, dim: int, cast: bool = False):
         img, txt, scale, row_shift, col_shift, ref, _ = inputs(size, dim)
-        self.rows, self.cols = tri._grad_block(size, size, dim, 0, img.element_size())
+        self.rows, self.cols = tri._grad_block(size, size, dim, 0, img.element_size(), cast=cast)
         self.a, self.b = img[:self.rows], txt[:self.cols]
         lse = row_shift + 1.0
         one = torch.ones(1, device="cuda")
