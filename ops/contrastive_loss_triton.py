@@ -1524,10 +1524,6 @@ _GRAD_FACTOR_MIN_N = 12288
 # 131k, 742 against 772 at 262k, SigLIP 150 / 156 and 605 / 639
 # (contrastive_loss_h200_wide_default_queued20.log).
 _GRAD_BLOCKS_WIDE: tuple = ((16384, 8192), (8192, 8192))
-# A block's two gradient GEMMs each write only [rows or columns, D] (4,096 x 768 at 16k-49k: too few output tiles
-# for whole waves on 132 SMs); up to this many rows and columns the second runs on a side stream beside the first
-# (H200, block + GEMMs at 32k: 0.1286 against 0.1322 ms; at 65k-262k's wider blocks no gain, h200_ig). 0: off.
-_SIDE_GEMM_MAX = 4096
 
 
 def _grad_block(m: int, n: int, d: int, band: int, itemsize: int, width: int = 0,
@@ -1563,31 +1559,6 @@ def _grad_block(m: int, n: int, d: int, band: int, itemsize: int, width: int = 0
         if rows * (cols * itemsize + d * 4) <= budget:
             return rows, cols
     return min(step, max(256, budget // max(n * itemsize, 1))), n
-
-
-class _GemmFork:
-    """A block's grad_b GEMM on the side stream beside its grad_a GEMM: ``fork()`` once P is
-    made (the side stream waits for it), then ``with fork:`` around the GEMM, after which the
-    current stream waits for the side stream (the next block overwrites P; capturable in a CUDA
-    graph). The tensors it touches are the call's own and live past the join."""
-
-    __slots__ = ("main", "side", "stream_ctx")
-
-    def __init__(self, device) -> None:
-        self.main = torch.cuda.current_stream(device)
-        self.side = _side_stream(device)
-        self.stream_ctx = None
-
-    def fork(self) -> None:
-        self.side.wait_stream(self.main)
-
-    def __enter__(self) -> None:
-        self.stream_ctx = torch.cuda.stream(self.side)
-        self.stream_ctx.__enter__()
-
-    def __exit__(self, *exc) -> None:
-        self.stream_ctx.__exit__(*exc)
-        self.main.wait_stream(self.side)
 
 
 class _BlockMemo:
@@ -1634,7 +1605,6 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
     dev = a.device
     grad_a = None if sink_a is not None else torch.empty(m, d, device=dev, dtype=out_dtype)
     into = getattr(sink_a, "into", None)  # fp32 [m, d] the rows' GEMMs add into
-    side = _GemmFork(dev) if a.is_cuda and (m > rows or n > cols) and max(rows, cols) <= _SIDE_GEMM_MAX else None
     with _precision(a, allow_tf32):
         buf = torch.empty(rows * cols, device=dev, dtype=a.dtype)
         # fp32 sums where a result takes several blocks; else each block writes its final rows
@@ -1659,8 +1629,6 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
                     fused_fill(r0, r1, c0, c1, p, a_band, b_block, memo)
                 else:
                     fill(_logits(a_band, b_block, p), p, r0, r1, c0, c1)
-                if side is not None:
-                    side.fork()
                 if into is not None:
                     _addmm_(into[r0:r1], p, b_block)
                 elif acc_a is None and sink_a is None:
@@ -1671,11 +1639,10 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
                     _mm_into(acc_rows, p, b_block)
                 else:
                     _addmm_(acc_rows, p, b_block)
-                with side or contextlib.nullcontext():
-                    if acc_b is None:
-                        _mm_into(grad_b_rows, p_t, a_band)
-                    else:
-                        _addmm_(grad_b_rows, p_t, a_band)
+                if acc_b is None:
+                    _mm_into(grad_b_rows, p_t, a_band)
+                else:
+                    _addmm_(grad_b_rows, p_t, a_band)
             if acc_a is not None and sink_a is None:
                 grad_a[r0:r1] = acc_a[: r1 - r0]
             elif acc_a is not None:
