@@ -80,6 +80,8 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", default="32768,65536")
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--cast", action="store_true",
+                   help="the block of a call whose grad_b is cast to 16 bits at its end (wider from ~104k)")
     p.add_argument("--siglip", action="store_true",
                    help="also the SigLIP gradient block with its pair losses, Triton and Gluon")
     p.add_argument("--tiles", nargs="+", default=[",".join(map(str, gluon_kernels.GRAD_TILES))],
@@ -89,7 +91,7 @@ def main(argv=None) -> None:
           f"the Gluon kernel's {gluon_kernels.GRAD_TILES}")
     tile_specs = [tuple(int(v) for v in spec.split(",")) for spec in args.tiles]
     for size in [int(x) for x in args.sizes.split(",") if x]:
-        blk = FirstBlock(size, args.dim)
+        blk = FirstBlock(size, args.dim, cast=args.cast)
 
         def emit(label, ms):
             print(f"B={size:<7} {blk.rows}x{blk.cols} {label:<34} {ms:7.3f} ms {blk.gflop / ms:6.0f} TFLOP/s",
