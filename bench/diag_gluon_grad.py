@@ -50,10 +50,11 @@ class FirstBlock:
     def out(self) -> torch.Tensor:
         return torch.empty(self.rows, self.cols, device="cuda", dtype=self.a.dtype)
 
-    def gluon(self, out, dst=None, tiles=gluon_kernels.GRAD_TILES, descriptors=None) -> None:
-        """The op's Gluon kernel on this block into ``out`` (d scale into ``dst``, else scratch)."""
+    def gluon(self, out, dst=None, tiles=gluon_kernels.GRAD_TILES, descriptors=None, dscale: int = 2) -> None:
+        """The op's Gluon kernel on this block into ``out`` (d scale into ``dst``, else scratch;
+        ``dscale`` 2: summed by the kernel, 1: taken from the forward's weighted sums)."""
         gluon_kernels.clip_grad_block(self.a, self.b, out, *self.args, self.scratch if dst is None else dst,
-                                      *self.vectors, True, 2, self.sms, tiles, descriptors)
+                                      *self.vectors, True, dscale, self.sms, tiles, descriptors)
 
     def triton(self, out, dst=None) -> None:
         """The op's Triton kernel on this block."""
@@ -82,6 +83,9 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--cast", action="store_true",
                    help="the block of a call whose grad_b is cast to 16 bits at its end (wider from ~104k)")
+    p.add_argument("--dscale", nargs="+", type=int, default=[2],
+                   help="the CLIP kernel's DSCALE: 2 sums d scale (the op's where the forward takes no weighted "
+                        "sums), 1 writes the forward's")
     p.add_argument("--siglip", action="store_true",
                    help="also the SigLIP gradient block with its pair losses, Triton and Gluon")
     p.add_argument("--tiles", nargs="+", default=[",".join(map(str, gluon_kernels.GRAD_TILES))],
@@ -111,7 +115,9 @@ def main(argv=None) -> None:
             torch.cuda.synchronize()
             print(f"B={size:<7} gluon {tiles}: P equal to the Triton kernel's: {torch.equal(got, want)}, "
                   f"d scale {got_d.item():.6e} against {want_d.item():.6e}", flush=True)
-            emit(f"gluon {tiles}", graph_timed(lambda: blk.gluon(got, tiles=tiles), args.reps))
+            for dscale in args.dscale:
+                label = f"gluon {tiles}" + ("" if dscale == 2 else f" DSCALE {dscale}")
+                emit(label, graph_timed(lambda: blk.gluon(got, tiles=tiles, dscale=dscale), args.reps))
         if args.siglip:
             siglip_rows(blk, args.reps, emit, tile_specs)
 
