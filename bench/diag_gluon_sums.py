@@ -36,8 +36,6 @@ def main(argv=None) -> None:
                    help="BLOCK_M,BLOCK_N,BLOCK_K,STAGES,CHUNK of the Gluon kernel")
     p.add_argument("--launch-logits", nargs="+", type=int, default=[gluon_kernels.SUMS_LAUNCH_LOGITS],
                    help="the most logits a launch of the Gluon kernel (launches over slabs of rows; 0: one launch)")
-    p.add_argument("--weighted", action="store_true",
-                   help="also the Gluon kernel with the weighted sums (checked against fp32 torch on the square B)")
     p.add_argument("--rotate", nargs="+", type=int, default=[-1],
                    help="1: each program takes its items' row tiles from its own offset on, 0: in order, -1: as "
                         "the op (gluon_kernels.SUMS_ROTATE_ITEMS)")
@@ -93,37 +91,6 @@ def main(argv=None) -> None:
                 print(f"B={size:<14} {label}: largest relative difference to the Triton kernel's sums: "
                       f"rows {err[0]:.2e}, columns {err[1]:.2e}", flush=True)
                 emit(label, graph_timed(lambda: gluon(*scratch), args.reps))
-        if args.weighted and m == n:
-            weighted_rows(img, txt, scale_t, row_shift, col_shift, rows_in[5], args, sms, emit)
-
-
-def weighted_rows(img, txt, scale_t, row_shift, col_shift, ref, args, sms, emit) -> None:
-    """The Gluon kernel with the weighted sums on the square B x B (positives' logits ``ref``,
-    diag 0): its four sums against fp32 torch in row bands, then its time."""
-    m = img.shape[0]
-    want = [torch.zeros(m, device="cuda", dtype=torch.float64) for _ in range(4)]
-    a, b = img.float(), txt.float()
-    for r0 in range(0, m, 4096):
-        s = a[r0:r0 + 4096] @ b.T
-        rows = torch.arange(r0, min(m, r0 + 4096), device="cuda")
-        x = (s * scale_t).masked_fill(rows[:, None] == torch.arange(m, device="cuda")[None, :], float("-inf"))
-        e_r, e_c = torch.exp(x - row_shift[rows, None]), torch.exp(x - col_shift[None, :])
-        want[0][rows] += e_r.sum(1).double()
-        want[1][rows] += (e_r * (s - ref[rows, None])).sum(1).double()
-        want[2] += e_c.sum(0).double()
-        want[3] += (e_c * (s - ref[None, :])).sum(0).double()
-    got = [torch.zeros(m, device="cuda") for _ in range(4)]
-
-    def gluon(sums):
-        gluon_kernels.clip_sums(img, txt, scale_t, row_shift, col_shift, sums[0], sums[2], 0, sms,
-                                weights=(ref, ref, sums[1], sums[3]))
-
-    if _try(lambda: gluon(got) or True) is None:
-        return
-    err = [((g.double() - w).abs() / w.abs().clamp_min(1e-30)).max().item() for g, w in zip(got, want)]
-    print(f"B={m:<14} gluon weighted: largest relative difference to fp32 torch: row sums {err[0]:.2e}, "
-          f"row wsums {err[1]:.2e}, column sums {err[2]:.2e}, column wsums {err[3]:.2e}", flush=True)
-    emit("gluon weighted (rotated as the op)", graph_timed(lambda: gluon(got), args.reps))
 
 
 if __name__ == "__main__":

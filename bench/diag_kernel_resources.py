@@ -79,17 +79,16 @@ def gluon_siglip_resources(dtype: str, coef_scale: bool, target) -> dict:
                            types, dict(COEF_SCALE=coef_scale, STAGES=stages), target)
 
 
-def gluon_sums_resources(dtype: str, target, tiles=None, weighted: bool = False) -> dict:
+def gluon_sums_resources(dtype: str, target, tiles=None) -> dict:
     """ops/gluon_kernels.py's warp-specialised CLIP forward sums (column strips; ``tiles`` as
-    SUMS_TILES, default the op's; ``weighted``: with the weighted sums) compiled for ``target``:
-    its REG / STACK / shared bytes."""
+    SUMS_TILES, default the op's) compiled for ``target``: its REG / STACK / shared bytes."""
     bm, bn, bk, stages, chunk = tiles or glk.SUMS_TILES
     itemsize = 2  # (bf16 or fp16)
     f32 = "*fp32"
     types = dict(M="i32", N="i32", D="i32", chunk="i32", rotate="i32", scale_ptr=f32, row_shift=f32, col_shift=f32,
-                 row_sum=f32, col_sum=f32, diag="i32", row_ref=f32, col_ref=f32, row_wsum=f32, col_wsum=f32)
+                 row_sum=f32, col_sum=f32, diag="i32")
     constexprs = dict(STAGES=glk.sums_stages(glk.SUMS_MAX_DIM, itemsize, (bm, bn, bk, stages, chunk)),
-                      KSTEPS=-(-glk.SUMS_MAX_DIM // bk), WEIGHTED=weighted)
+                      KSTEPS=-(-glk.SUMS_MAX_DIM // bk))
     return _gluon_compiled(glk._clip_sums_ws_kernel, dtype, dict(a_desc=[bm, bk], b_desc=[bn, bk]), types,
                            constexprs, target)
 
@@ -193,10 +192,10 @@ def main(argv=None) -> None:
         if args.match in name:
             r = gluon_siglip_resources(dtype, coef_scale, target)
             print(f"| {name} | {glk.GRAD_TILES} | {r['regs']} | {r['stack']} | {r['shared']} | yes |", flush=True)
-    for dtype, weighted in (("bf16", False), ("fp16", False), ("bf16", True)):
-        name = f"gluon_clip_sums {dtype}" + (" weighted" if weighted else "")
+    for dtype in ("bf16", "fp16"):
+        name = f"gluon_clip_sums {dtype}"
         if args.match in name:
-            r = gluon_sums_resources(dtype, target, weighted=weighted)
+            r = gluon_sums_resources(dtype, target)
             print(f"| {name} D={glk.SUMS_MAX_DIM} | {glk.SUMS_TILES} | {r['regs']} | {r['stack']} | {r['shared']} | yes |", flush=True)
 
 

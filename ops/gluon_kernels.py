@@ -450,32 +450,13 @@ if not _WHY_NOT:
         return q_acc + gl.exp2(xs - gl.expand_dims(cs2, 0))
 
     @gluon.jit
-    def _wsums_tile(acc, q_acc, qw_acc, offs_m, mask_m, offs_n, mask_n, scale2, rs2, cs2, rr, cr, row_sum,
-                    row_wsum, diag):
-        """_sums_tile with the weighted sums too (_clip_stats_fused_kernel's): the row sums of
-        exp(S - row shift) (S' - the row's positive S') added to ``row_wsum``, the column terms
-        exp(S - column shift) (S' - the column's positive S') into ``qw_acc``; returns both
-        column accumulators."""
-        valid = (gl.expand_dims(mask_m, 1) & gl.expand_dims(mask_n, 0)
-                 & (gl.expand_dims(offs_m - diag, 1) != gl.expand_dims(offs_n, 0)))
-        xs = gl.where(valid, acc * scale2, float("-inf"))
-        e_r = gl.exp2(xs - gl.expand_dims(rs2, 1))
-        gl.atomic_add(row_sum + offs_m, gl.sum(e_r, axis=1), mask=mask_m, sem="relaxed")
-        gl.atomic_add(row_wsum + offs_m, gl.sum(e_r * (acc - gl.expand_dims(rr, 1)), axis=1), mask=mask_m,
-                      sem="relaxed")
-        e_c = gl.exp2(xs - gl.expand_dims(cs2, 0))
-        return q_acc + e_c, qw_acc + e_c * (acc - gl.expand_dims(cr, 0))
-
-    @gluon.jit
     def _sums_consumer(a_desc, b_desc, rings, bars, M, N, D, scalars, WHICH: gl.constexpr):
         """One warpgroup: every other tile of this program's items (WHICH 0: the first), its wgmma
         in its turn, then its row sums out by atomics and its column terms kept in registers
         until the item's end (one reduction across the warps an item)."""
         a_ring, b_res = rings
         ready, empty, turn, b_ready, b_free = bars
-        chunk, rotate, scale_ptr, row_shift, col_shift, row_sum, col_sum, diag, weights = scalars
-        row_ref, col_ref, row_wsum, col_wsum, flags = weights
-        WEIGHTED: gl.constexpr = flags.type.shape[0] // 2  # (shape [2^WEIGHTED, 1])
+        chunk, rotate, scale_ptr, row_shift, col_shift, row_sum, col_sum, diag = scalars
         rot = rotate * gl.program_id(0)
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BN: gl.constexpr = b_desc.block_type.shape[0]
@@ -494,9 +475,6 @@ if not _WHY_NOT:
             mask_n = offs_n < N
             cs2 = gl.load(col_shift + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
             q_acc = gl.zeros([BM, BN], gl.float32, layout=mma)
-            if WEIGHTED:
-                cr = gl.load(col_ref + offs_n, mask=mask_n, other=0.0)
-                qw_acc = gl.zeros([BM, BN], gl.float32, layout=mma)
             mbarrier.wait(b_ready, j & 1)  # the item's column block of B is in
             # this consumer's tiles: those whose number in the program is WHICH modulo 2
             for i in range(lo + (t + WHICH) % 2, hi, 2):
@@ -509,18 +487,11 @@ if not _WHY_NOT:
                 offs_m = off_m + gl.arange(0, BM, layout=rows_l)
                 mask_m = offs_m < M
                 rs2 = gl.load(row_shift + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
-                if WEIGHTED:
-                    rr = gl.load(row_ref + offs_m, mask=mask_m, other=0.0)
-                    q_acc, qw_acc = _wsums_tile(acc, q_acc, qw_acc, offs_m, mask_m, offs_n, mask_n, scale2, rs2, cs2,
-                                                rr, cr, row_sum, row_wsum, diag)
-                else:
-                    q_acc = _sums_tile(acc, q_acc, offs_m, mask_m, offs_n, mask_n, scale2, rs2, cs2, row_sum, diag)
+                q_acc = _sums_tile(acc, q_acc, offs_m, mask_m, offs_n, mask_n, scale2, rs2, cs2, row_sum, diag)
             mbarrier.arrive(b_free)  # (its MMAs of the item are done)
             t += hi - lo
             j += 1
             gl.atomic_add(col_sum + offs_n, gl.sum(q_acc, axis=0), mask=mask_n, sem="relaxed")
-            if WEIGHTED:
-                gl.atomic_add(col_wsum + offs_n, gl.sum(qw_acc, axis=0), mask=mask_n, sem="relaxed")
 
     @gluon.jit
     def _sums_consumer0(a_desc, b_desc, rings, bars, M, N, D, scalars):
@@ -532,12 +503,10 @@ if not _WHY_NOT:
 
     @gluon.jit
     def _clip_sums_ws_kernel(a_desc, b_desc, M, N, D, chunk, rotate, scale_ptr, row_shift, col_shift, row_sum,
-                             col_sum, diag, row_ref, col_ref, row_wsum, col_wsum, STAGES: gl.constexpr,
-                             KSTEPS: gl.constexpr, WEIGHTED: gl.constexpr):
+                             col_sum, diag, STAGES: gl.constexpr, KSTEPS: gl.constexpr):
         """_clip_sums_strip_kernel's sums (row_sum [M], col_sum [N] += the plain sums of
         exp(scale a b^T - shift) without the pairs i - j == diag) with TMA descriptors for A [M, D]
-        and Bm [N, D] (D <= KSTEPS BLOCK_K); WEIGHTED: the weighted sums too (row_wsum, col_wsum,
-        the positives' logits row_ref, col_ref); persistent, 12 warps: 4 + 4 consumers, 1 loader."""
+        and Bm [N, D] (D <= KSTEPS BLOCK_K); persistent, 12 warps: 4 + 4 consumers, 1 loader."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
@@ -548,10 +517,7 @@ if not _WHY_NOT:
         b_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(b_ready, count=1)
         mbarrier.init(b_free, count=2)  # both consumers, once an item
-        # the flag travels as a small unused buffer's shape (as _clip_grad_ws_kernel's)
-        flags = gl.allocate_shared_memory(gl.int8, [1 << WEIGHTED, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        weights = (row_ref, col_ref, row_wsum, col_wsum, flags)
-        scalars = (chunk, rotate, scale_ptr, row_shift, col_shift, row_sum, col_sum, diag, weights)
+        scalars = (chunk, rotate, scale_ptr, row_shift, col_shift, row_sum, col_sum, diag)
         args = (a_desc, b_desc, (a_ring, b_res), (ready, empty, turn, b_ready, b_free), M, N, D, scalars)
         gl.warp_specialize([(_sums_consumer0, args), (_sums_loader, args), (_sums_consumer1, args)], [1, 4],
                            [40, 232])
@@ -613,12 +579,10 @@ def siglip_grad_block(a, b, p, scale, bias, coef, gsum, gwsum, row_loss, diag: i
 
 def clip_sums(a, b, scale, row_shift, col_shift, row_sum, col_sum, diag: int, sm_count: int,
               tiles=SUMS_TILES, waves: int = 4, launch_logits: int = SUMS_LAUNCH_LOGITS,
-              rotate: Optional[bool] = None, weights: Optional[tuple] = None) -> None:
+              rotate: Optional[bool] = None) -> None:
     """row_sum [M] and col_sum [N] (fp32) += the plain sums of exp(scale a b^T - shift), the pairs
     i - j == diag left out, as _clip_sums_strip_kernel takes them: a [M, D], b [N, D], 16-bit,
     rows TMA-aligned, D <= SUMS_MAX_DIM; ``scale`` an fp32 [1] tensor, the shifts fp32 [M] / [N].
-    ``weights`` (row_ref [M], col_ref [N], row_wsum [M], col_wsum [N], fp32): the weighted sums
-    too, as _clip_stats_fused_kernel's (each term times S' less its row's / column's positive S').
     Items of at most ``tiles[4]`` row tiles, fewer where that leaves under ``waves`` items a
     program; one launch a slab of A's rows of at most ``launch_logits`` logits (0: one launch), in
     whole items; ``rotate`` None: where a launch has at most SUMS_ROTATE_ITEMS items a program."""
@@ -631,9 +595,7 @@ def clip_sums(a, b, scale, row_shift, col_shift, row_sum, col_sum, diag: int, sm
     slab = m if launch_logits <= 0 else max(item_rows, launch_logits // n // item_rows * item_rows)
     db = _descriptor(b, [bn, bk], None)
     grid_n = -(-n // bn)
-    meta = dict(STAGES=sums_stages(d, a.element_size(), tiles), KSTEPS=-(-d // bk), WEIGHTED=weights is not None,
-                num_warps=4, maxnreg=168)
-    row_ref, col_ref, row_wsum, col_wsum = weights or (row_shift, col_shift, row_sum, col_sum)  # (unread)
+    meta = dict(STAGES=sums_stages(d, a.element_size(), tiles), KSTEPS=-(-d // bk), num_warps=4, maxnreg=168)
     for r0 in range(0, m, slab):
         rows = min(slab, m - r0)
         grid_m = -(-rows // bm)
@@ -643,7 +605,7 @@ def clip_sums(a, b, scale, row_shift, col_shift, row_sum, col_sum, diag: int, sm
         rotated = items <= SUMS_ROTATE_ITEMS * grid if rotate is None else rotate
         _clip_sums_ws_kernel[(grid, )](_descriptor(a[r0:r0 + rows], [bm, bk], None), db, rows, n, d, items_chunk,
                                        int(rotated), scale, row_shift[r0:], col_shift, row_sum[r0:], col_sum,
-                                       diag - r0, row_ref[r0:], col_ref, row_wsum[r0:], col_wsum, **meta)
+                                       diag - r0, **meta)
 
 
 def sums_stages(d: int, size: int, tiles=SUMS_TILES, spare: int = 6144) -> int:

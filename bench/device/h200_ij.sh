@@ -1,3 +1,4 @@
+# (Ran on commit d1581ec with the WEIGHTED sums variant and diag_gluon_sums --weighted, both reverted in the next commit.)
 # 1 x H200 (counts part), issue 11: CLIP's d scale from the forward instead of the backward's gradient blocks? The Gluon
 # gradient block with DSCALE 1 (the forward's weighted sums) against 2 (summed in its epilogue) at 32k-131k, and the
 # Gluon forward sums with the weighted sums too (a second register tile; 848 bytes of spill stack in a Triton 3.9 build)
