@@ -1,10 +1,10 @@
-# 4 x H200 (counts in full; not yet run: the 4-GPU kind was not lent in sessions 14-34): every 4-GPU bar still open,
+# 4 x H200 (counts in full; not yet run: the 4-GPU kind was not lent in the twelfth to eighteenth sessions): every 4-GPU bar still open,
 # with the code as it stands (Gluon gradient blocks and sums, the SigLIP one-sweep path; since the twelfth session the
 # schemes' CLIP forwards on the column-strip sums, d scale summed in their gradient blocks), one call, ~9 minutes.
 # Issue 11: the NCCL tests, then CLIP and SigLIP per scheme against the 1-GPU op on the whole batch behind 20 ms of
 # queued work (bars: ring and hierarchical ring >= 90% at B >= 65,536 and >= 75% at 32,768, disco >= 95% at
 # B >= 65,536; disco pipelined against its one step, disco_one_step), and 2 "nodes" x 2 against one node of 4. Issue 10: the ViT-B/32 preset (micro-batch 1,024, ZeRO-2,
-# its `gather` loss) on one GPU and per GPU on 4 (bar: >= 90%). Needs .whl carried (deepspeed and friends).
+# its `gather` loss) on one GPU and per GPU on 4 (bar: >= 90%). Needs .whl and .tex carried (deepspeed and friends, FusedAdam).
 source bench/device/env.sh
 R=/tmp/x4d; mkdir -p $R
 nvidia-smi topo -m > $R/topo.txt 2>&1
