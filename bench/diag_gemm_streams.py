@@ -5,7 +5,9 @@ process on a Hopper GPU (ten calls replayed as one CUDA graph, median of ``--rep
 
 Why: at B = 32,768 the 128 GEMMs of the backward take 4.87 ms (~675 TFLOP/s, h200_ie): each has
 an output of only 4,096 x 768, too few tiles to fill 132 SMs in whole waves; the two of a block are
-independent and together would.
+independent and together would. Measured (h200_ig, bench/results/gemm_streams_*_ig_h200.log): block +
+pair 0.1286 against 0.1322 ms at 32k, no gain at 65k-262k; in the op, queued, 11.30 against 11.38 ms at
+32k (h200_ih): not kept (docs/benchmark_history.md, eighteenth session).
 
     python bench/diag_gemm_streams.py --sizes 32768,65536,131072
 """
