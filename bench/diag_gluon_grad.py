@@ -50,13 +50,11 @@ class FirstBlock:
     def out(self) -> torch.Tensor:
         return torch.empty(self.rows, self.cols, device="cuda", dtype=self.a.dtype)
 
-    def gluon(self, out, dst=None, tiles=gluon_kernels.GRAD_TILES, descriptors=None, dscale: int = 2,
-              launch: str = "clip_grad_block") -> None:
-        """The op's Gluon kernel (gluon_kernels.``launch``) on this block into ``out`` (d scale into
-        ``dst``, else scratch; ``dscale`` 2: summed by the kernel, 1: taken from the forward's
-        weighted sums)."""
-        getattr(gluon_kernels, launch)(self.a, self.b, out, *self.args, self.scratch if dst is None else dst,
-                                       *self.vectors, True, dscale, self.sms, tiles, descriptors)
+    def gluon(self, out, dst=None, tiles=gluon_kernels.GRAD_TILES, descriptors=None, dscale: int = 2) -> None:
+        """The op's Gluon kernel on this block into ``out`` (d scale into ``dst``, else scratch;
+        ``dscale`` 2: summed by the kernel, 1: taken from the forward's weighted sums)."""
+        gluon_kernels.clip_grad_block(self.a, self.b, out, *self.args, self.scratch if dst is None else dst,
+                                      *self.vectors, True, dscale, self.sms, tiles, descriptors)
 
     def triton(self, out, dst=None) -> None:
         """The op's Triton kernel on this block."""
@@ -92,9 +90,6 @@ def main(argv=None) -> None:
                    help="also the SigLIP gradient block with its pair losses, Triton and Gluon")
     p.add_argument("--tiles", nargs="+", default=[",".join(map(str, gluon_kernels.GRAD_TILES))],
                    help="BLOCK_M,BLOCK_N,BLOCK_K,STAGES of the Gluon kernels (CLIP, and SigLIP with --siglip)")
-    p.add_argument("--coop", nargs="*", default=[],
-                   help="also gluon_kernels.clip_grad_block_coop with these BLOCK_M,BLOCK_N,BLOCK_K,STAGES (a "
-                        "consumer's half of a 2 BLOCK_M x BLOCK_N tile)")
     args = p.parse_args(argv)
     print(f"# {torch.cuda.get_device_name()}, the Triton kernel's tiles {tri._TMA_GRAD}, "
           f"the Gluon kernel's {gluon_kernels.GRAD_TILES}")
@@ -112,19 +107,17 @@ def main(argv=None) -> None:
         logits = torch.empty_like(want)
         emit("cublas_gemm_bf16", graph_timed(lambda: torch.mm(blk.a, blk.b.T, out=logits), args.reps))
         emit("triton kernel (the op's before)", graph_timed(lambda: blk.triton(want), args.reps))
-        runs = [("clip_grad_block", "gluon", t) for t in tile_specs]
-        runs += [("clip_grad_block_coop", "coop", tuple(int(v) for v in spec.split(","))) for spec in args.coop]
-        for launch, name, tiles in runs:
+        for tiles in tile_specs:
             got = torch.zeros_like(want)
             got_d = torch.zeros((), device="cuda")
-            if _try(lambda: blk.gluon(got, got_d, tiles, launch=launch) or True) is None:  # (_try said why)
+            if _try(lambda: blk.gluon(got, got_d, tiles) or True) is None:  # (_try said why)
                 continue
             torch.cuda.synchronize()
-            print(f"B={size:<7} {name} {tiles}: P equal to the Triton kernel's: {torch.equal(got, want)}, "
+            print(f"B={size:<7} gluon {tiles}: P equal to the Triton kernel's: {torch.equal(got, want)}, "
                   f"d scale {got_d.item():.6e} against {want_d.item():.6e}", flush=True)
             for dscale in args.dscale:
-                label = f"{name} {tiles}" + ("" if dscale == 2 else f" DSCALE {dscale}")
-                emit(label, graph_timed(lambda: blk.gluon(got, tiles=tiles, dscale=dscale, launch=launch), args.reps))
+                label = f"gluon {tiles}" + ("" if dscale == 2 else f" DSCALE {dscale}")
+                emit(label, graph_timed(lambda: blk.gluon(got, tiles=tiles, dscale=dscale), args.reps))
         if args.siglip:
             siglip_rows(blk, args.reps, emit, tile_specs)
 

@@ -206,7 +206,8 @@ if not _WHY_NOT:
         ring's chunks in its turn, then _clip_grad_fused_kernel's epilogue (the same arithmetic in
         the same order), P stored by TMA from this consumer's buffer."""
         a_ring, b_ring, c_bufs = rings
-        dscale_dst, flags = scalars[4], scalars[12]
+        (scale_ptr, coef_ptr, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref, diag,
+         diag_value, offset, flags) = scalars
         COEF_SCALE: gl.constexpr = flags.type.shape[0] // 2  # (shape [2^COEF_SCALE, 2^DSCALE])
         DSCALE: gl.constexpr = flags.type.shape[1] // 2
         BM: gl.constexpr = a_desc.block_type.shape[0]
@@ -216,7 +217,13 @@ if not _WHY_NOT:
                                                       instr_shape=[16, BN, 16])
         rows_l: gl.constexpr = gl.SliceLayout(1, mma)
         c_buf = c_bufs.index(WHICH)
-        scale2, coef, coef_p = _clip_coefs(scalars, COEF_SCALE, DSCALE, WHICH)
+        scale = gl.load(scale_ptr)
+        scale2 = scale * 1.4426950408889634
+        coef = gl.load(coef_ptr) * coef_mul
+        if DSCALE == 1:  # (as _grad_coef: program 0 writes the single-device d scale)
+            if WHICH == 0:
+                gl.store(dscale_dst, coef * gl.load(dscale_src), mask=gl.program_id(0) == 0)
+        coef_p = coef * scale if COEF_SCALE else coef
         tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
         steps = gl.cdiv(D, BK)
         w_acc = gl.zeros([BM], gl.float32, layout=rows_l)
@@ -225,52 +232,26 @@ if not _WHY_NOT:
         for tile in range(gl.program_id(0) + WHICH * nprog, tiles, 2 * nprog):
             acc, off_m, off_n, offs_m, offs_n = _tile_acc(a_ring, b_ring, bars, tile, n, M, N, steps, WHICH)
             n += 1
-            w_acc = _clip_epilogue(acc, off_m, off_n, offs_m, offs_n, M, N, scale2, coef_p, w_acc, p_desc, c_buf,
-                                   scalars, DSCALE)
+            mask_m = offs_m < M
+            mask_n = offs_n < N
+            r2 = gl.load(row_lse + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
+            c2 = gl.load(col_lse + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
+            rr = gl.load(row_ref + offs_m, mask=mask_m, other=0.0)
+            pos = (gl.expand_dims(offs_m, 1) - gl.expand_dims(offs_n, 0)) == diag
+            t = gl.where(pos, gl.expand_dims(rr, 1), acc)
+            t2 = t * scale2
+            e_r = gl.exp2(t2 - gl.expand_dims(r2, 1))
+            e_c = gl.exp2(t2 - gl.expand_dims(c2, 0))
+            p = e_r + e_c - (gl.where(pos, diag_value, 0.0) + offset)
+            if DSCALE == 2:
+                cr = gl.load(col_ref + offs_n, mask=mask_n, other=0.0)
+                inside = gl.expand_dims(mask_m, 1) & gl.expand_dims(mask_n, 0)
+                w_acc += gl.sum(gl.where(inside, e_r * (t - gl.expand_dims(rr, 1))
+                                         + e_c * (t - gl.expand_dims(cr, 0)), 0.0), axis=1)
+            _store_tile(p_desc, c_buf, p * coef_p, off_m, off_n)
         tma.store_wait(pendings=0)
         if DSCALE == 2:
             gl.atomic_add(dscale_dst, coef * gl.sum(w_acc, axis=0), sem="relaxed")
-
-    @gluon.jit
-    def _clip_coefs(scalars, COEF_SCALE: gl.constexpr, DSCALE: gl.constexpr, WHICH: gl.constexpr):
-        """(scale log2(e), coef, P's factor: coef scale with COEF_SCALE, else coef) of a CLIP gradient
-        consumer; with DSCALE 1 program 0's first consumer writes the single-device d scale (as
-        _grad_coef)."""
-        scale_ptr, coef_ptr, coef_mul, dscale_src, dscale_dst = scalars[0], scalars[1], scalars[2], scalars[3], scalars[4]
-        scale = gl.load(scale_ptr)
-        coef = gl.load(coef_ptr) * coef_mul
-        if DSCALE == 1:
-            if WHICH == 0:
-                gl.store(dscale_dst, coef * gl.load(dscale_src), mask=gl.program_id(0) == 0)
-        coef_p = coef * scale if COEF_SCALE else coef
-        return scale * 1.4426950408889634, coef, coef_p
-
-    @gluon.jit
-    def _clip_epilogue(acc, off_m, off_n, offs_m, offs_n, M, N, scale2, coef_p, w_acc, p_desc, c_buf, scalars,
-                       DSCALE: gl.constexpr):
-        """_clip_grad_fused_kernel's epilogue of one tile (the same arithmetic in the same order): P
-        of the tile's S' ``acc`` stored by TMA through ``c_buf``; returns ``w_acc`` plus the tile's
-        d-scale shares by row with DSCALE 2."""
-        (scale_ptr, coef_ptr, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref, diag,
-         diag_value, offset, flags) = scalars
-        mask_m = offs_m < M
-        mask_n = offs_n < N
-        r2 = gl.load(row_lse + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
-        c2 = gl.load(col_lse + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
-        rr = gl.load(row_ref + offs_m, mask=mask_m, other=0.0)
-        pos = (gl.expand_dims(offs_m, 1) - gl.expand_dims(offs_n, 0)) == diag
-        t = gl.where(pos, gl.expand_dims(rr, 1), acc)
-        t2 = t * scale2
-        e_r = gl.exp2(t2 - gl.expand_dims(r2, 1))
-        e_c = gl.exp2(t2 - gl.expand_dims(c2, 0))
-        p = e_r + e_c - (gl.where(pos, diag_value, 0.0) + offset)
-        if DSCALE == 2:
-            cr = gl.load(col_ref + offs_n, mask=mask_n, other=0.0)
-            inside = gl.expand_dims(mask_m, 1) & gl.expand_dims(mask_n, 0)
-            w_acc += gl.sum(gl.where(inside, e_r * (t - gl.expand_dims(rr, 1))
-                                     + e_c * (t - gl.expand_dims(cr, 0)), 0.0), axis=1)
-        _store_tile(p_desc, c_buf, p * coef_p, off_m, off_n)
-        return w_acc
 
     @gluon.jit
     def _consumer0(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
@@ -293,15 +274,15 @@ if not _WHY_NOT:
         return (a_ring, b_ring, c_bufs), _ring_barriers(STAGES)
 
     @gluon.jit
-    def _ring_barriers(STAGES: gl.constexpr, EMPTY_ARRIVALS: gl.constexpr = 1):
+    def _ring_barriers(STAGES: gl.constexpr):
         """(ready, empty, turn): the ring's STAGES ready and empty barriers and the consumers' turn
-        pair, allocated and initialised (one arrival each; a slot's empty barrier EMPTY_ARRIVALS)."""
+        pair, allocated and initialised (one arrival each)."""
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=EMPTY_ARRIVALS)
+            mbarrier.init(empty.index(i), count=1)
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
         return ready, empty, turn
@@ -323,104 +304,6 @@ if not _WHY_NOT:
         # registers: 168 a thread for the 12 warps at launch (64K / 384), moved at run time from
         # the loader's warpgroup (40) to the consumers' (232)
         gl.warp_specialize([(_consumer0, args), (_loader, args), (_consumer1, args)], [1, 4], [40, 232])
-
-
-    @gluon.jit
-    def _coop_loader(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
-        """One warp: per tile of 2 BM x BN, its two A halves (one a consumer) and its B chunk a ring
-        slot, chunk by chunk, in order."""
-        a_ring, b_ring, c_bufs = rings
-        ready, empty, turn = bars
-        BM: gl.constexpr = a_desc.block_type.shape[0]
-        BK: gl.constexpr = a_desc.block_type.shape[1]
-        BN: gl.constexpr = b_desc.block_type.shape[0]
-        STAGES: gl.constexpr = b_ring.type.shape[0]
-        tiles = gl.cdiv(M, 2 * BM) * gl.cdiv(N, BN)
-        steps = gl.cdiv(D, BK)
-        count = 0
-        for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
-            off_m, off_n = _tile_origin(tile, M, N, 2 * BM, BN, _GROUP_M)
-            for k in range(steps):
-                s = count % STAGES
-                mbarrier.wait(empty.index(s), ((count // STAGES) & 1) ^ 1)
-                mbarrier.expect(ready.index(s), 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-                _tma_load(a_desc, [off_m, k * BK], ready.index(s), a_ring.index(2 * s))
-                _tma_load(a_desc, [off_m + BM, k * BK], ready.index(s), a_ring.index(2 * s + 1))
-                _tma_load(b_desc, [off_n, k * BK], ready.index(s), b_ring.index(s))
-                count += 1
-
-    @gluon.jit
-    def _coop_consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, WHICH: gl.constexpr):
-        """One warpgroup: half WHICH (BM rows) of every 2 BM x BN tile of this program, its wgmma
-        beside the other half's on the same B chunks (each slot released by both), then
-        _clip_epilogue."""
-        a_ring, b_ring, c_bufs = rings
-        ready, empty, turn = bars
-        dscale_dst, flags = scalars[4], scalars[12]
-        COEF_SCALE: gl.constexpr = flags.type.shape[0] // 2
-        DSCALE: gl.constexpr = flags.type.shape[1] // 2
-        BM: gl.constexpr = a_desc.block_type.shape[0]
-        BK: gl.constexpr = a_desc.block_type.shape[1]
-        BN: gl.constexpr = b_desc.block_type.shape[0]
-        STAGES: gl.constexpr = b_ring.type.shape[0]
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BN, 16])
-        c_buf = c_bufs.index(WHICH)
-        scale2, coef, coef_p = _clip_coefs(scalars, COEF_SCALE, DSCALE, WHICH)
-        tiles = gl.cdiv(M, 2 * BM) * gl.cdiv(N, BN)
-        steps = gl.cdiv(D, BK)
-        w_acc = gl.zeros([BM], gl.float32, layout=gl.SliceLayout(1, mma))
-        count = 0
-        for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
-            off_m, off_n = _tile_origin(tile, M, N, 2 * BM, BN, _GROUP_M)
-            off_m += WHICH * BM
-            acc = gl.zeros([BM, BN], gl.float32, layout=mma)
-            for k in range(steps):
-                s = count % STAGES
-                mbarrier.wait(ready.index(s), (count // STAGES) & 1)
-                acc = warpgroup_mma(a_ring.index(2 * s + WHICH), b_ring.index(s).permute((1, 0)), acc,
-                                    is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-                mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
-                count += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
-            offs_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
-            offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
-            w_acc = _clip_epilogue(acc, off_m, off_n, offs_m, offs_n, M, N, scale2, coef_p, w_acc, p_desc, c_buf,
-                                   scalars, DSCALE)
-        tma.store_wait(pendings=0)
-        if DSCALE == 2:
-            gl.atomic_add(dscale_dst, coef * gl.sum(w_acc, axis=0), sem="relaxed")
-
-    @gluon.jit
-    def _coop_consumer0(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
-        _coop_consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, 0)
-
-    @gluon.jit
-    def _coop_consumer1(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
-        _coop_consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, 1)
-
-    @gluon.jit
-    def _clip_grad_coop_kernel(a_desc, b_desc, p_desc, M, N, D, scale_ptr, coef_ptr, coef_mul, dscale_src,
-                               dscale_dst, row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
-                               COEF_SCALE: gl.constexpr, DSCALE: gl.constexpr, STAGES: gl.constexpr):
-        """_clip_grad_ws_kernel's P (and d scale) in tiles of 2 BM x BN, the two consumers on the two
-        BM-row halves of each at once (B's chunks loaded once for both), not taking turns."""
-        BM: gl.constexpr = a_desc.block_type.shape[0]
-        BK: gl.constexpr = a_desc.block_type.shape[1]
-        BN: gl.constexpr = b_desc.block_type.shape[0]
-        a_ring = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, BM, BK], a_desc.layout)
-        b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
-        c_bufs = gl.allocate_shared_memory(p_desc.dtype, [2, BM, BN], p_desc.layout)
-        bars = _ring_barriers(STAGES, 2)
-        flags = gl.allocate_shared_memory(gl.int8, [1 << COEF_SCALE, 1 << DSCALE],
-                                          gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        scalars = (scale_ptr, coef_ptr, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref,
-                   diag, diag_value, offset, flags)
-        args = (a_desc, b_desc, p_desc, (a_ring, b_ring, c_bufs), bars, M, N, D, scalars)
-        gl.warp_specialize([(_coop_consumer0, args), (_coop_loader, args), (_coop_consumer1, args)], [1, 4],
-                           [40, 232])
 
 
     @gluon.jit
@@ -675,23 +558,6 @@ def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_
                                    row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
                                    COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, num_warps=4,
                                    maxnreg=168)
-
-
-def clip_grad_block_coop(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref,
-                         col_ref, diag, diag_value, offset, coef_scale: bool, dscale: int, sm_count: int,
-                         tiles=(64, 128, 64, 5), descriptors: Optional[dict] = None) -> None:
-    """:func:`clip_grad_block` by _clip_grad_coop_kernel: tiles of 2 BM x BN (``tiles``: BM, BN, BK of
-    a consumer's half and the ring's stages)."""
-    bm, bn, bk, stages = tiles
-    (m, d), n = a.shape, b.shape[0]
-    da = _descriptor(a, [bm, bk], descriptors)
-    db = _descriptor(b, [bn, bk], descriptors)
-    dp = _descriptor(p, [bm, bn], descriptors)
-    grid = min(sm_count, -(-m // (2 * bm)) * -(-n // bn))
-    _clip_grad_coop_kernel[(grid, )](da, db, dp, m, n, d, scale, coef, coef_mul, dscale_src, dscale_dst,
-                                     row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
-                                     COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, num_warps=4,
-                                     maxnreg=168)
 
 
 def siglip_grad_block(a, b, p, scale, bias, coef, gsum, gwsum, row_loss, diag: int, coef_scale: bool,
