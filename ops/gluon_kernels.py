@@ -128,6 +128,19 @@ if not _WHY_NOT:
         return (first_m + (tile % width) % size_m) * BM, ((tile % width) // size_m) * BN
 
     @gluon.jit
+    def _gdc_wait():
+        """griddepcontrol.wait: until the kernel this one was launched after (programmatic dependent
+        launch) has finished and its writes are visible; returns at once without PDL."""
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _pdl_mode(bars):
+        """The gradient kernels' PDL mode (a buffer's shape, as the flags): 0 launched plainly, 1 every
+        partition waits for the previous kernel first, 2 the loader's loads of A and B do not (the
+        caller's promise: the previous kernel writes neither)."""
+        return bars[3].type.shape[0] // 2
+
+    @gluon.jit
     def _turn_mma(a_ring, b_ops, ready, empty, turn, acc, n, count, steps, WHICH: gl.constexpr,
                   B_BY_K: gl.constexpr):
         """One consumer's wgmma of one tile, in its turn at the tensor cores (the n-th tile of
@@ -156,11 +169,14 @@ if not _WHY_NOT:
     def _loader(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
         """One warp: the A and B chunks of every tile of this program, in order, into the ring."""
         a_ring, b_ring, c_bufs = rings
-        ready, empty, turn = bars
+        ready, empty, turn = bars[0], bars[1], bars[2]
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
         STAGES: gl.constexpr = a_ring.type.shape[0]
+        PDL: gl.constexpr = _pdl_mode(bars)
+        if PDL == 1:
+            _gdc_wait()
         tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
         steps = gl.cdiv(D, BK)
         count = 0
@@ -179,7 +195,7 @@ if not _WHY_NOT:
         """Tile number ``tile`` of the block, this consumer's n-th: S' of it by wgmma over the ring
         in this consumer's turn (the ring's chunks before it: 2 n + WHICH tiles' worth), its
         origin, its row and column offsets."""
-        ready, empty, turn = bars
+        ready, empty, turn = bars[0], bars[1], bars[2]
         BM: gl.constexpr = a_ring.type.shape[1]
         BN: gl.constexpr = b_ring.type.shape[1]
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -217,6 +233,8 @@ if not _WHY_NOT:
                                                       instr_shape=[16, BN, 16])
         rows_l: gl.constexpr = gl.SliceLayout(1, mma)
         c_buf = c_bufs.index(WHICH)
+        if _pdl_mode(bars) > 0:
+            _gdc_wait()
         scale = gl.load(scale_ptr)
         scale2 = scale * 1.4426950408889634
         coef = gl.load(coef_ptr) * coef_mul
@@ -262,16 +280,19 @@ if not _WHY_NOT:
         _consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, 1)
 
     @gluon.jit
-    def _grad_smem(a_desc, b_desc, p_desc, STAGES: gl.constexpr):
+    def _grad_smem(a_desc, b_desc, p_desc, STAGES: gl.constexpr, PDL: gl.constexpr):
         """The gradient kernels' shared memory: (the ring of A and B chunks, a P buffer for each
-        consumer), (the ring's ready and empty barriers, the consumers' turn pair)."""
+        consumer), (the ring's ready and empty barriers, the consumers' turn pair, the PDL mode's
+        buffer, _pdl_mode)."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
         a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
         b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
         c_bufs = gl.allocate_shared_memory(p_desc.dtype, [2, BM, BN], p_desc.layout)
-        return (a_ring, b_ring, c_bufs), _ring_barriers(STAGES)
+        mode = gl.allocate_shared_memory(gl.int8, [1 << PDL, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        ready, empty, turn = _ring_barriers(STAGES)
+        return (a_ring, b_ring, c_bufs), (ready, empty, turn, mode)
 
     @gluon.jit
     def _ring_barriers(STAGES: gl.constexpr):
@@ -290,10 +311,11 @@ if not _WHY_NOT:
     @gluon.jit
     def _clip_grad_ws_kernel(a_desc, b_desc, p_desc, M, N, D, scale_ptr, coef_ptr, coef_mul, dscale_src,
                              dscale_dst, row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
-                             COEF_SCALE: gl.constexpr, DSCALE: gl.constexpr, STAGES: gl.constexpr):
+                             COEF_SCALE: gl.constexpr, DSCALE: gl.constexpr, STAGES: gl.constexpr,
+                             PDL: gl.constexpr = 0):
         """_clip_grad_fused_kernel's P (and d scale) with TMA descriptors for A [M, D], Bm [N, D]
         and P [M, N]; one program an SM (persistent), 12 warps: 4 + 4 consumers, 1 loader."""
-        rings, bars = _grad_smem(a_desc, b_desc, p_desc, STAGES)
+        rings, bars = _grad_smem(a_desc, b_desc, p_desc, STAGES, PDL)
         # the flags travel as the shape of a small unused buffer: constexprs passed to the
         # partitions arrive as tensors, a shared-memory buffer's shape stays a constexpr
         flags = gl.allocate_shared_memory(gl.int8, [1 << COEF_SCALE, 1 << DSCALE],
@@ -334,6 +356,8 @@ if not _WHY_NOT:
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
         c_buf = c_bufs.index(WHICH)
+        if _pdl_mode(bars) > 0:
+            _gdc_wait()
         scale = gl.load(scale_ptr)
         bias = gl.load(bias_ptr)
         nan_sb = scale * 0.0 + bias * 0.0  # NaN iff scale or bias is not finite, else 0
@@ -376,11 +400,12 @@ if not _WHY_NOT:
 
     @gluon.jit
     def _siglip_grad_ws_kernel(a_desc, b_desc, p_desc, M, N, D, scale_ptr, bias_ptr, coef_ptr, gsum, gwsum,
-                               row_loss, diag, COEF_SCALE: gl.constexpr, STAGES: gl.constexpr):
+                               row_loss, diag, COEF_SCALE: gl.constexpr, STAGES: gl.constexpr,
+                               PDL: gl.constexpr = 0):
         """_siglip_grad_fused_kernel's coef G and row sums with the pair losses (LOSS) with TMA
         descriptors for A [M, D], Bm [N, D] and G [M, N]; the loader and barriers of
         _clip_grad_ws_kernel."""
-        rings, bars = _grad_smem(a_desc, b_desc, p_desc, STAGES)
+        rings, bars = _grad_smem(a_desc, b_desc, p_desc, STAGES, PDL)
         flags = gl.allocate_shared_memory(gl.int8, [1 << COEF_SCALE, 1],
                                           gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         scalars = (scale_ptr, bias_ptr, coef_ptr, gsum, gwsum, row_loss, diag, flags)
@@ -543,7 +568,7 @@ def _descriptor(t, block: list, cache: Optional[dict]):
 
 def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref,
                     col_ref, diag, diag_value, offset, coef_scale: bool, dscale: int, sm_count: int,
-                    tiles=GRAD_TILES, descriptors: Optional[dict] = None) -> None:
+                    tiles=GRAD_TILES, descriptors: Optional[dict] = None, pdl: int = 0) -> None:
     """P = a b^T's gradient block into ``p`` (and d scale as DSCALE says), the arguments as
     _clip_grad_fused_kernel's: a [M, D], b [N, D], p [M, N], 16-bit, rows TMA-aligned.
     ``descriptors``: a dict that keeps the TMA descriptors between calls on the same views (the
@@ -556,12 +581,12 @@ def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_
     grid = min(sm_count, -(-m // bm) * -(-n // bn))
     _clip_grad_ws_kernel[(grid, )](da, db, dp, m, n, d, scale, coef, coef_mul, dscale_src, dscale_dst,
                                    row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
-                                   COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, num_warps=4,
-                                   maxnreg=168)
+                                   COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, PDL=pdl, num_warps=4,
+                                   maxnreg=168, launch_pdl=pdl > 0)
 
 
 def siglip_grad_block(a, b, p, scale, bias, coef, gsum, gwsum, row_loss, diag: int, coef_scale: bool,
-                      sm_count: int, tiles=GRAD_TILES, descriptors: Optional[dict] = None) -> None:
+                      sm_count: int, tiles=GRAD_TILES, descriptors: Optional[dict] = None, pdl: int = 0) -> None:
     """coef G of a b^T into ``p`` with the row sums and the pair losses, the arguments as
     _siglip_grad_fused_kernel's with LOSS (a [M, D], b [N, D], p [M, N], 16-bit, rows TMA-aligned;
     scale, bias, coef fp32 one-element tensors; gsum, gwsum, row_loss fp32 [M]); ``descriptors``
@@ -574,7 +599,8 @@ def siglip_grad_block(a, b, p, scale, bias, coef, gsum, gwsum, row_loss, diag: i
     dp = _descriptor(p, [bm, bn], descriptors)
     grid = min(sm_count, -(-m // bm) * -(-n // bn))
     _siglip_grad_ws_kernel[(grid, )](da, db, dp, m, n, d, scale, bias, coef, gsum, gwsum, row_loss, diag,
-                                     COEF_SCALE=coef_scale, STAGES=stages, num_warps=4, maxnreg=168)
+                                     COEF_SCALE=coef_scale, STAGES=stages, PDL=pdl, num_warps=4, maxnreg=168,
+                                     launch_pdl=pdl > 0)
 
 
 def clip_sums(a, b, scale, row_shift, col_shift, row_sum, col_sum, diag: int, sm_count: int,
