@@ -169,7 +169,7 @@ if not _WHY_NOT:
     def _loader(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
         """One warp: the A and B chunks of every tile of this program, in order, into the ring."""
         a_ring, b_ring, c_bufs = rings
-        ready, empty, turn = bars[0], bars[1], bars[2]
+        ready, empty = bars[0], bars[1]
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
