@@ -134,13 +134,6 @@ if not _WHY_NOT:
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
-    def _pdl_mode(bars):
-        """The gradient kernels' PDL mode (a buffer's shape, as the flags): 0 launched plainly, 1 every
-        partition waits for the previous kernel first, 2 the loader's loads of A and B do not (the
-        caller's promise: the previous kernel writes neither)."""
-        return bars[3].type.shape[0] // 2
-
-    @gluon.jit
     def _turn_mma(a_ring, b_ops, ready, empty, turn, acc, n, count, steps, WHICH: gl.constexpr,
                   B_BY_K: gl.constexpr):
         """One consumer's wgmma of one tile, in its turn at the tensor cores (the n-th tile of
@@ -174,7 +167,7 @@ if not _WHY_NOT:
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
         STAGES: gl.constexpr = a_ring.type.shape[0]
-        PDL: gl.constexpr = _pdl_mode(bars)
+        PDL: gl.constexpr = bars[3].type.shape[0] // 2  # (_grad_smem: the PDL mode)
         if PDL == 1:
             _gdc_wait()
         tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
@@ -233,7 +226,8 @@ if not _WHY_NOT:
                                                       instr_shape=[16, BN, 16])
         rows_l: gl.constexpr = gl.SliceLayout(1, mma)
         c_buf = c_bufs.index(WHICH)
-        if _pdl_mode(bars) > 0:
+        PDL: gl.constexpr = bars[3].type.shape[0] // 2
+        if PDL > 0:
             _gdc_wait()
         scale = gl.load(scale_ptr)
         scale2 = scale * 1.4426950408889634
@@ -282,8 +276,10 @@ if not _WHY_NOT:
     @gluon.jit
     def _grad_smem(a_desc, b_desc, p_desc, STAGES: gl.constexpr, PDL: gl.constexpr):
         """The gradient kernels' shared memory: (the ring of A and B chunks, a P buffer for each
-        consumer), (the ring's ready and empty barriers, the consumers' turn pair, the PDL mode's
-        buffer, _pdl_mode)."""
+        consumer), (the ring's ready and empty barriers, the consumers' turn pair, a buffer whose
+        shape [2^PDL, 1] tells the partitions the PDL mode: 0 launched plainly, 1 every partition
+        waits for the previous kernel first, 2 the loader's loads of A and B do not, the caller's
+        promise that the previous kernel writes neither)."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
@@ -356,7 +352,8 @@ if not _WHY_NOT:
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
         c_buf = c_bufs.index(WHICH)
-        if _pdl_mode(bars) > 0:
+        PDL: gl.constexpr = bars[3].type.shape[0] // 2
+        if PDL > 0:
             _gdc_wait()
         scale = gl.load(scale_ptr)
         bias = gl.load(bias_ptr)
