@@ -65,7 +65,7 @@ def gluon_resources(dtype: str, coef_scale: bool, dscale: int, target) -> dict:
                  dscale_dst=f32, row_lse=f32, col_lse=f32, row_ref=f32, col_ref=f32, diag="i32",
                  diag_value="fp32", offset="fp32")
     return _gluon_compiled(glk._clip_grad_ws_kernel, dtype, dict(a_desc=[bm, bk], b_desc=[bn, bk], p_desc=[bm, bn]),
-                           types, dict(COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, PDL=0), target)
+                           types, dict(COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, PDL=int(glk.GRAD_PDL)), target)
 
 
 def gluon_siglip_resources(dtype: str, coef_scale: bool, target) -> dict:
@@ -76,7 +76,7 @@ def gluon_siglip_resources(dtype: str, coef_scale: bool, target) -> dict:
     types = dict(M="i32", N="i32", D="i32", scale_ptr=f32, bias_ptr=f32, coef_ptr=f32, gsum=f32, gwsum=f32,
                  row_loss=f32, diag="i32")
     return _gluon_compiled(glk._siglip_grad_ws_kernel, dtype, dict(a_desc=[bm, bk], b_desc=[bn, bk], p_desc=[bm, bn]),
-                           types, dict(COEF_SCALE=coef_scale, STAGES=stages, PDL=0), target)
+                           types, dict(COEF_SCALE=coef_scale, STAGES=stages, PDL=int(glk.GRAD_PDL)), target)
 
 
 def gluon_sums_resources(dtype: str, target, tiles=None) -> dict:

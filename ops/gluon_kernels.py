@@ -52,6 +52,10 @@ the same items at 65k x 262k: 547-569), so the sums go in launches of at most SU
 from its own offset (SUMS_ROTATE_ITEMS). Items in groups of 132 or 264 column blocks (the group's
 B within L2 chunk after chunk) were slower at 32k-131k and only 5% faster at 262k.
 
+The gradient kernels launch with programmatic dependent launch (GRAD_PDL): each block's programs
+set up while the GEMM before them drains and wait for it before their first load or store, 1-3%
+of the op's time at 16k-32k (h200_in).
+
 :func:`available` says whether this Triton has what the kernels need (Gluon, Hopper's wgmma and
 TMA); the caller (ops/contrastive_loss_triton.py) takes them only on sm_90 with TMA-aligned blocks
 and falls back to the Triton kernels if a first launch fails.
@@ -89,6 +93,14 @@ SUMS_TILES = (64, 128, 64, 4, 32)
 row tiles of one work item (a chunk of one column strip). The item's column block of B stays in
 shared memory whole (BLOCK_N x D: 192 KB at D = 768), so the ring gets what is left
 (_sums_stages: 3 stages at D = 768)."""
+
+GRAD_PDL = True
+"""Whether the gradient kernels launch with programmatic dependent launch: a block's programs start
+while the kernel before it (the previous block's cuBLAS GEMM) drains, set up their shared memory
+and barriers, then wait (griddepcontrol.wait) for it to finish before their first load or store.
+On an H200, queued 20 ms (h200_in): CLIP 2.90 / 11.22 / 43.59 against 2.95 / 11.52 / 43.59 ms at
+16k / 32k / 65k, SigLIP 2.54 / 9.84 against 2.58 / 10.05; loading A and B before the wait as well
+gained nothing more (11.20 ms)."""
 
 SHARED_BYTES = 232448
 """The shared memory one block may take on an H100 / H200 (227 KB)."""
@@ -167,8 +179,7 @@ if not _WHY_NOT:
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
         STAGES: gl.constexpr = a_ring.type.shape[0]
-        PDL: gl.constexpr = bars[3].type.shape[0] // 2  # (_grad_smem: the PDL mode)
-        if PDL == 1:
+        if bars[3].type.shape[0] == 2:  # (PDL, _grad_smem)
             _gdc_wait()
         tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
         steps = gl.cdiv(D, BK)
@@ -226,8 +237,7 @@ if not _WHY_NOT:
                                                       instr_shape=[16, BN, 16])
         rows_l: gl.constexpr = gl.SliceLayout(1, mma)
         c_buf = c_bufs.index(WHICH)
-        PDL: gl.constexpr = bars[3].type.shape[0] // 2
-        if PDL > 0:
+        if bars[3].type.shape[0] == 2:  # (PDL, _grad_smem)
             _gdc_wait()
         scale = gl.load(scale_ptr)
         scale2 = scale * 1.4426950408889634
@@ -276,10 +286,9 @@ if not _WHY_NOT:
     @gluon.jit
     def _grad_smem(a_desc, b_desc, p_desc, STAGES: gl.constexpr, PDL: gl.constexpr):
         """The gradient kernels' shared memory: (the ring of A and B chunks, a P buffer for each
-        consumer), (the ring's ready and empty barriers, the consumers' turn pair, a buffer whose
-        shape [2^PDL, 1] tells the partitions the PDL mode: 0 launched plainly, 1 every partition
-        waits for the previous kernel first, 2 the loader's loads of A and B do not, the caller's
-        promise that the previous kernel writes neither)."""
+        consumer), (the ring's ready and empty barriers, the consumers' turn pair, a buffer of shape
+        [2^PDL, 1] telling the partitions whether the kernel was launched with programmatic
+        dependent launch: then each waits for the previous kernel before its first global access)."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
@@ -308,7 +317,7 @@ if not _WHY_NOT:
     def _clip_grad_ws_kernel(a_desc, b_desc, p_desc, M, N, D, scale_ptr, coef_ptr, coef_mul, dscale_src,
                              dscale_dst, row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
                              COEF_SCALE: gl.constexpr, DSCALE: gl.constexpr, STAGES: gl.constexpr,
-                             PDL: gl.constexpr = 0):
+                             PDL: gl.constexpr):
         """_clip_grad_fused_kernel's P (and d scale) with TMA descriptors for A [M, D], Bm [N, D]
         and P [M, N]; one program an SM (persistent), 12 warps: 4 + 4 consumers, 1 loader."""
         rings, bars = _grad_smem(a_desc, b_desc, p_desc, STAGES, PDL)
@@ -352,8 +361,7 @@ if not _WHY_NOT:
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
         c_buf = c_bufs.index(WHICH)
-        PDL: gl.constexpr = bars[3].type.shape[0] // 2
-        if PDL > 0:
+        if bars[3].type.shape[0] == 2:  # (PDL, _grad_smem)
             _gdc_wait()
         scale = gl.load(scale_ptr)
         bias = gl.load(bias_ptr)
@@ -398,7 +406,7 @@ if not _WHY_NOT:
     @gluon.jit
     def _siglip_grad_ws_kernel(a_desc, b_desc, p_desc, M, N, D, scale_ptr, bias_ptr, coef_ptr, gsum, gwsum,
                                row_loss, diag, COEF_SCALE: gl.constexpr, STAGES: gl.constexpr,
-                               PDL: gl.constexpr = 0):
+                               PDL: gl.constexpr):
         """_siglip_grad_fused_kernel's coef G and row sums with the pair losses (LOSS) with TMA
         descriptors for A [M, D], Bm [N, D] and G [M, N]; the loader and barriers of
         _clip_grad_ws_kernel."""
@@ -565,7 +573,7 @@ def _descriptor(t, block: list, cache: Optional[dict]):
 
 def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref,
                     col_ref, diag, diag_value, offset, coef_scale: bool, dscale: int, sm_count: int,
-                    tiles=GRAD_TILES, descriptors: Optional[dict] = None, pdl: int = 0) -> None:
+                    tiles=GRAD_TILES, descriptors: Optional[dict] = None, pdl: bool = GRAD_PDL) -> None:
     """P = a b^T's gradient block into ``p`` (and d scale as DSCALE says), the arguments as
     _clip_grad_fused_kernel's: a [M, D], b [N, D], p [M, N], 16-bit, rows TMA-aligned.
     ``descriptors``: a dict that keeps the TMA descriptors between calls on the same views (the
@@ -578,12 +586,13 @@ def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_
     grid = min(sm_count, -(-m // bm) * -(-n // bn))
     _clip_grad_ws_kernel[(grid, )](da, db, dp, m, n, d, scale, coef, coef_mul, dscale_src, dscale_dst,
                                    row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
-                                   COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, PDL=pdl, num_warps=4,
-                                   maxnreg=168, launch_pdl=pdl > 0)
+                                   COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, PDL=int(bool(pdl)), num_warps=4,
+                                   maxnreg=168, launch_pdl=bool(pdl))
 
 
 def siglip_grad_block(a, b, p, scale, bias, coef, gsum, gwsum, row_loss, diag: int, coef_scale: bool,
-                      sm_count: int, tiles=GRAD_TILES, descriptors: Optional[dict] = None, pdl: int = 0) -> None:
+                      sm_count: int, tiles=GRAD_TILES, descriptors: Optional[dict] = None,
+                      pdl: bool = GRAD_PDL) -> None:
     """coef G of a b^T into ``p`` with the row sums and the pair losses, the arguments as
     _siglip_grad_fused_kernel's with LOSS (a [M, D], b [N, D], p [M, N], 16-bit, rows TMA-aligned;
     scale, bias, coef fp32 one-element tensors; gsum, gwsum, row_loss fp32 [M]); ``descriptors``
@@ -596,8 +605,8 @@ def siglip_grad_block(a, b, p, scale, bias, coef, gsum, gwsum, row_loss, diag: i
     dp = _descriptor(p, [bm, bn], descriptors)
     grid = min(sm_count, -(-m // bm) * -(-n // bn))
     _siglip_grad_ws_kernel[(grid, )](da, db, dp, m, n, d, scale, bias, coef, gsum, gwsum, row_loss, diag,
-                                     COEF_SCALE=coef_scale, STAGES=stages, PDL=pdl, num_warps=4, maxnreg=168,
-                                     launch_pdl=pdl > 0)
+                                     COEF_SCALE=coef_scale, STAGES=stages, PDL=int(bool(pdl)), num_warps=4,
+                                     maxnreg=168, launch_pdl=bool(pdl))
 
 
 def clip_sums(a, b, scale, row_shift, col_shift, row_sum, col_sum, diag: int, sm_count: int,

@@ -1,3 +1,5 @@
+# (Ran on commit 842300d with PDL modes 0 / 1 / 2 and bench/device/tmp_pdl_check.py, deleted in the next commit;
+# the kept option is mode 1 as gluon_kernels.GRAD_PDL, on by default.)
 # 1 x H200 (counts part), issue 11: the Gluon gradient blocks launched with programmatic dependent launch (PDL):
 # mode 1, every partition waits (griddepcontrol.wait) for the previous kernel first; mode 2, the loader loads A and B
 # before that wait (the block's launch and first loads beside the previous GEMM's end). Results against mode 0 (the

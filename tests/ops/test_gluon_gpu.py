@@ -118,6 +118,50 @@ def _both(a, b, rows, cols, ref, diag, coef_scale, dscale):
     return out
 
 
+def test_a_pdl_launch_waits_for_the_kernel_before_it():
+    """Launched with programmatic dependent launch (GRAD_PDL), a gradient block's programs start
+    while the kernel before it drains. They must still read what that kernel wrote (features copied
+    in just before the launch) and leave P alone until that kernel has read it (the previous
+    block's GEMM of P, then a block of other values), eagerly and replayed in a CUDA graph: each P
+    the Triton kernel's, the GEMM's result that of the first P."""
+    assert gluon_kernels.GRAD_PDL
+    a_src, b, rows, cols, ref = _block(4096, 4096, 768, torch.bfloat16, 11)
+    scale, src = torch.full((1,), 14.0, device="cuda"), torch.full((1,), -2.5, device="cuda")
+    coefs = [torch.full((1,), c, device="cuda") for c in (0.37, -1.25)]
+
+    def args(coef):
+        return (scale, coef, 1.5, src, torch.zeros((), device="cuda"), rows, cols, ref, ref, 0, 2.0, 0.25, True, 1)
+
+    want = []
+    for coef in coefs:
+        want.append(torch.empty(4096, 4096, device="cuda", dtype=torch.bfloat16))
+        tri._fused(tri._clip_grad_fused_kernel, a_src, b, "grad", False, *args(coef), p=want[-1])
+    want_gemm = torch.mm(want[0], b)
+    a = torch.zeros_like(a_src)
+    p = torch.full_like(want[0], float("nan"))
+    gemm = torch.zeros_like(want_gemm)
+
+    def blocks():
+        a.copy_(a_src)  # (the kernel right before the first block writes its A)
+        assert tri._gluon_grad(tri._GLUON, a, b, p, args(coefs[0]))
+        torch.mm(p, b, out=gemm)  # (the second block must not write P before this GEMM has read it)
+        assert tri._gluon_grad(tri._GLUON, a, b, p, args(coefs[1]))
+
+    blocks()
+    torch.cuda.synchronize()
+    assert torch.equal(gemm, want_gemm) and torch.equal(p, want[1])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        blocks()
+    for _ in range(3):
+        a.zero_()
+        p.fill_(float("nan"))
+        gemm.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(gemm, want_gemm) and torch.equal(p, want[1])
+
+
 # (columns a multiple of 8: P's rows must be 16-byte aligned for its store by the copy engine)
 @pytest.mark.parametrize("m,n,d", [(3001, 2904, 200), (4096, 2312, 768), (2944, 3080, 96)])
 @pytest.mark.parametrize("diag", [0, 37, -5000])
