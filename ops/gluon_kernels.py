@@ -571,6 +571,22 @@ def _descriptor(t, block: list, cache: Optional[dict]):
     return desc
 
 
+def _launch_grad(kernel, a, b, p, args: tuple, sm_count: int, tiles, descriptors: Optional[dict],
+                 pdl: Optional[bool], **flags) -> None:
+    """A gradient kernel (_clip_grad_ws_kernel, _siglip_grad_ws_kernel) on a [M, D], b [N, D] into
+    p [M, N]: their TMA descriptors, one program an SM at most, ``args`` after the shapes, ``flags``
+    its constexprs besides STAGES and PDL (``pdl`` None: GRAD_PDL)."""
+    pdl = GRAD_PDL if pdl is None else bool(pdl)
+    bm, bn, bk, stages = tiles
+    (m, d), n = a.shape, b.shape[0]
+    da = _descriptor(a, [bm, bk], descriptors)
+    db = _descriptor(b, [bn, bk], descriptors)
+    dp = _descriptor(p, [bm, bn], descriptors)
+    grid = min(sm_count, -(-m // bm) * -(-n // bn))
+    kernel[(grid, )](da, db, dp, m, n, d, *args, **flags, STAGES=stages, PDL=int(pdl), num_warps=4, maxnreg=168,
+                     launch_pdl=pdl)
+
+
 def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref,
                     col_ref, diag, diag_value, offset, coef_scale: bool, dscale: int, sm_count: int,
                     tiles=GRAD_TILES, descriptors: Optional[dict] = None, pdl: Optional[bool] = None) -> None:
@@ -579,17 +595,9 @@ def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_
     ``descriptors``: a dict that keeps the TMA descriptors between calls on the same views (the
     blocks of one backward: each descriptor cost ~5 us of host time, h200_el); ``pdl``: launched
     with programmatic dependent launch (None: GRAD_PDL)."""
-    pdl = GRAD_PDL if pdl is None else bool(pdl)
-    bm, bn, bk, stages = tiles
-    (m, d), n = a.shape, b.shape[0]
-    da = _descriptor(a, [bm, bk], descriptors)
-    db = _descriptor(b, [bn, bk], descriptors)
-    dp = _descriptor(p, [bm, bn], descriptors)
-    grid = min(sm_count, -(-m // bm) * -(-n // bn))
-    _clip_grad_ws_kernel[(grid, )](da, db, dp, m, n, d, scale, coef, coef_mul, dscale_src, dscale_dst,
-                                   row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
-                                   COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, PDL=int(pdl), num_warps=4,
-                                   maxnreg=168, launch_pdl=pdl)
+    _launch_grad(_clip_grad_ws_kernel, a, b, p, (scale, coef, coef_mul, dscale_src, dscale_dst, row_lse, col_lse,
+                                                 row_ref, col_ref, diag, diag_value, offset),
+                 sm_count, tiles, descriptors, pdl, COEF_SCALE=coef_scale, DSCALE=dscale)
 
 
 def siglip_grad_block(a, b, p, scale, bias, coef, gsum, gwsum, row_loss, diag: int, coef_scale: bool,
@@ -598,18 +606,10 @@ def siglip_grad_block(a, b, p, scale, bias, coef, gsum, gwsum, row_loss, diag: i
     """coef G of a b^T into ``p`` with the row sums and the pair losses, the arguments as
     _siglip_grad_fused_kernel's with LOSS (a [M, D], b [N, D], p [M, N], 16-bit, rows TMA-aligned;
     scale, bias, coef fp32 one-element tensors; gsum, gwsum, row_loss fp32 [M]); ``descriptors``
-    as :func:`clip_grad_block`'s. (Without the losses the Triton kernel is as fast: 0.059 against
-    0.063 ms for a 4,096 x 4,096 block, h200_gc.) ``pdl`` as clip_grad_block's."""
-    pdl = GRAD_PDL if pdl is None else bool(pdl)
-    bm, bn, bk, stages = tiles
-    (m, d), n = a.shape, b.shape[0]
-    da = _descriptor(a, [bm, bk], descriptors)
-    db = _descriptor(b, [bn, bk], descriptors)
-    dp = _descriptor(p, [bm, bn], descriptors)
-    grid = min(sm_count, -(-m // bm) * -(-n // bn))
-    _siglip_grad_ws_kernel[(grid, )](da, db, dp, m, n, d, scale, bias, coef, gsum, gwsum, row_loss, diag,
-                                     COEF_SCALE=coef_scale, STAGES=stages, PDL=int(pdl), num_warps=4,
-                                     maxnreg=168, launch_pdl=pdl)
+    and ``pdl`` as :func:`clip_grad_block`'s. (Without the losses the Triton kernel is as fast:
+    0.059 against 0.063 ms for a 4,096 x 4,096 block, h200_gc.)"""
+    _launch_grad(_siglip_grad_ws_kernel, a, b, p, (scale, bias, coef, gsum, gwsum, row_loss, diag),
+                 sm_count, tiles, descriptors, pdl, COEF_SCALE=coef_scale)
 
 
 def clip_sums(a, b, scale, row_shift, col_shift, row_sum, col_sum, diag: int, sm_count: int,
