@@ -1,3 +1,4 @@
+# (its tmp_*.py is in commit 0c140c7 only: restore it from there to run this again)
 # 1 x H200 (counts part), issue 11: h200_it again after taking the index arithmetic of the loads out of the
 # consumers' k-loops (the next tile's origin once a tile), with a select-free path for plain tiles as a variant.
 source bench/device/env.sh

@@ -1,3 +1,4 @@
+# (its tmp_*.py is in commit 0c140c7 only: restore it from there to run this again)
 # 1 x H200 (counts part), issue 11: the op's Gluon CLIP gradient block with a select- and mask-free path for
 # plain tiles (device-only bench/device/tmp_plain_grad.py) against as is: blocks by replay at 32k / 65k, then
 # the op queued 20 ms at 16k-65k with it as a variant (same process), the compiled dense anchor.
