@@ -146,6 +146,14 @@ if not _WHY_NOT:
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
+    def _pdl_wait(mode):
+        """_gdc_wait in a gradient kernel launched with programmatic dependent launch: ``mode`` is
+        _grad_smem's buffer of shape [2^PDL, 1], whose shape stays a constexpr in every partition
+        (a helper returning the flag would not: Triton 3.6 keeps no constexpr from a jit return)."""
+        if mode.type.shape[0] == 2:
+            _gdc_wait()
+
+    @gluon.jit
     def _turn_mma(a_ring, b_ops, ready, empty, turn, acc, n, count, steps, WHICH: gl.constexpr,
                   B_BY_K: gl.constexpr):
         """One consumer's wgmma of one tile, in its turn at the tensor cores (the n-th tile of
@@ -179,8 +187,7 @@ if not _WHY_NOT:
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
         STAGES: gl.constexpr = a_ring.type.shape[0]
-        if bars[3].type.shape[0] == 2:  # (PDL, _grad_smem)
-            _gdc_wait()
+        _pdl_wait(bars[3])
         tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
         steps = gl.cdiv(D, BK)
         count = 0
@@ -237,8 +244,7 @@ if not _WHY_NOT:
                                                       instr_shape=[16, BN, 16])
         rows_l: gl.constexpr = gl.SliceLayout(1, mma)
         c_buf = c_bufs.index(WHICH)
-        if bars[3].type.shape[0] == 2:  # (PDL, _grad_smem)
-            _gdc_wait()
+        _pdl_wait(bars[3])
         scale = gl.load(scale_ptr)
         scale2 = scale * 1.4426950408889634
         coef = gl.load(coef_ptr) * coef_mul
@@ -361,8 +367,7 @@ if not _WHY_NOT:
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
         c_buf = c_bufs.index(WHICH)
-        if bars[3].type.shape[0] == 2:  # (PDL, _grad_smem)
-            _gdc_wait()
+        _pdl_wait(bars[3])
         scale = gl.load(scale_ptr)
         bias = gl.load(bias_ptr)
         nan_sb = scale * 0.0 + bias * 0.0  # NaN iff scale or bias is not finite, else 0
