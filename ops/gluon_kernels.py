@@ -28,6 +28,11 @@ Design points measured on the way (bench/device/h200_dc.sh to h200_dm.sh):
 * Tile sizes are read from the descriptors inside the partitions, the flags from a small buffer's
   shape: constexprs passed through ``warp_specialize``'s arguments arrive as tensors.
 
+The blocks that hold no positive in whole tiles (most of a large backward's) go to a variant with
+128 x 128 tiles a consumer and an epilogue without selects or masks (_clip_grad_plain_kernel,
+GRAD_PLAIN; h200_iw to h200_ja): its MMA alone runs 0.029 against 0.038 ms at 32k (B read once for two
+64-row wgmmas), and a consumer's epilogue, which binds at that size, is the cheaper one.
+
 The SigLIP block (h200_fz to h200_gd) takes the same loader and ping-pong consumers with SigLIP's
 epilogue: 0.067 against 0.081 ms for the Triton kernel at 4,096 x 4,096, 0.132 against 0.163 at
 8,192 x 4,096. Built first with the pair losses' atomic before P's store, it took 0.114: the
@@ -81,8 +86,8 @@ try:
 except (ImportError, AttributeError) as exc:  # an older Triton: the Triton kernel serves
     _WHY_NOT = f"{type(exc).__name__}: {exc}"
 
-__all__ = ["available", "clip_grad_block", "clip_sums", "siglip_grad_block", "GRAD_TILES", "SUMS_MAX_DIM",
-           "SUMS_TILES"]
+__all__ = ["available", "clip_grad_block", "clip_sums", "plain_block", "siglip_grad_block", "GRAD_PLAIN_TILES",
+           "GRAD_TILES", "SUMS_MAX_DIM", "SUMS_TILES"]
 
 GRAD_TILES = (64, 128, 64, 6)
 """BLOCK_M, BLOCK_N, BLOCK_K of a consumer's tile and the ring's stages (180 KB of shared memory
@@ -93,6 +98,21 @@ SUMS_TILES = (64, 128, 64, 4, 32)
 row tiles of one work item (a chunk of one column strip). The item's column block of B stays in
 shared memory whole (BLOCK_N x D: 192 KB at D = 768), so the ring gets what is left
 (_sums_stages: 3 stages at D = 768)."""
+
+GRAD_PLAIN_TILES = (128, 128, 64, 4)
+"""_clip_grad_plain_kernel's BLOCK_M (two halves of 64 rows a consumer), BLOCK_N, BLOCK_K and stages
+(196 KB of shared memory with the two 128 x 128 P buffers)."""
+
+GRAD_PLAIN = True
+"""Whether clip_grad_block takes the blocks with no positive and whole 128 x 128 tiles (the op's
+off-diagonal blocks: 56 of 64 at B = 32k) with _clip_grad_plain_kernel: each consumer's tile is
+128 x 128 (B read from shared memory once for two 64-row wgmmas: a third fewer bytes a FLOP than
+64 x 128) and its epilogue has no selects and no masks. On an H200 (h200_iz) a 4,096 x 4,096 block
+at 32k 0.049 against 0.054 ms (DSCALE 2), 0.042 against 0.050 (DSCALE 1); the op queued 20 ms,
+CLIP 11.00 / 42.06 / 172.2 / 700.4 against 11.13 / 43.08 / 179.2 / 731.4 ms at 32k / 65k / 131k /
+262k. The 128 x 128 tiles with the selects and masks were no faster than 64 x 128 (h200_iw, h200_ix:
+their MMA alone 0.029 against 0.038 ms, but the longer epilogue gave it back, and the d-scale sums
+spilled)."""
 
 GRAD_PDL = True
 """Whether the gradient kernels launch with programmatic dependent launch: a block's programs start
@@ -337,6 +357,125 @@ if not _WHY_NOT:
         # registers: 168 a thread for the 12 warps at launch (64K / 384), moved at run time from
         # the loader's warpgroup (40) to the consumers' (232)
         gl.warp_specialize([(_consumer0, args), (_loader, args), (_consumer1, args)], [1, 4], [40, 232])
+
+    @gluon.jit
+    def _turn_mma_halves(a_ring, b_ring, ready, empty, turn, acc_t, acc_b, n, count, steps, WHICH: gl.constexpr):
+        """_turn_mma for a tile of 2 x 64 rows: each chunk's B slot against both 64-row halves of its A
+        slot (two m64 wgmmas that read B once each), into the halves' accumulators."""
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        HM: gl.constexpr = a_ring.type.shape[1] // 2
+        mbarrier.wait(turn.index(WHICH), (n & 1) ^ (1 - WHICH))
+        for k in range(steps):
+            s = count % STAGES
+            mbarrier.wait(ready.index(s), (count // STAGES) & 1)
+            b = b_ring.index(s).permute((1, 0))
+            acc_t = warpgroup_mma(a_ring.index(s).slice(0, HM), b, acc_t, is_async=True)
+            acc_b = warpgroup_mma(a_ring.index(s).slice(HM, HM), b, acc_b, is_async=True)
+            acc_t, acc_b = warpgroup_mma_wait(num_outstanding=2, deps=(acc_t, acc_b))
+            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
+            count += 1
+        acc_t, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t, acc_b))
+        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
+        mbarrier.arrive(turn.index(1 - WHICH))
+        return acc_t, acc_b
+
+    @gluon.jit
+    def _plain_half(acc, c_half, off_m, offs_n, row_lse, col_lse, row_ref, col_ref, scale2, offset, coef_p,
+                    DSCALE: gl.constexpr):
+        """_consumer's epilogue on 64 rows of a tile with no positive and no bound in it, the same values
+        without the selects and masks: P coef into ``c_half``; returns the rows' d-scale terms."""
+        HM: gl.constexpr = acc.type.shape[0]
+        BN: gl.constexpr = acc.type.shape[1]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BN, 16])
+        offs_m = off_m + gl.arange(0, HM, layout=gl.SliceLayout(1, mma))
+        r2 = gl.load(row_lse + offs_m) * 1.4426950408889634
+        c2 = gl.load(col_lse + offs_n) * 1.4426950408889634
+        t2 = acc * scale2
+        e_r = gl.exp2(t2 - gl.expand_dims(r2, 1))
+        e_c = gl.exp2(t2 - gl.expand_dims(c2, 0))
+        p = e_r + e_c - offset
+        w = gl.zeros([HM], gl.float32, layout=gl.SliceLayout(1, mma))
+        if DSCALE == 2:
+            rr = gl.load(row_ref + offs_m)
+            cr = gl.load(col_ref + offs_n)
+            w = gl.sum(e_r * (acc - gl.expand_dims(rr, 1)) + e_c * (acc - gl.expand_dims(cr, 0)), axis=1)
+        c_half.store((p * coef_p).to(c_half.dtype))
+        return w
+
+    @gluon.jit
+    def _plain_consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, WHICH: gl.constexpr):
+        """_consumer for a block with no positive and whole tiles of 2 x 64 rows a consumer: the halves'
+        wgmma in its turn, then each half's epilogue into its half of this consumer's P buffer, one
+        TMA store a tile."""
+        a_ring, b_ring, c_bufs = rings
+        (scale_ptr, coef_ptr, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref, diag,
+         diag_value, offset, flags) = scalars
+        COEF_SCALE: gl.constexpr = flags.type.shape[0] // 2
+        DSCALE: gl.constexpr = flags.type.shape[1] // 2
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        HM: gl.constexpr = BM // 2
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BN, 16])
+        c_buf = c_bufs.index(WHICH)
+        _pdl_wait(bars[3])
+        scale = gl.load(scale_ptr)
+        scale2 = scale * 1.4426950408889634
+        coef = gl.load(coef_ptr) * coef_mul
+        if DSCALE == 1:
+            if WHICH == 0:
+                gl.store(dscale_dst, coef * gl.load(dscale_src), mask=gl.program_id(0) == 0)
+        coef_p = coef * scale if COEF_SCALE else coef
+        tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
+        steps = gl.cdiv(D, BK)
+        w_acc = gl.zeros([HM], gl.float32, layout=gl.SliceLayout(1, mma))
+        nprog = gl.num_programs(0)
+        n = 0
+        for tile in range(gl.program_id(0) + WHICH * nprog, tiles, 2 * nprog):
+            off_m, off_n = _tile_origin(tile, M, N, BM, BN, _GROUP_M)
+            acc_t = gl.zeros([HM, BN], gl.float32, layout=mma)
+            acc_b = gl.zeros([HM, BN], gl.float32, layout=mma)
+            acc_t, acc_b = _turn_mma_halves(a_ring, b_ring, bars[0], bars[1], bars[2], acc_t, acc_b, n,
+                                            (2 * n + WHICH) * steps, steps, WHICH)
+            n += 1
+            offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
+            tma.store_wait(pendings=0)  # (this consumer's previous tile has left its buffer)
+            w_acc += _plain_half(acc_t, c_buf.slice(0, HM), off_m, offs_n, row_lse, col_lse, row_ref, col_ref,
+                                 scale2, offset, coef_p, DSCALE)
+            w_acc += _plain_half(acc_b, c_buf.slice(HM, HM), off_m + HM, offs_n, row_lse, col_lse, row_ref,
+                                 col_ref, scale2, offset, coef_p, DSCALE)
+            fence_async_shared()
+            _tma_store(p_desc, [off_m, off_n], c_buf)
+        tma.store_wait(pendings=0)
+        if DSCALE == 2:
+            gl.atomic_add(dscale_dst, coef * gl.sum(w_acc, axis=0), sem="relaxed")
+
+    @gluon.jit
+    def _plain_consumer0(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
+        _plain_consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, 0)
+
+    @gluon.jit
+    def _plain_consumer1(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
+        _plain_consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, 1)
+
+    @gluon.jit
+    def _clip_grad_plain_kernel(a_desc, b_desc, p_desc, M, N, D, scale_ptr, coef_ptr, coef_mul, dscale_src,
+                                dscale_dst, row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
+                                COEF_SCALE: gl.constexpr, DSCALE: gl.constexpr, STAGES: gl.constexpr,
+                                PDL: gl.constexpr):
+        """_clip_grad_ws_kernel on a block with no positive and whole tiles (plain_block), tiles of
+        GRAD_PLAIN_TILES: the loader's ring of 128-row A and 128-row B chunks, each consumer's tile in
+        two 64-row halves."""
+        rings, bars = _grad_smem(a_desc, b_desc, p_desc, STAGES, PDL)
+        flags = gl.allocate_shared_memory(gl.int8, [1 << COEF_SCALE, 1 << DSCALE],
+                                          gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        scalars = (scale_ptr, coef_ptr, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref,
+                   diag, diag_value, offset, flags)
+        args = (a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars)
+        gl.warp_specialize([(_plain_consumer0, args), (_loader, args), (_plain_consumer1, args)], [1, 4],
+                           [40, 232])
 
 
     @gluon.jit
@@ -592,15 +731,29 @@ def _launch_grad(kernel, a, b, p, args: tuple, sm_count: int, tiles, descriptors
                      launch_pdl=pdl)
 
 
+def plain_block(m: int, n: int, diag: int, plain: Optional[bool] = None) -> bool:
+    """Whether clip_grad_block takes an [m, n] block whose positives sit at i - j == ``diag`` with
+    _clip_grad_plain_kernel: none of them in the block, whole GRAD_PLAIN_TILES tiles, and ``plain``
+    (None: GRAD_PLAIN)."""
+    bm, bn = GRAD_PLAIN_TILES[:2]
+    return (GRAD_PLAIN if plain is None else bool(plain)) and m % bm == 0 and n % bn == 0 and not -n < diag < m
+
+
 def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref,
                     col_ref, diag, diag_value, offset, coef_scale: bool, dscale: int, sm_count: int,
-                    tiles=GRAD_TILES, descriptors: Optional[dict] = None, pdl: Optional[bool] = None) -> None:
+                    tiles=GRAD_TILES, descriptors: Optional[dict] = None, pdl: Optional[bool] = None,
+                    plain: Optional[bool] = None) -> None:
     """P = a b^T's gradient block into ``p`` (and d scale as DSCALE says), the arguments as
     _clip_grad_fused_kernel's: a [M, D], b [N, D], p [M, N], 16-bit, rows TMA-aligned.
     ``descriptors``: a dict that keeps the TMA descriptors between calls on the same views (the
     blocks of one backward: each descriptor cost ~5 us of host time, h200_el); ``pdl``: launched
-    with programmatic dependent launch (None: GRAD_PDL)."""
-    _launch_grad(_clip_grad_ws_kernel, a, b, p, (scale, coef, coef_mul, dscale_src, dscale_dst, row_lse, col_lse,
+    with programmatic dependent launch (None: GRAD_PDL). A block without positives in whole tiles
+    (:func:`plain_block`, ``plain`` None: GRAD_PLAIN) goes to _clip_grad_plain_kernel with
+    GRAD_PLAIN_TILES, any other to _clip_grad_ws_kernel with ``tiles``."""
+    kernel = _clip_grad_ws_kernel
+    if plain_block(a.shape[0], b.shape[0], int(diag), plain):
+        kernel, tiles = _clip_grad_plain_kernel, GRAD_PLAIN_TILES
+    _launch_grad(kernel, a, b, p, (scale, coef, coef_mul, dscale_src, dscale_dst, row_lse, col_lse,
                                                  row_ref, col_ref, diag, diag_value, offset),
                  sm_count, tiles, descriptors, pdl, COEF_SCALE=coef_scale, DSCALE=dscale)
 

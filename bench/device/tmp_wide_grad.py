@@ -25,6 +25,8 @@ from infclip.ops.gluon_kernels import (_grad_smem, _loader, _pdl_wait, _tile_ori
 
 _GROUP_M = gl.constexpr(8)
 WIDE_TILES = (128, 128, 64, 4)
+EPI = gl.constexpr(int(os.environ.get("WIDE_EPI", "0")))  # timing only, without d-scale sums: 1 no selects, 2 one exp, 3 both
+PLAIN = gl.constexpr(int(os.environ.get("WIDE_PLAIN", "0")))  # 1: tiles without positives or bounds by _half_plain, 2: all
 REGS = gl.constexpr([int(x) for x in os.environ.get("WIDE_REGS", "40,232").split(",")])
 
 
@@ -79,6 +81,62 @@ def _half(acc, c_half, off_m, offs_n, mask_n, col_lse, col_ref, row_lse, row_ref
 
 
 @gluon.jit
+def _half_plain(acc, c_half, off_m, offs_n, col_lse, col_ref, row_lse, row_ref, scale2, offset, coef_p,
+                DSCALE: gl.constexpr):
+    """_half on a tile with no positive and no bound in it: the same values without the selects and masks."""
+    HM: gl.constexpr = acc.type.shape[0]
+    BN: gl.constexpr = acc.type.shape[1]
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+    offs_m = off_m + gl.arange(0, HM, layout=gl.SliceLayout(1, mma))
+    r2 = gl.load(row_lse + offs_m) * 1.4426950408889634
+    c2 = gl.load(col_lse + offs_n) * 1.4426950408889634
+    t2 = acc * scale2
+    e_r = gl.exp2(t2 - gl.expand_dims(r2, 1))
+    e_c = gl.exp2(t2 - gl.expand_dims(c2, 0))
+    p = e_r + e_c - offset
+    w = gl.zeros([HM], gl.float32, layout=gl.SliceLayout(1, mma))
+    if DSCALE == 2:
+        rr = gl.load(row_ref + offs_m)
+        cr = gl.load(col_ref + offs_n)
+        w = gl.sum(e_r * (acc - gl.expand_dims(rr, 1)) + e_c * (acc - gl.expand_dims(cr, 0)), axis=1)
+    c_half.store((p * coef_p).to(c_half.dtype))
+    return w
+
+
+@gluon.jit
+def _half_fast(acc, c_half, off_m, offs_n, mask_n, col_lse, row_lse, row_ref, M, diag, scale2, diag_value, offset,
+               coef_p, k2):
+    """Timing only (--epi): the epilogue without the d-scale sums, EPI 1: no positives' selects (wrong on the
+    tiles that hold positives), 2: one exponential a logit (e_c = e_r 2^(r2 - k2) 2^(k2 - c2), no range
+    check), 3: both."""
+    HM: gl.constexpr = acc.type.shape[0]
+    BN: gl.constexpr = acc.type.shape[1]
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+    offs_m = off_m + gl.arange(0, HM, layout=gl.SliceLayout(1, mma))
+    mask_m = offs_m < M
+    r2 = gl.load(row_lse + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
+    c2 = gl.load(col_lse + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
+    if EPI == 2:
+        rr = gl.load(row_ref + offs_m, mask=mask_m, other=0.0)
+        pos = (gl.expand_dims(offs_m, 1) - gl.expand_dims(offs_n, 0)) == diag
+        t2 = gl.where(pos, gl.expand_dims(rr, 1), acc) * scale2
+    else:
+        t2 = acc * scale2
+    e_r = gl.exp2(t2 - gl.expand_dims(r2, 1))
+    if EPI == 1:
+        q = e_r + gl.exp2(t2 - gl.expand_dims(c2, 0))
+    else:
+        u = gl.exp2(r2 - k2)
+        v = gl.exp2(k2 - c2)
+        q = e_r * (gl.expand_dims(u, 1) * gl.expand_dims(v, 0) + 1.0)
+    if EPI == 2:
+        p = q - (gl.where(pos, diag_value, 0.0) + offset)
+    else:
+        p = q - offset
+    c_half.store((p * coef_p).to(c_half.dtype))
+
+
+@gluon.jit
 def _wide_consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, WHICH: gl.constexpr):
     a_ring, b_ring, c_bufs = rings
     ready, empty, turn = bars[0], bars[1], bars[2]
@@ -115,10 +173,28 @@ def _wide_consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, WHICH:
         offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
         mask_n = offs_n < N
         tma.store_wait(pendings=0)
-        w_acc += _half(acc_t, c_buf.slice(0, HM), off_m, offs_n, mask_n, col_lse, col_ref, row_lse, row_ref, M, diag, scale2,
-                       diag_value, offset, coef_p, DSCALE)
-        w_acc += _half(acc_b, c_buf.slice(HM, HM), off_m + HM, offs_n, mask_n, col_lse, col_ref, row_lse, row_ref, M, diag,
-                       scale2, diag_value, offset, coef_p, DSCALE)
+        if EPI != 0 and DSCALE != 2:
+            k2 = gl.load(col_lse + off_n) * 1.4426950408889634
+            _half_fast(acc_t, c_buf.slice(0, HM), off_m, offs_n, mask_n, col_lse, row_lse, row_ref, M, diag, scale2,
+                       diag_value, offset, coef_p, k2)
+            _half_fast(acc_b, c_buf.slice(HM, HM), off_m + HM, offs_n, mask_n, col_lse, row_lse, row_ref, M, diag,
+                       scale2, diag_value, offset, coef_p, k2)
+        elif PLAIN == 2:  # (a block with no positive and no bound: the caller's choice)
+            w_acc += _half_plain(acc_t, c_buf.slice(0, HM), off_m, offs_n, col_lse, col_ref, row_lse, row_ref, scale2,
+                                 offset, coef_p, DSCALE)
+            w_acc += _half_plain(acc_b, c_buf.slice(HM, HM), off_m + HM, offs_n, col_lse, col_ref, row_lse, row_ref,
+                                 scale2, offset, coef_p, DSCALE)
+        elif PLAIN == 1 and (off_m + BM <= M) & (off_n + BN <= N) & ((diag < off_m - off_n - BN + 1)
+                                                                  | (diag > off_m - off_n + BM - 1)):
+            w_acc += _half_plain(acc_t, c_buf.slice(0, HM), off_m, offs_n, col_lse, col_ref, row_lse, row_ref, scale2,
+                                 offset, coef_p, DSCALE)
+            w_acc += _half_plain(acc_b, c_buf.slice(HM, HM), off_m + HM, offs_n, col_lse, col_ref, row_lse, row_ref,
+                                 scale2, offset, coef_p, DSCALE)
+        else:
+            w_acc += _half(acc_t, c_buf.slice(0, HM), off_m, offs_n, mask_n, col_lse, col_ref, row_lse, row_ref, M, diag,
+                           scale2, diag_value, offset, coef_p, DSCALE)
+            w_acc += _half(acc_b, c_buf.slice(HM, HM), off_m + HM, offs_n, mask_n, col_lse, col_ref, row_lse, row_ref,
+                           M, diag, scale2, diag_value, offset, coef_p, DSCALE)
         fence_async_shared()
         _tma_store(p_desc, [off_m, off_n], c_buf)
     tma.store_wait(pendings=0)
@@ -275,7 +351,107 @@ def cut_blocks():
                 print(f"B={size:<7} round {rnd} {name:<12} DSCALE 1 block {graph_timed(fn, 7):.4f} ms", flush=True)
 
 
+def epi_blocks():
+    """Timing only: the wide kernel's epilogue without selects / with one exponential a logit (EPI 1-3), DSCALE
+    1, against the wide kernel and the op's as they are."""
+    from diag_gluon_grad import graph_timed, FirstBlock
+    src = open(os.path.abspath(__file__)).read()
+    mods = {}
+    for epi, name in ((1, "no selects"), (2, "one exp"), (3, "both")):
+        os.environ["WIDE_EPI"] = str(epi)
+        mods[name] = _module(__file__, src, f"wide_epi{epi}")
+    os.environ["WIDE_EPI"] = "0"
+    for size in (32768, 65536):
+        blk = FirstBlock(size, 768)
+        ref = blk.out()
+        clip_grad_block_wide(blk.a, blk.b, ref, *blk.args, blk.scratch, *blk.vectors, True, 1, blk.sms)
+        p = blk.out()
+        for name, mod in mods.items():
+            mod.clip_grad_block_wide(blk.a, blk.b, p, *blk.args, blk.scratch, *blk.vectors, True, 1, blk.sms)
+            diff = (p.float() - ref.float()).abs()
+            print(f"B={size} {name}: P max diff {diff.max().item():.3g}, entries differing "
+                  f"{(diff > 0).float().mean().item():.3g}, rel {(diff / ref.float().abs().clamp_min(1e-30)).max().item():.3g}",
+                  flush=True)
+        fns = {"as is": lambda: blk.gluon(p, dscale=1),
+               "wide": lambda: clip_grad_block_wide(blk.a, blk.b, p, *blk.args, blk.scratch, *blk.vectors, True, 1,
+                                                    blk.sms)}
+        for name, mod in mods.items():
+            fns[f"wide {name}"] = lambda mod=mod: mod.clip_grad_block_wide(blk.a, blk.b, p, *blk.args, blk.scratch,
+                                                                          *blk.vectors, True, 1, blk.sms)
+        for rnd in range(3):
+            for name, fn in fns.items():
+                print(f"B={size:<7} round {rnd} {name:<16} DSCALE 1 block {graph_timed(fn, 7):.4f} ms", flush=True)
+
+
+def plain_module():
+    """This file's kernel with PLAIN 2 (every tile by _half_plain)."""
+    os.environ["WIDE_PLAIN"] = "2"
+    try:
+        return _module(__file__, open(os.path.abspath(__file__)).read(), "wide_plain")
+    finally:
+        os.environ["WIDE_PLAIN"] = "0"
+
+
+def wide_plain_launch(mod):
+    """gluon_kernels.clip_grad_block's stand-in: a block with no positive (i - j == diag nowhere) and whole
+    128 x 128 tiles goes to the wide plain kernel, any other to the op's kernel with its tiles."""
+    def launch(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref, diag,
+               diag_value, offset, coef_scale, dscale, sm_count, tiles=None, descriptors=None, pdl=None):
+        m, n = a.shape[0], b.shape[0]
+        args = (a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref, diag,
+                diag_value, offset, coef_scale, dscale, sm_count)
+        if m % 128 == 0 and n % 128 == 0 and not -(n - 1) <= diag <= m - 1:
+            mod.clip_grad_block_wide(*args, descriptors=descriptors, pdl=pdl)
+        else:
+            glk.clip_grad_block(*args, glk.GRAD_TILES, descriptors, pdl)
+    return launch
+
+
+def plain_blocks(mod):
+    """A block with no positives (diag far outside): the op's kernel against the wide plain one, P and d scale,
+    GPU time alone and with the block's two GEMMs, DSCALE 2 and 1."""
+    from diag_gluon_grad import graph_timed, FirstBlock
+    import infclip.ops.contrastive_loss_triton as tri
+    for size in (32768, 65536):
+        blk = FirstBlock(size, 768)
+        vec = list(blk.vectors)
+        vec[4] = 1 << 30
+        for dscale in (2, 1):
+            ref, out = blk.out(), blk.out()
+            d_ref, d = torch.zeros((), device="cuda"), torch.zeros((), device="cuda")
+            glk.clip_grad_block(blk.a, blk.b, ref, *blk.args, d_ref, *vec, True, dscale, blk.sms)
+            mod.clip_grad_block_wide(blk.a, blk.b, out, *blk.args, d, *vec, True, dscale, blk.sms)
+            torch.cuda.synchronize()
+            print(f"B={size} no positives, DSCALE {dscale} wide plain: P equal {torch.equal(out, ref)}, d scale "
+                  f"{d.item():.9g} against {d_ref.item():.9g}", flush=True)
+        acc_a = torch.zeros(blk.rows, 768, device="cuda")
+        acc_b = torch.zeros(blk.cols, 768, device="cuda")
+        p = blk.out()
+        fns = {}
+        for ds in (2, 1):
+            fns[f"as is d{ds}"] = lambda ds=ds: glk.clip_grad_block(blk.a, blk.b, p, *blk.args, blk.scratch, *vec,
+                                                                     True, ds, blk.sms)
+            fns[f"plain d{ds}"] = lambda ds=ds: mod.clip_grad_block_wide(blk.a, blk.b, p, *blk.args, blk.scratch,
+                                                                          *vec, True, ds, blk.sms)
+        for rnd in range(3):
+            for name, fn in fns.items():
+                alone = graph_timed(fn, 7)
+                both = graph_timed(lambda: (fn(), tri._addmm_(acc_a, p, blk.b), tri._addmm_(acc_b, p.T, blk.a)), 7)
+                print(f"B={size:<7} round {rnd} {name:<9} block {alone:.4f} ms, block + GEMMs {both:.4f} ms",
+                      flush=True)
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--plain":
+        mod = plain_module()
+        plain_blocks(mod)
+        glk.clip_grad_block_wideplain = wide_plain_launch(mod)
+        import bench_contrastive_loss
+        bench_contrastive_loss.main(sys.argv[2:])
+        sys.exit()
+    if sys.argv[1:] == ["--epi"]:
+        epi_blocks()
+        sys.exit()
     if sys.argv[1:] == ["--cuts"]:
         cut_blocks()
         sys.exit()

@@ -172,6 +172,23 @@ def test_gluon_block_equals_the_triton_kernel(m, n, d, diag):
     torch.testing.assert_close(dst, want_dst, rtol=1e-5, atol=0)
 
 
+@pytest.mark.parametrize("m,n,d", [(4096, 2304, 768), (2944, 3072, 200), (1024, 8192, 96)])
+@pytest.mark.parametrize("side", ["below", "above"])
+@pytest.mark.parametrize("dtype,coef_scale,dscale", [(torch.bfloat16, True, 2), (torch.bfloat16, True, 1),
+                                                     (torch.float16, False, 0)])
+def test_gluon_plain_block_equals_the_triton_kernel(m, n, d, side, dtype, coef_scale, dscale):
+    """A block with no positive in whole 128 x 128 tiles (the op's off-diagonal blocks) goes to
+    _clip_grad_plain_kernel, whose P is the Triton kernel's bit for bit and its d scale the same up
+    to the atomic sums' order."""
+    diag = m + 3 if side == "above" else -n - 5
+    assert gluon_kernels.plain_block(m, n, diag)
+    a, b, rows, cols, ref = _block(m, n, d, dtype, m + n + d)
+    (p, dst), (want, want_dst) = _both(a, b, rows, cols, ref, diag, coef_scale, dscale)
+    assert torch.equal(p, want)
+    if dscale:
+        torch.testing.assert_close(dst, want_dst, rtol=1e-5, atol=0)
+
+
 @pytest.mark.parametrize("dtype,coef_scale,dscale", [(torch.bfloat16, True, 1), (torch.float16, False, 0),
                                                      (torch.float16, True, 2)])
 def test_gluon_block_flags_and_dtypes(dtype, coef_scale, dscale):
@@ -182,10 +199,11 @@ def test_gluon_block_flags_and_dtypes(dtype, coef_scale, dscale):
         torch.testing.assert_close(dst, want_dst, rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize("b", [8192, 12288])
+@pytest.mark.parametrize("b", [8192, 12288, 32768])
 def test_op_backward_takes_it(b, monkeypatch):
     """The op's CLIP backward with the Gluon block and with the Triton block: the same loss and
-    gradients (up to the atomic sums' order)."""
+    gradients (up to the atomic sums' order); at 32k most of its blocks hold no positive and take
+    the plain kernel."""
     with_it, without = _op_with_and_without(b, tri._GLUON, "clip_grad_block", monkeypatch)
     for got, want in zip(with_it, without):
         torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
