@@ -185,17 +185,13 @@ def main(argv=None) -> None:
               f"{'yes' if ours else ''} |", flush=True)
     if glk.available():
         return
-    for dtype, coef_scale, dscale in (("bf16", True, 1), ("bf16", True, 2), ("fp16", False, 0)):
-        name = f"gluon_clip_grad {dtype} coef_scale={coef_scale} dscale={dscale}"
-        if args.match in name:
-            r = gluon_resources(dtype, coef_scale, dscale, target)
-            print(f"| {name} | {glk.GRAD_TILES} | {r['regs']} | {r['stack']} | {r['shared']} | yes |", flush=True)
-    for dtype, coef_scale, dscale in (("bf16", True, 1), ("bf16", True, 2), ("fp16", False, 0)):
-        name = f"gluon_plain_clip_grad {dtype} coef_scale={coef_scale} dscale={dscale}"
-        if args.match in name:
-            r = gluon_resources(dtype, coef_scale, dscale, target, plain=True)
-            print(f"| {name} | {glk.GRAD_PLAIN_TILES} | {r['regs']} | {r['stack']} | {r['shared']} | yes |",
-                  flush=True)
+    for label, plain, tiles in (("gluon_clip_grad", False, glk.GRAD_TILES),
+                                ("gluon_plain_clip_grad", True, glk.GRAD_PLAIN_TILES)):
+        for dtype, coef_scale, dscale in (("bf16", True, 1), ("bf16", True, 2), ("fp16", False, 0)):
+            name = f"{label} {dtype} coef_scale={coef_scale} dscale={dscale}"
+            if args.match in name:
+                r = gluon_resources(dtype, coef_scale, dscale, target, plain)
+                print(f"| {name} | {tiles} | {r['regs']} | {r['stack']} | {r['shared']} | yes |", flush=True)
     for dtype, coef_scale in (("bf16", True), ("fp16", False)):
         name = f"gluon_siglip_grad {dtype} coef_scale={coef_scale}"
         if args.match in name:

@@ -248,6 +248,34 @@ if not _WHY_NOT:
         _tma_store(p_desc, [off_m, off_n], c_buf)
 
     @gluon.jit
+    def _clip_coefs(scalars, WHICH: gl.constexpr):
+        """A CLIP gradient consumer's set-up: (scale log2(e), coef, P's factor: coef, times scale with
+        COEF_SCALE); with DSCALE 1 program 0's first consumer writes the single-device d scale (as
+        _grad_coef)."""
+        scale_ptr, coef_ptr, coef_mul, dscale_src, dscale_dst, flags = (scalars[0], scalars[1], scalars[2],
+                                                                        scalars[3], scalars[4], scalars[12])
+        COEF_SCALE: gl.constexpr = flags.type.shape[0] // 2  # (shape [2^COEF_SCALE, 2^DSCALE])
+        DSCALE: gl.constexpr = flags.type.shape[1] // 2
+        scale = gl.load(scale_ptr)
+        scale2 = scale * 1.4426950408889634
+        coef = gl.load(coef_ptr) * coef_mul
+        if DSCALE == 1:
+            if WHICH == 0:
+                gl.store(dscale_dst, coef * gl.load(dscale_src), mask=gl.program_id(0) == 0)
+        coef_p = coef * scale if COEF_SCALE else coef
+        return scale2, coef, coef_p
+
+    @gluon.jit
+    def _clip_finish(w_acc, coef, scalars):
+        """A CLIP gradient consumer's end: its last P store out of its buffer, and with DSCALE 2 its
+        rows' d-scale terms (``w_acc``) added to the d scale."""
+        flags = scalars[12]
+        DSCALE: gl.constexpr = flags.type.shape[1] // 2
+        tma.store_wait(pendings=0)
+        if DSCALE == 2:
+            gl.atomic_add(scalars[4], coef * gl.sum(w_acc, axis=0), sem="relaxed")
+
+    @gluon.jit
     def _consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, WHICH: gl.constexpr):
         """One warpgroup: every other tile of this program (WHICH 0: the first), its wgmma over the
         ring's chunks in its turn, then _clip_grad_fused_kernel's epilogue (the same arithmetic in
@@ -255,8 +283,7 @@ if not _WHY_NOT:
         a_ring, b_ring, c_bufs = rings
         (scale_ptr, coef_ptr, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref, diag,
          diag_value, offset, flags) = scalars
-        COEF_SCALE: gl.constexpr = flags.type.shape[0] // 2  # (shape [2^COEF_SCALE, 2^DSCALE])
-        DSCALE: gl.constexpr = flags.type.shape[1] // 2
+        DSCALE: gl.constexpr = flags.type.shape[1] // 2  # (flags of shape [2^COEF_SCALE, 2^DSCALE])
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
@@ -265,13 +292,7 @@ if not _WHY_NOT:
         rows_l: gl.constexpr = gl.SliceLayout(1, mma)
         c_buf = c_bufs.index(WHICH)
         _pdl_wait(bars[3])
-        scale = gl.load(scale_ptr)
-        scale2 = scale * 1.4426950408889634
-        coef = gl.load(coef_ptr) * coef_mul
-        if DSCALE == 1:  # (as _grad_coef: program 0 writes the single-device d scale)
-            if WHICH == 0:
-                gl.store(dscale_dst, coef * gl.load(dscale_src), mask=gl.program_id(0) == 0)
-        coef_p = coef * scale if COEF_SCALE else coef
+        scale2, coef, coef_p = _clip_coefs(scalars, WHICH)
         tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
         steps = gl.cdiv(D, BK)
         w_acc = gl.zeros([BM], gl.float32, layout=rows_l)
@@ -297,9 +318,7 @@ if not _WHY_NOT:
                 w_acc += gl.sum(gl.where(inside, e_r * (t - gl.expand_dims(rr, 1))
                                          + e_c * (t - gl.expand_dims(cr, 0)), 0.0), axis=1)
             _store_tile(p_desc, c_buf, p * coef_p, off_m, off_n)
-        tma.store_wait(pendings=0)
-        if DSCALE == 2:
-            gl.atomic_add(dscale_dst, coef * gl.sum(w_acc, axis=0), sem="relaxed")
+        _clip_finish(w_acc, coef, scalars)
 
     @gluon.jit
     def _consumer0(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
@@ -411,7 +430,6 @@ if not _WHY_NOT:
         a_ring, b_ring, c_bufs = rings
         (scale_ptr, coef_ptr, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref, diag,
          diag_value, offset, flags) = scalars
-        COEF_SCALE: gl.constexpr = flags.type.shape[0] // 2
         DSCALE: gl.constexpr = flags.type.shape[1] // 2
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
@@ -421,13 +439,7 @@ if not _WHY_NOT:
                                                       instr_shape=[16, BN, 16])
         c_buf = c_bufs.index(WHICH)
         _pdl_wait(bars[3])
-        scale = gl.load(scale_ptr)
-        scale2 = scale * 1.4426950408889634
-        coef = gl.load(coef_ptr) * coef_mul
-        if DSCALE == 1:
-            if WHICH == 0:
-                gl.store(dscale_dst, coef * gl.load(dscale_src), mask=gl.program_id(0) == 0)
-        coef_p = coef * scale if COEF_SCALE else coef
+        scale2, coef, coef_p = _clip_coefs(scalars, WHICH)
         tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
         steps = gl.cdiv(D, BK)
         w_acc = gl.zeros([HM], gl.float32, layout=gl.SliceLayout(1, mma))
@@ -448,9 +460,7 @@ if not _WHY_NOT:
                                  col_ref, scale2, offset, coef_p, DSCALE)
             fence_async_shared()
             _tma_store(p_desc, [off_m, off_n], c_buf)
-        tma.store_wait(pendings=0)
-        if DSCALE == 2:
-            gl.atomic_add(dscale_dst, coef * gl.sum(w_acc, axis=0), sem="relaxed")
+        _clip_finish(w_acc, coef, scalars)
 
     @gluon.jit
     def _plain_consumer0(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
