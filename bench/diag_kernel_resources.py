@@ -71,15 +71,17 @@ def gluon_resources(dtype: str, coef_scale: bool, dscale: int, target, plain: bo
                            types, dict(COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, PDL=int(glk.GRAD_PDL)), target)
 
 
-def gluon_siglip_resources(dtype: str, coef_scale: bool, target) -> dict:
+def gluon_siglip_resources(dtype: str, coef_scale: bool, target, plain: bool = False) -> dict:
     """ops/gluon_kernels.py's warp-specialised SigLIP gradient kernel with the pair losses
-    (GRAD_TILES, ``dtype`` descriptors) compiled for ``target``: its REG / STACK / shared bytes."""
+    (GRAD_TILES, ``dtype`` descriptors; ``plain``: its epilogue of the blocks without positives)
+    compiled for ``target``: its REG / STACK / shared bytes."""
     bm, bn, bk, stages = glk.GRAD_TILES
     f32 = "*fp32"
     types = dict(M="i32", N="i32", D="i32", scale_ptr=f32, bias_ptr=f32, coef_ptr=f32, gsum=f32, gwsum=f32,
                  row_loss=f32, diag="i32")
     return _gluon_compiled(glk._siglip_grad_ws_kernel, dtype, dict(a_desc=[bm, bk], b_desc=[bn, bk], p_desc=[bm, bn]),
-                           types, dict(COEF_SCALE=coef_scale, STAGES=stages, PDL=int(glk.GRAD_PDL)), target)
+                           types, dict(COEF_SCALE=coef_scale, PLAIN=plain, STAGES=stages, PDL=int(glk.GRAD_PDL)),
+                           target)
 
 
 def gluon_sums_resources(dtype: str, target, tiles=None) -> dict:
@@ -192,10 +194,11 @@ def main(argv=None) -> None:
             if args.match in name:
                 r = gluon_resources(dtype, coef_scale, dscale, target, plain)
                 print(f"| {name} | {tiles} | {r['regs']} | {r['stack']} | {r['shared']} | yes |", flush=True)
-    for dtype, coef_scale in (("bf16", True), ("fp16", False)):
-        name = f"gluon_siglip_grad {dtype} coef_scale={coef_scale}"
+    for dtype, coef_scale, plain in (("bf16", True, False), ("fp16", False, False), ("bf16", True, True),
+                                     ("fp16", False, True)):
+        name = f"gluon_{'plain_' if plain else ''}siglip_grad {dtype} coef_scale={coef_scale}"
         if args.match in name:
-            r = gluon_siglip_resources(dtype, coef_scale, target)
+            r = gluon_siglip_resources(dtype, coef_scale, target, plain)
             print(f"| {name} | {glk.GRAD_TILES} | {r['regs']} | {r['stack']} | {r['shared']} | yes |", flush=True)
     for dtype in ("bf16", "fp16"):
         name = f"gluon_clip_sums {dtype}"

@@ -37,7 +37,8 @@ The SigLIP block (h200_fz to h200_gd) takes the same loader and ping-pong consum
 epilogue: 0.067 against 0.081 ms for the Triton kernel at 4,096 x 4,096, 0.132 against 0.163 at
 8,192 x 4,096. Built first with the pair losses' atomic before P's store, it took 0.114: the
 store's fence (fence.proxy.async) waits for the global atomics issued before it, so every atomic
-now follows the store. Without the pair losses the Triton kernel is as fast and stays.
+now follows the store. Without the pair losses the Triton kernel is as fast and stays. Its blocks
+without positives in whole tiles take the epilogue without the labels' and bounds' selects (GRAD_PLAIN).
 
 The forward's sums (h200_fs to h200_fx): the same loader and ping-pong consumers, a work item being
 a chunk of row tiles of one column block: each consumer adds its tiles' row sums by atomics and
@@ -55,7 +56,12 @@ Two orders of the work, measured (h200_hs to h200_hx): a long launch loses ~25% 
 the same items at 65k x 262k: 547-569), so the sums go in launches of at most SUMS_LAUNCH_LOGITS
 (slabs of rows: 575 at 262k); and a short one gains where each program takes its items' row tiles
 from its own offset (SUMS_ROTATE_ITEMS). Items in groups of 132 or 264 column blocks (the group's
-B within L2 chunk after chunk) were slower at 32k-131k and only 5% faster at 262k.
+B within L2 chunk after chunk) were slower at 32k-131k and only 5% faster at 262k. An item with no
+positive among its rows and no bound in it (most of them) takes its tiles' epilogue without the
+select that leaves the positives and bounds out: 650 instead of 1,020 instructions a tile, the sums
+alone 2.50 / 10.96 / 177.6 against 2.78 / 11.30 / 185.5 ms at 32k / 65k / 262k (660 / 602 / 594
+TFLOP/s; cuBLAS's GEMM of the same logits 2.46-2.77 / 10.84 ms), the op 10.57 / 41.27 / 171.6 / 698.0
+against 10.71 / 41.92 / 176.0 / 708.6 ms at 32k-262k (h200_jd).
 
 The gradient kernels launch with programmatic dependent launch (GRAD_PDL): each block's programs
 set up while the GEMM before them drains and wait for it before their first load or store, 1-3%
@@ -104,15 +110,20 @@ GRAD_PLAIN_TILES = (128, 128, 64, 4)
 (196 KB of shared memory with the two 128 x 128 P buffers)."""
 
 GRAD_PLAIN = True
-"""Whether clip_grad_block takes the blocks with no positive and whole 128 x 128 tiles (the op's
-off-diagonal blocks: 56 of 64 at B = 32k) with _clip_grad_plain_kernel: each consumer's tile is
-128 x 128 (B read from shared memory once for two 64-row wgmmas: a third fewer bytes a FLOP than
-64 x 128) and its epilogue has no selects and no masks. On an H200 (h200_iz) a 4,096 x 4,096 block
-at 32k 0.049 against 0.054 ms (DSCALE 2), 0.042 against 0.050 (DSCALE 1); the op queued 20 ms,
-CLIP 11.00 / 42.06 / 172.2 / 700.4 against 11.13 / 43.08 / 179.2 / 731.4 ms at 32k / 65k / 131k /
-262k. The 128 x 128 tiles with the selects and masks were no faster than 64 x 128 (h200_iw, h200_ix:
-their MMA alone 0.029 against 0.038 ms, but the longer epilogue gave it back, and the d-scale sums
-spilled)."""
+"""Whether the gradient blocks with no positive in whole tiles (the op's off-diagonal blocks: 56 of 64
+at B = 32k) take the epilogues without selects and masks. CLIP (clip_grad_block): whole 128 x 128
+tiles, _clip_grad_plain_kernel: each consumer's tile is 128 x 128 (B read from shared memory once
+for two 64-row wgmmas: a third fewer bytes a FLOP than 64 x 128). On an H200 (h200_iz) a 4,096 x
+4,096 block at 32k 0.049 against 0.054 ms (DSCALE 2), 0.042 against 0.050 (DSCALE 1); the op queued
+20 ms, CLIP 11.00 / 42.06 / 172.2 / 700.4 against 11.13 / 43.08 / 179.2 / 731.4 ms at 32k / 65k /
+131k / 262k. The 128 x 128 tiles with the selects and masks were no faster than 64 x 128 (h200_iw,
+h200_ix: their MMA alone 0.029 against 0.038 ms, but the longer epilogue gave it back, and the
+d-scale sums spilled). Its d-scale terms' two sides are summed apart (_plain_half): no spill under
+Triton 3.6 (192 bytes in one sum), 8% fewer instructions; the op queued 20 ms 10.57 / 41.27 / 171.6 /
+698.0 against 10.92 / 42.37 / 176.4 / 711.4 ms at 32k / 65k / 131k / 262k (h200_jd). SigLIP
+(siglip_grad_block): whole tiles of its own, the same kernel with the epilogue without the labels'
+and bounds' selects (PLAIN): a third fewer instructions, no spill (176 bytes with the selects); the op
+9.46 / 35.65 / 143.1 / 581.7 against 9.78 / 36.88 / 147.7 / 594.9 ms (h200_jb, h200_jc)."""
 
 GRAD_PDL = True
 """Whether the gradient kernels launch with programmatic dependent launch: a block's programs start
@@ -401,8 +412,11 @@ if not _WHY_NOT:
     @gluon.jit
     def _plain_half(acc, c_half, off_m, offs_n, row_lse, col_lse, row_ref, col_ref, scale2, offset, coef_p,
                     DSCALE: gl.constexpr):
-        """_consumer's epilogue on 64 rows of a tile with no positive and no bound in it, the same values
-        without the selects and masks: P coef into ``c_half``; returns the rows' d-scale terms."""
+        """_consumer's epilogue on 64 rows of a tile with no positive and no bound in it, the same P
+        without the selects and masks: P coef into ``c_half``; returns the rows' d-scale terms, the
+        row side's e_r (S' - rr) and the column side's e_c (S' - cr) summed apart (one sum of both
+        spilled 192 bytes under Triton 3.6; regrouped as (e_r + e_c) S' - e_c cr - e_r rr, 256 under
+        3.9)."""
         HM: gl.constexpr = acc.type.shape[0]
         BN: gl.constexpr = acc.type.shape[1]
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -418,7 +432,8 @@ if not _WHY_NOT:
         if DSCALE == 2:
             rr = gl.load(row_ref + offs_m)
             cr = gl.load(col_ref + offs_n)
-            w = gl.sum(e_r * (acc - gl.expand_dims(rr, 1)) + e_c * (acc - gl.expand_dims(cr, 0)), axis=1)
+            w = (gl.sum(e_r * (acc - gl.expand_dims(rr, 1)), axis=1)
+                 + gl.sum(e_c * (acc - gl.expand_dims(cr, 0)), axis=1))
         c_half.store((p * coef_p).to(c_half.dtype))
         return w
 
@@ -502,16 +517,25 @@ if not _WHY_NOT:
         return (p * u + 1.0) * u
 
     @gluon.jit
+    def _sigmoid_parts(t):
+        """(exp(-|t|), sigmoid(t)) as _siglip_grad_value takes them (the same operations in the same order)."""
+        e = gl.exp(-gl.abs(t))
+        r = 1.0 / (1.0 + e)
+        return e, gl.where(t >= 0.0, r, e * r)
+
+    @gluon.jit
     def _siglip_consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, WHICH: gl.constexpr):
         """One warpgroup: every other tile of this program (as _consumer), then
         _siglip_grad_fused_kernel's epilogue with the pair losses (_siglip_grad_value's arithmetic,
         LOSS, so P is its bit for bit): coef G stored by TMA, then the row sums of G, G S' and the
         pair losses by atomics. No atomic comes before the store's fence, which would wait for it: with the
         pair losses' atomic before it the 4,096 x 4,096 block took 0.114 against 0.067 ms
-        (h200_gb / h200_gc)."""
+        (h200_gb / h200_gc). PLAIN (a block without positives in whole tiles, siglip_plain_block): the
+        same values without the labels' and the bounds' selects."""
         a_ring, b_ring, c_bufs = rings
         scale_ptr, bias_ptr, coef_ptr, gsum, gwsum, row_loss, diag, flags = scalars
-        COEF_SCALE: gl.constexpr = flags.type.shape[0] // 2  # (shape [2^COEF_SCALE, 1])
+        COEF_SCALE: gl.constexpr = flags.type.shape[0] // 2  # (shape [2^COEF_SCALE, 2^PLAIN])
+        PLAIN: gl.constexpr = flags.type.shape[1] // 2
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
@@ -531,19 +555,24 @@ if not _WHY_NOT:
             acc, off_m, off_n, offs_m, offs_n = _tile_acc(a_ring, b_ring, bars, tile, n, M, N, steps, WHICH)
             n += 1
             mask_m = offs_m < M
-            inside = gl.expand_dims(mask_m, 1) & gl.expand_dims(offs_n < N, 0)
-            is_pos = (gl.expand_dims(offs_m, 1) - gl.expand_dims(offs_n, 0)) == diag  # z = +1, else -1
             y = acc * scale + bias
-            t = gl.where(is_pos, -y, y)  # -z y (a sign flip: bit for bit the Triton kernel's product)
-            e = gl.exp(-gl.abs(t))
-            r = 1.0 / (1.0 + e)
-            sig = gl.where(t >= 0.0, r, e * r)
-            g = gl.where(inside, gl.where(is_pos, -sig, sig), 0.0)  # -z sig
-            _store_tile(p_desc, c_buf, g * coef, off_m, off_n)
-            # (every atomic after the fence, which would wait for them)
-            sp = gl.maximum(t, 0.0) + _log1p_unit(e)
-            # (NaN where S' is not finite, or where scale or bias is not: added to the row sum)
-            sp_sum = gl.sum(gl.where(inside, sp, 0.0) + acc * 0.0, axis=1) + nan_sb
+            if PLAIN:  # every pair a negative (z = -1) inside the block
+                t = y
+                e, g = _sigmoid_parts(t)
+                _store_tile(p_desc, c_buf, g * coef, off_m, off_n)
+                sp = gl.maximum(t, 0.0) + _log1p_unit(e)
+                sp_sum = gl.sum(sp + acc * 0.0, axis=1) + nan_sb
+            else:
+                inside = gl.expand_dims(mask_m, 1) & gl.expand_dims(offs_n < N, 0)
+                is_pos = (gl.expand_dims(offs_m, 1) - gl.expand_dims(offs_n, 0)) == diag  # z = +1, else -1
+                t = gl.where(is_pos, -y, y)  # -z y (a sign flip: bit for bit the Triton kernel's product)
+                e, sig = _sigmoid_parts(t)
+                g = gl.where(inside, gl.where(is_pos, -sig, sig), 0.0)  # -z sig
+                _store_tile(p_desc, c_buf, g * coef, off_m, off_n)
+                # (every atomic after the fence, which would wait for them)
+                sp = gl.maximum(t, 0.0) + _log1p_unit(e)
+                # (NaN where S' is not finite, or where scale or bias is not: added to the row sum)
+                sp_sum = gl.sum(gl.where(inside, sp, 0.0) + acc * 0.0, axis=1) + nan_sb
             gl.atomic_add(row_loss + offs_m, sp_sum, mask=mask_m, sem="relaxed")
             gl.atomic_add(gsum + offs_m, gl.sum(g, axis=1), mask=mask_m, sem="relaxed")
             gl.atomic_add(gwsum + offs_m, gl.sum(g * acc, axis=1), mask=mask_m, sem="relaxed")
@@ -559,13 +588,13 @@ if not _WHY_NOT:
 
     @gluon.jit
     def _siglip_grad_ws_kernel(a_desc, b_desc, p_desc, M, N, D, scale_ptr, bias_ptr, coef_ptr, gsum, gwsum,
-                               row_loss, diag, COEF_SCALE: gl.constexpr, STAGES: gl.constexpr,
-                               PDL: gl.constexpr):
+                               row_loss, diag, COEF_SCALE: gl.constexpr, PLAIN: gl.constexpr,
+                               STAGES: gl.constexpr, PDL: gl.constexpr):
         """_siglip_grad_fused_kernel's coef G and row sums with the pair losses (LOSS) with TMA
         descriptors for A [M, D], Bm [N, D] and G [M, N]; the loader and barriers of
-        _clip_grad_ws_kernel."""
+        _clip_grad_ws_kernel. PLAIN: a block without positives in whole tiles (siglip_plain_block)."""
         rings, bars = _grad_smem(a_desc, b_desc, p_desc, STAGES, PDL)
-        flags = gl.allocate_shared_memory(gl.int8, [1 << COEF_SCALE, 1],
+        flags = gl.allocate_shared_memory(gl.int8, [1 << COEF_SCALE, 1 << PLAIN],
                                           gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         scalars = (scale_ptr, bias_ptr, coef_ptr, gsum, gwsum, row_loss, diag, flags)
         args = (a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars)
@@ -620,34 +649,61 @@ if not _WHY_NOT:
             j += 1
 
     @gluon.jit
-    def _sums_tile(acc, q_acc, offs_m, mask_m, offs_n, mask_n, scale2, rs2, cs2, row_sum, diag):
+    def _sums_tile(acc, q_acc, offs_m, mask_m, offs_n, mask_n, scale2, rs2, cs2, row_sum, diag, PLAIN: gl.constexpr):
         """One tile's share of the sums (_strip_tiles' arithmetic): its row sums of
         exp(S - row shift) added to ``row_sum``, its column terms exp(S - column shift) added into
         ``q_acc`` (returned); rows and columns past the ends and the positives left out (their
-        logits set to -inf: one select a logit; an interior path without it, chosen per tile,
-        spilled the consumers' registers)."""
-        valid = (gl.expand_dims(mask_m, 1) & gl.expand_dims(mask_n, 0)
-                 & (gl.expand_dims(offs_m - diag, 1) != gl.expand_dims(offs_n, 0)))
-        xs = gl.where(valid, acc * scale2, float("-inf"))
+        logits set to -inf: one select a logit). PLAIN: a tile of an item with no positive and no
+        bound in it, the same values without that select."""
+        if PLAIN:
+            xs = acc * scale2
+        else:
+            valid = (gl.expand_dims(mask_m, 1) & gl.expand_dims(mask_n, 0)
+                     & (gl.expand_dims(offs_m - diag, 1) != gl.expand_dims(offs_n, 0)))
+            xs = gl.where(valid, acc * scale2, float("-inf"))
         gl.atomic_add(row_sum + offs_m, gl.sum(gl.exp2(xs - gl.expand_dims(rs2, 1)), axis=1), mask=mask_m,
                       sem="relaxed")
         return q_acc + gl.exp2(xs - gl.expand_dims(cs2, 0))
 
     @gluon.jit
+    def _sums_item(a_ring, b_res, bars, q_acc, t, lo, hi, rot, M, N, off_n, scale2, cs2, row_shift, row_sum,
+                   diag, WHICH: gl.constexpr, PLAIN: gl.constexpr):
+        """A consumer's tiles of one item (row tiles lo to hi of its column block from ``off_n``; ``t``
+        tiles of the program before it): those whose number in the program is WHICH modulo 2, each
+        one's wgmma in its turn, then _sums_tile; returns ``q_acc`` with their column terms."""
+        ready, empty, turn = bars[0], bars[1], bars[2]
+        BM: gl.constexpr = a_ring.type.shape[1]
+        BN: gl.constexpr = b_res.type.shape[1]
+        KSTEPS: gl.constexpr = b_res.type.shape[0]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BN, 16])
+        offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
+        mask_n = offs_n < N
+        for i in range(lo + (t + WHICH) % 2, hi, 2):
+            g = t + i - lo
+            n = g // 2  # this consumer's tiles before this one
+            acc = gl.zeros([BM, BN], gl.float32, layout=mma)
+            acc = _turn_mma(a_ring, b_res, ready, empty, turn, acc, n, g * KSTEPS, KSTEPS, WHICH, True)
+            offs_m = _strip_row(i, lo, hi, rot) * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
+            mask_m = offs_m < M
+            rs2 = gl.load(row_shift + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
+            q_acc = _sums_tile(acc, q_acc, offs_m, mask_m, offs_n, mask_n, scale2, rs2, cs2, row_sum, diag, PLAIN)
+        return q_acc
+
+    @gluon.jit
     def _sums_consumer(a_desc, b_desc, rings, bars, M, N, D, scalars, WHICH: gl.constexpr):
         """One warpgroup: every other tile of this program's items (WHICH 0: the first), its wgmma
         in its turn, then its row sums out by atomics and its column terms kept in registers
-        until the item's end (one reduction across the warps an item)."""
+        until the item's end (one reduction across the warps an item). An item with no positive
+        and whole tiles (most of a launch's) takes the tiles' epilogue without the select."""
         a_ring, b_res = rings
         ready, empty, turn, b_ready, b_free = bars
         chunk, rotate, scale_ptr, row_shift, col_shift, row_sum, col_sum, diag = scalars
         rot = rotate * gl.program_id(0)
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BN: gl.constexpr = b_desc.block_type.shape[0]
-        KSTEPS: gl.constexpr = b_res.type.shape[0]
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BN, 16])
-        rows_l: gl.constexpr = gl.SliceLayout(1, mma)
         cols_l: gl.constexpr = gl.SliceLayout(0, mma)
         scale2 = gl.load(scale_ptr) * 1.4426950408889634
         items = gl.cdiv(gl.cdiv(M, BM), chunk) * gl.cdiv(N, BN)
@@ -656,26 +712,22 @@ if not _WHY_NOT:
         for item in range(gl.program_id(0), items, gl.num_programs(0)):
             off_n, lo, hi = _strip_item(item, M, N, BM, BN, chunk)
             offs_n = off_n + gl.arange(0, BN, layout=cols_l)
-            mask_n = offs_n < N
-            cs2 = gl.load(col_shift + offs_n, mask=mask_n, other=0.0) * 1.4426950408889634
+            cs2 = gl.load(col_shift + offs_n, mask=offs_n < N, other=0.0) * 1.4426950408889634
             q_acc = gl.zeros([BM, BN], gl.float32, layout=mma)
+            # no positive (rows off_n + diag to off_n + diag + BN - 1) among the item's rows, no bound in it
+            plain = ((hi * BM <= off_n + diag) | (lo * BM >= off_n + diag + BN)) & (hi * BM <= M) & (off_n + BN <= N)
             mbarrier.wait(b_ready, j & 1)  # the item's column block of B is in
-            # this consumer's tiles: those whose number in the program is WHICH modulo 2
-            for i in range(lo + (t + WHICH) % 2, hi, 2):
-                g = t + i - lo
-                n = g // 2  # this consumer's tiles before this one
-                acc = gl.zeros([BM, BN], gl.float32, layout=mma)
-                acc = _turn_mma(a_ring, b_res, ready, empty, turn, acc, n, g * KSTEPS, KSTEPS, WHICH, True)
-
-                off_m = _strip_row(i, lo, hi, rot) * BM
-                offs_m = off_m + gl.arange(0, BM, layout=rows_l)
-                mask_m = offs_m < M
-                rs2 = gl.load(row_shift + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
-                q_acc = _sums_tile(acc, q_acc, offs_m, mask_m, offs_n, mask_n, scale2, rs2, cs2, row_sum, diag)
+            if plain:
+                q_acc = _sums_item(a_ring, b_res, bars, q_acc, t, lo, hi, rot, M, N, off_n, scale2, cs2, row_shift,
+                                   row_sum, diag, WHICH, True)
+            else:
+                q_acc = _sums_item(a_ring, b_res, bars, q_acc, t, lo, hi, rot, M, N, off_n, scale2, cs2, row_shift,
+                                   row_sum, diag, WHICH, False)
             mbarrier.arrive(b_free)  # (its MMAs of the item are done)
             t += hi - lo
             j += 1
-            gl.atomic_add(col_sum + offs_n, gl.sum(q_acc, axis=0), mask=mask_n, sem="relaxed")
+            offs_n = off_n + gl.arange(0, BN, layout=cols_l)  # (made again: not held through the tiles)
+            gl.atomic_add(col_sum + offs_n, gl.sum(q_acc, axis=0), mask=offs_n < N, sem="relaxed")
 
     @gluon.jit
     def _sums_consumer0(a_desc, b_desc, rings, bars, M, N, D, scalars):
@@ -741,11 +793,11 @@ def _launch_grad(kernel, a, b, p, args: tuple, sm_count: int, tiles, descriptors
                      launch_pdl=pdl)
 
 
-def plain_block(m: int, n: int, diag: int, plain: Optional[bool] = None) -> bool:
-    """Whether clip_grad_block takes an [m, n] block whose positives sit at i - j == ``diag`` with
-    _clip_grad_plain_kernel: none of them in the block, whole GRAD_PLAIN_TILES tiles, and ``plain``
-    (None: GRAD_PLAIN)."""
-    bm, bn = GRAD_PLAIN_TILES[:2]
+def plain_block(m: int, n: int, diag: int, plain: Optional[bool] = None, tiles=GRAD_PLAIN_TILES) -> bool:
+    """Whether an [m, n] block whose positives sit at i - j == ``diag`` takes a gradient kernel's
+    plain epilogue: none of them in the block, whole ``tiles`` (clip_grad_block: GRAD_PLAIN_TILES,
+    siglip_grad_block: its tiles), and ``plain`` (None: GRAD_PLAIN)."""
+    bm, bn = tiles[:2]
     return (GRAD_PLAIN if plain is None else bool(plain)) and m % bm == 0 and n % bn == 0 and not -n < diag < m
 
 
@@ -770,14 +822,16 @@ def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_
 
 def siglip_grad_block(a, b, p, scale, bias, coef, gsum, gwsum, row_loss, diag: int, coef_scale: bool,
                       sm_count: int, tiles=GRAD_TILES, descriptors: Optional[dict] = None,
-                      pdl: Optional[bool] = None) -> None:
+                      pdl: Optional[bool] = None, plain: Optional[bool] = None) -> None:
     """coef G of a b^T into ``p`` with the row sums and the pair losses, the arguments as
     _siglip_grad_fused_kernel's with LOSS (a [M, D], b [N, D], p [M, N], 16-bit, rows TMA-aligned;
-    scale, bias, coef fp32 one-element tensors; gsum, gwsum, row_loss fp32 [M]); ``descriptors``
-    and ``pdl`` as :func:`clip_grad_block`'s. (Without the losses the Triton kernel is as fast:
-    0.059 against 0.063 ms for a 4,096 x 4,096 block, h200_gc.)"""
+    scale, bias, coef fp32 one-element tensors; gsum, gwsum, row_loss fp32 [M]); ``descriptors``,
+    ``pdl`` and ``plain`` as :func:`clip_grad_block`'s (a plain block keeps ``tiles``, with the
+    epilogue without selects). (Without the losses the Triton kernel is as fast: 0.059 against
+    0.063 ms for a 4,096 x 4,096 block, h200_gc.)"""
     _launch_grad(_siglip_grad_ws_kernel, a, b, p, (scale, bias, coef, gsum, gwsum, row_loss, diag),
-                 sm_count, tiles, descriptors, pdl, COEF_SCALE=coef_scale)
+                 sm_count, tiles, descriptors, pdl, COEF_SCALE=coef_scale,
+                 PLAIN=plain_block(a.shape[0], b.shape[0], int(diag), plain, tiles))
 
 
 def clip_sums(a, b, scale, row_shift, col_shift, row_sum, col_sum, diag: int, sm_count: int,

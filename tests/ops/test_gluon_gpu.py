@@ -257,6 +257,20 @@ def test_gluon_sums_over_row_slabs_and_rotated_equal_the_triton_strips(diag, lau
         torch.testing.assert_close(g, w, rtol=2e-6, atol=0)
 
 
+@pytest.mark.parametrize("diag", [0, 64, 100, -2048, -4032, 8191, 9000])
+@pytest.mark.parametrize("rotate", [False, True])
+def test_gluon_sums_in_whole_tiles_equal_the_triton_strips(diag, rotate):
+    """Rows and columns in whole tiles, so most items take the epilogue without the select (no positive
+    among their rows): positives on tile edges, inside tiles, in the last rows, or none in the block;
+    every sum against the Triton strip kernel's (an item wrongly taken as plain would keep a positive:
+    its sums ~e^14 larger)."""
+    a, b, rows, cols, _ref = _block(8192, 4096, 128, torch.bfloat16, 21 + abs(diag))
+    got = _strip_sums(a, b, rows, cols, diag, True, rotate=rotate)
+    want = _strip_sums(a, b, rows, cols, diag, False)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=2e-6, atol=0)
+
+
 def test_gluon_sums_leave_out_exactly_the_positives():
     """Against the sums written out in fp64 from the same logits (rounded as the kernels' fp32
     accumulators hold them): the positives i - j == diag and nothing else left out."""
@@ -314,6 +328,33 @@ def test_gluon_siglip_block_equals_the_triton_kernel(m, n, d, diag):
     torch.testing.assert_close(sums, want_sums, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("m,n,d", [(4096, 2304, 768), (2944, 3072, 200), (1024, 8192, 96)])
+@pytest.mark.parametrize("side", ["below", "above"])
+@pytest.mark.parametrize("dtype,coef_scale,bias", [(torch.bfloat16, True, -4.0), (torch.float16, False, 2.5)])
+def test_gluon_siglip_plain_block_equals_the_triton_kernel(m, n, d, side, dtype, coef_scale, bias):
+    """A block with no positive in whole tiles (the op's off-diagonal blocks) takes the SigLIP kernel's
+    epilogue without the labels' and bounds' selects: P still the Triton kernel's bit for bit, the
+    sums the same up to the atomics' order."""
+    diag = m + 3 if side == "above" else -n - 5
+    assert gluon_kernels.plain_block(m, n, diag, tiles=gluon_kernels.GRAD_TILES)
+    a, b, *_ = _block(m, n, d, dtype, m + n + d)
+    (p, sums), (want, want_sums) = _siglip_both(a, b, diag, coef_scale, bias=bias)
+    assert torch.equal(p, want)
+    assert torch.isfinite(sums).all() and sums[2].min() > 0
+    torch.testing.assert_close(sums, want_sums, rtol=1e-5, atol=1e-6)
+
+
+def test_gluon_siglip_plain_block_pair_losses_are_nan_where_the_triton_kernels_are():
+    """The plain epilogue keeps the NaN rules: a non-finite feature makes its row's pair losses NaN
+    (only its row's), a NaN bias every row's."""
+    a, b, *_ = _block(3072, 3072, 128, torch.bfloat16, 6)  # (2^23 logits or more: tri._TMA_MIN_LOGITS)
+    a[17, 3] = float("inf")
+    (_p, sums), (_want, want_sums) = _siglip_both(a, b, 5000, True)
+    assert torch.equal(sums[2].isnan(), want_sums[2].isnan()) and sums[2].isnan().sum() == 1
+    (_p, sums), (_want, want_sums) = _siglip_both(a[64:], b, 5000, True, bias=float("nan"))
+    assert sums[2].isnan().all() and want_sums[2].isnan().all()
+
+
 @pytest.mark.parametrize("dtype,coef_scale", [(torch.float16, False), (torch.float16, True), (torch.bfloat16, False)])
 def test_gluon_siglip_block_flags_and_dtypes(dtype, coef_scale):
     a, b, *_ = _block(3001, 3000, 256, dtype, 11)
@@ -333,7 +374,7 @@ def test_gluon_siglip_pair_losses_are_nan_where_the_triton_kernels_are():
     assert sums[2].isnan().all() and want_sums[2].isnan().all()
 
 
-@pytest.mark.parametrize("b", [8192, 12288 + 136])
+@pytest.mark.parametrize("b", [8192, 12288 + 136, 32768])
 def test_op_siglip_takes_the_gluon_block(b, monkeypatch):
     """The op's SigLIP loss (its forward with the gradients in one pass) with the Gluon block and
     with the Triton block: the same loss and gradients (up to the atomic sums' order)."""

@@ -89,9 +89,9 @@ def test_gluon_clip_gradient_compiles_for_sm90(tmp_path):
 def test_gluon_plain_clip_gradient_compiles_for_sm90(tmp_path):
     """The CLIP gradient kernel of the blocks without positives (128 x 128 tiles a consumer, two
     accumulators of 64 rows): it compiles for sm_90 within 168 registers a thread at launch, in the
-    shared memory a block may take, and spills at most a few hundred bytes (the device's Triton
-    3.6 build, measured 10% faster than the 64 x 128 kernel, spills 192 with the d-scale sums;
-    this one 8-32)."""
+    shared memory a block may take, and spills at most a few dozen bytes (the d-scale terms' two
+    sides summed apart: none with the d-scale sums in this build or the device's Triton 3.6 one,
+    where one sum of both spilled 192 bytes)."""
     from infclip.ops import gluon_kernels
 
     if gluon_kernels.available():
@@ -102,7 +102,9 @@ def test_gluon_plain_clip_gradient_compiles_for_sm90(tmp_path):
                                     "gluon_plain_clip_grad fp16 coef_scale=False dscale=0"}
     for name, tiles, regs, stack, shared, ours in rows:
         assert 0 < int(regs) <= 168 and 0 < int(shared) <= 227 * 1024, name
-        assert int(stack) <= 256, f"{name} {tiles}: {stack} bytes of spill stack"
+        assert int(stack) <= 32, f"{name} {tiles}: {stack} bytes of spill stack"
+    stack = {r[0]: int(r[3]) for r in rows}["gluon_plain_clip_grad bf16 coef_scale=True dscale=2"]
+    assert stack == 0, f"with the d-scale sums: {stack} bytes of spill stack"
 
 
 @pytest.mark.skipif(not os.path.exists(PTXAS), reason="this Triton has no bundled ptxas")
@@ -110,26 +112,32 @@ def test_gluon_siglip_gradient_compiles_for_sm90(tmp_path):
     """The warp-specialised SigLIP gradient kernel with the pair losses in its epilogue (bf16 with
     the coefficient times scale, fp16 without): it compiles for sm_90 within 168 registers a
     thread, in the shared memory a block may take, and spills at most a few dozen bytes (32 in the
-    build measured fastest; an order that kept -z and the losses' terms beside G spilled 560)."""
+    build measured fastest; an order that kept -z and the losses' terms beside G spilled 560); its
+    epilogue of the blocks without positives (PLAIN) at most a few (none under the device's Triton 3.6,
+    where the other spills 176)."""
     from infclip.ops import gluon_kernels
 
     if gluon_kernels.available():
         pytest.skip(f"this Triton has no Gluon for Hopper: {gluon_kernels.available()}")
-    rows = _resources(tmp_path, "gluon_siglip", "gluon_siglip_grad")
-    assert {r[0] for r in rows} == {"gluon_siglip_grad bf16 coef_scale=True",
-                                    "gluon_siglip_grad fp16 coef_scale=False"}
+    rows = (_resources(tmp_path, "gluon_siglip", "gluon_siglip_grad")
+            + _resources(tmp_path, "gluon_plain_siglip", "gluon_plain_siglip_grad"))
+    assert {r[0] for r in rows} == {"gluon_siglip_grad bf16 coef_scale=True", "gluon_siglip_grad fp16 coef_scale=False",
+                                    "gluon_plain_siglip_grad bf16 coef_scale=True",
+                                    "gluon_plain_siglip_grad fp16 coef_scale=False"}
     for name, tiles, regs, stack, shared, ours in rows:
         assert 0 < int(regs) <= 168 and 0 < int(shared) <= 227 * 1024, name
-        assert int(stack) <= 64, f"{name} {tiles}: {stack} bytes of spill stack"
+        assert int(stack) <= (16 if "plain" in name else 64), f"{name} {tiles}: {stack} bytes of spill stack"
 
 
 @pytest.mark.skipif(not os.path.exists(PTXAS), reason="this Triton has no bundled ptxas")
 def test_gluon_clip_sums_compiles_for_sm90(tmp_path):
     """The warp-specialised forward sums at the widest features they take (their column block of B
     resident in shared memory beside the A ring): they compile for sm_90 within 168 registers a
-    thread at launch, spill at most a few bytes, and leave the shared memory that sums_stages keeps
-    spare (Triton 3.6 on the device took ~3.5 KB more than this build: over the limit, the op
-    would fall back to the Triton strips)."""
+    thread at launch, spill at most a hundred-odd bytes (the item's column vectors held across its
+    tiles, stored and loaded once an item of up to 32 tiles: 88 bytes in this build, 96 in the
+    device's Triton 3.6 one, where the tiles' loop spills nothing), and leave the shared memory that
+    sums_stages keeps spare (Triton 3.6 on the device took ~3.5 KB more than this build: over the
+    limit, the op would fall back to the Triton strips)."""
     from infclip.ops import gluon_kernels
 
     if gluon_kernels.available():
@@ -137,7 +145,7 @@ def test_gluon_clip_sums_compiles_for_sm90(tmp_path):
     rows = _resources(tmp_path, "gluon_clip_sums", "gluon_clip_sums")
     assert {r[0] for r in rows} == {f"gluon_clip_sums {t} D={gluon_kernels.SUMS_MAX_DIM}" for t in ("bf16", "fp16")}
     for name, tiles, regs, stack, shared, ours in rows:
-        assert 0 < int(regs) <= 168 and int(stack) <= 16, f"{name} {tiles}: {regs} registers, {stack} spilled"
+        assert 0 < int(regs) <= 168 and int(stack) <= 128, f"{name} {tiles}: {regs} registers, {stack} spilled"
         assert 0 < int(shared) <= gluon_kernels.SHARED_BYTES - 4096, f"{name}: {shared} bytes of shared memory"
     assert gluon_kernels.sums_stages(gluon_kernels.SUMS_MAX_DIM, 2) >= 2
 
