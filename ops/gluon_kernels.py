@@ -559,20 +559,19 @@ if not _WHY_NOT:
             if PLAIN:  # every pair a negative (z = -1) inside the block
                 t = y
                 e, g = _sigmoid_parts(t)
-                _store_tile(p_desc, c_buf, g * coef, off_m, off_n)
-                sp = gl.maximum(t, 0.0) + _log1p_unit(e)
-                sp_sum = gl.sum(sp + acc * 0.0, axis=1) + nan_sb
             else:
                 inside = gl.expand_dims(mask_m, 1) & gl.expand_dims(offs_n < N, 0)
                 is_pos = (gl.expand_dims(offs_m, 1) - gl.expand_dims(offs_n, 0)) == diag  # z = +1, else -1
                 t = gl.where(is_pos, -y, y)  # -z y (a sign flip: bit for bit the Triton kernel's product)
                 e, sig = _sigmoid_parts(t)
                 g = gl.where(inside, gl.where(is_pos, -sig, sig), 0.0)  # -z sig
-                _store_tile(p_desc, c_buf, g * coef, off_m, off_n)
-                # (every atomic after the fence, which would wait for them)
-                sp = gl.maximum(t, 0.0) + _log1p_unit(e)
-                # (NaN where S' is not finite, or where scale or bias is not: added to the row sum)
-                sp_sum = gl.sum(gl.where(inside, sp, 0.0) + acc * 0.0, axis=1) + nan_sb
+            _store_tile(p_desc, c_buf, g * coef, off_m, off_n)
+            # (every atomic after the fence, which would wait for them)
+            sp = gl.maximum(t, 0.0) + _log1p_unit(e)
+            if not PLAIN:
+                sp = gl.where(inside, sp, 0.0)
+            # (NaN where S' is not finite, or where scale or bias is not: added to the row sum)
+            sp_sum = gl.sum(sp + acc * 0.0, axis=1) + nan_sb
             gl.atomic_add(row_loss + offs_m, sp_sum, mask=mask_m, sem="relaxed")
             gl.atomic_add(gsum + offs_m, gl.sum(g, axis=1), mask=mask_m, sem="relaxed")
             gl.atomic_add(gwsum + offs_m, gl.sum(g * acc, axis=1), mask=mask_m, sem="relaxed")
