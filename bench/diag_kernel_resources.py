@@ -58,17 +58,16 @@ def _gluon_compiled(kernel, dtype: str, blocks: dict, types: dict, constexprs: d
 
 def gluon_resources(dtype: str, coef_scale: bool, dscale: int, target, plain: bool = False) -> dict:
     """ops/gluon_kernels.py's warp-specialised CLIP gradient kernel (its tiles, TMA descriptors
-    of ``dtype`` "bf16" or "fp16"; ``plain``: the kernel of the blocks without positives,
-    _clip_grad_plain_kernel, with GRAD_PLAIN_TILES) compiled for ``target``: its REG / STACK /
-    shared bytes."""
+    of ``dtype`` "bf16" or "fp16"; ``plain``: with PLAIN, the blocks without positives, and
+    GRAD_PLAIN_TILES) compiled for ``target``: its REG / STACK / shared bytes."""
     bm, bn, bk, stages = glk.GRAD_PLAIN_TILES if plain else glk.GRAD_TILES
     f32 = "*fp32"
     types = dict(M="i32", N="i32", D="i32", scale_ptr=f32, coef_ptr=f32, coef_mul="fp32", dscale_src=f32,
                  dscale_dst=f32, row_lse=f32, col_lse=f32, row_ref=f32, col_ref=f32, diag="i32",
                  diag_value="fp32", offset="fp32")
-    kernel = glk._clip_grad_plain_kernel if plain else glk._clip_grad_ws_kernel
-    return _gluon_compiled(kernel, dtype, dict(a_desc=[bm, bk], b_desc=[bn, bk], p_desc=[bm, bn]),
-                           types, dict(COEF_SCALE=coef_scale, DSCALE=dscale, STAGES=stages, PDL=int(glk.GRAD_PDL)), target)
+    return _gluon_compiled(glk._clip_grad_ws_kernel, dtype, dict(a_desc=[bm, bk], b_desc=[bn, bk], p_desc=[bm, bn]),
+                           types, dict(COEF_SCALE=coef_scale, DSCALE=dscale, PLAIN=plain, STAGES=stages,
+                                       PDL=int(glk.GRAD_PDL)), target)
 
 
 def gluon_siglip_resources(dtype: str, coef_scale: bool, target, plain: bool = False) -> dict:

@@ -57,7 +57,7 @@ def main(argv=None) -> None:
     tiles = ((a, [bm, bk]), (b, [bn, bk]), (out, [bm, bn]))  # the kernel's three TMA descriptors
     da, db, dp = (glk._descriptor(t, shape, descriptors) for t, shape in tiles)
     positional = (da, db, dp, rows, cols, args.dim, *kargs)
-    consts = dict(COEF_SCALE=True, DSCALE=2, STAGES=stages)
+    consts = dict(COEF_SCALE=True, DSCALE=2, PLAIN=False, STAGES=stages, PDL=0)  # (launched without PDL)
     options = dict(num_warps=4, maxnreg=168)
     jit = glk._clip_grad_ws_kernel
     grid = (min(sms, -(-rows // bm) * -(-cols // bn)), )

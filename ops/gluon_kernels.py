@@ -29,9 +29,9 @@ Design points measured on the way (bench/device/h200_dc.sh to h200_dm.sh):
   shape: constexprs passed through ``warp_specialize``'s arguments arrive as tensors.
 
 The blocks that hold no positive in whole tiles (most of a large backward's) go to a variant with
-128 x 128 tiles a consumer and an epilogue without selects or masks (_clip_grad_plain_kernel,
-GRAD_PLAIN; h200_iw to h200_ja): its MMA alone runs 0.029 against 0.038 ms at 32k (B read once for two
-64-row wgmmas), and a consumer's epilogue, which binds at that size, is the cheaper one.
+128 x 128 tiles a consumer and an epilogue without selects or masks (_clip_grad_ws_kernel with
+PLAIN, GRAD_PLAIN; h200_iw to h200_ja): its MMA alone runs 0.029 against 0.038 ms at 32k (B read once
+for two 64-row wgmmas), and a consumer's epilogue, which binds at that size, is the cheaper one.
 
 The SigLIP block (h200_fz to h200_gd) takes the same loader and ping-pong consumers with SigLIP's
 epilogue: 0.067 against 0.081 ms for the Triton kernel at 4,096 x 4,096, 0.132 against 0.163 at
@@ -106,14 +106,14 @@ shared memory whole (BLOCK_N x D: 192 KB at D = 768), so the ring gets what is l
 (_sums_stages: 3 stages at D = 768)."""
 
 GRAD_PLAIN_TILES = (128, 128, 64, 4)
-"""_clip_grad_plain_kernel's BLOCK_M (two halves of 64 rows a consumer), BLOCK_N, BLOCK_K and stages
-(196 KB of shared memory with the two 128 x 128 P buffers)."""
+"""_clip_grad_ws_kernel's BLOCK_M with PLAIN (two halves of 64 rows a consumer), BLOCK_N, BLOCK_K and
+stages (196 KB of shared memory with the two 128 x 128 P buffers)."""
 
 GRAD_PLAIN = True
 """Whether the gradient blocks with no positive in whole tiles (the op's off-diagonal blocks: 56 of 64
 at B = 32k) take the epilogues without selects and masks. CLIP (clip_grad_block): whole 128 x 128
-tiles, _clip_grad_plain_kernel: each consumer's tile is 128 x 128 (B read from shared memory once
-for two 64-row wgmmas: a third fewer bytes a FLOP than 64 x 128). On an H200 (h200_iz) a 4,096 x
+tiles, _clip_grad_ws_kernel with PLAIN: each consumer's tile is 128 x 128 (B read from shared memory
+once for two 64-row wgmmas: a third fewer bytes a FLOP than 64 x 128). On an H200 (h200_iz) a 4,096 x
 4,096 block at 32k 0.049 against 0.054 ms (DSCALE 2), 0.042 against 0.050 (DSCALE 1); the op queued
 20 ms, CLIP 11.00 / 42.06 / 172.2 / 700.4 against 11.13 / 43.08 / 179.2 / 731.4 ms at 32k / 65k /
 131k / 262k. The 128 x 128 tiles with the selects and masks were no faster than 64 x 128 (h200_iw,
@@ -372,10 +372,13 @@ if not _WHY_NOT:
     @gluon.jit
     def _clip_grad_ws_kernel(a_desc, b_desc, p_desc, M, N, D, scale_ptr, coef_ptr, coef_mul, dscale_src,
                              dscale_dst, row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
-                             COEF_SCALE: gl.constexpr, DSCALE: gl.constexpr, STAGES: gl.constexpr,
-                             PDL: gl.constexpr):
+                             COEF_SCALE: gl.constexpr, DSCALE: gl.constexpr, PLAIN: gl.constexpr,
+                             STAGES: gl.constexpr, PDL: gl.constexpr):
         """_clip_grad_fused_kernel's P (and d scale) with TMA descriptors for A [M, D], Bm [N, D]
-        and P [M, N]; one program an SM (persistent), 12 warps: 4 + 4 consumers, 1 loader."""
+        and P [M, N]; one program an SM (persistent), 12 warps: 4 + 4 consumers, 1 loader. PLAIN: a
+        block with no positive and whole tiles (plain_block), tiles of GRAD_PLAIN_TILES: the loader's
+        ring of 128-row A and 128-row B chunks, each consumer's tile in two 64-row halves
+        (_plain_consumer)."""
         rings, bars = _grad_smem(a_desc, b_desc, p_desc, STAGES, PDL)
         # the flags travel as the shape of a small unused buffer: constexprs passed to the
         # partitions arrive as tensors, a shared-memory buffer's shape stays a constexpr
@@ -386,7 +389,11 @@ if not _WHY_NOT:
         args = (a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars)
         # registers: 168 a thread for the 12 warps at launch (64K / 384), moved at run time from
         # the loader's warpgroup (40) to the consumers' (232)
-        gl.warp_specialize([(_consumer0, args), (_loader, args), (_consumer1, args)], [1, 4], [40, 232])
+        if PLAIN:
+            gl.warp_specialize([(_plain_consumer0, args), (_loader, args), (_plain_consumer1, args)], [1, 4],
+                               [40, 232])
+        else:
+            gl.warp_specialize([(_consumer0, args), (_loader, args), (_consumer1, args)], [1, 4], [40, 232])
 
     @gluon.jit
     def _turn_mma_halves(a_ring, b_ring, ready, empty, turn, acc_t, acc_b, n, count, steps, WHICH: gl.constexpr):
@@ -484,24 +491,6 @@ if not _WHY_NOT:
     @gluon.jit
     def _plain_consumer1(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
         _plain_consumer(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars, 1)
-
-    @gluon.jit
-    def _clip_grad_plain_kernel(a_desc, b_desc, p_desc, M, N, D, scale_ptr, coef_ptr, coef_mul, dscale_src,
-                                dscale_dst, row_lse, col_lse, row_ref, col_ref, diag, diag_value, offset,
-                                COEF_SCALE: gl.constexpr, DSCALE: gl.constexpr, STAGES: gl.constexpr,
-                                PDL: gl.constexpr):
-        """_clip_grad_ws_kernel on a block with no positive and whole tiles (plain_block), tiles of
-        GRAD_PLAIN_TILES: the loader's ring of 128-row A and 128-row B chunks, each consumer's tile in
-        two 64-row halves."""
-        rings, bars = _grad_smem(a_desc, b_desc, p_desc, STAGES, PDL)
-        flags = gl.allocate_shared_memory(gl.int8, [1 << COEF_SCALE, 1 << DSCALE],
-                                          gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        scalars = (scale_ptr, coef_ptr, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref, col_ref,
-                   diag, diag_value, offset, flags)
-        args = (a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars)
-        gl.warp_specialize([(_plain_consumer0, args), (_loader, args), (_plain_consumer1, args)], [1, 4],
-                           [40, 232])
-
 
     @gluon.jit
     def _log1p_unit(u):
@@ -809,14 +798,13 @@ def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_
     ``descriptors``: a dict that keeps the TMA descriptors between calls on the same views (the
     blocks of one backward: each descriptor cost ~5 us of host time, h200_el); ``pdl``: launched
     with programmatic dependent launch (None: GRAD_PDL). A block without positives in whole tiles
-    (:func:`plain_block`, ``plain`` None: GRAD_PLAIN) goes to _clip_grad_plain_kernel with
-    GRAD_PLAIN_TILES, any other to _clip_grad_ws_kernel with ``tiles``."""
-    kernel = _clip_grad_ws_kernel
-    if plain_block(a.shape[0], b.shape[0], int(diag), plain):
-        kernel, tiles = _clip_grad_plain_kernel, GRAD_PLAIN_TILES
-    _launch_grad(kernel, a, b, p, (scale, coef, coef_mul, dscale_src, dscale_dst, row_lse, col_lse,
+    (:func:`plain_block`, ``plain`` None: GRAD_PLAIN) takes _clip_grad_ws_kernel's PLAIN consumers with
+    GRAD_PLAIN_TILES, any other its consumers with ``tiles``."""
+    is_plain = plain_block(a.shape[0], b.shape[0], int(diag), plain)
+    _launch_grad(_clip_grad_ws_kernel, a, b, p, (scale, coef, coef_mul, dscale_src, dscale_dst, row_lse, col_lse,
                                                  row_ref, col_ref, diag, diag_value, offset),
-                 sm_count, tiles, descriptors, pdl, COEF_SCALE=coef_scale, DSCALE=dscale)
+                 sm_count, GRAD_PLAIN_TILES if is_plain else tiles, descriptors, pdl, COEF_SCALE=coef_scale,
+                 DSCALE=dscale, PLAIN=is_plain)
 
 
 def siglip_grad_block(a, b, p, scale, bias, coef, gsum, gwsum, row_loss, diag: int, coef_scale: bool,

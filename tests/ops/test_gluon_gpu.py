@@ -178,8 +178,8 @@ def test_gluon_block_equals_the_triton_kernel(m, n, d, diag):
                                                      (torch.float16, False, 0)])
 def test_gluon_plain_block_equals_the_triton_kernel(m, n, d, side, dtype, coef_scale, dscale):
     """A block with no positive in whole 128 x 128 tiles (the op's off-diagonal blocks) goes to
-    _clip_grad_plain_kernel, whose P is the Triton kernel's bit for bit and its d scale the same up
-    to the atomic sums' order."""
+    _clip_grad_ws_kernel with PLAIN, whose P is the Triton kernel's bit for bit and its d scale the
+    same up to the atomic sums' order."""
     diag = m + 3 if side == "above" else -n - 5
     assert gluon_kernels.plain_block(m, n, diag)
     a, b, rows, cols, ref = _block(m, n, d, dtype, m + n + d)

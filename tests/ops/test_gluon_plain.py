@@ -1,5 +1,5 @@
 """Which gradient blocks take the Gluon kernels' plain epilogue (ops/gluon_kernels.plain_block; CLIP:
-_clip_grad_plain_kernel's 128 x 128 tiles, SigLIP: its kernel's 64 x 128): that epilogue has no
+_clip_grad_ws_kernel's 128 x 128 PLAIN tiles, SigLIP: its kernel's 64 x 128): that epilogue has no
 select for the positives and no masks for the bounds, so a block it takes must hold no positive
 (i - j == diag) and only whole tiles; any other block goes to the epilogue with both. Checked against
 the positives the block actually holds, on the CPU."""
