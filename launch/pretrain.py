@@ -9,7 +9,9 @@ discovery through mpi4py).
 
 A user error (config, data, checkpoint, a changed setup on resume, a diverged run) ends the
 process with one line ``pretrain.py: error: ...`` and exit code 2; ``--debug`` shows its traceback.
-Anything else is a bug and keeps its traceback.
+Anything else is a bug and keeps its traceback. A run that finished (or stopped on a user error)
+leaves through :func:`pipeline.dist.exit_process`: without the interpreter's finalization, where
+gloo's threads could turn its exit code 0 into an abort.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from infclip.pipeline.config import load_config  # noqa: E402
-from infclip.pipeline.errors import exit_on_user_error  # noqa: E402
+from infclip.pipeline.dist import exit_process  # noqa: E402
+from infclip.pipeline.errors import UserErrorExit, exit_on_user_error  # noqa: E402
 from infclip.pipeline.train import single_process_env, train  # noqa: E402
 
 
@@ -72,4 +75,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except UserErrorExit as exc:  # its one line is on stderr already
+        code = exc.code
+    exit_process(code)

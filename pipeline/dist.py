@@ -1,4 +1,4 @@
-"""The process group of a training run: start-up, rank 0 first, and a world of one without a launcher.
+"""The process group of a training run: start-up, rank 0 first, a world of one without a launcher, the end.
 
 Design: :func:`init_distributed` starts DeepSpeed's process group (the launcher's environment,
 mpi4py discovery, or the single-process defaults of :func:`single_process_env`). On the CPU,
@@ -8,6 +8,8 @@ build that was killed leaves a ``lock`` file on which every later start waits fo
 word. So the build is skipped on the CPU, and lock files left in the extensions folder are named in
 a warning at start-up. :func:`rank_zero_first` is the "rank 0 does it, the others reuse it" step
 (digits shards, the BPE tokenizer), which also stops every rank when one of them fails inside.
+:func:`exit_process` ends a launched process once its work is done, without the interpreter's
+finalization, where gloo's worker threads can abort a run that finished (its docstring says how).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import os
 import socket
 import sys
 import time
-from typing import Iterator
+from typing import Iterator, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -28,7 +30,7 @@ import torch.distributed as dist
 from .errors import PeerFailedError
 
 __all__ = ["world", "barrier", "rank_zero_first", "init_distributed", "single_process_env",
-           "stale_extension_locks", "PeerFailedError"]
+           "stale_extension_locks", "exit_process", "PeerFailedError"]
 
 logger = logging.getLogger(__name__)
 
@@ -141,3 +143,28 @@ def single_process_env() -> None:
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))):
         os.environ.setdefault(key, value)
+
+
+def exit_process(code: int) -> NoReturn:
+    """End this process with exit code ``code``: destroy the process groups, flush the logs and the
+    standard streams, and leave by ``os._exit``, without the interpreter's finalization. For a
+    launcher's ``__main__`` once everything is written (event files closed, checkpoints and the
+    export renamed into place); never inside a library call.
+
+    Why: ``destroy_process_group`` forgets the groups but does not free them while DeepSpeed's
+    engines, optimizers and parameters (``ds_process_group``) still hold them, and a gloo group has
+    no shutdown; so its worker threads are alive when the interpreter finalizes. A worker that
+    drops the last reference to a finished collective's tensor whose Python object outlived
+    Python's own reference must take the GIL to free it; during finalization that ends the thread
+    inside a C++ destructor and the process aborts ("terminate called without an active
+    exception", signal 6): a run that finished, reported as failed by its launcher (seen once in a
+    2-rank ZeRO-3 launch of the CPU tests, rank 0 already past its last log line)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a pipe whose reader left
+            pass
+    os._exit(code)
