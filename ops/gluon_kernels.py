@@ -185,29 +185,40 @@ if not _WHY_NOT:
             _gdc_wait()
 
     @gluon.jit
-    def _turn_mma(a_ring, b_ops, ready, empty, turn, acc, n, count, steps, WHICH: gl.constexpr,
-                  B_BY_K: gl.constexpr):
+    def _turn_mma(a_ring, b_ops, ready, empty, turn, acc, acc_b, n, count, steps, WHICH: gl.constexpr,
+                  B_BY_K: gl.constexpr, HALVES: gl.constexpr):
         """One consumer's wgmma of one tile, in its turn at the tensor cores (the n-th tile of
         consumer WHICH; 0 goes first), over ``steps`` chunks of the ring from its chunk ``count``:
-        A from the ring, B from the ring too or, B_BY_K, chunk k of a resident block. Each slot is
+        A from the ring, B from the ring too or, B_BY_K, chunk k of a resident block. HALVES: A's
+        slot holds 2 x 64 rows, each chunk of B goes against both halves (two m64 wgmmas that read
+        B once each) into ``acc`` and ``acc_b``; else ``acc_b`` passes through. Each slot is
         released once the next chunk's MMA is issued, and the turn passed once the tile's are done."""
         STAGES: gl.constexpr = a_ring.type.shape[0]
+        HM: gl.constexpr = a_ring.type.shape[1] // 2
         mbarrier.wait(turn.index(WHICH), (n & 1) ^ (1 - WHICH))
         for k in range(steps):
             s = count % STAGES
             mbarrier.wait(ready.index(s), (count // STAGES) & 1)
             if B_BY_K:
-                b = b_ops.index(k)
+                b = b_ops.index(k).permute((1, 0))
             else:
-                b = b_ops.index(s)
-            acc = warpgroup_mma(a_ring.index(s), b.permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                b = b_ops.index(s).permute((1, 0))
+            if HALVES:
+                acc = warpgroup_mma(a_ring.index(s).slice(0, HM), b, acc, is_async=True)
+                acc_b = warpgroup_mma(a_ring.index(s).slice(HM, HM), b, acc_b, is_async=True)
+                acc, acc_b = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_b))
+            else:
+                acc = warpgroup_mma(a_ring.index(s), b, acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
             count += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        if HALVES:
+            acc, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_b))
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
         mbarrier.arrive(turn.index(1 - WHICH))
-        return acc
+        return acc, acc_b
 
     @gluon.jit
     def _loader(a_desc, b_desc, p_desc, rings, bars, M, N, D, scalars):
@@ -244,7 +255,8 @@ if not _WHY_NOT:
                                                       instr_shape=[16, BN, 16])
         off_m, off_n = _tile_origin(tile, M, N, BM, BN, _GROUP_M)
         acc = gl.zeros([BM, BN], gl.float32, layout=mma)
-        acc = _turn_mma(a_ring, b_ring, ready, empty, turn, acc, n, (2 * n + WHICH) * steps, steps, WHICH, False)
+        acc, _ = _turn_mma(a_ring, b_ring, ready, empty, turn, acc, acc, n, (2 * n + WHICH) * steps, steps, WHICH,
+                           False, False)
         offs_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
         offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
         return acc, off_m, off_n, offs_m, offs_n
@@ -396,27 +408,6 @@ if not _WHY_NOT:
             gl.warp_specialize([(_consumer0, args), (_loader, args), (_consumer1, args)], [1, 4], [40, 232])
 
     @gluon.jit
-    def _turn_mma_halves(a_ring, b_ring, ready, empty, turn, acc_t, acc_b, n, count, steps, WHICH: gl.constexpr):
-        """_turn_mma for a tile of 2 x 64 rows: each chunk's B slot against both 64-row halves of its A
-        slot (two m64 wgmmas that read B once each), into the halves' accumulators."""
-        STAGES: gl.constexpr = a_ring.type.shape[0]
-        HM: gl.constexpr = a_ring.type.shape[1] // 2
-        mbarrier.wait(turn.index(WHICH), (n & 1) ^ (1 - WHICH))
-        for k in range(steps):
-            s = count % STAGES
-            mbarrier.wait(ready.index(s), (count // STAGES) & 1)
-            b = b_ring.index(s).permute((1, 0))
-            acc_t = warpgroup_mma(a_ring.index(s).slice(0, HM), b, acc_t, is_async=True)
-            acc_b = warpgroup_mma(a_ring.index(s).slice(HM, HM), b, acc_b, is_async=True)
-            acc_t, acc_b = warpgroup_mma_wait(num_outstanding=2, deps=(acc_t, acc_b))
-            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
-            count += 1
-        acc_t, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t, acc_b))
-        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
-        mbarrier.arrive(turn.index(1 - WHICH))
-        return acc_t, acc_b
-
-    @gluon.jit
     def _plain_half(acc, c_half, off_m, offs_n, row_lse, col_lse, row_ref, col_ref, scale2, offset, coef_p,
                     DSCALE: gl.constexpr):
         """_consumer's epilogue on 64 rows of a tile with no positive and no bound in it, the same P
@@ -471,8 +462,8 @@ if not _WHY_NOT:
             off_m, off_n = _tile_origin(tile, M, N, BM, BN, _GROUP_M)
             acc_t = gl.zeros([HM, BN], gl.float32, layout=mma)
             acc_b = gl.zeros([HM, BN], gl.float32, layout=mma)
-            acc_t, acc_b = _turn_mma_halves(a_ring, b_ring, bars[0], bars[1], bars[2], acc_t, acc_b, n,
-                                            (2 * n + WHICH) * steps, steps, WHICH)
+            acc_t, acc_b = _turn_mma(a_ring, b_ring, bars[0], bars[1], bars[2], acc_t, acc_b, n,
+                                     (2 * n + WHICH) * steps, steps, WHICH, False, True)
             n += 1
             offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
             tma.store_wait(pendings=0)  # (this consumer's previous tile has left its buffer)
@@ -671,7 +662,7 @@ if not _WHY_NOT:
             g = t + i - lo
             n = g // 2  # this consumer's tiles before this one
             acc = gl.zeros([BM, BN], gl.float32, layout=mma)
-            acc = _turn_mma(a_ring, b_res, ready, empty, turn, acc, n, g * KSTEPS, KSTEPS, WHICH, True)
+            acc, _ = _turn_mma(a_ring, b_res, ready, empty, turn, acc, acc, n, g * KSTEPS, KSTEPS, WHICH, True, False)
             offs_m = _strip_row(i, lo, hi, rot) * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
             mask_m = offs_m < M
             rs2 = gl.load(row_shift + offs_m, mask=mask_m, other=0.0) * 1.4426950408889634
