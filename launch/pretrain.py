@@ -9,9 +9,10 @@ discovery through mpi4py).
 
 A user error (config, data, checkpoint, a changed setup on resume, a diverged run) ends the
 process with one line ``pretrain.py: error: ...`` and exit code 2; ``--debug`` shows its traceback.
-Anything else is a bug and keeps its traceback. A run that finished (or stopped on a user error)
-leaves through :func:`pipeline.dist.exit_process`: without the interpreter's finalization, where
-gloo's threads could turn its exit code 0 into an abort.
+Anything else is a bug and keeps its traceback (as does a user error under ``--debug``: exit code
+1). A run that finished, or stopped on a user error, leaves through
+:func:`pipeline.dist.exit_process`: without the interpreter's finalization, where gloo's threads
+could turn its exit code into an abort.
 """
 
 from __future__ import annotations

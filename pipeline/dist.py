@@ -14,7 +14,9 @@ finalization, where gloo's worker threads can abort a run that finished (its doc
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import ctypes
 import glob
 import importlib
 import logging
@@ -146,25 +148,29 @@ def single_process_env() -> None:
 
 
 def exit_process(code: int) -> NoReturn:
-    """End this process with exit code ``code``: destroy the process groups, flush the logs and the
-    standard streams, and leave by ``os._exit``, without the interpreter's finalization. For a
-    launcher's ``__main__`` once everything is written (event files closed, checkpoints and the
-    export renamed into place); never inside a library call.
+    """End this process with exit code ``code``: destroy the process groups, run the ``atexit``
+    handlers (logging's shutdown, multiprocessing's stop of daemonic children, a wandb or Comet
+    monitor's finish), flush Python's and C's standard streams, and leave by ``os._exit``, without
+    the interpreter's finalization. For a launcher's ``__main__`` once everything is written (event
+    files closed, checkpoints and the export renamed into place); never inside a library call.
 
-    Why: ``destroy_process_group`` forgets the groups but does not free them while DeepSpeed's
-    engines, optimizers and parameters (``ds_process_group``) still hold them, and a gloo group has
-    no shutdown; so its worker threads are alive when the interpreter finalizes. A worker that
-    drops the last reference to a finished collective's tensor whose Python object outlived
-    Python's own reference must take the GIL to free it; during finalization that ends the thread
-    inside a C++ destructor and the process aborts ("terminate called without an active
-    exception", signal 6): a run that finished, reported as failed by its launcher (seen once in a
-    2-rank ZeRO-3 launch of the CPU tests, rank 0 already past its last log line)."""
+    Why: ``destroy_process_group`` forgets the groups but does not free them while DeepSpeed (its
+    engines, optimizers, parameters' ``ds_process_group``, module globals) still holds them, and a
+    gloo group has no shutdown (torch 2.13): its worker threads live on into finalization. The abort
+    seen once in a 2-rank ZeRO-3 launch of the CPU tests, after rank 0's last log line ("terminate
+    called without an active exception", signal 6, the launcher reporting a finished run as failed),
+    is most likely such a worker dropping the last reference to a finished collective's tensor whose
+    Python object outlived Python's own reference: freeing it takes the GIL, and a thread that takes
+    the GIL during finalization is ended inside a C++ destructor (Python 3.14 would hang it instead).
+    A race, not reproduced in 53 further launches (40 of them on a CPU kept busy); leaving before
+    finalization closes it either way."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-    logging.shutdown()
+    atexit._run_exitfuncs()  # while the interpreter is whole (logging.shutdown is one of them)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # closed, or a pipe whose reader left
             pass
+    ctypes.CDLL(None).fflush(None)  # what C and C++ code printed (stdio buffers of a file or a pipe)
     os._exit(code)
