@@ -510,7 +510,7 @@ if not _WHY_NOT:
         LOSS, so P is its bit for bit): coef G stored by TMA, then the row sums of G, G S' and the
         pair losses by atomics. No atomic comes before the store's fence, which would wait for it: with the
         pair losses' atomic before it the 4,096 x 4,096 block took 0.114 against 0.067 ms
-        (h200_gb / h200_gc). PLAIN (a block without positives in whole tiles, siglip_plain_block): the
+        (h200_gb / h200_gc). PLAIN (a block without positives in whole tiles, plain_block with GRAD_TILES): the
         same values without the labels' and the bounds' selects."""
         a_ring, b_ring, c_bufs = rings
         scale_ptr, bias_ptr, coef_ptr, gsum, gwsum, row_loss, diag, flags = scalars
@@ -571,7 +571,7 @@ if not _WHY_NOT:
                                STAGES: gl.constexpr, PDL: gl.constexpr):
         """_siglip_grad_fused_kernel's coef G and row sums with the pair losses (LOSS) with TMA
         descriptors for A [M, D], Bm [N, D] and G [M, N]; the loader and barriers of
-        _clip_grad_ws_kernel. PLAIN: a block without positives in whole tiles (siglip_plain_block)."""
+        _clip_grad_ws_kernel. PLAIN: a block without positives in whole tiles (plain_block with GRAD_TILES)."""
         rings, bars = _grad_smem(a_desc, b_desc, p_desc, STAGES, PDL)
         flags = gl.allocate_shared_memory(gl.int8, [1 << COEF_SCALE, 1 << PLAIN],
                                           gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
