@@ -109,7 +109,9 @@ def towers_ms(flat, zero: int, steps: int, device: torch.device, width: int, lea
     from infclip.pipeline.tower_unit import reduce_when_accumulated
     from infclip.pipeline.zero3_step import lighten_zero3, restore_deepspeed_zero3
 
-    from infclip.pipeline.model import CLIPTowers, ModelConfig, mark_zero3_leaf_layers, param_groups
+    from infclip.pipeline.model import CLIPTowers
+    from infclip.pipeline.model_config import ModelConfig
+    from infclip.pipeline.param_layout import mark_zero3_leaf_layers, param_groups
 
     heads = max(1, width // 64)
     cfg = ModelConfig.from_dict({

@@ -13,7 +13,7 @@ each step is exactly what ``pipeline.train`` runs (``pipeline.step.forward_backw
               PyTorch loop a user writes: transformers' CLIPModel with its own loss, autocast
               bf16, fused AdamW, no DeepSpeed, no checkpointing; compiled with torch.compile) and
               "hf_plain" (that CLIPModel under the pipeline's DeepSpeed config). Every row has
-              samples/s and MFU = 3 x forward FLOPs per sample (pipeline.model.forward_flops,
+              samples/s and MFU = 3 x forward FLOPs per sample (pipeline.model_config.forward_flops,
               docs/mfu.md) x samples/s / the bf16 matmul rate measured in the same run.
   max_batch   the chunked backbone (GradCache) at per-GPU batches 8192 ... 65536 for ViT-B/32
               and ViT-L/14, chunk 256: one warm-up step at two chunks, then one timed step per
@@ -80,7 +80,7 @@ def synthetic_batch(n: int, cfg, device, dtype):
 
 def model_config(preset: str, grad_ckpt="auto", compile="auto", compile_mode="default", flat=False,
                  patch_embedding: str = "gemm"):
-    from infclip.pipeline.model import ModelConfig
+    from infclip.pipeline.model_config import ModelConfig
 
     return ModelConfig.from_dict({**PRESETS[preset], "gradient_checkpointing": grad_ckpt, "compile": compile,
                                   "compile_mode": compile_mode, "flat_parameters": flat,
@@ -96,7 +96,8 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
 
     from infclip.ops import ContrastiveLoss, ContrastiveLossConfig
     from infclip.pipeline.engine import with_engine_defaults
-    from infclip.pipeline.model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
+    from infclip.pipeline.model import CLIPTowers
+    from infclip.pipeline.param_layout import mark_zero3_leaf_layers, misaligned_parameters, param_groups
 
     deepcompile = deepcompile if zero == 3 and impl != PLAIN else ""
     cfg = model_config(preset, grad_ckpt, False if deepcompile else compile, compile_mode, flat if impl != PLAIN else False,
@@ -227,7 +228,7 @@ def matmul_tflops() -> float:
 
 def mfu(row: dict, args) -> None:
     """Add model FLOPs per sample and MFU to a row with samples_per_s."""
-    from infclip.pipeline.model import forward_flops
+    from infclip.pipeline.model_config import forward_flops
 
     flops = 3 * forward_flops(model_config(row["model"]))
     row["model_gflop_per_sample"] = flops / 1e9

@@ -335,7 +335,8 @@ def load_model(path: PathLike, tag: Optional[str] = None, *, config: Optional[Pa
         tokenizer: tokenizer folder (default: ``tokenizer/`` beside the config or checkpoint).
         device: where the model goes after loading on the CPU.
     """
-    from infclip.pipeline.model import CLIPTowers, ModelConfig
+    from infclip.pipeline.model import CLIPTowers
+    from infclip.pipeline.model_config import ModelConfig
     from infclip.pipeline.tokenizer import load_tokenizer
 
     path = Path(path)

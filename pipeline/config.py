@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Optional
 
 from infclip.ops.config import ConfigError, ContrastiveLossConfig, parse_section, require_at_least
 
-from .model import ModelConfig, ds_param_dtype
+from .model_config import ModelConfig, ds_param_dtype
 
 if TYPE_CHECKING:
     import torch

@@ -27,7 +27,8 @@ from infclip.ops import ContrastiveLoss
 from infclip.ops.config import ConfigError
 
 from .config import RunConfig
-from .model import CLIPTowers, mark_zero3_leaf_layers, misaligned_parameters, param_groups
+from .model import CLIPTowers
+from .param_layout import mark_zero3_leaf_layers, misaligned_parameters, param_groups
 from .tower_unit import reduce_when_accumulated
 from .zero3_step import lighten_zero3
 from .zero_step import keep_step_on_device

@@ -100,7 +100,7 @@ def flatten_block(block: nn.Module) -> int:
             flat[offset:offset + p.numel()] = p.detach().reshape(-1)
             del module._parameters[attr]
         param = nn.Parameter(flat)
-        param.infclip_weight_decay = name == MATRICES  # read by pipeline.model.param_groups
+        param.infclip_weight_decay = name == MATRICES  # read by pipeline.param_layout.param_groups
         block.register_parameter(name, param)
         layout[name] = [_Member(module, attr, f"{path}.{attr}" if path else attr, offset, tuple(p.shape))
                         for (path, module, attr, p), offset in zip(members, offsets)]

@@ -16,7 +16,8 @@ def main(tokenizer_dir: str, shards: str, out: str, zero_stage: str) -> None:
 
     from infclip.eval.config import EvalConfig
     from infclip.eval.evaluator import Evaluator
-    from infclip.pipeline.model import CLIPTowers, ModelConfig
+    from infclip.pipeline.model import CLIPTowers
+    from infclip.pipeline.model_config import ModelConfig
     from infclip.pipeline.shards import DIGITS_CLASSNAMES
     from infclip.pipeline.tokenizer import load_tokenizer
     from tests.eval.conftest import TINY_MODEL

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from infclip.pipeline.model import CLIPTowers, ModelConfig
+from infclip.pipeline.model import CLIPTowers
+from infclip.pipeline.model_config import ModelConfig
 from infclip.pipeline.shards import DIGITS_CLASSNAMES, digits_samples, write_shards
 from infclip.pipeline.tokenizer import train_bpe_tokenizer
 

@@ -14,7 +14,8 @@ from PIL import Image
 
 from infclip.eval.checkpoint import export_hf, load_model
 from infclip.pipeline.engine import export_final
-from infclip.pipeline.model import CLIPTowers, ModelConfig
+from infclip.pipeline.model import CLIPTowers
+from infclip.pipeline.model_config import ModelConfig
 from infclip.pipeline.tokenizer import tokenize
 
 from .conftest import TINY_MODEL, make_model, write_run_files

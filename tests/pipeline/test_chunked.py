@@ -15,7 +15,9 @@ import torch
 
 from infclip.ops import ContrastiveLoss, ContrastiveLossConfig
 from infclip.pipeline.chunked import chunked_forward_backward
-from infclip.pipeline.model import CLIPTowers, ModelConfig, mark_zero3_leaf_layers
+from infclip.pipeline.model import CLIPTowers
+from infclip.pipeline.model_config import ModelConfig
+from infclip.pipeline.param_layout import mark_zero3_leaf_layers
 
 B, CHUNK = 10, 4  # uneven last chunk (4, 4, 2)
 

@@ -123,7 +123,7 @@ def test_docs_config_reference_lists_every_key_with_its_default():
     from infclip.eval.config import EvalConfig
     from infclip.ops.config import ContrastiveLossConfig
     from infclip.pipeline.data import DataConfig
-    from infclip.pipeline.model import ModelConfig, TextTowerConfig, VisionTowerConfig
+    from infclip.pipeline.model_config import ModelConfig, TextTowerConfig, VisionTowerConfig
     from infclip.pipeline.train import TrainConfig
 
     path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "config.md")

@@ -12,7 +12,8 @@ import torch
 
 from infclip.ops.config import ConfigError
 from infclip.pipeline.flat_params import ALIGN, expand_flat_entries, flat_blocks
-from infclip.pipeline.model import CLIPTowers, param_groups
+from infclip.pipeline.model import CLIPTowers
+from infclip.pipeline.param_layout import param_groups
 
 from .test_model_speed import batch, cfg
 
@@ -104,7 +105,7 @@ def test_state_dict_loads_both_ways_and_follows_new_tensors(flat):
 @pytest.mark.parametrize("flat", [True, "tower"])
 def test_deepspeed_zero2_trains_the_flat_model_as_the_plain_one(flat):
     deepspeed = pytest.importorskip("deepspeed")
-    from infclip.pipeline.model import misaligned_parameters
+    from infclip.pipeline.param_layout import misaligned_parameters
     from infclip.pipeline.train import single_process_env
 
     single_process_env()
@@ -205,7 +206,7 @@ def _zero3_run(model, steps=4, leaf=True):
     gathered state dict with the unflattened names."""
     import deepspeed
 
-    from infclip.pipeline.model import mark_zero3_leaf_layers
+    from infclip.pipeline.param_layout import mark_zero3_leaf_layers
 
     ds = {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 1.0,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "torch_adam": True}},
@@ -340,7 +341,7 @@ def test_zero3_binds_each_block_once_a_forward(leaf, monkeypatch):
     import deepspeed
 
     from infclip.pipeline import flat_params
-    from infclip.pipeline.model import mark_zero3_leaf_layers
+    from infclip.pipeline.param_layout import mark_zero3_leaf_layers
     from infclip.pipeline.train import single_process_env
 
     single_process_env()

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.model import CLIPTowers, ModelConfig
+from infclip.pipeline.model import CLIPTowers
+from infclip.pipeline.model_config import ModelConfig
 
 
 def cfg(**over) -> ModelConfig:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infclip.pipeline.model import (CLIPTowers, ModelConfig, activation_bytes, forward_flops, misaligned_parameters,
-                            param_groups)
+from infclip.pipeline.model import CLIPTowers
+from infclip.pipeline.model_config import ModelConfig, activation_bytes, forward_flops
+from infclip.pipeline.param_layout import misaligned_parameters, param_groups
 
 
 def cfg(**over) -> ModelConfig:
@@ -184,7 +185,7 @@ def test_zero3_runs_every_block_compiled(flat, unit):
     import torch._dynamo
 
     from infclip.pipeline.engine import with_engine_defaults
-    from infclip.pipeline.model import mark_zero3_leaf_layers
+    from infclip.pipeline.param_layout import mark_zero3_leaf_layers
     from infclip.pipeline.train import single_process_env
 
     single_process_env()
@@ -267,7 +268,7 @@ def test_zero3_stacks_take_cuda_graphs_only_with_flat_blocks(monkeypatch, flat):
     flat blocks (their views are plain graph inputs, copied in at each replay) and falls back to
     "default" for stacks whose own parameters would be static inputs moved by every gather."""
     deepspeed = pytest.importorskip("deepspeed")
-    from infclip.pipeline.model import mark_zero3_leaf_layers
+    from infclip.pipeline.param_layout import mark_zero3_leaf_layers
     from infclip.pipeline.train import single_process_env
 
     single_process_env()

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.model import CLIPTowers, ModelConfig
+from infclip.pipeline.model import CLIPTowers
+from infclip.pipeline.model_config import ModelConfig
 
 HEAD_WIDTH = 8
 

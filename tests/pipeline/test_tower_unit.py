@@ -75,7 +75,7 @@ def test_parameter_accumulated_twice_in_one_backward_is_refused():
 
 def test_config_names_the_unit_and_refuses_locked_towers():
     from infclip.ops.config import ConfigError
-    from infclip.pipeline.model import ModelConfig
+    from infclip.pipeline.model_config import ModelConfig
 
     assert ModelConfig.from_dict({"zero3_leaf_layers": "tower"}).zero3_leaf_layers == "tower"
     with pytest.raises(ConfigError, match=r"'zero3_leaf_layers' must be true or false or one of \['stack', 'tower'\], got 'towers'"):

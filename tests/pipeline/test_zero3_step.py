@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from infclip.pipeline.model import mark_zero3_leaf_layers, param_groups
+from infclip.pipeline.param_layout import mark_zero3_leaf_layers, param_groups
 from infclip.pipeline import zero3_step
 from infclip.pipeline.zero3_step import (_CACHE, cached_iter_params, cuda_current_stream, identity_bound_apply,
                                          lighten_zero3, modules_preorder, restore_deepspeed_zero3)

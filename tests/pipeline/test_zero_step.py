@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from infclip.pipeline.model import param_groups
+from infclip.pipeline.param_layout import param_groups
 from infclip.pipeline.zero_step import clip_scale, keep_step_on_device, mask_nonfinite_, restore_deepspeed_mask
 
 from .test_flat_params import loss_of, pair
