@@ -79,19 +79,19 @@ def synthetic_batch(n: int, cfg, device, dtype):
 
 
 def model_config(preset: str, grad_ckpt="auto", compile="auto", compile_mode="default", flat=False,
-                 patch_embedding: str = "gemm"):
+                 patch_embedding: str = "gemm", patch_dropout: float = 0.0):
     from infclip.pipeline.model_config import ModelConfig
 
     return ModelConfig.from_dict({**PRESETS[preset], "gradient_checkpointing": grad_ckpt, "compile": compile,
                                   "compile_mode": compile_mode, "flat_parameters": flat,
-                                  "patch_embedding": patch_embedding})
+                                  "patch_embedding": patch_embedding, "patch_dropout": patch_dropout})
 
 
 def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=None, leaf=False,
           compile="auto", bf16_overflow_check: bool = False, distributed: str = "gather",
           compile_mode: str = "default", overlap_comm: bool = True, flat=False, on_device_step: bool = True,
           deepspeed_timers: bool = False, deepcompile: str = "", patch_embedding: str = "gemm",
-          loss_graph_max_batch: int = DEFAULT_GRAPH_MAX_BATCH):
+          loss_graph_max_batch: int = DEFAULT_GRAPH_MAX_BATCH, patch_dropout: float = 0.0):
     import deepspeed
 
     from infclip.ops import ContrastiveLoss, ContrastiveLossConfig
@@ -101,7 +101,7 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
 
     deepcompile = deepcompile if zero == 3 and impl != PLAIN else ""
     cfg = model_config(preset, grad_ckpt, False if deepcompile else compile, compile_mode, flat if impl != PLAIN else False,
-                       patch_embedding)
+                       patch_embedding, patch_dropout if impl != PLAIN else 0.0)
     torch.manual_seed(0)
     if impl == PLAIN:
         model = plain_hf_clip(cfg, grad_ckpt)
@@ -230,7 +230,7 @@ def mfu(row: dict, args) -> None:
     """Add model FLOPs per sample and MFU to a row with samples_per_s."""
     from infclip.pipeline.model_config import forward_flops
 
-    flops = 3 * forward_flops(model_config(row["model"]))
+    flops = 3 * forward_flops(model_config(row["model"], patch_dropout=row.get("patch_dropout") or 0.0))
     row["model_gflop_per_sample"] = flops / 1e9
     row["matmul_tflops"] = args.tflops
     if isinstance(row.get("samples_per_s"), float):
@@ -328,7 +328,7 @@ def throughput(args, rows):
         graphed = registered._graphed
         registered._graphed = lambda x, options, forward_replayed=False: graphed(x, options, True)
     impls = list(args.impls) + ([PLAIN] if PLAIN in args.anchors else [])
-    runs = [(zero, leaf, impl, ckpt, comp, flat, on_device, patch, graphs, extra) for zero in args.zero
+    runs = [(zero, leaf, impl, ckpt, comp, flat, on_device, patch, graphs, extra, pdrop) for zero in args.zero
             for leaf in (args.zero3_leaf if zero == 3 else [0])
             for extra in (args.zero3_extra if zero == 3 else ["{}"]) for impl in impls
             for ckpt in args.grad_ckpt for comp in args.compile
@@ -336,14 +336,15 @@ def throughput(args, rows):
             for on_device in (args.on_device_step if zero == 3 else
                               sorted({min(v, 1) for v in args.on_device_step}) if zero in (0, 1, 2) else [1])
             for patch in (args.patch_embedding if impl != PLAIN else ["conv"])
-            for graphs in (args.loss_graph_max_batch if impl != PLAIN else [0])]
-    for zero, leaf, impl, ckpt, comp, flat, on_device, patch, graphs, extra in runs:
+            for graphs in (args.loss_graph_max_batch if impl != PLAIN else [0])
+            for pdrop in (args.patch_dropout if impl != PLAIN else [0.0])]
+    for zero, leaf, impl, ckpt, comp, flat, on_device, patch, graphs, extra, pdrop in runs:
         ckpt_v, comp_v = _flag(ckpt), _flag(comp)
         row = {**base_row(args), **base, "zero": zero, "loss_impl": impl, "grad_ckpt": ckpt_v, "compile": comp_v,
                "bf16_check_grad_overflow": args.bf16_overflow_check, "compile_mode": args.compile_mode,
                "overlap_comm": bool(args.overlap_comm), "flat_parameters": flat,
                "on_device_step": bool(on_device), "deepspeed_timers": bool(args.deepspeed_timers),
-               "patch_embedding": patch, "loss_graph_max_batch": graphs}
+               "patch_embedding": patch, "loss_graph_max_batch": graphs, "patch_dropout": pdrop}
         if zero == 3:
             row["zero3_leaf_layers"] = leaf
             if on_device in (2, 3):
@@ -364,7 +365,7 @@ def throughput(args, rows):
                                          json.loads(extra), leaf, comp_v, args.bf16_overflow_check,
                                          args.distributed, args.compile_mode, bool(args.overlap_comm), flat,
                                          int(on_device), bool(args.deepspeed_timers), args.deepcompile,
-                                         patch, graphs)
+                                         patch, graphs, pdrop)
             batch = synthetic_batch(args.micro_batch, cfg, engine.device, torch.bfloat16)
             timed_steps(engine, loss_fn, batch, args.warmup, None)
             torch.cuda.reset_peak_memory_stats()
@@ -482,6 +483,7 @@ def fmt(r) -> str:
     leaf += " ds-timers" if r.get("deepspeed_timers") else ""
     leaf += f" deepcompile:{r['deepcompile']}" if r.get("deepcompile") else ""
     leaf += " conv" if r.get("patch_embedding") == "conv" and r.get("loss_impl") != PLAIN else ""
+    leaf += f" patch-dropout:{r['patch_dropout']:g}" if r.get("patch_dropout") else ""
     return (f"{r['study']:<10} {r['model']:<7} zero{r['zero']}{leaf:<5} {r['loss_impl']:<8} B={r['micro_batch']:<6} "
             f"chunk={str(r['chunk']):<5} ckpt={r['grad_ckpt']!s:<5} {r['status']:<7} "
             f"{num('samples_per_s', '9.1f')} samples/s  step {num('step_ms', '10.1f')} ms  "
@@ -526,6 +528,8 @@ def main(argv=None) -> int:
                    "of DeepSpeed's Python and host waits (pipeline.zero3_step) or as written (0), lightened with "
                    "DeepSpeed's host waits kept (2: fetch, norm and epilogue; 3: fetch only); 0 1 runs both "
                    "(ZeRO-0/1/2 rows: one per distinct on/off)")
+    p.add_argument("--patch_dropout", type=float, nargs="+", default=[0.0],
+                   help="model.patch_dropout of the pipeline rows (FLIP; MFU counts the kept tokens' FLOPs)")
     p.add_argument("--patch_embedding", nargs="+", default=["gemm"], choices=["gemm", "conv"],
                    help="model.patch_embedding of the pipeline rows: gemm conv runs both")
     p.add_argument("--deepcompile", nargs="?", const="default", default="", choices=["", "default", "basic"],

@@ -42,6 +42,7 @@ from .flat_params import BindingForward, bind_in_checkpoint, bind_in_forward, bi
 from .layer_stack import layer_stacks, stack_forward
 from .model_config import ModelConfig, activation_bytes, ds_param_dtype
 from .param_layout import _encoder_layers
+from .patch_dropout import use_patch_dropout
 from .patch_embed import use_patch_gemm
 
 __all__ = ["CLIPTowers"]
@@ -223,6 +224,7 @@ class CLIPTowers(nn.Module):
             self.text = _new_tower(CLIPTextModelWithProjection, text_cfg, zero3_config)
         if cfg.patch_embedding == "gemm":
             use_patch_gemm(self.vision)
+        use_patch_dropout(self.vision.vision_model.embeddings, cfg.patch_dropout)
         self.eos_token_id = self.text.config.eos_token_id
         self.logit_scale = nn.Parameter(torch.full((1,), float(cfg.init_logit_scale)))
         self.logit_bias = nn.Parameter(torch.full((1,), float(cfg.init_logit_bias)))

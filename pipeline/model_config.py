@@ -22,6 +22,8 @@ import torch
 
 from infclip.ops.config import ConfigError, parse_section, require_at_least
 
+from .patch_dropout import kept_patches
+
 __all__ = ["VisionTowerConfig", "TextTowerConfig", "ModelConfig", "ds_param_dtype", "activation_bytes",
            "forward_flops"]
 
@@ -174,6 +176,11 @@ class ModelConfig:
     them by the kernel (``pipeline/patch_embed.py``; same weights, same results), ``"conv"`` keeps
     transformers' strided convolution, which cuDNN runs with slow generic kernels (on an H200,
     ViT-B/32: 12% of the step's GPU time at micro-batch 256 and 1,024)."""
+    patch_dropout: float = 0.0
+    """Share of each image's patch tokens the image tower drops in training (FLIP; OpenCLIP's
+    ``patch_dropout``): a random subset per image, the class token always kept
+    (``pipeline/patch_dropout.py``). Evaluation and exports see every patch. 0.5 halves the image
+    tower's tokens; in [0, 1)."""
     flat_parameters: typing.Union[bool, typing.Literal["tower"]] = False
     """``true``: hold each transformer block's weights in two parameter tensors (matrices,
     vectors) instead of 16: DeepSpeed's per-tensor host work in every step shrinks with the count
@@ -194,6 +201,8 @@ class ModelConfig:
             layers = (self.vision if tower == "image" else self.text).layers
             if n < 0 or (n > layers and not self.pretrained):
                 raise ConfigError(f"'lock_{tower}_unlocked_blocks' must be in [0, {layers}] (the tower's blocks), got {n}")
+        if not 0.0 <= self.patch_dropout < 1.0:
+            raise ConfigError(f"'patch_dropout' must be in [0, 1), got {self.patch_dropout}")
         if self.max_logit_scale <= 0:
             raise ConfigError(f"'max_logit_scale' must be > 0, got {self.max_logit_scale}")
         if not 0.0 < self.checkpointing_memory_fraction <= 1.0:
@@ -244,8 +253,10 @@ def ds_param_dtype(ds_config: Mapping[str, Any]) -> torch.dtype:
 
 
 def _tower_tokens(cfg: ModelConfig) -> tuple[int, int]:
+    """Tokens a training sample takes through the image tower's blocks (its patches after
+    ``patch_dropout``, and the class token) and through the text tower's."""
     v = cfg.vision
-    return (v.image_size // v.patch_size) ** 2 + 1, cfg.text.context_length
+    return kept_patches((v.image_size // v.patch_size) ** 2, cfg.patch_dropout) + 1, cfg.text.context_length
 
 
 def _tower_dims(cfg: ModelConfig):
@@ -273,8 +284,10 @@ def activation_bytes(cfg: ModelConfig, rows: int, element_bytes: int = 2) -> int
 def forward_flops(cfg: ModelConfig) -> int:
     """Matrix FLOPs (2 x multiply-adds) of one sample's forward through both towers: the patch
     embedding, each block's Q/K/V/output projections, attention scores and weighted sum, and
-    MLP, and the two output projections. Training is 3x this (the backward is twice the forward;
-    recomputation by checkpointing or the chunked backbone is not counted). Formula in docs/mfu.md."""
+    MLP, and the two output projections. With ``patch_dropout`` the image tower's blocks count the
+    kept tokens (the patch embedding still runs over every patch): the FLOPs the step does.
+    Training is 3x this (the backward is twice the forward; recomputation by checkpointing or the
+    chunked backbone is not counted). Formula in docs/mfu.md."""
     v = cfg.vision
     patches = (v.image_size // v.patch_size) ** 2
     flops = 2 * patches * 3 * v.patch_size ** 2 * v.hidden_size

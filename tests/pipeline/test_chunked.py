@@ -22,9 +22,9 @@ from infclip.pipeline.param_layout import mark_zero3_leaf_layers
 B, CHUNK = 10, 4  # uneven last chunk (4, 4, 2)
 
 
-def tiny_model(dropout: float, seed: int = 0) -> CLIPTowers:
+def tiny_model(dropout: float, seed: int = 0, patch_dropout: float = 0.0) -> CLIPTowers:
     cfg = ModelConfig.from_dict({
-        "embed_dim": 16,
+        "embed_dim": 16, "patch_dropout": patch_dropout,
         "vision": {"image_size": 16, "patch_size": 8, "hidden_size": 16, "layers": 1, "heads": 2,
                    "attention_dropout": dropout},
         "text": {"context_length": 8, "hidden_size": 16, "layers": 1, "heads": 2, "vocab_size": 50,
@@ -62,15 +62,17 @@ def reference_grads(model, loss_fn, pv, ids, mask, chunk):
 
 
 @pytest.mark.parametrize("kind", ["clip", "siglip"])
-@pytest.mark.parametrize("dropout", [0.0, 0.3])
-def test_chunked_matches_one_graph_plain_torch(kind, dropout):
+@pytest.mark.parametrize("dropout, patch_dropout", [(0.0, 0.0), (0.3, 0.0), (0.0, 0.5)])
+def test_chunked_matches_one_graph_plain_torch(kind, dropout, patch_dropout):
     pv, ids, mask = batch()
     loss_fn = make_loss(kind)
-    ref = tiny_model(dropout)
+    ref = tiny_model(dropout, patch_dropout=patch_dropout)
     ref.train()
-    # without dropout the reference is a single full-batch forward; with it, the same chunks
-    ref_loss, ref_grads = reference_grads(ref, loss_fn, pv, ids, mask, B if dropout == 0 else CHUNK)
-    model = tiny_model(dropout)
+    # without dropout the reference is a single full-batch forward; with it (attention dropout, or
+    # the patch subsets of patch dropout), the same chunks
+    random = dropout > 0 or patch_dropout > 0
+    ref_loss, ref_grads = reference_grads(ref, loss_fn, pv, ids, mask, CHUNK if random else B)
+    model = tiny_model(dropout, patch_dropout=patch_dropout)
     model.train()
     torch.manual_seed(123)
     res = chunked_forward_backward(model, pv, ids, mask, loss_fn, CHUNK)
@@ -85,13 +87,14 @@ def test_chunked_matches_one_graph_plain_torch(kind, dropout):
     assert grads["logit_scale"].abs().item() > 0
 
 
-def test_dropout_replay_is_what_makes_it_match():
+@pytest.mark.parametrize("dropout, patch_dropout", [(0.3, 0.0), (0.0, 0.5)])
+def test_dropout_replay_is_what_makes_it_match(dropout, patch_dropout):
     """Sanity check of the test itself: without restoring the RNG the gradients differ."""
     pv, ids, mask = batch()
     loss_fn = make_loss("clip")
-    ref = tiny_model(0.3)
+    ref = tiny_model(dropout, patch_dropout=patch_dropout)
     _, ref_grads = reference_grads(ref, loss_fn, pv, ids, mask, CHUNK)
-    model = tiny_model(0.3)
+    model = tiny_model(dropout, patch_dropout=patch_dropout)
     torch.manual_seed(999)  # different draws from the reference's
     chunked_forward_backward(model, pv, ids, mask, loss_fn, CHUNK)
     name = "vision.vision_model.encoder.layers.0.self_attn.q_proj.weight"
