@@ -25,7 +25,8 @@ or, for the crop, from (seed, epoch, shard file name, sample key), never from pr
 the shards' location (the same shards in another folder give the same run), and the
 DataLoader hands out batches round-robin over workers. So ``start_batch=k`` reproduces the
 uninterrupted stream from batch k on: logical worker r skips the raw samples of the batches it
-made among the first k (no image decode), and DataLoader worker d plays logical worker
+made among the first k (no image decode; the skips among them are not counted again: the run
+that made those batches reported them), and DataLoader worker d plays logical worker
 (d + k) mod W so that the round-robin lines up. Exact when the config (workers, buffer, batch,
 world size, seed) is the same and every worker still has data at the resume point (always with
 ``resampled`` or an epoch capped by ``samples_per_epoch`` that each worker can fill); a corrupt
@@ -354,22 +355,38 @@ def _stream_spec(urls: Sequence[str], tokenizer: Any, *, image_size: int, contex
 
 
 class _Counter:
-    """Per-worker skip counts by reason; ``delta()`` gives the total since the last call."""
+    """Per-worker skip counts by reason; ``delta()`` gives the total since the last call.
+
+    A resumed worker re-reads the samples of the batches it already made (``start_batch``); the
+    skips among them were reported by the run that made those batches, so :meth:`discard` drops
+    them (and ``quiet`` keeps them out of the log)."""
 
     def __init__(self) -> None:
         self.by_reason: Dict[str, int] = {}
         self._reported = 0
+        self._discarded: Dict[str, int] = {}
+        self.quiet = False
 
     def add(self, reason: str, detail: str) -> None:
         n = self.by_reason.get(reason, 0) + 1
         self.by_reason[reason] = n
-        if n <= 5:
+        if not self.quiet and n - self._discarded.get(reason, 0) <= 5:
             logger.warning("skipping %s: %s", reason, detail)
 
     def delta(self) -> int:
         total = sum(self.by_reason.values())
         out, self._reported = total - self._reported, total
         return out
+
+    def discard(self) -> None:
+        """Forget the skips counted so far: they are never reported."""
+        self._discarded = dict(self.by_reason)
+        self._reported = sum(self.by_reason.values())
+
+    def counts(self) -> Dict[str, int]:
+        """Skips by reason since the last :meth:`discard` (reasons with none left out)."""
+        out = {r: n - self._discarded.get(r, 0) for r, n in self.by_reason.items()}
+        return {r: n for r, n in sorted(out.items()) if n > 0}
 
 
 def _shuffled(items: Iterable, bufsize: int, rng: random.Random) -> Iterator:
@@ -523,8 +540,11 @@ class _ShardStream(torch.utils.data.IterableDataset):
         if s.train:
             raw = _shuffled(raw, s.shuffle_buffer, random.Random(_seed("buffer", s.seed, s.epoch, s.rank, logical)))
         to_skip = skip_batches * s.batch_size
+        counter.quiet = True
         while to_skip > 0 and next(raw, None) is not None:
             to_skip -= 1
+        counter.quiet = False
+        counter.discard()  # the replayed prefix's skips were reported before the interruption
         made = skip_batches
         pending: List[Dict[str, Any]] = []
         # worker_s: this worker's time making the batch (reading, decoding, transforms,

@@ -188,6 +188,44 @@ def test_skip_counts_reach_main_process_from_workers(tmp_path, tok):
     assert len(batches) == 2 and loader.stats["skipped"] == 2
 
 
+def test_resume_does_not_count_the_replayed_skips_again(tmp_path, tok):
+    """A resumed worker re-reads the samples of the batches it already made; the skips among them
+    were counted by the run that made those batches, so the run's total stays that of the
+    uninterrupted run however often it resumes."""
+    from infclip.pipeline.loop import Batches
+    from infclip.pipeline.run_state import RunState
+
+    path = tmp_path / "cap-000000.tar"
+    with tarfile.open(path, "w") as tar:
+        for i in range(12):
+            _add(tar, f"{i:09d}.png", _png(i))
+            if i not in (1, 4):  # no caption: skipped while making batches 0 and 1
+                _add(tar, f"{i:09d}.txt", b"a caption")
+    cfg = _cfg(str(path), shuffle_buffer=0)
+    full = list(_train(cfg, tok))
+    assert [int(b["num_skipped"]) for b in full] == [1, 1, 0]
+    for start in (1, 2):
+        resumed = list(_train(cfg, tok, start_batch=start))
+        assert [_ids(b) for b in resumed] == [_ids(b) for b in full[start:]]
+        assert [int(b["num_skipped"]) for b in resumed] == [int(b["num_skipped"]) for b in full[start:]]
+
+    def build(epoch, start):
+        return _train(cfg, tok, epoch=epoch, start_batch=start)
+
+    whole = RunState()
+    run = Batches(build, whole, max_epochs=1)
+    for _ in range(3):
+        run.next()
+    state = RunState()
+    run = Batches(build, state, max_epochs=1)
+    run.next()
+    for _ in range(2):  # stopped after every batch and resumed from the checkpoint's state
+        state = RunState(**vars(state))
+        Batches(build, state, max_epochs=1).next()
+    assert state.batch_in_epoch == whole.batch_in_epoch == 3
+    assert state.skipped_samples == whole.skipped_samples == 2
+
+
 def test_missing_shard_is_a_clear_error(tmp_path, tok):
     url = _solid_shards(tmp_path, n_shards=2, per_shard=3)
     missing = str(tmp_path / "shard-000002.tar")
