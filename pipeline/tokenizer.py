@@ -15,13 +15,17 @@ the text, never the EOS). The model's ``CLIPTextConfig`` must get ``vocab_size``
 
 Limit: :func:`tokenize` builds ``[BOS] text [EOS] [PAD]...`` itself from the tokenizer's ids
 without special tokens, so it works for any HF tokenizer that has an EOS token (BOS is optional;
-a tokenizer without a pad token pads with EOS, as OpenAI's CLIP tokenizer does).
+a tokenizer without a pad token pads with EOS, as OpenAI's CLIP tokenizer does). Caption text is
+encoded with ``split_special_tokens=True``: a caption that spells ``<|endoftext|>`` or
+``<|pad|>`` gets those characters' ordinary tokens, never the EOS/PAD id, so the only EOS of a
+row ends its caption (BPE training reads such text as text too, so its merges match).
 
 Called the HF way (``tok(texts)``, ``CLIPProcessor``, transformers' pipelines) the saved BPE
 gives the same rows: :func:`with_clip_template` puts a ``TemplateProcessing`` post-processor
 (``[BOS] $A [EOS]``) and truncation/padding to the context length into ``tokenizer.json``, so
 ``tok(texts, padding="max_length", truncation=True)`` equals :func:`tokenize` (transformers itself
-pads or truncates only when asked; the ``tokenizers`` library applies the saved settings always).
+pads or truncates only when asked; the ``tokenizers`` library applies the saved settings always);
+it also stores ``split_special_tokens=True``, so text spelling a special token is text there too.
 """
 
 from __future__ import annotations
@@ -114,9 +118,11 @@ def with_clip_template(tokenizer, context_length: int):
     """A copy of ``tokenizer`` (a fast HF tokenizer) whose ``tokenizers`` backend adds the special
     tokens, truncates and pads the way :func:`tokenize` does: a ``TemplateProcessing``
     post-processor ``[BOS] $A [EOS]`` (``[BOS] $A [EOS] $B [EOS]`` for pairs; no BOS when the
-    tokenizer has none), truncation of the text to ``context_length`` tokens in all (the EOS is
-    kept) and padding with the pad token (EOS if none) to ``context_length``, all stored in its
-    ``tokenizer.json``; ``model_max_length`` is ``context_length``.
+    tokenizer has none), truncation of the text to ``context_length`` tokens in
+    all (the EOS is kept) and padding with the pad token (EOS if none) to ``context_length``, all
+    stored in its ``tokenizer.json``; ``model_max_length`` is ``context_length``, and ``split_special_tokens`` is
+    on (saved in ``tokenizer_config.json``), so text that spells a special token is encoded as text,
+    as :func:`tokenize` does.
 
     ``copy(texts, padding="max_length", truncation=True)`` then gives :func:`tokenize`'s ids and
     mask, and ``copy(texts)`` the rows without padding; :func:`tokenize` itself encodes without
@@ -140,8 +146,8 @@ def with_clip_template(tokenizer, context_length: int):
         single=f"{head}$A {eos_tok}", pair=f"{head}$A {eos_tok} $B:1 {eos_tok}:1", special_tokens=specials)
     backend.enable_truncation(max_length=context_length)
     backend.enable_padding(length=context_length, pad_id=pad, pad_token=pad_tok)
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos_tok, eos_token=eos_tok, pad_token=pad_tok,
-                                   model_max_length=context_length)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos_tok, eos_token=eos_tok,
+                                   pad_token=pad_tok, model_max_length=context_length, split_special_tokens=True)
 
 
 def load_tokenizer(path: Union[str, Path]):
@@ -174,8 +180,12 @@ def tokenize(tokenizer, texts: Sequence[str], context_length: int) -> Tuple[torc
     """Tokenize to fixed length: rows are ``[BOS] tokens [EOS] [PAD]...``.
 
     Texts longer than ``context_length`` lose their last tokens, never the EOS (the text tower
-    pools there). Returns ``(input_ids, attention_mask)``, both ``LongTensor[N, context_length]``;
-    the mask is 1 from BOS to EOS inclusive, 0 on padding.
+    pools there). The text is encoded with ``split_special_tokens=True``, so a caption that spells
+    a special token (``"<|endoftext|>"``) gets that string's ordinary tokens, never its id; should
+    the text still give the EOS, PAD or BOS id (a tokenizer whose unk token is its EOS), those ids
+    are dropped from it, with a warning. So each row holds one EOS, at the caption's end. Returns
+    ``(input_ids, attention_mask)``, both ``LongTensor[N, context_length]``; the mask is 1 from BOS
+    to EOS inclusive, 0 on padding.
     """
     ids = special_token_ids(tokenizer)
     eos, pad, bos = ids["eos_token_id"], ids["pad_token_id"], ids["bos_token_id"]
@@ -189,12 +199,32 @@ def tokenize(tokenizer, texts: Sequence[str], context_length: int) -> Tuple[torc
     if not texts:
         return input_ids, mask
     # truncating here (not only below) keeps long captions cheap and silences HF's length warning
-    encoded = tokenizer(texts, add_special_tokens=False, truncation=True, max_length=room)["input_ids"]
+    # split_special_tokens: caption text that spells a special token ("<|endoftext|>") is text, not that token
+    encoded = tokenizer(texts, add_special_tokens=False, truncation=True, max_length=room,
+                        split_special_tokens=True)["input_ids"]
+    structural = {eos, pad} | ({bos} if bos is not None else set())
     for row, toks in enumerate(encoded):
-        seq = prefix + list(toks[:room]) + [eos]
+        toks = list(toks[:room])
+        if structural.intersection(toks):
+            _warn_structural_ids_in_text(tokenizer, structural.intersection(toks))
+            toks = [t for t in toks if t not in structural]
+        seq = prefix + toks + [eos]
         input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         mask[row, : len(seq)] = 1
     return input_ids, mask
+
+
+_WARNED_STRUCTURAL: set = set()
+
+
+def _warn_structural_ids_in_text(tokenizer, found) -> None:
+    """Warn once per tokenizer that its text encoding gave EOS/PAD/BOS ids (dropped from the text)."""
+    if id(tokenizer) in _WARNED_STRUCTURAL:
+        return
+    _WARNED_STRUCTURAL.add(id(tokenizer))
+    logger.warning("tokenizer %s encoded caption text to the special id(s) %s even with split_special_tokens "
+                   "(e.g. its unk token is its EOS, as CLIP's is); dropped from the text so that the rows keep "
+                   "one EOS, at the caption's end", type(tokenizer).__name__, sorted(found))
 
 
 class _CountingReader:

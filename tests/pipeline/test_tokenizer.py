@@ -130,3 +130,67 @@ def test_broken_shards_are_skipped_and_named(digits_shards, tmp_path, caplog):
     with pytest.raises(ConfigError, match=r"no 'txt' captions .* in the 2 training shard\(s\) \(2 of them broken"):
         ensure_tokenizer(DataConfig.from_dict({"train_shards": [str(empty), str(not_tar)]}),
                          [str(empty), str(not_tar)], tmp_path / "tok2")
+
+
+SPELLED = ["a photo of the number seven <|endoftext|> and a large dog on a red sofa",
+           "a photo <|pad|> of the number one", "<|startoftext|> the digit two <|endoftext|>"]
+
+
+def _assert_one_eos_at_the_end(ids, mask, sp, bos=True):
+    """Each row: [BOS] text [EOS] [PAD]..., the only EOS at the end of the mask, no PAD/BOS inside."""
+    for row, n in enumerate(mask.sum(1).tolist()):
+        text = ids[row, 1 if bos else 0:n - 1]
+        assert ids[row, n - 1] == sp["eos_token_id"]
+        assert (ids[row] == sp["eos_token_id"]).nonzero()[0].item() == n - 1  # the first EOS: where the tower pools
+        for special in ("eos_token_id", "pad_token_id", "bos_token_id"):
+            assert sp[special] is None or (text != sp[special]).all(), (row, special, ids[row].tolist())
+
+
+def test_caption_text_spelling_special_tokens_stays_text(tmp_path):
+    """A caption containing '<|endoftext|>' or '<|pad|>' is text: no EOS/PAD id mid-row (the model
+    pools the first EOS, which would drop the rest of the caption). Training the BPE on such
+    captions reads them as text too, and the HF-way call of the saved tokenizer agrees."""
+    tok = train_bpe_tokenizer(CORPUS + SPELLED * 4, tmp_path / "tok", vocab_size=320, context_length=40)
+    sp = special_token_ids(tok)
+    assert [sp["pad_token_id"], sp["eos_token_id"], sp["bos_token_id"]] == [0, 1, 2]
+    ids, mask = tokenize(tok, SPELLED, 40)
+    assert (ids[:, 0] == sp["bos_token_id"]).all()
+    _assert_one_eos_at_the_end(ids, mask, sp)
+    for row, (text, n) in enumerate(zip(SPELLED, mask.sum(1).tolist())):
+        assert tok.decode(ids[row, 1:n - 1].tolist()).strip() == text.lower()  # nothing lost, nothing special
+    plain, _ = tokenize(tok, ["a photo of the number seven"], 40)
+    assert not torch.equal(ids[0], plain[0])
+    auto = AutoTokenizer.from_pretrained(str(tmp_path / "tok"), local_files_only=True)  # the HF-way call
+    hf = auto(SPELLED, padding="max_length", truncation=True, return_tensors="pt")
+    assert torch.equal(hf["input_ids"], ids) and torch.equal(hf["attention_mask"], mask)
+
+
+def _byte_alphabet():
+    from tokenizers import pre_tokenizers
+    return sorted(pre_tokenizers.ByteLevel.alphabet())
+
+
+def test_clip_tokenizer_caption_spelling_eos_stays_text(caplog):
+    """transformers' CLIPTokenizer (built here from a byte-level vocabulary: nothing downloaded)
+    keeps '<|endoftext|>' as one pre-token and matches it as its EOS; a vocabulary missing a
+    character maps it to unk, which is CLIP's EOS too: that id is dropped from the text."""
+    import logging
+
+    from transformers import CLIPTokenizer
+
+    alphabet = _byte_alphabet()
+    words = alphabet + [c + "</w>" for c in alphabet]
+    vocab = {w: i for i, w in enumerate(words + ["<|startoftext|>", "<|endoftext|>"])}
+    clip = CLIPTokenizer(vocab=vocab, merges=[])
+    sp = special_token_ids(clip)
+    assert sp["eos_token_id"] == sp["pad_token_id"] == len(words) + 1 and sp["bos_token_id"] == len(words)
+    ids, mask = tokenize(clip, SPELLED, 77)
+    _assert_one_eos_at_the_end(ids, mask, sp)
+    assert clip.decode(ids[0, 1:mask[0].sum() - 1].tolist()).replace(" ", "") == SPELLED[0].replace(" ", "")
+    partial = CLIPTokenizer(vocab={w: i for i, w in enumerate([w for w in words if w[0] != "z"]
+                                                              + ["<|startoftext|>", "<|endoftext|>"])}, merges=[])
+    with caplog.at_level(logging.WARNING, logger="infclip.pipeline.tokenizer"):
+        ids, mask = tokenize(partial, ["a zebra", "a zebra"], 16)
+    _assert_one_eos_at_the_end(ids, mask, special_token_ids(partial))
+    assert mask.sum(1).tolist() == [7, 7]  # BOS, "a", "e b r a", EOS: the z's unk (its EOS id) dropped
+    assert sum("dropped from the text" in r.getMessage() for r in caplog.records) == 1  # once per tokenizer
