@@ -17,8 +17,12 @@ Only images (PIL), UTF-8 captions and json are ever decoded; every other member 
 ``.pth``, ``.pickle``, ...) stays raw bytes and is dropped, so nothing in a shard is unpickled.
 Broken samples (unreadable image, missing/empty caption, tar errors) are skipped and counted:
 each batch carries ``num_skipped`` (skips in its worker since that worker's previous batch), and
-:class:`ShardLoader` sums them into ``loader.stats`` in the main process. Limit: skips after a
-worker's last full batch are not reported.
+:class:`ShardLoader` sums them into ``loader.stats`` in the main process, by reason into
+``loader.skipped_by_reason``. When a worker's stream runs out it sends one last record (not a
+batch) with the skips after its last batch, which the loader counts and drops; so a stream that
+gives no batch at all still says why (:meth:`ShardLoader.no_batch_reason`, which
+:class:`pipeline.loop.Batches` raises with). Not reported: the skips among samples read ahead
+(shuffle buffer) when an epoch capped by ``samples_per_epoch`` ends.
 
 Determinism and resume: every random choice is seeded from (seed, epoch, rank, logical worker)
 or, for the crop, from (seed, epoch, shard file name, sample key), never from process state or
@@ -354,8 +358,12 @@ def _stream_spec(urls: Sequence[str], tokenizer: Any, *, image_size: int, contex
         mean=list(mean), std=list(std), drop_last=drop_last, require_caption=require_caption)
 
 
+_SKIPS = "_skips"  # a worker's record: {reason: count} since its previous record (ShardLoader pops it)
+_TAIL = "_end_of_stream"  # marks a worker's last record (not a batch), which ShardLoader drops
+
+
 class _Counter:
-    """Per-worker skip counts by reason; ``delta()`` gives the total since the last call.
+    """Per-worker skip counts by reason; :meth:`take` gives those since its last call.
 
     A resumed worker re-reads the samples of the batches it already made (``start_batch``); the
     skips among them were reported by the run that made those batches, so :meth:`discard` drops
@@ -363,7 +371,7 @@ class _Counter:
 
     def __init__(self) -> None:
         self.by_reason: Dict[str, int] = {}
-        self._reported = 0
+        self._reported: Dict[str, int] = {}
         self._discarded: Dict[str, int] = {}
         self.quiet = False
 
@@ -373,20 +381,16 @@ class _Counter:
         if not self.quiet and n - self._discarded.get(reason, 0) <= 5:
             logger.warning("skipping %s: %s", reason, detail)
 
-    def delta(self) -> int:
-        total = sum(self.by_reason.values())
-        out, self._reported = total - self._reported, total
-        return out
+    def take(self) -> Dict[str, int]:
+        """Skips by reason since the last call (reasons with none left out)."""
+        out = {r: n - self._reported.get(r, 0) for r, n in sorted(self.by_reason.items())}
+        self._reported = dict(self.by_reason)
+        return {r: n for r, n in out.items() if n > 0}
 
     def discard(self) -> None:
         """Forget the skips counted so far: they are never reported."""
         self._discarded = dict(self.by_reason)
-        self._reported = sum(self.by_reason.values())
-
-    def counts(self) -> Dict[str, int]:
-        """Skips by reason since the last :meth:`discard` (reasons with none left out)."""
-        out = {r: n - self._discarded.get(r, 0) for r, n in self.by_reason.items()}
-        return {r: n for r, n in sorted(out.items()) if n > 0}
+        self._reported = dict(self.by_reason)
 
 
 def _shuffled(items: Iterable, bufsize: int, rng: random.Random) -> Iterator:
@@ -506,13 +510,15 @@ class _ShardStream(torch.utils.data.IterableDataset):
         """The batch of ``items``; ``worker_s`` is the time since ``t_start``, when this worker
         began making it."""
         s = self.spec
+        skips = counter.take()
         captions = [it["caption"] for it in items]
         input_ids, attention_mask = tokenize(s.tokenizer, captions, s.context_length)
         batch: Dict[str, Any] = {
             "pixel_values": torch.stack([it["pixels"] for it in items]),
             "input_ids": input_ids,
             "attention_mask": attention_mask,
-            "num_skipped": torch.tensor(counter.delta(), dtype=torch.long),
+            "num_skipped": torch.tensor(sum(skips.values()), dtype=torch.long),
+            _SKIPS: skips,
             "worker_s": torch.tensor(time.perf_counter() - t_start, dtype=torch.float64),
         }
         if not s.train:
@@ -561,6 +567,11 @@ class _ShardStream(torch.utils.data.IterableDataset):
                     return
         if pending and not s.drop_last:
             yield self._batch(pending, counter, t0)
+            pending = []
+        # the stream ran out: a last record, not a batch, with the skips since the last batch (the
+        # ShardLoader counts and drops it). Not after the quota: a resumed worker that made its
+        # quota before the resume point reads nothing, so it could not count them again.
+        yield {_TAIL: True, _SKIPS: counter.take(), "unbatched": len(pending)}
 
 
 class ShardLoader:
@@ -574,24 +585,67 @@ class ShardLoader:
     labels, ``label`` int64 [B] (-1 where the sample's json has none).
 
     ``stats``: ``{"batches", "samples", "skipped", "worker_s"}`` accumulated over iteration in this
-    process (``worker_s``: the workers' time spent making those batches).
+    process (``worker_s``: the workers' time spent making those batches); ``skipped`` includes the
+    skips after a worker's last batch, counted when its stream ends. ``skipped_by_reason``: the
+    same skips by reason (``missing_image``, ``missing_caption``, ``tar_error``, ``bad_image``,
+    ...); ``unbatched``: usable samples left over when a worker's stream ended (less than a batch,
+    dropped). :meth:`no_batch_reason` puts them in words.
     ``batches_per_epoch``: batches this rank yields per epoch when known (``samples_per_epoch``
     set), else None. Iterating again replays the same (epoch, start_batch) stream.
     """
 
     def __init__(self, dataloader: torch.utils.data.DataLoader, *, batches_per_epoch: Optional[int],
                  epoch: int, start_batch: int, batch_size: int,
-                 normalize: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
+                 normalize: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+                 image_keys: Sequence[str] = (), caption_key: Optional[str] = None) -> None:
         self.dataloader = dataloader
         self.normalize = normalize
         self.batches_per_epoch = batches_per_epoch
         self.epoch = epoch
         self.start_batch = start_batch
         self.batch_size = batch_size
+        self.image_keys, self.caption_key = list(image_keys), caption_key
         self.stats = {"batches": 0, "samples": 0, "skipped": 0, "worker_s": 0.0}
+        self.skipped_by_reason: Dict[str, int] = {}
+        self.unbatched = 0
+
+    def no_batch_reason(self) -> str:
+        """Why the stream gave no batch, in words: the skip counts by reason (with what to check)
+        or the usable samples that were too few for a batch. Complete once the stream ended."""
+        skipped = sum(self.skipped_by_reason.values())
+        counts = ", ".join(f"{r}={n}" for r, n in sorted(self.skipped_by_reason.items()))
+        if skipped == 0 and self.unbatched == 0:
+            return "no sample was read (are the shards empty?)"
+        if self.unbatched:
+            head = (f"{self.unbatched} usable sample(s), fewer than one micro-batch of {self.batch_size} "
+                    f"(with the world size and loader workers each rank's worker needs a full micro-batch)")
+            if skipped:
+                head += f"; skipped: {counts}"
+        elif set(self.skipped_by_reason) == {"tar_error"}:
+            head = f"no sample could be read: {counts}"
+        else:
+            head = f"all {skipped} samples skipped: {counts}"
+        hints = {
+            "missing_image": f"check data.image_key ({';'.join(self.image_keys) or '?'}): no member of those samples "
+                             "has one of its extensions",
+            "missing_caption": f"check data.caption_key ({self.caption_key!r}): those samples have no non-empty "
+                               "caption member of that extension",
+            "tar_error": "shards that cannot be read (not tar files, cut short, unreachable URLs): see the "
+                         "'skipping tar_error' warnings",
+            "bad_image": "images that cannot be decoded: see the 'skipping bad_image' warnings",
+        }
+        found = [hints[r] for r in sorted(self.skipped_by_reason) if r in hints]
+        return head + ("; " + "; ".join(found) if found else "")
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         for batch in self.dataloader:
+            skips = batch.pop(_SKIPS, None) or {}
+            for reason, n in skips.items():
+                self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + int(n)
+            if _TAIL in batch:  # a worker's stream ended: its last skips, not a batch
+                self.stats["skipped"] += sum(int(n) for n in skips.values())
+                self.unbatched += int(batch["unbatched"])
+                continue
             self.stats["batches"] += 1
             self.stats["samples"] += int(batch["pixel_values"].shape[0])
             self.stats["skipped"] += int(batch["num_skipped"])
@@ -609,7 +663,8 @@ def _make_loader(spec: _StreamSpec, workers: int, prefetch_factor: int,
     dl = torch.utils.data.DataLoader(_ShardStream(spec), batch_size=None, num_workers=workers,
                                      pin_memory=torch.cuda.is_available(), **kwargs)
     return ShardLoader(dl, batches_per_epoch=spec.batches_per_rank, epoch=spec.epoch,
-                       start_batch=spec.start_batch, batch_size=spec.batch_size, normalize=normalize)
+                       start_batch=spec.start_batch, batch_size=spec.batch_size, normalize=normalize,
+                       image_keys=spec.image_keys, caption_key=spec.caption_key)
 
 
 def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_length: int, batch_size: int,

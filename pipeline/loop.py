@@ -62,6 +62,10 @@ class Batches:
 
     All ranks switch epochs together: if any rank's stream ends, every rank starts the next epoch
     (a rank's unconsumed batch is dropped), so collectives never wait on a rank without data.
+    An epoch read from its start that gives no batch on some rank is an error on every rank (a
+    :class:`RuntimeError` naming the epoch and, on that rank, the loader's skip counts by reason),
+    never an empty epoch: with ``train.epochs`` a run would otherwise end at step 0. The skips a
+    loader counts after its last batch are added when its stream ends.
     Loading runs under ``torch.random.fork_rng``: creating a DataLoader iterator draws from the
     global torch RNG, and a resumed run creates one at a point where the uninterrupted run did
     not, so the data stream must not touch the RNG that drives dropout (it seeds its own).
@@ -71,7 +75,14 @@ class Batches:
         self.build, self.state, self.max_epochs = build, state, max_epochs
         self._flags: Any = None  # the CPU group for the per-batch agreement (made at first use)
         with torch.random.fork_rng(devices=[]):
-            self._it = iter(self.build(state.epoch, state.batch_in_epoch))
+            self._open(state.epoch, state.batch_in_epoch)
+
+    def _open(self, epoch: int, start: int) -> None:
+        self._loader = self.build(epoch, start)
+        self._it = iter(self._loader)
+        self._counted = 0  # skips of this loader already added to state.skipped_samples
+        # an epoch read from its start must give a batch (resumed at its end, it may give none)
+        self._fresh = start == 0
 
     def _all_have(self, have: bool) -> bool:
         """Whether every rank has a batch. Agreed over a CPU (gloo) group: over NCCL the flag's
@@ -90,22 +101,38 @@ class Batches:
             return self._next()
 
     def _next(self) -> Optional[dict]:
-        state, fresh = self.state, False
+        state = self.state
         while True:
             batch = next(self._it, None)
+            if batch is None:  # this rank's stream ended: count the skips after its last batch
+                stats = getattr(self._loader, "stats", None)
+                if stats is not None:
+                    state.skipped_samples += int(stats["skipped"]) - self._counted
+                    self._counted = int(stats["skipped"])
             if self._all_have(batch is not None):
+                skipped = int(batch.get("num_skipped", 0))
                 state.batch_in_epoch += 1
-                state.skipped_samples += int(batch.get("num_skipped", 0))
+                state.skipped_samples += skipped
+                self._counted += skipped
+                self._fresh = False
                 return batch
-            if fresh:
-                raise RuntimeError(f"the training stream yielded no batch in epoch {state.epoch} on some rank; "
-                                   "too few samples for the micro-batch and world size?")
+            if self._fresh:
+                raise RuntimeError(self._no_batch_message(batch is None))
             state.epoch += 1
             state.batch_in_epoch = 0
             if self.max_epochs is not None and state.epoch >= self.max_epochs:
                 return None
-            self._it = iter(self.build(state.epoch, 0))
-            fresh = True
+            self._open(state.epoch, 0)
+
+    def _no_batch_message(self, mine: bool) -> str:
+        epoch = self.state.epoch
+        if not mine:
+            return (f"the training stream yielded no batch in epoch {epoch} on another rank (this rank had "
+                    "data): that rank's error says why")
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        reason = getattr(self._loader, "no_batch_reason", None)
+        why = reason() if callable(reason) else "too few samples for the micro-batch and world size?"
+        return f"the training stream yielded no batch in epoch {epoch} (rank {rank}): {why}"
 
 
 class EvalSchedule:

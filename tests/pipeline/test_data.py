@@ -226,6 +226,65 @@ def test_resume_does_not_count_the_replayed_skips_again(tmp_path, tok):
     assert state.skipped_samples == whole.skipped_samples == 2
 
 
+def test_skips_after_the_last_batch_are_counted(tmp_path, tok):
+    """The skips a worker meets after its last full batch reach the loader's stats (and the
+    run's total) when its stream ends; the records that carry them are not batches."""
+    from infclip.pipeline.loop import Batches
+    from infclip.pipeline.run_state import RunState
+
+    path = tmp_path / "tail-000000.tar"
+    with tarfile.open(path, "w") as tar:
+        for i in range(9):
+            _add(tar, f"{i:09d}.png", _png(i))
+            if i < 6:  # 6, 7, 8: no caption, after the second (last) batch
+                _add(tar, f"{i:09d}.txt", b"a caption")
+    cfg = _cfg(str(path), shuffle_buffer=0, workers=1)
+    loader = _train(cfg, tok)
+    batches = list(loader)
+    assert [_ids(b) for b in batches] == [[0, 1, 2], [3, 4, 5]]
+    assert all("pixel_values" in b and "_skips" not in b for b in batches)
+    assert [int(b["num_skipped"]) for b in batches] == [0, 0]
+    assert loader.stats["skipped"] == 3 and loader.skipped_by_reason == {"missing_caption": 3}
+    state = RunState()
+    run = Batches(lambda e, s: _train(cfg, tok, epoch=e, start_batch=s), state, max_epochs=1)
+    assert run.next() is not None and run.next() is not None and run.next() is None
+    assert state.skipped_samples == 3
+
+
+@pytest.mark.parametrize("case", ["image_key", "caption_key", "not_a_tar", "too_few"])
+def test_an_epoch_without_a_batch_is_an_error_naming_the_epoch_and_cause(tmp_path, tok, case):
+    """No batch at all in an epoch (every sample skipped, or too few for one batch) raises on the
+    first ``next()`` naming epoch 0 and the skip counts by reason, also with ``max_epochs`` 1
+    (where the run would otherwise end at step 0 and export an untrained model)."""
+    from infclip.pipeline.loop import Batches
+    from infclip.pipeline.run_state import RunState
+
+    url = _solid_shards(tmp_path, n_shards=2, per_shard=10)
+    kw, want = {
+        "image_key": ({"image_key": "jpg"}, r"all 20 samples skipped: missing_image=20; check data\.image_key \(jpg\)"),
+        "caption_key": ({"caption_key": "caption"},
+                        r"all 20 samples skipped: missing_caption=20; check data\.caption_key \('caption'\)"),
+        "not_a_tar": ({}, r"no sample could be read: tar_error=2; shards that cannot be read"),
+        "too_few": ({}, r"2 usable sample\(s\), fewer than one micro-batch of 3"),
+    }[case]
+    if case == "not_a_tar":
+        url = [str(tmp_path / f"junk-{i}.tar") for i in range(2)]
+        for p in url:
+            Path(p).write_bytes(b"<html>404 not found</html>" * 40)
+    if case == "too_few":
+        url = str(tmp_path / "few.tar")
+        with tarfile.open(url, "w") as tar:
+            for i in range(2):
+                _add(tar, f"{i:09d}.png", _png(i))
+                _add(tar, f"{i:09d}.txt", b"a caption")
+    cfg = _cfg(url, workers=2, **kw)
+    for max_epochs in (1, 3):
+        state = RunState()
+        with pytest.raises(RuntimeError, match=r"no batch in epoch 0 \(rank 0\): " + want):
+            Batches(lambda e, s: _train(cfg, tok, epoch=e, start_batch=s), state, max_epochs).next()
+        assert state.epoch == 0 and state.step == 0
+
+
 def test_missing_shard_is_a_clear_error(tmp_path, tok):
     url = _solid_shards(tmp_path, n_shards=2, per_shard=3)
     missing = str(tmp_path / "shard-000002.tar")
