@@ -19,6 +19,8 @@ a tokenizer without a pad token pads with EOS, as OpenAI's CLIP tokenizer does).
 encoded with ``split_special_tokens=True``: a caption that spells ``<|endoftext|>`` or
 ``<|pad|>`` gets those characters' ordinary tokens, never the EOS/PAD id, so the only EOS of a
 row ends its caption (BPE training reads such text as text too, so its merges match).
+A tokenizer whose BOS is its EOS (GPT-2 style) gets no BOS, rows ``text [EOS] [PAD]...``: a
+leading EOS would be the first EOS, pooled before any text.
 
 Called the HF way (``tok(texts)``, ``CLIPProcessor``, transformers' pipelines) the saved BPE
 gives the same rows: :func:`with_clip_template` puts a ``TemplateProcessing`` post-processor
@@ -117,8 +119,8 @@ def train_bpe_tokenizer(texts: Iterable[str], out_dir: Union[str, Path], vocab_s
 def with_clip_template(tokenizer, context_length: int):
     """A copy of ``tokenizer`` (a fast HF tokenizer) whose ``tokenizers`` backend adds the special
     tokens, truncates and pads the way :func:`tokenize` does: a ``TemplateProcessing``
-    post-processor ``[BOS] $A [EOS]`` (``[BOS] $A [EOS] $B [EOS]`` for pairs; no BOS when the
-    tokenizer has none), truncation of the text to ``context_length`` tokens in
+    post-processor ``[BOS] $A [EOS]`` (``[BOS] $A [EOS] $B [EOS]`` for pairs; no BOS when
+    :func:`special_token_ids` gives none), truncation of the text to ``context_length`` tokens in
     all (the EOS is kept) and padding with the pad token (EOS if none) to ``context_length``, all
     stored in its ``tokenizer.json``; ``model_max_length`` is ``context_length``, and ``split_special_tokens`` is
     on (saved in ``tokenizer_config.json``), so text that spells a special token is encoded as text,
@@ -146,7 +148,7 @@ def with_clip_template(tokenizer, context_length: int):
         single=f"{head}$A {eos_tok}", pair=f"{head}$A {eos_tok} $B:1 {eos_tok}:1", special_tokens=specials)
     backend.enable_truncation(max_length=context_length)
     backend.enable_padding(length=context_length, pad_id=pad, pad_token=pad_tok)
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos_tok, eos_token=eos_tok,
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=tokenizer.bos_token, eos_token=eos_tok,
                                    pad_token=pad_tok, model_max_length=context_length, split_special_tokens=True)
 
 
@@ -160,6 +162,10 @@ def load_tokenizer(path: Union[str, Path]):
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     if tok.eos_token_id is None:
         raise ValueError(f"tokenizer in {path} has no EOS token; CLIP's text tower pools at EOS")
+    if tok.bos_token_id is not None and tok.bos_token_id == tok.eos_token_id:
+        logger.info("tokenizer in %s: its BOS is its EOS (%r, id %d); rows get no BOS (text [EOS] [PAD]...), so "
+                    "the first EOS, where the text tower pools, ends the caption", path, tok.eos_token,
+                    tok.eos_token_id)
     return tok
 
 
@@ -168,12 +174,13 @@ def special_token_ids(tokenizer) -> Dict[str, Optional[int]]:
 
     ``vocab_size`` is ``len(tokenizer)`` (base vocabulary plus added tokens); ``pad_token_id``
     falls back to EOS when the tokenizer has no pad token (that is what :func:`tokenize` pads
-    with); ``bos_token_id`` may be None (then no BOS is prepended).
+    with); ``bos_token_id`` is None when the tokenizer has no BOS or its BOS is its EOS (GPT-2
+    style): then no BOS is prepended, since a leading EOS would be the one the text tower pools.
     """
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    return {"vocab_size": len(tokenizer), "pad_token_id": pad, "bos_token_id": tokenizer.bos_token_id,
-            "eos_token_id": eos}
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id != eos else None
+    return {"vocab_size": len(tokenizer), "pad_token_id": pad, "bos_token_id": bos, "eos_token_id": eos}
 
 
 def tokenize(tokenizer, texts: Sequence[str], context_length: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -183,9 +190,10 @@ def tokenize(tokenizer, texts: Sequence[str], context_length: int) -> Tuple[torc
     pools there). The text is encoded with ``split_special_tokens=True``, so a caption that spells
     a special token (``"<|endoftext|>"``) gets that string's ordinary tokens, never its id; should
     the text still give the EOS, PAD or BOS id (a tokenizer whose unk token is its EOS), those ids
-    are dropped from it, with a warning. So each row holds one EOS, at the caption's end. Returns
-    ``(input_ids, attention_mask)``, both ``LongTensor[N, context_length]``; the mask is 1 from BOS
-    to EOS inclusive, 0 on padding.
+    are dropped from it, with a warning. So each row holds one EOS, at the caption's end. No BOS
+    when :func:`special_token_ids` gives none (also when BOS is EOS). Returns ``(input_ids,
+    attention_mask)``, both ``LongTensor[N, context_length]``; the mask is 1 from the first token
+    (BOS, if any) to EOS inclusive, 0 on padding.
     """
     ids = special_token_ids(tokenizer)
     eos, pad, bos = ids["eos_token_id"], ids["pad_token_id"], ids["bos_token_id"]

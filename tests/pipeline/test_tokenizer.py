@@ -194,3 +194,54 @@ def test_clip_tokenizer_caption_spelling_eos_stays_text(caplog):
     _assert_one_eos_at_the_end(ids, mask, special_token_ids(partial))
     assert mask.sum(1).tolist() == [7, 7]  # BOS, "a", "e b r a", EOS: the z's unk (its EOS id) dropped
     assert sum("dropped from the text" in r.getMessage() for r in caplog.records) == 1  # once per tokenizer
+
+
+def _gpt2_like(tmp_path):
+    """transformers' GPT2Tokenizer (BOS = EOS = unk = '<|endoftext|>', no pad token) with the
+    project's BPE vocabulary and merges, saved to a folder: built here, nothing downloaded."""
+    from transformers import GPT2Tokenizer
+
+    bpe = train_bpe_tokenizer(CORPUS, tmp_path / "bpe", vocab_size=300, context_length=16)
+    model = json.loads(bpe.backend_tokenizer.to_str())["model"]
+    words = sorted((w for w in model["vocab"] if w not in ("<|pad|>", EOS_TOKEN, "<|startoftext|>")),
+                   key=model["vocab"].get)
+    vocab = {w: i for i, w in enumerate(words + [EOS_TOKEN])}  # EOS last, as GPT-2's 50256
+    gpt2 = GPT2Tokenizer(vocab=vocab, merges=[tuple(m) if isinstance(m, list) else tuple(m.split(" "))
+                                              for m in model["merges"]], add_prefix_space=True)
+    gpt2.save_pretrained(str(tmp_path / "gpt2_like"))
+    return tmp_path / "gpt2_like"
+
+
+def test_bos_equal_to_eos_gets_no_bos(tmp_path, caplog):
+    """A GPT-2 style tokenizer (its BOS is its EOS): a leading BOS would be the first EOS, where
+    the text tower pools, so every caption would get the same embedding. No BOS is prepended."""
+    import logging
+
+    folder = _gpt2_like(tmp_path)
+    with caplog.at_level(logging.INFO, logger="infclip.pipeline.tokenizer"):
+        tok = load_tokenizer(folder)
+    assert tok.bos_token_id == tok.eos_token_id == len(tok) - 1 and tok.pad_token_id is None
+    assert sum("BOS is its EOS" in r.getMessage() for r in caplog.records) == 1
+    sp = special_token_ids(tok)
+    assert sp["bos_token_id"] is None and sp["pad_token_id"] == sp["eos_token_id"] == len(tok) - 1
+    texts = ["seven", "a photo of the number three written by hand again and again", "", "a handwritten 7"]
+    L = 12
+    ids, mask = tokenize(tok, texts, L)
+    _assert_one_eos_at_the_end(ids, mask, sp, bos=False)
+    lengths = mask.sum(1).tolist()
+    assert lengths[1] == L and lengths[2] == 1 and lengths[0] == 1 + len(tok("seven", add_special_tokens=False)
+                                                                          ["input_ids"])
+    assert ids[0, :lengths[0] - 1].tolist() == tok("seven", add_special_tokens=False)["input_ids"]
+    for row, n in enumerate(lengths):
+        assert (ids[row, n:] == sp["pad_token_id"]).all() and (mask[row, n:] == 0).all()
+    from infclip.pipeline.tokenizer import with_clip_template  # the HF-way call agrees
+    hf = with_clip_template(tok, L)(texts, padding="max_length", truncation=True, return_tensors="pt")
+    assert torch.equal(hf["input_ids"], ids) and torch.equal(hf["attention_mask"], mask)
+    config = CLIPTextConfig(vocab_size=sp["vocab_size"], hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                            num_attention_heads=2, max_position_embeddings=L, pad_token_id=sp["pad_token_id"],
+                            bos_token_id=tok.bos_token_id, eos_token_id=sp["eos_token_id"])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        out = CLIPTextModel(config).eval()(input_ids=ids, attention_mask=mask)
+    torch.testing.assert_close(out.pooler_output, out.last_hidden_state[torch.arange(4), mask.sum(1) - 1])
+    assert (out.pooler_output[1:] - out.pooler_output[0]).abs().amax(1).min() > 1e-3  # captions differ
