@@ -167,14 +167,16 @@ def test_compiled_towers_on_cuda_draw_new_subsets_each_step_and_the_same_from_a_
     ids = torch.randint(3, 40, (6, 8), device="cuda", generator=g)
     ids[:, -1] = 1
 
+    def step() -> torch.Tensor:
+        # a training step's outputs die with it, as in pipeline.step: CUDA-graph trees then know
+        # that the next call starts a new step and may reuse the graphs' output memory
+        img, txt, scale, _ = model(pixels, ids)
+        (scale * (img @ txt.T)).logsumexp(dim=1).sum().backward()
+        return img.detach().clone()
+
     def steps(seed: int) -> list:
         torch.manual_seed(seed)
-        feats = []
-        for _ in range(3):
-            img, txt, scale, _ = model(pixels, ids)
-            feats.append(img.detach().clone())
-            (scale * (img @ txt.T)).logsumexp(dim=1).sum().backward()
-        return feats
+        return [step() for _ in range(3)]
 
     first, again = steps(11), steps(11)
     assert model.compiled == "towers"
