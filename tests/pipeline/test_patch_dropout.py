@@ -168,8 +168,7 @@ def test_compiled_towers_on_cuda_draw_new_subsets_each_step_and_the_same_from_a_
     ids[:, -1] = 1
 
     def step() -> torch.Tensor:
-        # a training step's outputs die with it, as in pipeline.step: CUDA-graph trees then know
-        # that the next call starts a new step and may reuse the graphs' output memory
+        torch.compiler.cudagraph_mark_step_begin()  # torch's advice for a loop of CUDA-graph trees
         img, txt, scale, _ = model(pixels, ids)
         (scale * (img @ txt.T)).logsumexp(dim=1).sum().backward()
         return img.detach().clone()
