@@ -1,7 +1,8 @@
 """Training and eval data: webdataset tar shards -> batches of normalised images and token ids.
 
 Design: a torch ``IterableDataset`` whose ``__iter__`` runs the whole per-worker pipeline as
-plain generators, with webdataset used only to read tars and group members into samples:
+plain generators, with webdataset used only to open URLs (``gopen``: files, ``http``, ``pipe:``)
+and to split member names; the tars are read in tarfile's stream mode (:func:`_tar_samples`):
 
     shard list (brace-expanded; per-epoch shuffle seeded by (seed, epoch); split by rank, then by
     worker; or resampled with replacement) -> tar members -> samples -> structural check (has an
@@ -15,8 +16,9 @@ off the workers' cores. Eval batches are normalised float32 from the workers (bi
 
 Only images (PIL), UTF-8 captions and json are ever decoded; every other member (``.pyd``,
 ``.pth``, ``.pickle``, ...) stays raw bytes and is dropped, so nothing in a shard is unpickled.
-Broken samples (unreadable image, missing/empty caption, tar errors) are skipped and counted:
-each batch carries ``num_skipped`` (skips in its worker since that worker's previous batch), and
+Broken samples (unreadable image, missing/empty caption, tar errors: a shard that cannot be
+read, or cut short, counts one ``tar_error`` and keeps its samples before the damage) are
+skipped and counted: each batch carries ``num_skipped`` (skips in its worker since that worker's previous batch), and
 :class:`ShardLoader` sums them into ``loader.stats`` in the main process, by reason into
 ``loader.skipped_by_reason``. When a worker's stream runs out it sends one last record (not a
 batch) with the skips after its last batch, which the loader counts and drops; so a stream that
@@ -49,6 +51,8 @@ import logging
 import math
 import os
 import random
+import re
+import tarfile
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 from urllib.parse import urlparse
@@ -393,6 +397,74 @@ class _Counter:
         self._reported = dict(self.by_reason)
 
 
+def _tar_samples(url: str, on_error: Callable[[str], None]) -> Iterator[Dict[str, Any]]:
+    """The samples of one tar shard, in order: dicts of ``{extension: bytes}`` with ``__key__``
+    and ``__url__`` (members grouped by the name before the first dot, as webdataset does;
+    ``__*__`` metadata members and non-files left out).
+
+    A shard that cannot be read calls ``on_error`` once, naming it, and ends there; the samples
+    before the damage are kept and the one it cut short is marked ``__cut__``. Damage includes a
+    shard cut short at a header or member boundary, which tarfile's stream mode reads as a quiet
+    end: a whole tar ends with two zero blocks after its last member (checked as
+    :func:`pipeline.tokenizer.iter_shard_captions` does, on the uncompressed stream), and nothing
+    but zeros after them (else a damaged header ended the members early).
+    """
+    from webdataset.gopen import gopen
+    from webdataset.tariterators import base_plus_ext
+
+    current: Optional[Dict[str, Any]] = None
+    try:
+        stream = gopen(url, "rb")
+    except Exception as exc:  # webdataset's handler takes every Exception too
+        on_error(f"{url}: cannot open: {exc!r}")
+        return
+    done = False
+    try:
+        with tarfile.open(fileobj=stream, mode="r|*") as tar:
+            for member in tar:
+                name = member.name
+                if not member.isreg() or not name or re.match(r"__[^/]*__($|/)", name):
+                    continue
+                data = tar.extractfile(member).read()
+                tar.members = []  # stream mode keeps every header otherwise
+                prefix, suffix = base_plus_ext(name)
+                if prefix is None:
+                    continue
+                if current is None or prefix != current["__key__"]:
+                    if current is not None:
+                        yield current
+                    current = {"__key__": prefix, "__url__": url}
+                suffix = suffix.lower()
+                if suffix in current:
+                    on_error(f"{url}: duplicate member {name} (the second is ignored)")
+                    continue
+                current[suffix] = data
+            # tar.offset: where the member headers ended (the first end-of-archive block, or the cut)
+            rest, nonzero = tar.fileobj, False
+            while chunk := rest.read(tarfile.RECORDSIZE):
+                nonzero = nonzero or chunk.count(0) != len(chunk)
+            if rest.pos < tar.offset + 2 * tarfile.BLOCKSIZE:
+                raise tarfile.ReadError(f"cut short: {rest.pos} bytes, without the end-of-archive blocks after "
+                                        f"its members' {tar.offset}; the samples after the cut are lost")
+            if nonzero:
+                raise tarfile.ReadError(f"data after the end of its members at byte {tar.offset} (a damaged "
+                                        "header, or tars concatenated): the rest is not read")
+        done = True
+        stream.close()  # a pipe (curl, ...) reports its exit status here
+    except Exception as exc:
+        on_error(f"{url}: {type(exc).__name__}: {str(exc).strip()[:200] or 'unreadable'}")
+        if current is not None:
+            current["__cut__"] = True
+    finally:
+        if not done:  # stopped early, or after an error: close without raising a pipe's status
+            try:
+                stream.close()
+            except Exception:
+                pass
+    if current is not None:
+        yield current
+
+
 def _shuffled(items: Iterable, bufsize: int, rng: random.Random) -> Iterator:
     if bufsize <= 1:
         yield from items
@@ -435,41 +507,28 @@ class _ShardStream(torch.utils.data.IterableDataset):
 
     def _raw_samples(self, logical: int, counter: _Counter) -> Iterator[Dict[str, Any]]:
         """Tar samples that have an image member and a non-empty UTF-8 caption (not decoded)."""
-        from webdataset.tariterators import tarfile_samples
-
         s = self.spec
-
-        def handler(exc: Exception) -> bool:
-            counter.add("tar_error", repr(exc)[:300])
-            return True
-
-        opened = {"since_valid": 0}
-
-        def urls() -> Iterator[Dict[str, str]]:
-            for url in self._shard_urls(logical):
-                opened["since_valid"] += 1
-                if s.resampled and opened["since_valid"] > 2 * len(s.urls) + 10:
-                    raise RuntimeError(f"no valid sample in the last {opened['since_valid']} shards drawn "
-                                       f"from {s.urls[0]} ...: are the image_key/caption_key right?")
-                yield {"url": url}
-
-        for sample in tarfile_samples(urls(), handler=handler):
-            where = f"{sample.get('__url__')}:{sample.get('__key__')}"
-            image_ext = next((k for k in s.image_keys if k in sample), None)
-            if image_ext is None:
-                counter.add("missing_image", where)
-                continue
-            caption_bytes = sample.get(s.caption_key)
-            try:
-                caption = caption_bytes.decode("utf-8").strip() if caption_bytes is not None else ""
-            except UnicodeDecodeError:
-                caption = ""
-            if not caption and s.require_caption:
-                counter.add("missing_caption", where)
-                continue
-            opened["since_valid"] = 0
-            yield {"url": sample["__url__"], "key": sample["__key__"], "image": sample[image_ext],
-                   "caption": caption, "json": sample.get("json"), "cls": sample.get("cls")}
+        since_valid = 0
+        for url in self._shard_urls(logical):
+            since_valid += 1
+            if s.resampled and since_valid > 2 * len(s.urls) + 10:
+                raise RuntimeError(f"no valid sample in the last {since_valid} shards drawn "
+                                   f"from {s.urls[0]} ...: are the image_key/caption_key right?")
+            for sample in _tar_samples(url, lambda detail: counter.add("tar_error", detail[:300])):
+                where = f"{sample.get('__url__')}:{sample.get('__key__')}"
+                image_ext = next((k for k in s.image_keys if k in sample), None)
+                caption_bytes = sample.get(s.caption_key)
+                try:
+                    caption = caption_bytes.decode("utf-8").strip() if caption_bytes is not None else ""
+                except UnicodeDecodeError:
+                    caption = ""
+                if image_ext is None or (not caption and s.require_caption):
+                    if not sample.get("__cut__"):  # a sample cut short by a shard's damage: its tar_error counts it
+                        counter.add("missing_image" if image_ext is None else "missing_caption", where)
+                    continue
+                since_valid = 0
+                yield {"url": sample["__url__"], "key": sample["__key__"], "image": sample[image_ext],
+                       "caption": caption, "json": sample.get("json"), "cls": sample.get("cls")}
 
     def _decoded(self, raw: Iterable[Dict[str, Any]], counter: _Counter) -> Iterator[Dict[str, Any]]:
         s = self.spec

@@ -285,6 +285,39 @@ def test_an_epoch_without_a_batch_is_an_error_naming_the_epoch_and_cause(tmp_pat
         assert state.epoch == 0 and state.step == 0
 
 
+@pytest.mark.parametrize("cut", ["member_boundary", "header", "mid_member", "end_blocks"])
+def test_a_shard_cut_short_is_one_counted_tar_error(tmp_path, tok, caplog, cut):
+    """A shard cut short (an interrupted copy) keeps the samples before the cut and counts one
+    ``tar_error`` naming the shard, also where tarfile's stream mode ends quietly: a cut at a
+    member boundary or inside a header, or only the end-of-archive blocks missing."""
+    good = Path(write_shards(((_solid(i), f"caption {i}", None) for i in range(10)), tmp_path / "good",
+                             samples_per_shard=10, image_format="png")[0])
+    raw = good.read_bytes()
+    with tarfile.open(good) as tar:
+        members = tar.getmembers()
+    png5, txt5 = members[10], members[11]  # sample 5: png then txt
+    end = members[-1].offset_data + -(-members[-1].size // 512) * 512
+    keep, at = {"member_boundary": (list(range(5)), txt5.offset),
+                "header": (list(range(5)), txt5.offset + 100),
+                "mid_member": (list(range(5)), png5.offset_data + png5.size // 2),
+                "end_blocks": (list(range(10)), end)}[cut]
+    path = tmp_path / "cut-000000.tar"
+    path.write_bytes(raw[:at])
+    caplog.set_level("WARNING", logger="infclip.pipeline.data")
+    ev = build_eval_loader(str(path), tok, image_size=8, context_length=16, batch_size=100)
+    assert [int(k) for b in ev for k in b["key"]] == keep
+    assert ev.skipped_by_reason == {"tar_error": 1}
+    train = _train(_cfg(str(path), shuffle_buffer=0, workers=1), tok, batch_size=1)
+    assert sorted(i for b in train for i in _ids(b)) == keep
+    assert train.stats["skipped"] == 1 and train.skipped_by_reason == {"tar_error": 1}
+    warned = [r.getMessage() for r in caplog.records if "tar_error" in r.getMessage()]
+    assert warned and all("cut-000000.tar" in m for m in warned)
+    if cut != "mid_member":
+        assert "cut short" in warned[0]
+    good_loader = build_eval_loader(str(good), tok, image_size=8, context_length=16, batch_size=100)
+    assert len([k for b in good_loader for k in b["key"]]) == 10 and good_loader.stats["skipped"] == 0
+
+
 def test_missing_shard_is_a_clear_error(tmp_path, tok):
     url = _solid_shards(tmp_path, n_shards=2, per_shard=3)
     missing = str(tmp_path / "shard-000002.tar")
