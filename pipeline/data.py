@@ -726,6 +726,17 @@ def _make_loader(spec: _StreamSpec, workers: int, prefetch_factor: int,
                        image_keys=spec.image_keys, caption_key=spec.caption_key)
 
 
+_WARNED: set = set()
+
+
+def _warn_once(key: Any, msg: str, *args: Any) -> None:
+    """``logger.warning(msg, *args)`` the first time ``key`` is seen in this process (a loader is
+    built every epoch)."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        logger.warning(msg, *args)
+
+
 def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_length: int, batch_size: int,
                        rank: int = 0, world_size: int = 1, epoch: int = 0, seed: Optional[int] = None,
                        start_batch: int = 0, shards: Optional[Sequence[str]] = None,
@@ -738,7 +749,9 @@ def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_l
         image_size: the vision tower's input side; context_length: the text tower's length.
         batch_size: micro batch per rank (DeepSpeed's ``train_micro_batch_size_per_gpu``);
             partial batches are dropped.
-        rank, world_size: data-parallel position (shards split by rank, then by worker).
+        rank, world_size: data-parallel position (shards split by rank, then by worker; a shard
+            count not divisible by ``world_size`` is warned about once on rank 0: the ranks
+            with one shard more leave its samples unread each epoch, see :class:`pipeline.loop.Batches`).
         epoch: selects the shard order, buffer and crop seeds (a new loader per epoch).
         seed: overrides ``cfg.seed`` when given.
         start_batch: resume: skip this many batches of this (epoch, rank) stream (exact under
@@ -767,6 +780,14 @@ def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_l
         if len(urls) < world_size:
             raise ConfigError(f"{len(urls)} training shard(s) cannot be split over {world_size} ranks; "
                               "write more (smaller) shards or set 'resampled': true")
+        if len(urls) % world_size and rank == 0:
+            _warn_once(("uneven_ranks", len(urls), world_size),
+                       "%d training shards do not divide over %d ranks: %d rank(s) read %d shard(s) per epoch, "
+                       "the others %d; every epoch ends for all ranks when the shortest rank's stream runs out, "
+                       "so the ranks with more shards leave the rest of theirs unread (about %d shard(s) of data "
+                       "per epoch). Use a shard count divisible by %d, or 'resampled': true with "
+                       "'samples_per_epoch'", len(urls), world_size, len(urls) % world_size,
+                       -(-len(urls) // world_size), len(urls) // world_size, len(urls) % world_size, world_size)
         per_rank = len(urls[rank::world_size])
         if cfg.workers > per_rank:
             logger.warning("rank %d has %d shard(s) for %d workers: %d worker(s) idle",

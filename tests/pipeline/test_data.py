@@ -318,6 +318,29 @@ def test_a_shard_cut_short_is_one_counted_tar_error(tmp_path, tok, caplog, cut):
     assert len([k for b in good_loader for k in b["key"]]) == 10 and good_loader.stats["skipped"] == 0
 
 
+def test_shards_not_dividing_over_ranks_warn_once_on_rank_0(tmp_path, tok, caplog):
+    """3 shards on 2 ranks: every epoch ends when the rank with 1 shard runs out, so the other
+    rank's second shard goes unread; rank 0 says so once (not every epoch), and not when the
+    shards divide or are resampled."""
+    from infclip.pipeline import data
+
+    url = _solid_shards(tmp_path, n_shards=3, per_shard=6)
+    caplog.set_level("WARNING", logger="infclip.pipeline.data")
+    data._WARNED.clear()
+    lengths = [[len(list(_train(_cfg(url), tok, rank=r, world_size=2, epoch=e))) for r in range(2)] for e in range(2)]
+    assert lengths == [[4, 2], [4, 2]]  # what the warning is about
+    warned = [r.getMessage() for r in caplog.records if "do not divide" in r.getMessage()]
+    assert len(warned) == 1
+    assert "3 training shards do not divide over 2 ranks: 1 rank(s) read 2 shard(s) per epoch, the others 1" in warned[0]
+    assert "shortest rank" in warned[0] and "divisible by 2" in warned[0] and "'resampled': true" in warned[0]
+    caplog.clear()
+    data._WARNED.clear()
+    _train(_cfg(url), tok, rank=1, world_size=2)
+    _train(_cfg(url), tok, rank=0, world_size=3)
+    _train(_cfg(url, resampled=True, samples_per_epoch=12), tok, rank=0, world_size=2)
+    assert not [r for r in caplog.records if "do not divide" in r.getMessage()]
+
+
 def test_missing_shard_is_a_clear_error(tmp_path, tok):
     url = _solid_shards(tmp_path, n_shards=2, per_shard=3)
     missing = str(tmp_path / "shard-000002.tar")
