@@ -166,10 +166,10 @@ def test_compiled_towers_on_cuda_draw_new_subsets_each_step_and_the_same_from_a_
     pixels = torch.randn(6, 3, 30, 30, device="cuda", generator=g)
     ids = torch.randint(3, 40, (6, 8), device="cuda", generator=g)
     ids[:, -1] = 1
+    mask = torch.ones_like(ids)
 
     def step() -> torch.Tensor:
-        torch.compiler.cudagraph_mark_step_begin()  # torch's advice for a loop of CUDA-graph trees
-        img, txt, scale, _ = model(pixels, ids)
+        img, txt, scale, _ = model(pixels, ids, mask)  # the mask, as the loader always gives one
         (scale * (img @ txt.T)).logsumexp(dim=1).sum().backward()
         return img.detach().clone()
 
