@@ -28,17 +28,22 @@ gives no batch at all still says why (:meth:`ShardLoader.no_batch_reason`, which
 
 Determinism and resume: every random choice is seeded from (seed, epoch, rank, logical worker)
 or, for the crop, from (seed, epoch, shard file name, sample key), never from process state or
-the shards' location (the same shards in another folder give the same run), and the
-DataLoader hands out batches round-robin over workers. So ``start_batch=k`` reproduces the
-uninterrupted stream from batch k on: logical worker r skips the raw samples of the batches it
-made among the first k (no image decode; the skips among them are not counted again: the run
-that made those batches reported them), and DataLoader worker d plays logical worker
-(d + k) mod W so that the round-robin lines up. Exact when the config (workers, buffer, batch,
-world size, seed) is the same and every worker still has data at the resume point (always with
-``resampled`` or an epoch capped by ``samples_per_epoch`` that each worker can fill); a corrupt
-image inside the skipped prefix shifts the resumed stream by one sample (skipping does not
-decode). Without ``samples_per_epoch``, ranks may get different numbers of batches per epoch
-(shards hold different sample counts): a DeepSpeed loop should use ``samples_per_epoch``.
+the shards' location (the same shards in another folder give the same run), and the training
+stream is a strict round-robin over its W workers: batch i comes from logical worker i mod W,
+and the stream ends where the first worker runs out (the other workers' remaining batches are
+not read that epoch: warned once; the DataLoader would otherwise go on round-robin over the
+workers left, an order a resume cannot rebuild). Without ``resampled``, a rank never runs more
+workers than it has shards. So ``start_batch=k`` reproduces the uninterrupted stream from batch
+k on: logical worker r skips the raw samples of the batches it made among the first k (no image
+decode; the skips among them are not counted again: the run that made those batches reported
+them), and DataLoader worker d plays logical worker (d + k) mod W so that the round-robin lines
+up. Exact when the config (workers, buffer, batch, world size, seed, shards) is the same; a
+corrupt image inside the skipped prefix shifts the resumed stream by one sample (skipping does
+not decode). Workers hold equal data when each rank's shard count is a multiple of the workers
+and the shards equal sample counts (or with ``resampled``); else an epoch ends early, also
+before ``samples_per_epoch`` (warned up front when the shard counts do not divide). Ranks may
+get different numbers of batches per epoch (:class:`pipeline.loop.Batches` ends the epoch for
+all when one runs out: a shard count not divisible by the world size is warned about).
 """
 
 from __future__ import annotations
@@ -114,9 +119,11 @@ class DataConfig:
     needs ``samples_per_epoch``."""
     samples_per_epoch: Optional[int] = None
     """Nominal epoch size (all ranks together); each rank yields samples_per_epoch //
-    (micro_batch * world_size) batches. Null: one pass over the shards (not with resampled)."""
+    (micro_batch * world_size) batches, fewer if one of its loader workers runs out of data
+    first (not with resampled). Null: one pass over the shards (not with resampled)."""
     workers: int = 2
-    """DataLoader worker processes per rank (0: load in the training process)."""
+    """DataLoader worker processes per rank (0: load in the training process); without
+    ``resampled`` at most the rank's shard count (fewer are started)."""
     prefetch_factor: int = 2
     """Batches each worker prepares ahead (with workers > 0)."""
     seed: int = 0
@@ -340,6 +347,9 @@ class _StreamSpec:
     require_caption: bool = True
     """Skip samples without a caption ("missing_caption"); eval classification sets
     (CLIP_benchmark's: image + ``.cls`` only) set False and get an empty caption."""
+    lockstep: bool = False
+    """End the stream when the first worker runs out (the training loader: the batches stay a
+    strict round-robin over the workers, which is what makes ``start_batch`` exact)."""
 
 
 def _stream_spec(urls: Sequence[str], tokenizer: Any, *, image_size: int, context_length: int, batch_size: int,
@@ -348,7 +358,7 @@ def _stream_spec(urls: Sequence[str], tokenizer: Any, *, image_size: int, contex
                  epoch: int = 0, shard_shuffle: bool = False, shuffle_buffer: int = 0, resampled: bool = False,
                  batches_per_rank: Optional[int] = None, start_batch: int = 0,
                  crop_scale: Sequence[float] = (1.0, 1.0), drop_last: bool = False, with_labels: bool = False,
-                 require_caption: bool = True) -> _StreamSpec:
+                 require_caption: bool = True, lockstep: bool = False) -> _StreamSpec:
     """The spec of one stream, for the training and eval loaders and the device cache. The
     defaults are one ordered pass over ``urls`` (no shard shuffle, buffer or resampling, the
     centre square, the last partial batch kept); ``train`` sends uint8 crops seeded by ``seed``
@@ -359,7 +369,7 @@ def _stream_spec(urls: Sequence[str], tokenizer: Any, *, image_size: int, contex
         shard_shuffle=shard_shuffle, shuffle_buffer=shuffle_buffer, resampled=resampled,
         batches_per_rank=batches_per_rank, start_batch=start_batch, num_logical_workers=max(1, workers),
         image_keys=image_keys, caption_key=caption_key, with_labels=with_labels, crop_scale=list(crop_scale),
-        mean=list(mean), std=list(std), drop_last=drop_last, require_caption=require_caption)
+        mean=list(mean), std=list(std), drop_last=drop_last, require_caption=require_caption, lockstep=lockstep)
 
 
 _SKIPS = "_skips"  # a worker's record: {reason: count} since its previous record (ShardLoader pops it)
@@ -650,13 +660,20 @@ class ShardLoader:
     ...); ``unbatched``: usable samples left over when a worker's stream ended (less than a batch,
     dropped). :meth:`no_batch_reason` puts them in words.
     ``batches_per_epoch``: batches this rank yields per epoch when known (``samples_per_epoch``
-    set), else None. Iterating again replays the same (epoch, start_batch) stream.
+    set; fewer when a worker runs out first), else None. Iterating again replays the same
+    (epoch, start_batch) stream.
+
+    ``lockstep`` (the training loader): the stream ends where the first worker runs out, so that
+    the batches are a strict round-robin over the ``num_workers`` workers (batch i from worker
+    i mod W), the order ``start_batch`` replays exactly. The other workers' remaining batches
+    are not read that epoch; when some had one, a warning (once) says so.
     """
 
     def __init__(self, dataloader: torch.utils.data.DataLoader, *, batches_per_epoch: Optional[int],
                  epoch: int, start_batch: int, batch_size: int,
                  normalize: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-                 image_keys: Sequence[str] = (), caption_key: Optional[str] = None) -> None:
+                 image_keys: Sequence[str] = (), caption_key: Optional[str] = None, lockstep: bool = False,
+                 num_workers: int = 1, rank: int = 0) -> None:
         self.dataloader = dataloader
         self.normalize = normalize
         self.batches_per_epoch = batches_per_epoch
@@ -664,6 +681,7 @@ class ShardLoader:
         self.start_batch = start_batch
         self.batch_size = batch_size
         self.image_keys, self.caption_key = list(image_keys), caption_key
+        self.lockstep, self.num_workers, self.rank = lockstep, num_workers, rank
         self.stats = {"batches": 0, "samples": 0, "skipped": 0, "worker_s": 0.0}
         self.skipped_by_reason: Dict[str, int] = {}
         self.unbatched = 0
@@ -696,18 +714,54 @@ class ShardLoader:
         found = [hints[r] for r in sorted(self.skipped_by_reason) if r in hints]
         return head + ("; " + "; ".join(found) if found else "")
 
+    def _account(self, record: Dict[str, Any]) -> bool:
+        """Count a worker's record's skips; True for the record that ends a worker's stream."""
+        skips = record.pop(_SKIPS, None) or {}
+        for reason, n in skips.items():
+            self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + int(n)
+        self.stats["skipped"] += sum(int(n) for n in skips.values())
+        if _TAIL in record:
+            self.unbatched += int(record["unbatched"])
+            return True
+        return False
+
+    def _end_early(self, records: Iterator[Dict[str, Any]], delivered: int) -> None:
+        """A worker ran out at batch ``start_batch + delivered`` of a lockstep stream: read the
+        other workers' next records (their slots before the epoch's end) to count their skips
+        and warn if any of them still had a batch."""
+        pos = self.start_batch + delivered
+        peek = self.num_workers - 1
+        if self.batches_per_epoch is not None:
+            peek = min(peek, self.batches_per_epoch - 1 - pos)
+        unread = 0
+        for _ in range(max(0, peek)):
+            record = next(records, None)
+            if record is None:
+                break
+            if not self._account(record):
+                unread += 1
+        if unread or (self.batches_per_epoch is not None and pos < self.batches_per_epoch):
+            _warn_once(("worker_ran_out", self.rank),
+                       "rank %d, epoch %d: loader worker %d (of %d) ran out of data at batch %d of the epoch%s: "
+                       "this rank's epoch ends there, and %d other worker(s) that still had a batch are not read "
+                       "further this epoch (a strict round-robin over the workers keeps a resume exact). Workers "
+                       "get equal data when each rank's shard count is a multiple of data.workers and the shards "
+                       "hold equal sample counts; or use 'resampled': true. (Warned once; later epochs may end "
+                       "early too.)", self.rank, self.epoch, pos % self.num_workers, self.num_workers, pos,
+                       f" (batches_per_epoch {self.batches_per_epoch})" if self.batches_per_epoch else "", unread)
+
     def __iter__(self) -> Iterator[Dict[str, Any]]:
-        for batch in self.dataloader:
-            skips = batch.pop(_SKIPS, None) or {}
-            for reason, n in skips.items():
-                self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + int(n)
-            if _TAIL in batch:  # a worker's stream ended: its last skips, not a batch
-                self.stats["skipped"] += sum(int(n) for n in skips.values())
-                self.unbatched += int(batch["unbatched"])
+        records = iter(self.dataloader)
+        delivered = 0
+        for batch in records:
+            if self._account(batch):  # a worker's stream ended: its last skips, not a batch
+                if self.lockstep:
+                    self._end_early(records, delivered)
+                    return
                 continue
+            delivered += 1
             self.stats["batches"] += 1
             self.stats["samples"] += int(batch["pixel_values"].shape[0])
-            self.stats["skipped"] += int(batch["num_skipped"])
             self.stats["worker_s"] += float(batch["worker_s"])
             if self.normalize is not None:
                 batch["pixel_values"] = self.normalize(batch["pixel_values"])
@@ -723,7 +777,8 @@ def _make_loader(spec: _StreamSpec, workers: int, prefetch_factor: int,
                                      pin_memory=torch.cuda.is_available(), **kwargs)
     return ShardLoader(dl, batches_per_epoch=spec.batches_per_rank, epoch=spec.epoch,
                        start_batch=spec.start_batch, batch_size=spec.batch_size, normalize=normalize,
-                       image_keys=spec.image_keys, caption_key=spec.caption_key)
+                       image_keys=spec.image_keys, caption_key=spec.caption_key, lockstep=spec.lockstep,
+                       num_workers=spec.num_logical_workers, rank=spec.rank)
 
 
 _WARNED: set = set()
@@ -755,7 +810,9 @@ def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_l
         epoch: selects the shard order, buffer and crop seeds (a new loader per epoch).
         seed: overrides ``cfg.seed`` when given.
         start_batch: resume: skip this many batches of this (epoch, rank) stream (exact under
-            the conditions in the module docstring).
+            the conditions in the module docstring). The stream is a strict round-robin over the
+            workers and ends where the first one runs out (warned once when the others still
+            had data).
         shards: already-resolved URLs (default: :func:`prepare_shards` ``(cfg, "train")``).
         device, dtype: where the batches' pixels are normalised and land (default: float32 on
             the CPU); the workers send uint8 crops, so on a GPU the copy is a quarter of the bytes
@@ -776,6 +833,7 @@ def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_l
         if batches_per_rank < 1:
             raise ConfigError(f"'samples_per_epoch' {cfg.samples_per_epoch} is less than one global batch "
                               f"({batch_size} x {world_size} ranks)")
+    workers = cfg.workers
     if not cfg.resampled:
         if len(urls) < world_size:
             raise ConfigError(f"{len(urls)} training shard(s) cannot be split over {world_size} ranks; "
@@ -789,22 +847,33 @@ def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_l
                        "'samples_per_epoch'", len(urls), world_size, len(urls) % world_size,
                        -(-len(urls) // world_size), len(urls) // world_size, len(urls) % world_size, world_size)
         per_rank = len(urls[rank::world_size])
-        if cfg.workers > per_rank:
-            logger.warning("rank %d has %d shard(s) for %d workers: %d worker(s) idle",
-                           rank, per_rank, cfg.workers, cfg.workers - per_rank)
+        if workers > per_rank:  # a worker without a shard would end every (lockstep) epoch at once
+            _warn_once(("workers_capped", rank, per_rank, workers),
+                       "rank %d has %d training shard(s) for %d loader workers: loading with %d worker(s)",
+                       rank, per_rank, workers, per_rank)
+            workers = per_rank
+        if workers > 1 and per_rank % workers:
+            _warn_once(("uneven_workers", rank, per_rank, workers),
+                       "rank %d's %d training shards do not divide over its %d loader workers (%d of them read "
+                       "%d shards, the others %d): every epoch of this rank ends when the first worker runs out "
+                       "(the round-robin over workers that makes a resume exact), unless samples_per_epoch ends "
+                       "it before, leaving about %d shard(s) unread per epoch. Use a shard count divisible by world size x data.workers, or "
+                       "'resampled': true", rank, per_rank, workers, per_rank % workers,
+                       -(-per_rank // workers), per_rank // workers, per_rank % workers)
     spec = _stream_spec(
         urls, tokenizer, image_size=image_size, context_length=context_length, batch_size=batch_size,
-        workers=cfg.workers, image_keys=cfg.image_keys(), caption_key=cfg.caption_key, mean=cfg.image_mean,
+        workers=workers, image_keys=cfg.image_keys(), caption_key=cfg.caption_key, mean=cfg.image_mean,
         std=cfg.image_std, rank=rank, world_size=world_size, train=True, seed=cfg.seed if seed is None else seed,
         epoch=epoch, shard_shuffle=cfg.shard_shuffle, shuffle_buffer=cfg.shuffle_buffer, resampled=cfg.resampled,
-        batches_per_rank=batches_per_rank, start_batch=start_batch, crop_scale=cfg.crop_scale, drop_last=True)
+        batches_per_rank=batches_per_rank, start_batch=start_batch, crop_scale=cfg.crop_scale, drop_last=True,
+        lockstep=True)
 
     def normalize(pixels: torch.Tensor) -> torch.Tensor:
         if device is not None:
             pixels = pixels.to(device, non_blocking=True)
         return normalize_pixels(pixels, cfg.image_mean, cfg.image_std, dtype)
 
-    return _make_loader(spec, cfg.workers, cfg.prefetch_factor, normalize)
+    return _make_loader(spec, workers, cfg.prefetch_factor, normalize)
 
 
 def build_eval_loader(shards: Union[str, Sequence[str]], tokenizer, *, image_size: int, context_length: int,

@@ -318,6 +318,24 @@ def test_a_shard_cut_short_is_one_counted_tar_error(tmp_path, tok, caplog, cut):
     assert len([k for b in good_loader for k in b["key"]]) == 10 and good_loader.stats["skipped"] == 0
 
 
+def test_resume_at_the_end_of_an_epoch_goes_on_with_the_next(tmp_path, tok):
+    """A run resumed where an epoch ended (its stream gives no batch from there) is no error: the
+    next epoch starts; only an epoch read from its start must give a batch."""
+    from infclip.pipeline.loop import Batches
+    from infclip.pipeline.run_state import RunState
+
+    cfg = _cfg(_solid_shards(tmp_path, n_shards=1, per_shard=6), shuffle_buffer=0)
+
+    def build(epoch, start):
+        return _train(cfg, tok, epoch=epoch, start_batch=start)
+
+    state = RunState(epoch=0, batch_in_epoch=2)
+    batch = Batches(build, state, max_epochs=3).next()
+    assert (state.epoch, state.batch_in_epoch) == (1, 1)
+    assert _ids(batch) == _ids(next(iter(build(1, 0))))
+    assert Batches(build, RunState(epoch=0, batch_in_epoch=2), max_epochs=1).next() is None
+
+
 def test_shards_not_dividing_over_ranks_warn_once_on_rank_0(tmp_path, tok, caplog):
     """3 shards on 2 ranks: every epoch ends when the rank with 1 shard runs out, so the other
     rank's second shard goes unread; rank 0 says so once (not every epoch), and not when the
@@ -339,6 +357,69 @@ def test_shards_not_dividing_over_ranks_warn_once_on_rank_0(tmp_path, tok, caplo
     _train(_cfg(url), tok, rank=0, world_size=3)
     _train(_cfg(url, resampled=True, samples_per_epoch=12), tok, rank=0, world_size=2)
     assert not [r for r in caplog.records if "do not divide" in r.getMessage()]
+
+
+def _sized_shards(out: Path, sizes) -> list:
+    """Shards holding ``sizes`` samples each; sample i (counted over all shards) is ``_solid(i)``."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths, i = [], 0
+    for n, size in enumerate(sizes):
+        path = out / f"shard-{n:06d}.tar"
+        with tarfile.open(path, "w") as tar:
+            for _ in range(size):
+                _add(tar, f"{i:09d}.png", _png(i))
+                _add(tar, f"{i:09d}.txt", f"sample number {i}".encode())
+                i += 1
+        paths.append(str(path))
+    return paths
+
+
+def test_more_workers_than_shards_resume_exactly_and_fill_the_epoch(tmp_path, tok, caplog):
+    """4 workers for 3 shards: the loader runs 3 (a worker without a shard broke the round-robin
+    that resume relies on, and its quota of a samples_per_epoch epoch went unfilled)."""
+    from infclip.pipeline import data
+
+    paths = _sized_shards(tmp_path, [6, 6, 6])
+    caplog.set_level("WARNING", logger="infclip.pipeline.data")
+    data._WARNED.clear()  # the warnings come once per process
+    cfg = _cfg(paths, workers=4, shuffle_buffer=0, shard_shuffle=False)
+    full = [_ids(b) for b in _train(cfg, tok)]
+    assert full == [[0, 1, 2], [6, 7, 8], [12, 13, 14], [3, 4, 5], [9, 10, 11], [15, 16, 17]]
+    for start in (4, 5):
+        assert [_ids(b) for b in _train(cfg, tok, start_batch=start)] == full[start:]
+    assert any("3 training shard(s) for 4 loader workers: loading with 3" in r.getMessage() for r in caplog.records)
+    capped = _train(_cfg(paths, workers=4, shuffle_buffer=0, shard_shuffle=False, samples_per_epoch=18), tok)
+    assert capped.batches_per_epoch == 6 and [_ids(b) for b in capped] == full
+
+
+def test_workers_with_unequal_data_end_the_epoch_together_so_resume_is_exact(tmp_path, tok, caplog):
+    """5 shards over 3 workers (2/2/1, and a short shard): the epoch stays a strict round-robin
+    and ends where the first worker runs out, so every resume point replays exactly the rest of
+    the uninterrupted epoch; the samples it leaves unread are warned about (up front and when
+    it happens); with samples_per_epoch the rank then gives fewer than batches_per_epoch."""
+    from infclip.pipeline import data
+
+    paths = _sized_shards(tmp_path, [6, 6, 6, 6, 3])
+    caplog.set_level("WARNING", logger="infclip.pipeline.data")
+    data._WARNED.clear()  # the warnings come once per process
+    cfg = _cfg(paths, workers=3, shuffle_buffer=0, shard_shuffle=False)
+    # worker 0: shards 0 and 3 (4 batches), worker 1: shards 1 and 4 (3), worker 2: shard 2 (2)
+    loader = _train(cfg, tok, rank=0, world_size=1)
+    full = [_ids(b) for b in loader]
+    assert full == [[0, 1, 2], [6, 7, 8], [12, 13, 14], [3, 4, 5], [9, 10, 11], [15, 16, 17], [18, 19, 20],
+                    [24, 25, 26]]  # worker 2 has no third batch: the epoch ends; worker 0's [21, 22, 23] unread
+    assert loader.stats["batches"] == 8 and loader.stats["skipped"] == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("5 training shards do not divide over its 3 loader workers" in m for m in messages)
+    assert any("loader worker 2 (of 3) ran out of data at batch 8" in m and "1 other worker(s) that still had a batch" in m
+               for m in messages)
+    for start in range(1, 9):
+        assert [_ids(b) for b in _train(cfg, tok, start_batch=start)] == full[start:], start
+    spe = _cfg(paths, workers=3, shuffle_buffer=8, samples_per_epoch=27)
+    whole = [_ids(b) for b in _train(spe, tok, epoch=1)]
+    assert len(whole) < 9  # the short worker ends the epoch before batches_per_epoch
+    for start in (len(whole) - 2, len(whole) - 1):
+        assert [_ids(b) for b in _train(spe, tok, epoch=1, start_batch=start)] == whole[start:]
 
 
 def test_missing_shard_is_a_clear_error(tmp_path, tok):
