@@ -69,7 +69,7 @@ from PIL import Image
 from infclip.ops.config import ConfigError, parse_section, require_at_least
 
 from .shards import digits_samples, write_shards_to_paths
-from .tokenizer import tokenize
+from .tokenizer import check_tar_end, tokenize
 
 __all__ = [
     "CLIP_MEAN",
@@ -415,9 +415,7 @@ def _tar_samples(url: str, on_error: Callable[[str], None]) -> Iterator[Dict[str
     A shard that cannot be read calls ``on_error`` once, naming it, and ends there; the samples
     before the damage are kept and the one it cut short is marked ``__cut__``. Damage includes a
     shard cut short at a header or member boundary, which tarfile's stream mode reads as a quiet
-    end: a whole tar ends with two zero blocks after its last member (checked as
-    :func:`pipeline.tokenizer.iter_shard_captions` does, on the uncompressed stream), and nothing
-    but zeros after them (else a damaged header ended the members early).
+    end (:func:`pipeline.tokenizer.check_tar_end`, which the tokenizer's caption reader uses too).
     """
     from webdataset.gopen import gopen
     from webdataset.tariterators import base_plus_ext
@@ -449,16 +447,7 @@ def _tar_samples(url: str, on_error: Callable[[str], None]) -> Iterator[Dict[str
                     on_error(f"{url}: duplicate member {name} (the second is ignored)")
                     continue
                 current[suffix] = data
-            # tar.offset: where the member headers ended (the first end-of-archive block, or the cut)
-            rest, nonzero = tar.fileobj, False
-            while chunk := rest.read(tarfile.RECORDSIZE):
-                nonzero = nonzero or chunk.count(0) != len(chunk)
-            if rest.pos < tar.offset + 2 * tarfile.BLOCKSIZE:
-                raise tarfile.ReadError(f"cut short: {rest.pos} bytes, without the end-of-archive blocks after "
-                                        f"its members' {tar.offset}; the samples after the cut are lost")
-            if nonzero:
-                raise tarfile.ReadError(f"data after the end of its members at byte {tar.offset} (a damaged "
-                                        "header, or tars concatenated): the rest is not read")
+            check_tar_end(tar)
         done = True
         stream.close()  # a pipe (curl, ...) reports its exit status here
     except Exception as exc:

@@ -235,16 +235,22 @@ def _warn_structural_ids_in_text(tokenizer, found) -> None:
                    "one EOS, at the caption's end", type(tokenizer).__name__, sorted(found))
 
 
-class _CountingReader:
-    """A read-only stream that counts the bytes it hands out."""
-
-    def __init__(self, stream) -> None:
-        self.stream, self.count = stream, 0
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.stream.read(size)
-        self.count += len(data)
-        return data
+def check_tar_end(tar: tarfile.TarFile) -> None:
+    """Raise ``tarfile.ReadError`` unless a tar read in stream mode (``"r|*"``) to its last member
+    ended as a whole archive does. tarfile's stream mode reads a shard cut at a header or member
+    boundary as a quiet end; a whole tar has two zero blocks after its last member, and nothing but
+    zeros after them (else a damaged header ended the members early). Reads the rest of the
+    uncompressed stream (``tar.fileobj``, so a ``.tar.gz`` is measured after decompression)."""
+    rest, nonzero = tar.fileobj, False
+    while chunk := rest.read(tarfile.RECORDSIZE):
+        nonzero = nonzero or chunk.count(0) != len(chunk)
+    # tar.offset: where the member headers ended (the first end-of-archive block, or the cut)
+    if rest.pos < tar.offset + 2 * tarfile.BLOCKSIZE:
+        raise tarfile.ReadError(f"cut short: {rest.pos} bytes, without the end-of-archive blocks after "
+                                f"its members' {tar.offset}; the samples after the cut are lost")
+    if nonzero:
+        raise tarfile.ReadError(f"data after the end of its members at byte {tar.offset} (a damaged "
+                                "header, or tars concatenated): the rest is not read")
 
 
 def iter_shard_captions(urls: Sequence[str], caption_key: str = "txt", max_captions: Optional[int] = None,
@@ -262,7 +268,7 @@ def iter_shard_captions(urls: Sequence[str], caption_key: str = "txt", max_capti
     count = 0
     for url in urls:
         try:
-            with gopen(url, "rb") as raw, tarfile.open(fileobj=(stream := _CountingReader(raw)), mode="r|*") as tar:
+            with gopen(url, "rb") as raw, tarfile.open(fileobj=raw, mode="r|*") as tar:
                 for member in tar:
                     if not member.isreg():
                         continue
@@ -278,11 +284,7 @@ def iter_shard_captions(urls: Sequence[str], caption_key: str = "txt", max_capti
                         count += 1
                         if max_captions is not None and count >= max_captions:
                             return
-                # tarfile's stream mode ends quietly at a cut; a whole tar ends with two zero blocks
-                stream.read()
-                if stream.count < tar.offset + 2 * tarfile.BLOCKSIZE:
-                    raise tarfile.ReadError(f"cut short: {stream.count} bytes, without the end-of-archive "
-                                            f"blocks after its members' {tar.offset}")
+                check_tar_end(tar)
         except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
             logger.warning("tokenizer training: skipping broken shard %s (%s)", url,
                            str(exc).strip() or type(exc).__name__)

@@ -132,6 +132,26 @@ def test_broken_shards_are_skipped_and_named(digits_shards, tmp_path, caplog):
                          [str(empty), str(not_tar)], tmp_path / "tok2")
 
 
+
+def test_gzipped_shards_are_whole_unless_cut(digits_shards, tmp_path):
+    """A .tar.gz shard is checked after decompression: whole, all its captions and not broken; cut
+    short (the gzip stream itself cut), broken. Both the loader and this pass use one check."""
+    import gzip
+
+    from infclip.pipeline.data import expand_urls
+    from infclip.pipeline.tokenizer import iter_shard_captions
+
+    tar = open(expand_urls(digits_shards["train"])[0], "rb").read()
+    whole, cut = tmp_path / "whole.tar.gz", tmp_path / "cut.tar.gz"
+    packed = gzip.compress(tar)
+    whole.write_bytes(packed)
+    cut.write_bytes(packed[: len(packed) * 3 // 4])
+    broken: list = []
+    captions = list(iter_shard_captions([str(whole)], broken=broken))
+    assert broken == [] and len(captions) == 200
+    list(iter_shard_captions([str(cut)], broken=broken))
+    assert broken == [str(cut)]
+
 SPELLED = ["a photo of the number seven <|endoftext|> and a large dog on a red sofa",
            "a photo <|pad|> of the number one", "<|startoftext|> the digit two <|endoftext|>"]
 
