@@ -25,6 +25,7 @@ how the towers' parameters are grouped for the optimizer and for ZeRO-3 is
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -40,7 +41,7 @@ from infclip.ops.config import ConfigError
 
 from .flat_params import BindingForward, bind_in_checkpoint, bind_in_forward, bind_views, flatten_block
 from .layer_stack import layer_stacks, stack_forward
-from .model_config import ModelConfig, activation_bytes, ds_param_dtype
+from .model_config import ModelConfig, TextTowerConfig, VisionTowerConfig, activation_bytes, ds_param_dtype
 from .param_layout import _encoder_layers
 from .patch_dropout import use_patch_dropout
 from .patch_embed import use_patch_gemm
@@ -71,6 +72,19 @@ def _hf_configs(cfg: ModelConfig, vocab_size: int, token_ids: Mapping[str, Optio
     for hf in (vision, text):
         hf._attn_implementation = cfg.attn_implementation
     return vision, text
+
+
+def _with_tower_sizes(cfg: ModelConfig, vision: Any, text: Any) -> ModelConfig:
+    """``cfg`` with its tower sizes read from loaded HF towers' configs: a pretrained start ignores
+    the section's sizes, and what is computed from them (``"auto"`` checkpointing's activation
+    estimate, the kept patches, the FLOPs) must be the towers' own."""
+    sizes = lambda c: {"hidden_size": c.hidden_size, "layers": c.num_hidden_layers,  # noqa: E731
+                       "heads": c.num_attention_heads, "intermediate_size": c.intermediate_size,
+                       "attention_dropout": float(c.attention_dropout)}
+    return dataclasses.replace(
+        cfg, embed_dim=vision.projection_dim,
+        vision=VisionTowerConfig(image_size=vision.image_size, patch_size=vision.patch_size, **sizes(vision)),
+        text=TextTowerConfig(context_length=text.max_position_embeddings, vocab_size=text.vocab_size, **sizes(text)))
 
 
 def _set_checkpointing(model: nn.Module, enable: bool, function: Optional[Any] = None) -> None:
@@ -209,8 +223,9 @@ class CLIPTowers(nn.Module):
         if cfg.flat_parameters and zero3_config is not None:
             raise ConfigError("'model.flat_parameters' under ZeRO-3 needs 'model.zero3_init': false (the blocks "
                               "are flattened whole, then partitioned by deepspeed.initialize)")
-        if _towers is not None:
+        if _towers is not None:  # loaded: the section's sizes become the towers' own
             self.vision, self.text = _towers
+            self.cfg = cfg = _with_tower_sizes(cfg, self.vision.config, self.text.config)
         else:
             vocab = cfg.text.vocab_size or vocab_size
             if vocab is None:

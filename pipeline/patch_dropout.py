@@ -4,7 +4,7 @@ Why: a ViT's cost grows with its token count (linearly in the projections and ML
 in attention), and most of a CLIP step is the image tower. FLIP (Li et al., "Scaling
 Language-Image Pre-training via Masking", 2023) trains with 50-75% of the patches removed at a
 small cost in accuracy, made up by more samples in the same GPU hours or a short unmasked tuning
-at the end; OpenCLIP calls it ``patch_dropout``. ``model.vision.patch_dropout: 0.5`` is the
+at the end; OpenCLIP calls it ``patch_dropout``. ``model.patch_dropout: 0.5`` is the
 usual setting.
 
 How: :func:`use_patch_dropout` gives the tower's embedding module a forward that, in training

@@ -103,6 +103,26 @@ def test_save_and_load_round_trip(tmp_path):
         CLIPTowers.from_pretrained(str(tmp_path / "vision"))
 
 
+def test_a_loaded_model_takes_its_towers_sizes(tmp_path):
+    """A pretrained start ignores the section's sizes: the model's config then holds the loaded
+    towers' own, so the activation estimate, the kept patches and the FLOPs are theirs."""
+    from infclip.pipeline.model_config import activation_bytes, forward_flops
+
+    torch.manual_seed(0)
+    saved = cfg(vision={"image_size": 24, "patch_size": 4, "hidden_size": 16, "layers": 2, "heads": 2,
+                        "intermediate_size": 40},
+                text={"context_length": 8, "hidden_size": 16, "layers": 1, "heads": 2, "vocab_size": 40,
+                      "intermediate_size": 64})  # HF's configs hold the resolved width
+    CLIPTowers(saved, eos_token_id=1, pad_token_id=0, bos_token_id=2).save_pretrained(str(tmp_path))
+    start = ModelConfig.from_dict({"pretrained": str(tmp_path), "patch_dropout": 0.5})  # default sizes
+    loaded = CLIPTowers.from_config(start)
+    assert loaded.cfg.vision == saved.vision and loaded.cfg.text == saved.text
+    assert loaded.cfg.embed_dim == 16 and loaded.cfg.patch_dropout == 0.5
+    same_sizes = ModelConfig.from_dict({**saved.to_dict(), "patch_dropout": 0.5})
+    assert forward_flops(loaded.cfg) == forward_flops(same_sizes) != forward_flops(start)
+    assert activation_bytes(loaded.cfg, 8) == activation_bytes(same_sizes, 8)
+
+
 def test_config_errors():
     with pytest.raises(ConfigError, match="model.text.*unknown key 'layer'"):
         ModelConfig.from_dict({"text": {"layer": 2}}, source="f.json")
