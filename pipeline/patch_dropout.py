@@ -35,8 +35,8 @@ __all__ = ["drop_patches", "kept_patches", "use_patch_dropout"]
 
 def kept_patches(patches: int, fraction: float) -> int:
     """Patch tokens an image keeps when ``fraction`` of its ``patches`` are dropped: rounded down,
-    as OpenCLIP does, and at least one (the epsilon absorbs float error: 100 x (1 - 0.9) is
-    9.999...)."""
+    and at least one. OpenCLIP also rounds down, but on the float product, so that 100 x (1 - 0.9)
+    = 9.999... keeps 9 there; the epsilon here keeps the exact 10."""
     return max(1, math.floor(patches * (1.0 - fraction) + 1e-6))
 
 
