@@ -28,22 +28,26 @@ gives no batch at all still says why (:meth:`ShardLoader.no_batch_reason`, which
 
 Determinism and resume: every random choice is seeded from (seed, epoch, rank, logical worker)
 or, for the crop, from (seed, epoch, shard file name, sample key), never from process state or
-the shards' location (the same shards in another folder give the same run), and the training
-stream is a strict round-robin over its W workers: batch i comes from logical worker i mod W,
-and the stream ends where the first worker runs out (the other workers' remaining batches are
-not read that epoch: warned once; the DataLoader would otherwise go on round-robin over the
-workers left, an order a resume cannot rebuild). Without ``resampled``, a rank never runs more
-workers than it has shards. So ``start_batch=k`` reproduces the uninterrupted stream from batch
-k on: logical worker r skips the raw samples of the batches it made among the first k (no image
-decode; the skips among them are not counted again: the run that made those batches reported
-them), and DataLoader worker d plays logical worker (d + k) mod W so that the round-robin lines
-up. Exact when the config (workers, buffer, batch, world size, seed, shards) is the same; a
-corrupt image inside the skipped prefix shifts the resumed stream by one sample (skipping does
-not decode). Workers hold equal data when each rank's shard count is a multiple of the workers
-and the shards equal sample counts (or with ``resampled``); else an epoch ends early, also
-before ``samples_per_epoch`` (warned up front when the shard counts do not divide). Ranks may
-get different numbers of batches per epoch (:class:`pipeline.loop.Batches` ends the epoch for
-all when one runs out: a shard count not divisible by the world size is warned about).
+the shards' location (the same shards in another folder give the same run). The training stream
+of a rank is a round-robin over its W logical workers that skips a worker once its data ran out
+and goes on with the others (the DataLoader's own order), so an epoch delivers every full batch
+every worker can make, also when the workers hold unequal data (shard counts that do not divide,
+shards of unequal size, a shard that cannot be read). Without ``resampled``, a rank never runs
+more workers than it has shards. A resume needs the loader's :meth:`ShardLoader.position` (the
+batches each logical worker delivered this epoch, and the worker the round-robin goes on with;
+the run's checkpoint keeps it, :class:`pipeline.run_state.RunState`): each logical worker skips
+the raw samples of its own delivered batches (no image decode; the skips among them are not
+counted again: the run that made those batches reported them), and DataLoader worker d plays
+logical worker (d + next_worker) mod W, so the round-robin goes on where it stood; a worker whose
+data ran out before that point reads its shards again, finds them spent, and its turn is skipped
+as in the uninterrupted stream. Without a position, ``start_batch=k`` assumes the balanced split
+(worker r delivered the batches i < k with i mod W = r; next_worker k mod W), which is exact while
+every worker had data to that point. Exact when the config (workers, buffer, batch, world size,
+seed, shards) is the same; a corrupt image inside the skipped prefix shifts the resumed stream by
+one sample (skipping does not decode). With ``samples_per_epoch`` a rank stops after its
+``batches_per_epoch`` batches (fewer when all its workers run out before). Ranks may get
+different numbers of batches per epoch (:class:`pipeline.loop.Batches` ends the epoch for all
+when one runs out: a shard count not divisible by the world size is warned about).
 """
 
 from __future__ import annotations
@@ -119,7 +123,7 @@ class DataConfig:
     needs ``samples_per_epoch``."""
     samples_per_epoch: Optional[int] = None
     """Nominal epoch size (all ranks together); each rank yields samples_per_epoch //
-    (micro_batch * world_size) batches, fewer if one of its loader workers runs out of data
+    (micro_batch * world_size) batches, fewer if all its loader workers run out of data
     first (not with resampled). Null: one pass over the shards (not with resampled)."""
     workers: int = 2
     """DataLoader worker processes per rank (0: load in the training process); without
@@ -347,9 +351,19 @@ class _StreamSpec:
     require_caption: bool = True
     """Skip samples without a caption ("missing_caption"); eval classification sets
     (CLIP_benchmark's: image + ``.cls`` only) set False and get an empty caption."""
-    lockstep: bool = False
-    """End the stream when the first worker runs out (the training loader: the batches stay a
-    strict round-robin over the workers, which is what makes ``start_batch`` exact)."""
+    worker_start: Optional[List[int]] = None
+    """Resume: batches each logical worker already delivered this epoch (it skips their samples);
+    None: the balanced split of ``start_batch`` (see :meth:`ShardLoader.seek`)."""
+    first_worker: Optional[int] = None
+    """Resume: the logical worker the round-robin goes on with (DataLoader worker 0 plays it);
+    None: ``start_batch mod W``."""
+
+    def __post_init__(self) -> None:
+        w = self.num_logical_workers
+        if self.worker_start is None:
+            self.worker_start = [_share(self.start_batch, i, w) for i in range(w)]
+        if self.first_worker is None:
+            self.first_worker = self.start_batch % w
 
 
 def _stream_spec(urls: Sequence[str], tokenizer: Any, *, image_size: int, context_length: int, batch_size: int,
@@ -358,7 +372,7 @@ def _stream_spec(urls: Sequence[str], tokenizer: Any, *, image_size: int, contex
                  epoch: int = 0, shard_shuffle: bool = False, shuffle_buffer: int = 0, resampled: bool = False,
                  batches_per_rank: Optional[int] = None, start_batch: int = 0,
                  crop_scale: Sequence[float] = (1.0, 1.0), drop_last: bool = False, with_labels: bool = False,
-                 require_caption: bool = True, lockstep: bool = False) -> _StreamSpec:
+                 require_caption: bool = True) -> _StreamSpec:
     """The spec of one stream, for the training and eval loaders and the device cache. The
     defaults are one ordered pass over ``urls`` (no shard shuffle, buffer or resampling, the
     centre square, the last partial batch kept); ``train`` sends uint8 crops seeded by ``seed``
@@ -369,11 +383,18 @@ def _stream_spec(urls: Sequence[str], tokenizer: Any, *, image_size: int, contex
         shard_shuffle=shard_shuffle, shuffle_buffer=shuffle_buffer, resampled=resampled,
         batches_per_rank=batches_per_rank, start_batch=start_batch, num_logical_workers=max(1, workers),
         image_keys=image_keys, caption_key=caption_key, with_labels=with_labels, crop_scale=list(crop_scale),
-        mean=list(mean), std=list(std), drop_last=drop_last, require_caption=require_caption, lockstep=lockstep)
+        mean=list(mean), std=list(std), drop_last=drop_last, require_caption=require_caption)
 
 
 _SKIPS = "_skips"  # a worker's record: {reason: count} since its previous record (ShardLoader pops it)
 _TAIL = "_end_of_stream"  # marks a worker's last record (not a batch), which ShardLoader drops
+_WORKER = "_worker"  # every record: the logical worker that made it (ShardLoader pops it)
+
+
+def _share(total: int, logical: int, workers: int) -> int:
+    """How many of batches 0..total-1, dealt round-robin over ``workers`` workers that all have
+    data, belong to logical worker ``logical`` (the balanced split of a resume position)."""
+    return max(0, (total - logical + workers - 1) // workers)
 
 
 class _Counter:
@@ -487,12 +508,6 @@ class _ShardStream(torch.utils.data.IterableDataset):
         super().__init__()
         self.spec = spec
 
-    # per-logical-worker quantities --------------------------------------------------------------
-    def _share(self, total: int, logical: int) -> int:
-        """How many of batches 0..total-1 (dealt round-robin) belong to logical worker ``logical``."""
-        w = self.spec.num_logical_workers
-        return max(0, (total - logical + w - 1) // w)
-
     def _shard_urls(self, logical: int) -> Iterator[str]:
         s = self.spec
         if s.resampled:
@@ -592,11 +607,13 @@ class _ShardStream(torch.utils.data.IterableDataset):
         worker = info.id if info is not None else 0
         if info is not None and info.num_workers != s.num_logical_workers:
             raise RuntimeError(f"stream built for {s.num_logical_workers} workers, run with {info.num_workers}")
-        # DataLoader worker `worker` plays logical worker (worker + start_batch) % W: the resumed
-        # round-robin then starts where the uninterrupted one was (see module docstring).
-        logical = (worker + s.start_batch) % s.num_logical_workers
-        skip_batches = self._share(s.start_batch, logical)
-        quota = None if s.batches_per_rank is None else self._share(s.batches_per_rank, logical)
+        # DataLoader worker `worker` plays logical worker (worker + first_worker) % W: the resumed
+        # round-robin then goes on where the uninterrupted one was (see module docstring).
+        logical = (worker + s.first_worker) % s.num_logical_workers
+        skip_batches = s.worker_start[logical]
+        # with samples_per_epoch no worker can deliver more than the batches left to the rank (the
+        # loader stops there; a worker may make a few ahead that are never read)
+        quota = None if s.batches_per_rank is None else skip_batches + s.batches_per_rank - s.start_batch
         if quota is not None and skip_batches >= quota:
             return
         counter = _Counter()
@@ -617,19 +634,19 @@ class _ShardStream(torch.utils.data.IterableDataset):
         for item in self._decoded(raw, counter):
             pending.append(item)
             if len(pending) == s.batch_size:
-                yield self._batch(pending, counter, t0)
+                yield {**self._batch(pending, counter, t0), _WORKER: logical}
                 t0 = time.perf_counter()
                 pending = []
                 made += 1
                 if quota is not None and made >= quota:
                     return
         if pending and not s.drop_last:
-            yield self._batch(pending, counter, t0)
+            yield {**self._batch(pending, counter, t0), _WORKER: logical}
             pending = []
         # the stream ran out: a last record, not a batch, with the skips since the last batch (the
         # ShardLoader counts and drops it). Not after the quota: a resumed worker that made its
         # quota before the resume point reads nothing, so it could not count them again.
-        yield {_TAIL: True, _SKIPS: counter.take(), "unbatched": len(pending)}
+        yield {_TAIL: True, _SKIPS: counter.take(), "unbatched": len(pending), _WORKER: logical}
 
 
 class ShardLoader:
@@ -647,42 +664,71 @@ class ShardLoader:
     skips after a worker's last batch, counted when its stream ends. ``skipped_by_reason``: the
     same skips by reason (``missing_image``, ``missing_caption``, ``tar_error``, ``bad_image``,
     ...); ``unbatched``: usable samples left over when a worker's stream ended (less than a batch,
-    dropped). :meth:`no_batch_reason` puts them in words.
+    dropped); ``by_worker``: the same per logical worker. :meth:`no_batch_reason` puts them in words.
     ``batches_per_epoch``: batches this rank yields per epoch when known (``samples_per_epoch``
-    set; fewer when a worker runs out first), else None. Iterating again replays the same
-    (epoch, start_batch) stream.
+    set; fewer when its workers run out of data first), else None: the loader stops there.
+    Iterating again replays the same stream.
 
-    ``lockstep`` (the training loader): the stream ends where the first worker runs out, so that
-    the batches are a strict round-robin over the ``num_workers`` workers (batch i from worker
-    i mod W), the order ``start_batch`` replays exactly. The other workers' remaining batches
-    are not read that epoch; when some had one, a warning (once) says so.
+    The batches are a round-robin over the ``num_workers`` logical workers that skips a worker
+    once its data ran out (the DataLoader's own order), so every full batch of every worker is
+    read. :meth:`position` is where the stream stands (batches each logical worker delivered,
+    and the worker the round-robin goes on with), which :meth:`seek` on a new loader of the same
+    (epoch, rank) resumes from exactly.
     """
 
-    def __init__(self, dataloader: torch.utils.data.DataLoader, *, batches_per_epoch: Optional[int],
-                 epoch: int, start_batch: int, batch_size: int,
-                 normalize: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-                 image_keys: Sequence[str] = (), caption_key: Optional[str] = None, lockstep: bool = False,
-                 num_workers: int = 1, rank: int = 0) -> None:
-        self.dataloader = dataloader
+    def __init__(self, dataloader: torch.utils.data.DataLoader, spec: _StreamSpec, *,
+                 batches_per_epoch: Optional[int], normalize: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+                 ) -> None:
+        self.dataloader, self._spec = dataloader, spec
         self.normalize = normalize
         self.batches_per_epoch = batches_per_epoch
-        self.epoch = epoch
-        self.start_batch = start_batch
-        self.batch_size = batch_size
-        self.image_keys, self.caption_key = list(image_keys), caption_key
-        self.lockstep, self.num_workers, self.rank = lockstep, num_workers, rank
+        self.epoch, self.start_batch, self.batch_size = spec.epoch, spec.start_batch, spec.batch_size
+        self.image_keys, self.caption_key = list(spec.image_keys), spec.caption_key
+        self.num_workers, self.rank = spec.num_logical_workers, spec.rank
         self.stats = {"batches": 0, "samples": 0, "skipped": 0, "worker_s": 0.0}
         self.skipped_by_reason: Dict[str, int] = {}
         self.unbatched = 0
+        self.by_worker: List[Dict[str, Any]] = [{"batches": 0, "skipped": {}, "unbatched": 0}
+                                                for _ in range(self.num_workers)]
+        self._worker_batches = list(spec.worker_start)
+        self._next_worker = int(spec.first_worker)
+
+    def position(self) -> Dict[str, Any]:
+        """Where this epoch's stream stands after the batches yielded so far: ``worker_batches``
+        (per logical worker, batches it delivered this epoch, those before ``start_batch``
+        included) and ``next_worker`` (the logical worker the round-robin goes on with). Plain
+        values, for the run's checkpoint."""
+        return {"worker_batches": list(self._worker_batches), "next_worker": self._next_worker}
+
+    def seek(self, position: Dict[str, Any]) -> None:
+        """Resume at ``position`` (a :meth:`position` of a loader of the same epoch, rank and data
+        setup, whose batch count is this loader's ``start_batch``): each logical worker skips the
+        samples of its own delivered batches and the round-robin starts at ``next_worker``. A
+        worker whose data ran out before that point finds out by reading its shards again (its
+        place in the round-robin is then skipped, as in the uninterrupted stream). Call before
+        iterating. Without a seek a loader assumes the balanced split of ``start_batch`` (what
+        every worker having data to that point gives)."""
+        try:
+            counts = [int(c) for c in position["worker_batches"]]
+            nxt = int(position["next_worker"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a loader position: {position!r} ({exc!r})") from None
+        w = self.num_workers
+        if len(counts) != w or min(counts) < 0 or sum(counts) != self.start_batch or not 0 <= nxt < w:
+            raise ValueError(f"loader position {position!r} does not fit this stream: {w} logical worker(s), "
+                             f"start_batch {self.start_batch} (the counts must sum to it)")
+        self._spec.worker_start, self._spec.first_worker = counts, nxt
+        self._worker_batches, self._next_worker = list(counts), nxt
 
     def no_batch_reason(self) -> str:
         """Why the stream gave no batch, in words: the skip counts by reason (with what to check)
-        or the usable samples that were too few for a batch. Complete once the stream ended."""
+        or the usable samples that were too few for a batch, and with several workers each
+        worker's counts. Complete once the stream ended."""
         skipped = sum(self.skipped_by_reason.values())
         counts = ", ".join(f"{r}={n}" for r, n in sorted(self.skipped_by_reason.items()))
         if skipped == 0 and self.unbatched == 0:
-            return "no sample was read (are the shards empty?)"
-        if self.unbatched:
+            head = "no sample was read (are the shards empty?)"
+        elif self.unbatched:
             head = (f"{self.unbatched} usable sample(s), fewer than one micro-batch of {self.batch_size} "
                     f"(with the world size and loader workers each rank's worker needs a full micro-batch)")
             if skipped:
@@ -701,60 +747,57 @@ class ShardLoader:
             "bad_image": "images that cannot be decoded: see the 'skipping bad_image' warnings",
         }
         found = [hints[r] for r in sorted(self.skipped_by_reason) if r in hints]
-        return head + ("; " + "; ".join(found) if found else "")
+        text = head + ("; " + "; ".join(found) if found else "")
+        if self.num_workers > 1:
+            text += " (by loader worker: " + "; ".join(
+                f"{w}: {self._worker_words(w)}" for w in range(self.num_workers)) + ")"
+        return text
+
+    def _worker_words(self, w: int) -> str:
+        mine = self.by_worker[w]
+        parts = [f"{mine['batches']} batch(es)"] if mine["batches"] else []
+        parts += [f"{r}={n}" for r, n in sorted(mine["skipped"].items())]
+        if mine["unbatched"]:
+            parts.append(f"{mine['unbatched']} usable sample(s) left over")
+        return ", ".join(parts) or "no sample"
 
     def _account(self, record: Dict[str, Any]) -> bool:
         """Count a worker's record's skips; True for the record that ends a worker's stream."""
+        mine = self.by_worker[int(record.pop(_WORKER, 0))]
         skips = record.pop(_SKIPS, None) or {}
         for reason, n in skips.items():
             self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + int(n)
+            mine["skipped"][reason] = mine["skipped"].get(reason, 0) + int(n)
         self.stats["skipped"] += sum(int(n) for n in skips.values())
         if _TAIL in record:
             self.unbatched += int(record["unbatched"])
+            mine["unbatched"] += int(record["unbatched"])
             return True
         return False
 
-    def _end_early(self, records: Iterator[Dict[str, Any]], delivered: int) -> None:
-        """A worker ran out at batch ``start_batch + delivered`` of a lockstep stream: read the
-        other workers' next records (their slots before the epoch's end) to count their skips
-        and warn if any of them still had a batch."""
-        pos = self.start_batch + delivered
-        peek = self.num_workers - 1
-        if self.batches_per_epoch is not None:
-            peek = min(peek, self.batches_per_epoch - 1 - pos)
-        unread = 0
-        for _ in range(max(0, peek)):
-            record = next(records, None)
-            if record is None:
-                break
-            if not self._account(record):
-                unread += 1
-        if unread or (self.batches_per_epoch is not None and pos < self.batches_per_epoch):
-            _warn_once(("worker_ran_out", self.rank),
-                       "rank %d, epoch %d: loader worker %d (of %d) ran out of data at batch %d of the epoch%s: "
-                       "this rank's epoch ends there, and %d other worker(s) that still had a batch are not read "
-                       "further this epoch (a strict round-robin over the workers keeps a resume exact). Workers "
-                       "get equal data when each rank's shard count is a multiple of data.workers and the shards "
-                       "hold equal sample counts; or use 'resampled': true. (Warned once; later epochs may end "
-                       "early too.)", self.rank, self.epoch, pos % self.num_workers, self.num_workers, pos,
-                       f" (batches_per_epoch {self.batches_per_epoch})" if self.batches_per_epoch else "", unread)
-
     def __iter__(self) -> Iterator[Dict[str, Any]]:
-        records = iter(self.dataloader)
-        delivered = 0
-        for batch in records:
+        spec = self._spec
+        self._worker_batches, self._next_worker = list(spec.worker_start), int(spec.first_worker)
+        left = None if self.batches_per_epoch is None else self.batches_per_epoch - self.start_batch
+        if left is not None and left <= 0:
+            return
+        for batch in self.dataloader:
+            worker = int(batch.get(_WORKER, 0))
             if self._account(batch):  # a worker's stream ended: its last skips, not a batch
-                if self.lockstep:
-                    self._end_early(records, delivered)
-                    return
                 continue
-            delivered += 1
+            self._worker_batches[worker] += 1
+            self._next_worker = (worker + 1) % self.num_workers
+            self.by_worker[worker]["batches"] += 1
             self.stats["batches"] += 1
             self.stats["samples"] += int(batch["pixel_values"].shape[0])
             self.stats["worker_s"] += float(batch["worker_s"])
             if self.normalize is not None:
                 batch["pixel_values"] = self.normalize(batch["pixel_values"])
             yield batch
+            if left is not None:
+                left -= 1
+                if left <= 0:  # samples_per_epoch: this rank's share of the epoch is done
+                    return
 
 
 def _make_loader(spec: _StreamSpec, workers: int, prefetch_factor: int,
@@ -764,10 +807,7 @@ def _make_loader(spec: _StreamSpec, workers: int, prefetch_factor: int,
         kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=False)
     dl = torch.utils.data.DataLoader(_ShardStream(spec), batch_size=None, num_workers=workers,
                                      pin_memory=torch.cuda.is_available(), **kwargs)
-    return ShardLoader(dl, batches_per_epoch=spec.batches_per_rank, epoch=spec.epoch,
-                       start_batch=spec.start_batch, batch_size=spec.batch_size, normalize=normalize,
-                       image_keys=spec.image_keys, caption_key=spec.caption_key, lockstep=spec.lockstep,
-                       num_workers=spec.num_logical_workers, rank=spec.rank)
+    return ShardLoader(dl, spec, batches_per_epoch=spec.batches_per_rank, normalize=normalize)
 
 
 _WARNED: set = set()
@@ -784,7 +824,8 @@ def _warn_once(key: Any, msg: str, *args: Any) -> None:
 def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_length: int, batch_size: int,
                        rank: int = 0, world_size: int = 1, epoch: int = 0, seed: Optional[int] = None,
                        start_batch: int = 0, shards: Optional[Sequence[str]] = None,
-                       device: Optional[torch.device] = None, dtype: torch.dtype = torch.float32) -> ShardLoader:
+                       device: Optional[torch.device] = None, dtype: torch.dtype = torch.float32,
+                       position: Optional[Dict[str, Any]] = None) -> ShardLoader:
     """The training stream of one rank for one epoch, as an iterable of batches.
 
     Args:
@@ -799,13 +840,15 @@ def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_l
         epoch: selects the shard order, buffer and crop seeds (a new loader per epoch).
         seed: overrides ``cfg.seed`` when given.
         start_batch: resume: skip this many batches of this (epoch, rank) stream (exact under
-            the conditions in the module docstring). The stream is a strict round-robin over the
-            workers and ends where the first one runs out (warned once when the others still
-            had data).
+            the conditions in the module docstring). The stream is a round-robin over the
+            workers that skips a worker once its data ran out.
         shards: already-resolved URLs (default: :func:`prepare_shards` ``(cfg, "train")``).
         device, dtype: where the batches' pixels are normalised and land (default: float32 on
             the CPU); the workers send uint8 crops, so on a GPU the copy is a quarter of the bytes
             and the normalisation runs there.
+        position: with ``start_batch``, where the interrupted stream stood
+            (:meth:`ShardLoader.position`, which the run's checkpoint keeps): exact also when the
+            workers hold unequal data. None: the balanced split of ``start_batch``.
     Returns:
         :class:`ShardLoader` yielding ``pixel_values`` [B, 3, image_size, image_size],
         ``input_ids`` / ``attention_mask`` [B, context_length], ``num_skipped`` [].
@@ -836,33 +879,27 @@ def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_l
                        "'samples_per_epoch'", len(urls), world_size, len(urls) % world_size,
                        -(-len(urls) // world_size), len(urls) // world_size, len(urls) % world_size, world_size)
         per_rank = len(urls[rank::world_size])
-        if workers > per_rank:  # a worker without a shard would end every (lockstep) epoch at once
+        if workers > per_rank:  # a worker without a shard would only be started to end at once
             _warn_once(("workers_capped", rank, per_rank, workers),
                        "rank %d has %d training shard(s) for %d loader workers: loading with %d worker(s)",
                        rank, per_rank, workers, per_rank)
             workers = per_rank
-        if workers > 1 and per_rank % workers:
-            _warn_once(("uneven_workers", rank, per_rank, workers),
-                       "rank %d's %d training shards do not divide over its %d loader workers (%d of them read "
-                       "%d shards, the others %d): every epoch of this rank ends when the first worker runs out "
-                       "(the round-robin over workers that makes a resume exact), unless samples_per_epoch ends "
-                       "it before, leaving about %d shard(s) unread per epoch. Use a shard count divisible by world size x data.workers, or "
-                       "'resampled': true", rank, per_rank, workers, per_rank % workers,
-                       -(-per_rank // workers), per_rank // workers, per_rank % workers)
     spec = _stream_spec(
         urls, tokenizer, image_size=image_size, context_length=context_length, batch_size=batch_size,
         workers=workers, image_keys=cfg.image_keys(), caption_key=cfg.caption_key, mean=cfg.image_mean,
         std=cfg.image_std, rank=rank, world_size=world_size, train=True, seed=cfg.seed if seed is None else seed,
         epoch=epoch, shard_shuffle=cfg.shard_shuffle, shuffle_buffer=cfg.shuffle_buffer, resampled=cfg.resampled,
-        batches_per_rank=batches_per_rank, start_batch=start_batch, crop_scale=cfg.crop_scale, drop_last=True,
-        lockstep=True)
+        batches_per_rank=batches_per_rank, start_batch=start_batch, crop_scale=cfg.crop_scale, drop_last=True)
 
     def normalize(pixels: torch.Tensor) -> torch.Tensor:
         if device is not None:
             pixels = pixels.to(device, non_blocking=True)
         return normalize_pixels(pixels, cfg.image_mean, cfg.image_std, dtype)
 
-    return _make_loader(spec, workers, cfg.prefetch_factor, normalize)
+    loader = _make_loader(spec, workers, cfg.prefetch_factor, normalize)
+    if position is not None:
+        loader.seek(position)
+    return loader
 
 
 def build_eval_loader(shards: Union[str, Sequence[str]], tokenizer, *, image_size: int, context_length: int,

@@ -42,19 +42,12 @@ from .config import TrainConfig
 from .engine import TrainEngine
 from .errors import NONFINITE_ADVICE, NonFiniteGradError, NonFiniteLossError, TrainingCollapseError
 from .metrics import TrainLogger
-from .run_state import Checkpointer, RunState
+from .run_state import Checkpointer, RunState, cpu_group as _cpu_group
 from .step import LossGuard, forward_backward
 
 __all__ = ["Batches", "EvalSchedule", "GradNormWatch", "TrainLoop"]
 
 logger = logging.getLogger(__name__)
-
-
-def _cpu_group() -> Any:
-    """A gloo group of all ranks (the world group when it is gloo), or None at world size 1."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return None
-    return dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
 
 
 class Batches:
@@ -64,8 +57,16 @@ class Batches:
     (a rank's unconsumed batch is dropped), so collectives never wait on a rank without data.
     An epoch read from its start that gives no batch on some rank is an error on every rank (a
     :class:`RuntimeError` naming the epoch and, on that rank, the loader's skip counts by reason),
-    never an empty epoch: with ``train.epochs`` a run would otherwise end at step 0. The skips a
-    loader counts after its last batch are added when its stream ends.
+    never an empty epoch: with ``train.epochs`` a run would otherwise end at step 0. A rank's
+    stream gives no batch only when none of its loader workers made one (the loader skips a
+    worker whose data ran out and goes on with the others). The skips a loader counts after its
+    last batch are added when its stream ends.
+
+    ``state.data_position`` follows the loader's :meth:`~pipeline.data.ShardLoader.position` after
+    every batch taken (None for loaders without one, and at an epoch's start); a state resumed
+    with one is handed to the new loader's ``seek``, so a resume is exact also when the loader's
+    workers hold unequal data. A state without one (an old checkpoint) resumes at the balanced
+    split of ``batch_in_epoch``.
     Loading runs under ``torch.random.fork_rng``: creating a DataLoader iterator draws from the
     global torch RNG, and a resumed run creates one at a point where the uninterrupted run did
     not, so the data stream must not touch the RNG that drives dropout (it seeds its own).
@@ -75,10 +76,13 @@ class Batches:
         self.build, self.state, self.max_epochs = build, state, max_epochs
         self._flags: Any = None  # the CPU group for the per-batch agreement (made at first use)
         with torch.random.fork_rng(devices=[]):
-            self._open(state.epoch, state.batch_in_epoch)
+            self._open(state.epoch, state.batch_in_epoch, state.data_position)
 
-    def _open(self, epoch: int, start: int) -> None:
+    def _open(self, epoch: int, start: int, position: Optional[dict] = None) -> None:
         self._loader = self.build(epoch, start)
+        seek = getattr(self._loader, "seek", None)
+        if position is not None and start > 0 and callable(seek):
+            seek(position)
         self._it = iter(self._loader)
         self._counted = 0  # skips of this loader already added to state.skipped_samples
         # an epoch read from its start must give a batch (resumed at its end, it may give none)
@@ -112,6 +116,8 @@ class Batches:
             if self._all_have(batch is not None):
                 skipped = int(batch.get("num_skipped", 0))
                 state.batch_in_epoch += 1
+                position = getattr(self._loader, "position", None)
+                state.data_position = position() if callable(position) else None
                 state.skipped_samples += skipped
                 self._counted += skipped
                 self._fresh = False
@@ -120,6 +126,7 @@ class Batches:
                 raise RuntimeError(self._no_batch_message(batch is None))
             state.epoch += 1
             state.batch_in_epoch = 0
+            state.data_position = None
             if self.max_epochs is not None and state.epoch >= self.max_epochs:
                 return None
             self._open(state.epoch, 0)

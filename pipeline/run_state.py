@@ -19,11 +19,13 @@ import logging
 import os
 from typing import Any, Optional, Sequence
 
+import torch.distributed as dist
+
 from .checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from .config import RunConfig
 from .errors import ResumeMismatchError
 
-__all__ = ["RunState", "Checkpointer", "data_setup"]
+__all__ = ["RunState", "Checkpointer", "cpu_group", "data_setup"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,20 @@ class RunState:
     """Micro-batches of this epoch already consumed by each rank."""
     skipped_samples: int = 0
     """Broken samples the loader skipped so far (all epochs)."""
+    data_position: Optional[dict] = None
+    """This rank's loader position in the epoch (:meth:`pipeline.data.ShardLoader.position`: the
+    batches each logical loader worker delivered, and the worker the round-robin goes on with),
+    which makes a resume exact when the workers hold unequal data. None: at the epoch's start,
+    for loaders without one (the device cache), and in checkpoints written before it was kept:
+    the balanced split of ``batch_in_epoch`` (exact when every worker had data to that point)."""
+
+
+def cpu_group() -> Any:
+    """A gloo group of all ranks (the world group when it is gloo), or None at world size 1.
+    Every rank must call it at the same point (it may create a group)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    return dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
 
 
 def data_setup(run_cfg: RunConfig, shards: Sequence[str], dp_world: int) -> dict:
@@ -80,6 +96,7 @@ class Checkpointer:
         self.ckpt_dir = os.path.join(run_cfg.train.output_dir, "ckpt")
         self.keep_last = run_cfg.train.keep_last_checkpoints
         self.setup = setup
+        self._group: Any = None  # the CPU group that gathers the ranks' loader positions (made at first save)
 
     def resume(self, engine: Any, resume: Optional[str]) -> Optional[RunState]:
         """Load the checkpoint ``resume`` names into ``engine`` (weights-only, RNG included) and
@@ -94,7 +111,8 @@ class Checkpointer:
         try:
             state = RunState(step=int(client["step"]), epoch=int(client["epoch"]),
                              batch_in_epoch=int(client["batch_in_epoch"]),
-                             skipped_samples=int(client.get("skipped_samples", 0)))
+                             skipped_samples=int(client.get("skipped_samples", 0)),
+                             data_position=_own_position(client.get("data_positions")))
         except (KeyError, TypeError, ValueError) as exc:
             from .errors import CheckpointError
             raise CheckpointError(f"{where}: the client state has no usable run position ({exc!r}); "
@@ -118,7 +136,34 @@ class Checkpointer:
                 "than the uninterrupted one. Resume with the old values, or start a new run in another "
                 "train.output_dir")
 
+    def _gather(self, position: Optional[dict]) -> list:
+        """Every rank's loader position, by rank."""
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return [position]
+        if self._group is None:
+            self._group = cpu_group()
+        out: list = [None] * dist.get_world_size()
+        dist.all_gather_object(out, position, group=self._group)
+        return out
+
     def save(self, engine: Any, state: RunState) -> str:
+        """Save a checkpoint of ``state`` (on every rank at once). DeepSpeed keeps the client state
+        of rank 0 only, so every rank's ``data_position`` is gathered into ``data_positions``
+        (a list by rank; one collective over a CPU group)."""
         client = dataclasses.asdict(state)
+        client.pop("data_position")
+        client["data_positions"] = self._gather(state.data_position)
         client["data_setup"] = dict(self.setup)
         return save_checkpoint(engine, self.ckpt_dir, state.step, client, self.keep_last)
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _own_position(positions: Any) -> Optional[dict]:
+    """This rank's entry of a checkpoint's ``data_positions`` (None when it has none)."""
+    if not isinstance(positions, list) or _rank() >= len(positions):
+        return None
+    own = positions[_rank()]
+    return dict(own) if isinstance(own, dict) else None

@@ -392,11 +392,11 @@ def test_more_workers_than_shards_resume_exactly_and_fill_the_epoch(tmp_path, to
     assert capped.batches_per_epoch == 6 and [_ids(b) for b in capped] == full
 
 
-def test_workers_with_unequal_data_end_the_epoch_together_so_resume_is_exact(tmp_path, tok, caplog):
-    """5 shards over 3 workers (2/2/1, and a short shard): the epoch stays a strict round-robin
-    and ends where the first worker runs out, so every resume point replays exactly the rest of
-    the uninterrupted epoch; the samples it leaves unread are warned about (up front and when
-    it happens); with samples_per_epoch the rank then gives fewer than batches_per_epoch."""
+def test_workers_with_unequal_data_deliver_every_batch_and_resume_exactly(tmp_path, tok, caplog):
+    """5 shards over 3 workers (2/2/1, and a short shard): the round-robin skips a worker once its
+    data ran out and goes on with the others, so every full batch is read; the loader's position
+    after each batch resumes exactly the rest of the uninterrupted epoch (more in
+    test_data_unequal.py); nothing is lost, so there is no warning about it."""
     from infclip.pipeline import data
 
     paths = _sized_shards(tmp_path, [6, 6, 6, 6, 3])
@@ -405,21 +405,17 @@ def test_workers_with_unequal_data_end_the_epoch_together_so_resume_is_exact(tmp
     cfg = _cfg(paths, workers=3, shuffle_buffer=0, shard_shuffle=False)
     # worker 0: shards 0 and 3 (4 batches), worker 1: shards 1 and 4 (3), worker 2: shard 2 (2)
     loader = _train(cfg, tok, rank=0, world_size=1)
-    full = [_ids(b) for b in loader]
+    full, positions = [], [loader.position()]
+    for b in loader:
+        full.append(_ids(b))
+        positions.append(loader.position())
     assert full == [[0, 1, 2], [6, 7, 8], [12, 13, 14], [3, 4, 5], [9, 10, 11], [15, 16, 17], [18, 19, 20],
-                    [24, 25, 26]]  # worker 2 has no third batch: the epoch ends; worker 0's [21, 22, 23] unread
-    assert loader.stats["batches"] == 8 and loader.stats["skipped"] == 0
-    messages = [r.getMessage() for r in caplog.records]
-    assert any("5 training shards do not divide over its 3 loader workers" in m for m in messages)
-    assert any("loader worker 2 (of 3) ran out of data at batch 8" in m and "1 other worker(s) that still had a batch" in m
-               for m in messages)
-    for start in range(1, 9):
-        assert [_ids(b) for b in _train(cfg, tok, start_batch=start)] == full[start:], start
-    spe = _cfg(paths, workers=3, shuffle_buffer=8, samples_per_epoch=27)
-    whole = [_ids(b) for b in _train(spe, tok, epoch=1)]
-    assert len(whole) < 9  # the short worker ends the epoch before batches_per_epoch
-    for start in (len(whole) - 2, len(whole) - 1):
-        assert [_ids(b) for b in _train(spe, tok, epoch=1, start_batch=start)] == whole[start:]
+                    [24, 25, 26], [21, 22, 23]]  # worker 2 ran out after 2 batches, worker 1 after 3
+    assert loader.stats["batches"] == 9 and loader.stats["skipped"] == 0
+    assert positions[-1] == {"worker_batches": [4, 3, 2], "next_worker": 1}
+    assert not [r for r in caplog.records if "loader worker" in r.getMessage() or "do not divide" in r.getMessage()]
+    for start in range(10):
+        assert [_ids(b) for b in _train(cfg, tok, start_batch=start, position=positions[start])] == full[start:], start
 
 
 def test_missing_shard_is_a_clear_error(tmp_path, tok):
