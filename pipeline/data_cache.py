@@ -95,14 +95,15 @@ class DeviceCache:
             workers=cfg.workers, image_keys=cfg.image_keys(), caption_key=cfg.caption_key, mean=cfg.image_mean,
             std=cfg.image_std, train=True, seed=cfg.seed)
         parts: Dict[str, List[torch.Tensor]] = {"pixel_values": [], "input_ids": [], "attention_mask": []}
-        skipped = 0
-        for batch in _make_loader(spec, cfg.workers, cfg.prefetch_factor):
-            skipped += int(batch["num_skipped"])
+        reader = _make_loader(spec, cfg.workers, cfg.prefetch_factor)
+        for batch in reader:
             for name, chunks in parts.items():
                 chunks.append(batch[name])
+        # the loader's count: it includes the skips after each worker's last batch, which no batch carries
+        skipped = int(reader.stats["skipped"])
         if not parts["pixel_values"]:
-            raise ConfigError(f"'device_cache': no training sample could be read from {len(shards)} shard(s) "
-                              f"({skipped} skipped)")
+            raise ConfigError(f"'device_cache': no training sample could be read from {len(shards)} shard(s): "
+                              f"{reader.no_batch_reason()}")
         host = {name: torch.cat(chunks) for name, chunks in parts.items()}
         need = _nbytes(host.values())
         free = _free_bytes(device)

@@ -127,3 +127,29 @@ def test_two_ranks_follow_one_process_on_the_whole_batch(world_of_one, digits_sh
     for step in (1, 2, 3, 4):
         assert abs(two[step] - one[step]) < 1e-5 * abs(one[step]), (step, two[step], one[step])
     assert two[4] != two[1]  # the weights moved
+
+
+def test_nothing_usable_names_the_loaders_skip_counts(tmp_path, digits_shards, caplog):
+    """With no usable sample the error gives the loader's skip counts by reason (they travel after
+    the last batch, which no batch carries), not "0 skipped"; a set that loads counts them too."""
+    import tarfile
+
+    from .test_data import _add, _png, _sized_shards
+
+    tok = load_tokenizer(digits_shards["tokenizer_dir"])
+    paths = _sized_shards(tmp_path / "a", [5])
+    cfg = DataConfig(train_shards=paths, crop_scale=[1.0, 1.0], device_cache=True, workers=0, caption_key="nope")
+    with pytest.raises(ConfigError, match=r"no training sample could be read from 1 shard\(s\): all 5 samples "
+                                          r"skipped: missing_caption=5; check data\.caption_key \('nope'\)"):
+        DeviceCache.load(cfg, tok, paths, image_size=8, context_length=CTX, device=torch.device("cpu"))
+    tail = tmp_path / "tail.tar"
+    with tarfile.open(tail, "w") as tar:
+        for i in range(8):
+            _add(tar, f"{i:09d}.png", _png(i))
+            if i < 5:  # 5, 6, 7: no caption, after the last usable sample
+                _add(tar, f"{i:09d}.txt", b"a caption")
+    caplog.set_level("INFO", logger="infclip.pipeline.data_cache")
+    cfg = DataConfig(train_shards=[str(tail)], crop_scale=[1.0, 1.0], device_cache=True, workers=1)
+    cache = DeviceCache.load(cfg, tok, [str(tail)], image_size=8, context_length=CTX, device=torch.device("cpu"))
+    assert len(cache) == 5
+    assert any("5 samples (3 skipped)" in r.getMessage() for r in caplog.records)
