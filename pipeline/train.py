@@ -12,11 +12,14 @@ Design: each job has its own component, readable alone:
 - :mod:`pipeline.loop`: the micro-batch loop (:func:`pipeline.step.forward_backward`), the
   non-finite loss and gradient checks, and when to log, evaluate and save.
 
-Resume restores the engine state, the step, the epoch and batch position of the data stream and
-every rank's RNG, so a resumed run repeats the uninterrupted run's losses (bitwise on CPU).
-Limit: the data position is exact only when the stream is deterministic for (epoch, rank,
-start_batch), which ``pipeline.data`` guarantees for the same data setup; a resume with another
-one is refused (:class:`~pipeline.errors.ResumeMismatchError`).
+Resume restores the engine state, the step, the epoch and batch position of the data stream (with
+every rank's loader position: the batches each of its loader workers delivered, so the resume is
+exact also when the workers hold unequal data) and every rank's RNG, so a resumed run repeats the
+uninterrupted run's losses (bitwise on CPU). Limit: the data position is exact only when the
+stream is deterministic for (epoch, rank, position), which ``pipeline.data`` guarantees for the
+same data setup; a resume with another one is refused (:class:`~pipeline.errors.ResumeMismatchError`).
+Checkpoints written before the loader position was kept resume at the balanced split of the batch
+index (exact while every loader worker had data to that point).
 """
 
 from __future__ import annotations

@@ -254,3 +254,44 @@ def test_activation_checkpointing_torch_and_deepspeed_follow_plain_training(worl
         losses = run_inproc(digits_shards, tmp_path / impl, 3, **extra).losses
         for step, value in plain.items():
             assert abs(losses[step] - value) < 1e-5, (impl, step, losses[step], value)
+
+
+def test_resume_with_unequal_loader_workers_is_exact_and_old_checkpoints_load(world_of_one, digits_shards, tmp_path):
+    """3 loader workers on shards of 64, 64 and 8 samples (micro-batch 8): the third worker runs out
+    after one batch. A checkpoint after that keeps each worker's delivered batches (not the
+    balanced split of the batch index), and the run resumed from it repeats the uninterrupted
+    losses bit for bit. A checkpoint without them (written before they were kept) resumes the
+    balanced split, exact where every worker still had data."""
+    import json as _json
+
+    from infclip.pipeline.checkpoint import MANIFEST, safe_load
+
+    from .test_data import _sized_shards
+
+    shards = _sized_shards(tmp_path / "shards", [64, 64, 8])
+    common = {"data.train_shards": shards, "data.workers": 3, "data.shuffle_buffer": 0, "data.shard_shuffle": False,
+              "train_micro_batch_size_per_gpu": 8, "train.save_every": 2}
+    full = run_inproc(digits_shards, tmp_path / "full", 10, **common).losses
+    part = tmp_path / "part"
+    run_inproc(digits_shards, part, 6, **common)
+    states = part / "ckpt" / "global_step6" / "mp_rank_00_model_states.pt"
+    # batches 0..5 came from workers 0, 1, 2, 0, 1, 0 (worker 2 ran out after one): balanced is [2, 2, 2]
+    assert safe_load(states)["data_positions"] == [{"worker_batches": [3, 2, 1], "next_worker": 1}]
+    result = run_inproc(digits_shards, part, 10, resume="latest", **common)
+    assert sorted(result.losses) == [7, 8, 9, 10]
+    for step in result.losses:
+        assert result.losses[step] == full[step], (step, result.losses[step], full[step])  # bitwise on CPU
+
+    old = tmp_path / "old"
+    run_inproc(digits_shards, old, 4, **common)
+    tag = old / "ckpt" / "global_step4"
+    client = torch.load(tag / "mp_rank_00_model_states.pt", weights_only=False)
+    assert client.pop("data_positions") == [{"worker_batches": [2, 1, 1], "next_worker": 1}]
+    torch.save(client, tag / "mp_rank_00_model_states.pt")
+    manifest = _json.loads((tag / MANIFEST).read_text())
+    manifest["files"]["mp_rank_00_model_states.pt"] = (tag / "mp_rank_00_model_states.pt").stat().st_size
+    (tag / MANIFEST).write_text(_json.dumps(manifest))
+    result = run_inproc(digits_shards, old, 10, resume="latest", **common)
+    assert sorted(result.losses) == [5, 6, 7, 8, 9, 10]
+    for step in result.losses:
+        assert result.losses[step] == full[step], (step, result.losses[step], full[step])
