@@ -644,8 +644,8 @@ class _ShardStream(torch.utils.data.IterableDataset):
             yield {**self._batch(pending, counter, t0), _WORKER: logical}
             pending = []
         # the stream ran out: a last record, not a batch, with the skips since the last batch (the
-        # ShardLoader counts and drops it). Not after the quota: a resumed worker that made its
-        # quota before the resume point reads nothing, so it could not count them again.
+        # ShardLoader counts and drops it). Not after the quota: the rank's loader stops at its
+        # last batch (samples_per_epoch) and reads no worker's record after it.
         yield {_TAIL: True, _SKIPS: counter.take(), "unbatched": len(pending), _WORKER: logical}
 
 
