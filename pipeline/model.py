@@ -193,6 +193,24 @@ def _compiled_while_training(module: nn.Module, fn: typing.Callable, compile_fn:
     return call
 
 
+def copy_gradients_out_of_graphs(params: typing.Iterable[nn.Parameter]) -> None:
+    """Hand autograd a copy of each gradient of ``params`` that a CUDA graph computes.
+
+    Why: replayed as CUDA graphs (``compile_mode: "reduce-overhead"``), the towers' backward writes
+    the gradients of the parameters it takes as inputs into the graphs' own memory pool, and
+    autograd installs that memory as ``.grad``. The next replay reuses it, so a gradient still
+    held there, to be accumulated over micro-steps, fails with "accessing tensor output of
+    CUDAGraphs that has been overwritten by a subsequent run" (pytorch/pytorch#169545): on an H200,
+    DeepSpeed's ZeRO-0 and ZeRO-1 with ``gradient_accumulation_steps`` 2 failed at the second
+    micro-step, with plain and with flat blocks (ZeRO-2 moves each gradient into its own buffer at
+    once), and so did any loop that does not clear ``.grad`` between backwards
+    (tests/pipeline/test_cuda_graphs.py, bench/results/gpu_tests_cuda_graphs_control_jf_h200.log).
+    A hook before the accumulation copies each such gradient into ordinary memory: one copy of
+    these parameters' gradients per backward (with flat blocks, the ~15 tensors outside them)."""
+    for p in params:
+        p.register_hook(torch.clone)
+
+
 def _is_hf_clip_folder(directory: str) -> bool:
     """A saved transformers ``CLIPModel``: ``config.json`` with ``model_type: clip``."""
     try:
@@ -383,7 +401,17 @@ class CLIPTowers(nn.Module):
             self._image_features = _compiled_while_training(self, self._image_features, compile_fn)
             self._text_features = _compiled_while_training(self, self._text_features, compile_fn)
             self.compiled = "towers"
+            if mode == "reduce-overhead":
+                copy_gradients_out_of_graphs(self._graph_parameters())
         logger.info("torch.compile (%s): %s", self.cfg.compile_backend, self.compiled)
+
+    def _graph_parameters(self) -> list[nn.Parameter]:
+        """The trainable parameters that the whole-tower graphs take as they are: all but the flat
+        tensors, which reach the graphs through views bound outside them (their gradients come out
+        of the views' backward, in the ordinary allocator)."""
+        flat = {id(p) for block in self._flat_blocks for p in block.parameters(recurse=False)}
+        return [p for tower in (self.vision, self.text) for p in tower.parameters()
+                if p.requires_grad and id(p) not in flat]
 
     def _compile_blocks(self, compile_fn: typing.Callable) -> None:
         """Each transformer block's forward compiled alone (a flat block's binding under ZeRO-3

@@ -15,11 +15,10 @@ arrive, and pools the class token. In evaluation mode (zero-shot, retrieval, exp
 is seen. The draw uses torch's generator on the images' device, so a resumed run (which restores
 each rank's RNG state) and the chunked backbone's second forward (which replays it) draw the same
 subsets. Compiled, the draw is inductor's own (seeded from that generator: new subsets each step,
-the same from the same seed; tests/pipeline/test_patch_dropout.py on a GPU); replayed as a CUDA
-graph (``compile_mode: "reduce-overhead"``), each replay advances the generator's offset by what the
-capture drew (torch's graph-safe RNG), so replays draw anew too (torch's design, not a test of
-ours: a CUDA-graph test loop failed on the device for reasons patch dropout does not change). The patch embedding still runs
-over every patch (about 1% of a ViT-B/16's FLOPs).
+the same from the same seed); replayed as a CUDA graph (``compile_mode: "reduce-overhead"``), each
+replay advances the generator's offset by what the capture drew (torch's graph-safe RNG), so replays
+draw anew too, and the same from the same seed (tests/pipeline/test_patch_dropout.py, both modes, on
+a GPU). The patch embedding still runs over every patch (about 1% of a ViT-B/16's FLOPs).
 """
 
 from __future__ import annotations

@@ -269,6 +269,38 @@ def test_cuda_graphs_only_where_they_can_replay(monkeypatch):
         assert modes and set(modes) == {want}
 
 
+@pytest.mark.parametrize("flat", [False, True, "tower"])
+@pytest.mark.parametrize("mode", ["reduce-overhead", "default"])
+def test_cuda_graph_towers_copy_the_gradients_they_take_directly(flat, mode):
+    """Whole towers under "reduce-overhead": each trainable parameter that the graphs take as it is
+    (all but the flat tensors, which arrive as views) copies its gradient out of the graphs' memory
+    before autograd accumulates it (what that fixes runs on a GPU: tests/pipeline/test_cuda_graphs.py);
+    mode "default" adds no copy; frozen parameters get none. Gradients accumulated over two backwards
+    equal the eager towers' (aot_eager: the graphs traced, no CUDA graphs on the CPU)."""
+    torch.manual_seed(0)
+    eager = CLIPTowers(cfg(flat_parameters=flat), eos_token_id=1, pad_token_id=0).train()
+    fast = CLIPTowers(cfg(flat_parameters=flat, compile=True, compile_backend="aot_eager", compile_mode=mode),
+                      eos_token_id=1, pad_token_id=0).train()
+    fast.load_state_dict(eager.state_dict())
+    if flat != "tower":  # a frozen parameter (flat towers hold none outside their two tensors)
+        for model in (eager, fast):
+            model.text.text_projection.weight.requires_grad_(False)
+    want, got = grads_after_step(eager), grads_after_step(fast)
+    want, got = grads_after_step(eager), grads_after_step(fast)  # accumulated over two backwards
+    assert fast.compiled == "towers"
+    assert want.keys() == got.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
+    copied = {n for n, p in fast.named_parameters() if p._backward_hooks}
+    outside = {n for n, p in fast.named_parameters() if p.requires_grad and n.split(".")[0] in ("vision", "text")
+               and not n.endswith(("flat_matrices", "flat_vectors"))}
+    assert copied == (outside if mode == "reduce-overhead" else set())
+    if mode == "reduce-overhead":
+        assert ("vision.vision_model.embeddings.position_embedding.weight" in copied) == (flat != "tower")
+        assert "text.text_projection.weight" not in copied and "logit_scale" not in copied
+        assert any("encoder.layers" in n for n in copied) == (flat is False)
+
+
 @pytest.mark.parametrize("flat", [False, True])
 def test_zero3_stacks_take_cuda_graphs_only_with_flat_blocks(monkeypatch, flat):
     """Under ZeRO-3 with layer stacks, ``compile_mode: "reduce-overhead"`` stays for stacks of

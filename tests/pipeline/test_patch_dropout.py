@@ -154,10 +154,13 @@ def test_a_patch_dropout_outside_0_1_is_a_config_error_naming_the_key(value):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_compiled_towers_on_cuda_draw_new_subsets_each_step_and_the_same_from_a_seed():
-    """Inductor generates its own random numbers: each training step must still draw new subsets,
-    the same seed the same subsets (resume), and evaluation see every patch."""
-    model = _towers(0.5, compile=True, flat_parameters=True).cuda().train()
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compiled_towers_on_cuda_draw_new_subsets_each_step_and_the_same_from_a_seed(mode):
+    """Inductor generates its own random numbers, and "reduce-overhead" replays CUDA graphs: each
+    training step must still draw new subsets (a graph replaying one draw would drop the same
+    patches every step), the same seed the same subsets (resume), and evaluation see every patch.
+    The gradients accumulate over all six backwards, as nothing clears them here."""
+    model = _towers(0.5, compile=True, compile_mode=mode, flat_parameters=True).cuda().train()  # as the presets
     plain = _towers(0.0).cuda().eval()
     plain.load_state_dict(model.state_dict())
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -184,3 +187,35 @@ def test_compiled_towers_on_cuda_draw_new_subsets_each_step_and_the_same_from_a_
     with torch.no_grad():
         torch.testing.assert_close(model.encode_image(pixels), plain.encode_image(pixels), rtol=1e-5, atol=1e-6)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_replays_draw_new_subsets_each_step_and_the_same_from_a_seed():
+    """drop_patches and a layer after it compiled with CUDA graphs ("reduce-overhead"), trained a
+    step at a time: the replays draw new subsets, the same seed the same ones. The layer's
+    gradients accumulate over the steps out of the graphs' memory
+    (``pipeline.model.copy_gradients_out_of_graphs``, as the towers' do)."""
+    from infclip.pipeline.model import copy_gradients_out_of_graphs
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 4).cuda()
+    copy_gradients_out_of_graphs(layer.parameters())
+    fn = torch.compile(lambda t: layer(drop_patches(t, 12)).sum(dim=1), mode="reduce-overhead")
+    tokens = torch.randn(6, 26, 16, device="cuda")
+
+    def step() -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        out = fn(tokens)
+        out.sum().backward()
+        return out.detach().clone()
+
+    def steps(seed: int) -> list:
+        torch.manual_seed(seed)
+        return [step() for _ in range(5)]  # graphs recorded by the third call, then replayed
+
+    first, again = steps(11), steps(11)
+    for a, b in zip(first, first[1:]):
+        assert (a - b).abs().max() > 1e-4
+    for a, b in zip(first, again):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
