@@ -45,6 +45,7 @@ from .model_config import ModelConfig, TextTowerConfig, VisionTowerConfig, activ
 from .param_layout import _encoder_layers
 from .patch_dropout import use_patch_dropout
 from .patch_embed import use_patch_gemm
+from .tokenizer import special_token_ids
 
 __all__ = ["CLIPTowers"]
 
@@ -62,7 +63,7 @@ def _hf_configs(cfg: ModelConfig, vocab_size: int, token_ids: Mapping[str, Optio
         projection_dim=cfg.embed_dim, num_hidden_layers=v.layers, num_attention_heads=v.heads,
         image_size=v.image_size, patch_size=v.patch_size, attention_dropout=v.attention_dropout,
         hidden_act=cfg.hidden_act or "gelu")
-    ids = {k: val for k, val in token_ids.items() if val is not None}
+    ids = dict(token_ids)  # None: no such token (no BOS where the tokenizer's BOS is its EOS), not HF's default
     text = CLIPTextConfig(
         vocab_size=vocab_size, hidden_size=t.hidden_size,
         intermediate_size=t.intermediate_size or 4 * t.hidden_size, projection_dim=cfg.embed_dim,
@@ -191,6 +192,15 @@ def _compiled_while_training(module: nn.Module, fn: typing.Callable, compile_fn:
         return (compiled if module.training else fn)(*args, **kwargs)
 
     return call
+
+
+def _token_ids(tokenizer: Any) -> dict:
+    """The text config's EOS, PAD and BOS ids as the rows are tokenized
+    (``pipeline.tokenizer.special_token_ids``: PAD falls back to EOS, no BOS where BOS is EOS);
+    none without a tokenizer."""
+    if tokenizer is None:
+        return {}
+    return {k: v for k, v in special_token_ids(tokenizer).items() if k != "vocab_size"}
 
 
 def copy_gradients_out_of_graphs(params: typing.Iterable[nn.Parameter]) -> None:
@@ -666,11 +676,7 @@ class CLIPTowers(nn.Module):
             raise ConfigError(f"{path}: an OpenCLIP checkpoint needs model.hidden_act: 'quick_gelu' (OpenAI's weights, "
                               "OpenCLIP's -quickgelu models) or 'gelu' (its other models); the weights do not say")
         sd = load_openclip_state_dict(path)
-        ids = {}
-        if tokenizer is not None:
-            ids = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
-                   "bos_token_id": tokenizer.bos_token_id}
-        vc, tc, section = openclip_hf_configs(sd, cfg.hidden_act, cfg.openclip_head_width, ids,
+        vc, tc, section = openclip_hf_configs(sd, cfg.hidden_act, cfg.openclip_head_width, _token_ids(tokenizer),
                                               cfg.attn_implementation)
         vision_sd, text_sd, extra = openclip_to_hf(sd)
         with _no_init_weights():
@@ -751,10 +757,5 @@ class CLIPTowers(nn.Module):
                 raise ValueError(f"{cfg.pretrained}: text vocabulary {model.text.config.vocab_size} is "
                                  f"smaller than the tokenizer's {len(tokenizer)}")
             return model
-        ids = {}
-        vocab = None
-        if tokenizer is not None:
-            vocab = len(tokenizer)
-            ids = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
-                   "bos_token_id": tokenizer.bos_token_id}
-        return cls(cfg, vocab_size=vocab, zero3_config=zero3_config, **ids)
+        vocab = len(tokenizer) if tokenizer is not None else None
+        return cls(cfg, vocab_size=vocab, zero3_config=zero3_config, **_token_ids(tokenizer))

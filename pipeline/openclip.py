@@ -82,8 +82,8 @@ def openclip_hf_configs(sd: Mapping[str, Tensor], hidden_act: str, head_width: i
     vision = CLIPVisionConfig(hidden_size=width, intermediate_size=v_mlp, projection_dim=embed,
                               num_hidden_layers=v_layers, num_attention_heads=v_heads, image_size=grid * patch,
                               patch_size=patch, hidden_act=hidden_act)
-    ids = {k: v for k, v in token_ids.items() if v is not None}
-    if "eos_token_id" not in ids:
+    ids = dict(token_ids)  # a tokenizer's ids; None: no such token (no BOS where its BOS is its EOS)
+    if ids.get("eos_token_id") is None:
         ids["eos_token_id"] = vocab - 1  # OpenAI's BPE: <end_of_text> is the last id (49407)
     text = CLIPTextConfig(vocab_size=vocab, hidden_size=t_width, intermediate_size=t_mlp, projection_dim=embed,
                           num_hidden_layers=t_layers, num_attention_heads=t_heads, max_position_embeddings=ctx,

@@ -111,6 +111,19 @@ def openclip_file(tmp_path):
     return sd, path
 
 
+def test_openclip_text_config_takes_the_tokenizers_ids_or_openais():
+    """With a tokenizer's ids (``pipeline.tokenizer.special_token_ids``) the text config has them,
+    a missing BOS as none (not transformers' 49406); without a tokenizer, OpenAI's EOS (the last id)."""
+    from infclip.pipeline.openclip import openclip_hf_configs
+
+    sd = _openclip_state_dict()
+    _, text, _ = openclip_hf_configs(sd, "quick_gelu", HEAD_WIDTH,
+                                     {"eos_token_id": 47, "pad_token_id": 47, "bos_token_id": None})
+    assert (text.eos_token_id, text.pad_token_id, text.bos_token_id) == (47, 47, None)
+    _, text, _ = openclip_hf_configs(sd, "quick_gelu", HEAD_WIDTH, {})
+    assert text.eos_token_id == 49 == text.vocab_size - 1
+
+
 def test_openclip_state_dict_converts_to_the_same_features(openclip_file, tmp_path):
     sd, path = openclip_file
     cfg = ModelConfig.from_dict({"pretrained": str(path), "hidden_act": "quick_gelu", "openclip_head_width": HEAD_WIDTH,

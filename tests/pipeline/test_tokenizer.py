@@ -257,10 +257,16 @@ def test_bos_equal_to_eos_gets_no_bos(tmp_path, caplog):
     from infclip.pipeline.tokenizer import with_clip_template  # the HF-way call agrees
     hf = with_clip_template(tok, L)(texts, padding="max_length", truncation=True, return_tensors="pt")
     assert torch.equal(hf["input_ids"], ids) and torch.equal(hf["attention_mask"], mask)
-    config = CLIPTextConfig(vocab_size=sp["vocab_size"], hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                            num_attention_heads=2, max_position_embeddings=L, pad_token_id=sp["pad_token_id"],
-                            bos_token_id=tok.bos_token_id, eos_token_id=sp["eos_token_id"])
+    from infclip.pipeline.model import CLIPTowers  # the towers' text config takes the rows' ids
+    from infclip.pipeline.model_config import ModelConfig
+
     torch.manual_seed(0)
+    towers = CLIPTowers.from_config(ModelConfig.from_dict({
+        "embed_dim": 8, "vision": {"image_size": 8, "patch_size": 4, "hidden_size": 16, "layers": 1, "heads": 2},
+        "text": {"context_length": L, "hidden_size": 16, "layers": 1, "heads": 2}}), tok)
+    config = towers.text.config
+    assert (config.vocab_size, config.bos_token_id, config.pad_token_id, config.eos_token_id) == (
+        len(tok), None, sp["pad_token_id"], sp["eos_token_id"])
     with torch.no_grad():
         out = CLIPTextModel(config).eval()(input_ids=ids, attention_mask=mask)
     torch.testing.assert_close(out.pooler_output, out.last_hidden_state[torch.arange(4), mask.sum(1) - 1])
