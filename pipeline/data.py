@@ -437,11 +437,14 @@ def _tar_samples(url: str, on_error: Callable[[str], None]) -> Iterator[Dict[str
     before the damage are kept and the one it cut short is marked ``__cut__``. Damage includes a
     shard cut short at a header or member boundary, which tarfile's stream mode reads as a quiet
     end (:func:`pipeline.tokenizer.check_tar_end`, which the tokenizer's caption reader uses too).
+    A second member of the same name in a sample is ignored with a warning (once a shard): the
+    sample is used, nothing is skipped.
     """
     from webdataset.gopen import gopen
     from webdataset.tariterators import base_plus_ext
 
     current: Optional[Dict[str, Any]] = None
+    duplicates = 0
     try:
         stream = gopen(url, "rb")
     except Exception as exc:  # webdataset's handler takes every Exception too
@@ -464,8 +467,11 @@ def _tar_samples(url: str, on_error: Callable[[str], None]) -> Iterator[Dict[str
                         yield current
                     current = {"__key__": prefix, "__url__": url}
                 suffix = suffix.lower()
-                if suffix in current:
-                    on_error(f"{url}: duplicate member {name} (the second is ignored)")
+                if suffix in current:  # the sample is still used: a warning, not a skip
+                    if not duplicates:
+                        logger.warning("%s: duplicate member %s: the first is used, this and any later "
+                                       "duplicate in the shard ignored", url, name)
+                    duplicates += 1
                     continue
                 current[suffix] = data
             check_tar_end(tar)
@@ -714,9 +720,14 @@ class ShardLoader:
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a loader position: {position!r} ({exc!r})") from None
         w = self.num_workers
-        if len(counts) != w or min(counts) < 0 or sum(counts) != self.start_batch or not 0 <= nxt < w:
-            raise ValueError(f"loader position {position!r} does not fit this stream: {w} logical worker(s), "
-                             f"start_batch {self.start_batch} (the counts must sum to it)")
+        misfit = None
+        if len(counts) != w or min(counts, default=0) < 0 or sum(counts) != self.start_batch:
+            misfit = (f"its worker_batches must be {w} count(s), none negative, summing to start_batch "
+                      f"{self.start_batch}")
+        elif not 0 <= nxt < w:
+            misfit = f"its next_worker must be a worker of the {w}"
+        if misfit:
+            raise ValueError(f"loader position {position!r} does not fit this stream: {misfit}")
         self._spec.worker_start, self._spec.first_worker = counts, nxt
         self._worker_batches, self._next_worker = list(counts), nxt
 

@@ -177,6 +177,25 @@ def test_corrupt_image_and_missing_caption_are_skipped_and_counted(tmp_path, tok
     assert sorted(_ids(tbatch)) == [0, 1, 3, 4, 6] and train.stats["skipped"] == 2
 
 
+def test_a_duplicate_member_is_ignored_with_one_warning_and_skips_nothing(tmp_path, tok, caplog):
+    """A sample with two members of one name keeps its first, and is used: nothing counts as
+    skipped; one warning a shard names the member."""
+    path = tmp_path / "dup-000000.tar"
+    with tarfile.open(path, "w") as tar:
+        for i in range(4):
+            _add(tar, f"{i:09d}.png", _png(i))
+            _add(tar, f"{i:09d}.txt", f"caption {i}".encode())
+            if i in (1, 3):
+                _add(tar, f"{i:09d}.txt", b"a second caption")
+    with caplog.at_level("WARNING", logger="infclip.pipeline.data"):
+        loader = build_eval_loader(str(path), tok, image_size=8, context_length=16, batch_size=10)
+        (batch,) = list(loader)
+    assert _ids(batch) == [0, 1, 2, 3] and batch["caption"] == [f"caption {i}" for i in range(4)]
+    assert int(batch["num_skipped"]) == 0 and loader.stats["skipped"] == 0 and loader.skipped_by_reason == {}
+    warned = [r.getMessage() for r in caplog.records if "duplicate member" in r.getMessage()]
+    assert len(warned) == 1 and "000000001.txt" in warned[0]
+
+
 def test_skip_counts_reach_main_process_from_workers(tmp_path, tok):
     for s in range(2):
         with tarfile.open(tmp_path / f"w-{s}.tar", "w") as tar:

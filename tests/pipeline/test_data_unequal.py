@@ -190,3 +190,20 @@ def test_skips_of_a_worker_that_ran_out_count_once_over_a_resume(tmp_path, tok):
     paths = [_sized_shards(tmp_path / "a", [12])[0], str(path)]
     cfg = _cfg(paths, workers=2, shuffle_buffer=0, shard_shuffle=False)
     _check_interrupted_runs(cfg, tok, 5)
+
+
+def test_a_position_that_does_not_fit_the_stream_is_refused_naming_what(tmp_path, tok):
+    """seek() refuses a position of another stream: counts of another worker count, negative, or
+    not summing to start_batch, and a next worker out of range, each with what it must be."""
+    cfg = _cfg(_sized_shards(tmp_path / "s", [9, 9]), workers=2, shuffle_buffer=0)
+    cases = [({"worker_batches": [1, 1, 0], "next_worker": 0}, "must be 2 count"),
+             ({"worker_batches": [3, -1], "next_worker": 0}, "none negative"),
+             ({"worker_batches": [1, 0], "next_worker": 0}, "summing to start_batch 2"),
+             ({"worker_batches": [1, 1], "next_worker": 2}, "next_worker must be a worker of the 2"),
+             ({"worker_batches": "x"}, "not a loader position")]
+    for position, message in cases:
+        with pytest.raises(ValueError, match=message):
+            _train(cfg, tok, start_batch=2).seek(position)
+    loader = _train(cfg, tok, start_batch=2)
+    loader.seek({"worker_batches": [1, 1], "next_worker": 0})
+    assert len(list(loader)) == 4  # 6 batches in all, 2 of them before the position
