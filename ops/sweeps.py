@@ -52,6 +52,7 @@ __all__ = [
     "Topology",
     "all_gather",
     "choose_scheme",
+    "host_group",
     "launcher_local_world_size",
     "make_sweep",
     "reduce_scatter",
@@ -176,7 +177,7 @@ def _subgroups(group, ranks: tuple, local: int):
     return _SUBGROUPS[key]
 
 
-def _host_group(group):
+def host_group(group):
     """A group on which CPU tensors can be exchanged between the ranks of ``group`` (None: the
     world): ``group`` itself unless its backend is NCCL alone, else a gloo twin with the same
     ranks, built once and cached. Built like the hierarchical sub-groups (every rank of the world
@@ -409,12 +410,12 @@ class Sweep:
 
     def check_sizes(self, x: Tensor) -> None:
         """Raise ValueError on every rank unless every rank holds the same [b, D]. The sizes go
-        round on the host (a gloo twin of an NCCL group, :func:`_host_group`): reading them
+        round on the host (a gloo twin of an NCCL group, :func:`host_group`): reading them
         from the GPU would make the host wait for all queued work at every call (0.4-1.5 ms a
         call of ring / disco on 2 x H200 at B = 32k-65k, bench/diag_ring_sync.py)."""
         mine = torch.tensor([x.shape[0], x.shape[1]], dtype=torch.int64)
         every = torch.empty(2 * self.world, dtype=torch.int64)
-        _all_gather_single(every, mine, group=_host_group(self.topo.group))
+        _all_gather_single(every, mine, group=host_group(self.topo.group))
         sizes = every.view(self.world, 2).tolist()
         if any(s != sizes[0] for s in sizes):
             listing = ", ".join(f"rank {r}: {s[0]} x {s[1]}" for r, s in enumerate(sizes))

@@ -40,8 +40,8 @@ from typing import Any, Iterator, List, Optional, Union
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
+from .dist import barrier, world
 from .errors import CheckpointError
 
 __all__ = ["capture_rng_state", "restore_rng_state", "save_checkpoint", "load_checkpoint", "resolve_resume",
@@ -58,19 +58,6 @@ PathLike = Union[str, os.PathLike]
 
 def tag_for_step(step: int) -> str:
     return f"global_step{step}"
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
 
 
 # ------------------------------------------------------------------------------ safe loading
@@ -279,7 +266,7 @@ def save_checkpoint(engine: Any, ckpt_dir: PathLike, step: int, client_state: di
     """
     ckpt_dir = os.fspath(ckpt_dir)
     tag = tag_for_step(step)
-    rank = _rank()
+    rank = world()[0]
     tag_dir = os.path.join(ckpt_dir, tag)
     previous = read_latest(ckpt_dir)
     if rank == 0:
@@ -288,17 +275,17 @@ def save_checkpoint(engine: Any, ckpt_dir: PathLike, step: int, client_state: di
             # leftovers of an interrupted save of the same tag (or an old run's): start it clean
             logger.warning("removing checkpoint folder %s before saving it again", tag_dir)
             shutil.rmtree(tag_dir)
-    _barrier()
+    barrier()
     engine.save_checkpoint(ckpt_dir, tag=tag, client_state=client_state, save_latest=False)
     torch.save(capture_rng_state(), os.path.join(tag_dir, f"rng_rank{rank}.pt"))
-    _barrier()
+    barrier()
     if rank == 0:
         files = {p.name: p.stat().st_size for p in Path(tag_dir).iterdir() if p.is_file() and p.name != MANIFEST}
         _write_atomic(os.path.join(tag_dir, MANIFEST),
-                      json.dumps({"tag": tag, "step": step, "world_size": _world(), "files": files}, indent=1))
+                      json.dumps({"tag": tag, "step": step, "world_size": world()[1], "files": files}, indent=1))
         _write_atomic(os.path.join(ckpt_dir, LATEST), tag)
         _prune(ckpt_dir, tag, previous, keep_last)
-    _barrier()
+    barrier()
     return tag
 
 
@@ -370,7 +357,7 @@ def load_checkpoint(engine: Any, load_dir: PathLike, tag: str) -> dict:
                               f"size?): {'; '.join(lines[1:3] or lines[:1])[:400]}") from None
     if path is None:
         raise CheckpointError(f"DeepSpeed found no model-state file for this rank in {tag_dir}")
-    rng_path = os.path.join(tag_dir, f"rng_rank{_rank()}.pt")
+    rng_path = os.path.join(tag_dir, f"rng_rank{world()[0]}.pt")
     if os.path.isfile(rng_path):
         restore_rng_state(safe_load(rng_path), source=rng_path)
     else:

@@ -61,7 +61,6 @@ import math
 import os
 import random
 import re
-import tarfile
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 from urllib.parse import urlparse
@@ -72,8 +71,8 @@ from PIL import Image
 
 from infclip.ops.config import ConfigError, parse_section, require_at_least
 
-from .shards import digits_samples, write_shards_to_paths
-from .tokenizer import check_tar_end, tokenize
+from .shards import digits_samples, tar_members, write_shards_to_paths
+from .tokenizer import tokenize
 
 __all__ = [
     "CLIP_MEAN",
@@ -436,7 +435,7 @@ def _tar_samples(url: str, on_error: Callable[[str], None]) -> Iterator[Dict[str
     A shard that cannot be read calls ``on_error`` once, naming it, and ends there; the samples
     before the damage are kept and the one it cut short is marked ``__cut__``. Damage includes a
     shard cut short at a header or member boundary, which tarfile's stream mode reads as a quiet
-    end (:func:`pipeline.tokenizer.check_tar_end`, which the tokenizer's caption reader uses too).
+    end (:func:`pipeline.shards.tar_members`, which the tokenizer's caption pass reads with too).
     A second member of the same name in a sample is ignored with a warning (once a shard): the
     sample is used, nothing is skipped.
     """
@@ -452,29 +451,22 @@ def _tar_samples(url: str, on_error: Callable[[str], None]) -> Iterator[Dict[str
         return
     done = False
     try:
-        with tarfile.open(fileobj=stream, mode="r|*") as tar:
-            for member in tar:
-                name = member.name
-                if not member.isreg() or not name or re.match(r"__[^/]*__($|/)", name):
-                    continue
-                data = tar.extractfile(member).read()
-                tar.members = []  # stream mode keeps every header otherwise
-                prefix, suffix = base_plus_ext(name)
-                if prefix is None:
-                    continue
-                if current is None or prefix != current["__key__"]:
-                    if current is not None:
-                        yield current
-                    current = {"__key__": prefix, "__url__": url}
-                suffix = suffix.lower()
-                if suffix in current:  # the sample is still used: a warning, not a skip
-                    if not duplicates:
-                        logger.warning("%s: duplicate member %s: the first is used, this and any later "
-                                       "duplicate in the shard ignored", url, name)
-                    duplicates += 1
-                    continue
-                current[suffix] = data
-            check_tar_end(tar)
+        for name, data in tar_members(stream, lambda name: bool(name) and not re.match(r"__[^/]*__($|/)", name)):
+            prefix, suffix = base_plus_ext(name)
+            if prefix is None:
+                continue
+            if current is None or prefix != current["__key__"]:
+                if current is not None:
+                    yield current
+                current = {"__key__": prefix, "__url__": url}
+            suffix = suffix.lower()
+            if suffix in current:  # the sample is still used: a warning, not a skip
+                if not duplicates:
+                    logger.warning("%s: duplicate member %s: the first is used, this and any later "
+                                   "duplicate in the shard ignored", url, name)
+                duplicates += 1
+                continue
+            current[suffix] = data
         done = True
         stream.close()  # a pipe (curl, ...) reports its exit status here
     except Exception as exc:

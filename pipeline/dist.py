@@ -29,9 +29,11 @@ from typing import Iterator, NoReturn
 import torch
 import torch.distributed as dist
 
+from infclip.ops.sweeps import host_group
+
 from .errors import PeerFailedError
 
-__all__ = ["world", "barrier", "rank_zero_first", "init_distributed", "single_process_env",
+__all__ = ["world", "cpu_group", "barrier", "rank_zero_first", "init_distributed", "single_process_env",
            "stale_extension_locks", "exit_process", "PeerFailedError"]
 
 logger = logging.getLogger(__name__)
@@ -45,6 +47,16 @@ def world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def cpu_group():
+    """A group of all ranks that exchanges CPU tensors without waiting for the GPU's queue: the
+    world group when it is gloo, else its gloo twin, made once per process group and shared with
+    the loss's own host-side checks (:func:`infclip.ops.sweeps.host_group`); None at world size 1.
+    The first call must be made by every rank at the same point (it creates the twin)."""
+    if world()[1] == 1:
+        return None
+    return host_group(None) or dist.group.WORLD
 
 
 def barrier() -> None:

@@ -27,6 +27,7 @@ from infclip.ops import ContrastiveLoss
 from infclip.ops.config import ConfigError
 
 from .config import RunConfig
+from .dist import barrier, world
 from .model import CLIPTowers
 from .param_layout import mark_zero3_leaf_layers, misaligned_parameters, param_groups
 from .tower_unit import reduce_when_accumulated
@@ -204,7 +205,7 @@ def export_final(engine: Any, tokenizer: Any, final_dir: str, image_mean: Any = 
     ``vision/``, ``text/``, ``logit_params.json`` and ``tokenizer/``. Without ``image_mean`` /
     ``image_std`` they are read from the run's ``config.json`` beside ``final_dir`` (its ``data``
     section; CLIP's when unset). Returns ``final_dir``."""
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    rank = world()[0]
     if rank == 0 and (image_mean is None or image_std is None):
         run_config = os.path.join(os.path.dirname(os.path.abspath(final_dir)), "config.json")
         try:
@@ -217,6 +218,5 @@ def export_final(engine: Any, tokenizer: Any, final_dir: str, image_mean: Any = 
     with _gathered(engine):
         if rank == 0:
             engine.module.save_pretrained(final_dir, tokenizer=tokenizer, image_mean=image_mean, image_std=image_std)
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+    barrier()
     return final_dir

@@ -42,7 +42,8 @@ from .config import TrainConfig
 from .engine import TrainEngine
 from .errors import NONFINITE_ADVICE, NonFiniteGradError, NonFiniteLossError, TrainingCollapseError
 from .metrics import TrainLogger
-from .run_state import Checkpointer, RunState, cpu_group as _cpu_group
+from .dist import barrier, cpu_group, world
+from .run_state import Checkpointer, RunState
 from .step import LossGuard, forward_backward
 
 __all__ = ["Batches", "EvalSchedule", "GradNormWatch", "TrainLoop"]
@@ -91,10 +92,10 @@ class Batches:
     def _all_have(self, have: bool) -> bool:
         """Whether every rank has a batch. Agreed over a CPU (gloo) group: over NCCL the flag's
         ``item()`` would wait for all the GPU work queued before it, once per micro-batch."""
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        if world()[1] == 1:
             return have
         if self._flags is None:
-            self._flags = _cpu_group()
+            self._flags = cpu_group()
         flag = torch.tensor([1 if have else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._flags)
         return bool(flag.item())
@@ -136,7 +137,7 @@ class Batches:
         if not mine:
             return (f"the training stream yielded no batch in epoch {epoch} on another rank (this rank had "
                     "data): that rank's error says why")
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        rank = world()[0]
         reason = getattr(self._loader, "no_batch_reason", None)
         why = reason() if callable(reason) else "too few samples for the micro-batch and world size?"
         return f"the training stream yielded no batch in epoch {epoch} (rank {rank}): {why}"
@@ -166,8 +167,7 @@ class EvalSchedule:
         module.train(was_training)
         self.log.log_eval(step, self.metrics)
         self.log.log_eval_report(step, getattr(self.evaluator, "last_report", None))
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
+        barrier()
 
     def finish(self, engine: Any, step: int) -> None:
         if self.evaluator is not None and self.at_end and not self.due(step):
@@ -241,13 +241,13 @@ class TrainLoop:
         self.guard = LossGuard(te.device)
         self.norms = GradNormWatch()
         self.scale: Any = None
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        rank = world()[0]
         window = effective_window(tcfg.collapse_window, tcfg.steps)
         self.collapse = CollapseWatch(window, loss=te.loss_kind, batch=te.contrastive_batch,
                                       loss_tolerance=tcfg.collapse_loss_tolerance,
                                       scale_tolerance=tcfg.collapse_scale_tolerance, report=rank == 0)
         self.stop_on_collapse = self.collapse.enabled and tcfg.on_collapse == "stop"
-        self._verdicts = _cpu_group() if self.stop_on_collapse else None  # made now: every rank at once
+        self._verdicts = cpu_group() if self.stop_on_collapse else None  # made now: every rank at once
 
     def run(self) -> dict:
         """Train until ``train.steps`` (or the data's ``train.epochs``); returns {step: loss}."""

@@ -23,9 +23,10 @@ import torch.distributed as dist
 
 from .checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from .config import RunConfig
+from .dist import cpu_group, world
 from .errors import ResumeMismatchError
 
-__all__ = ["RunState", "Checkpointer", "cpu_group", "data_setup"]
+__all__ = ["RunState", "Checkpointer", "data_setup"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,14 +47,6 @@ class RunState:
     which makes a resume exact when the workers hold unequal data. None: at the epoch's start,
     for loaders without one (the device cache), and in checkpoints written before it was kept:
     the balanced split of ``batch_in_epoch`` (exact when every worker had data to that point)."""
-
-
-def cpu_group() -> Any:
-    """A gloo group of all ranks (the world group when it is gloo), or None at world size 1.
-    Every rank must call it at the same point (it may create a group)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return None
-    return dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
 
 
 def data_setup(run_cfg: RunConfig, shards: Sequence[str], dp_world: int) -> dict:
@@ -96,7 +89,6 @@ class Checkpointer:
         self.ckpt_dir = os.path.join(run_cfg.train.output_dir, "ckpt")
         self.keep_last = run_cfg.train.keep_last_checkpoints
         self.setup = setup
-        self._group: Any = None  # the CPU group that gathers the ranks' loader positions (made at first save)
 
     def resume(self, engine: Any, resume: Optional[str]) -> Optional[RunState]:
         """Load the checkpoint ``resume`` names into ``engine`` (weights-only, RNG included) and
@@ -138,12 +130,11 @@ class Checkpointer:
 
     def _gather(self, position: Optional[dict]) -> list:
         """Every rank's loader position, by rank."""
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        size = world()[1]
+        if size == 1:
             return [position]
-        if self._group is None:
-            self._group = cpu_group()
-        out: list = [None] * dist.get_world_size()
-        dist.all_gather_object(out, position, group=self._group)
+        out: list = [None] * size
+        dist.all_gather_object(out, position, group=cpu_group())
         return out
 
     def save(self, engine: Any, state: RunState) -> str:
@@ -157,13 +148,10 @@ class Checkpointer:
         return save_checkpoint(engine, self.ckpt_dir, state.step, client, self.keep_last)
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
 def _own_position(positions: Any) -> Optional[dict]:
     """This rank's entry of a checkpoint's ``data_positions`` (None when it has none)."""
-    if not isinstance(positions, list) or _rank() >= len(positions):
+    rank = world()[0]
+    if not isinstance(positions, list) or rank >= len(positions):
         return None
-    own = positions[_rank()]
+    own = positions[rank]
     return dict(own) if isinstance(own, dict) else None

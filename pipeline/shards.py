@@ -1,4 +1,4 @@
-"""Writing webdataset tar shards in the img2dataset layout, and the built-in digits data set.
+"""Webdataset tar shards in the img2dataset layout, written and read, and the built-in digits data set.
 
 Design: a shard is a plain POSIX tar whose members are ``NNNNNNNNN.jpg`` (or ``.png`` /
 ``.webp``), ``NNNNNNNNN.txt`` (the caption, UTF-8) and optionally ``NNNNNNNNN.json`` (metadata),
@@ -12,6 +12,10 @@ The digits data set (scikit-learn's bundled 8x8 ``load_digits``, 1797 images, no
 upscaled to RGB and captioned from templates over the digit names, so that a CPU run can train a
 real CLIP on real image-text pairs and be evaluated zero-shot on the held-out split (the json
 member holds ``{"label": int, "classname": str}``).
+
+Reading: :func:`tar_members` streams a shard's members for the training loader and the
+tokenizer's caption pass alike, and tells a shard cut short from a whole one
+(:func:`check_tar_end`), which tarfile's stream mode does not.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import random
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Literal, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from PIL import Image
@@ -103,6 +107,37 @@ def _encode_image(image: ImageLike, image_format: str) -> Tuple[bytes, str]:
         img.save(buf, format=_PIL_FORMATS[image_format], **kwargs)
         return buf.getvalue(), image_format
     raise TypeError(f"image must be a PIL.Image, bytes or EncodedImage, got {type(image).__name__}")
+
+
+def check_tar_end(tar: tarfile.TarFile) -> None:
+    """Raise ``tarfile.ReadError`` unless a tar read in stream mode (``"r|*"``) to its last member
+    ended as a whole archive does. tarfile's stream mode reads a shard cut at a header or member
+    boundary as a quiet end; a whole tar has two zero blocks after its last member, and nothing but
+    zeros after them (else a damaged header ended the members early). Reads the rest of the
+    uncompressed stream (``tar.fileobj``, so a ``.tar.gz`` is measured after decompression)."""
+    rest, nonzero = tar.fileobj, False
+    while chunk := rest.read(tarfile.RECORDSIZE):
+        nonzero = nonzero or chunk.count(0) != len(chunk)
+    # tar.offset: where the member headers ended (the first end-of-archive block, or the cut)
+    if rest.pos < tar.offset + 2 * tarfile.BLOCKSIZE:
+        raise tarfile.ReadError(f"cut short: {rest.pos} bytes, without the end-of-archive blocks after "
+                                f"its members' {tar.offset}; the samples after the cut are lost")
+    if nonzero:
+        raise tarfile.ReadError(f"data after the end of its members at byte {tar.offset} (a damaged "
+                                "header, or tars concatenated): the rest is not read")
+
+
+def tar_members(stream: Any, wanted: Callable[[str], bool]) -> Iterator[Tuple[str, bytes]]:
+    """``(name, bytes)`` of each regular member of the tar read from ``stream`` (plain or
+    compressed, in stream mode) whose name ``wanted`` accepts, in order; the others are passed over
+    unread. At the end, :func:`check_tar_end`. Damage raises from tarfile (``tarfile.TarError``,
+    ``EOFError``, ``zlib.error``, ``OSError``) where it is met: the members before it were given."""
+    with tarfile.open(fileobj=stream, mode="r|*") as tar:
+        for member in tar:
+            if member.isreg() and wanted(member.name):
+                yield member.name, tar.extractfile(member).read()
+            tar.members = []  # stream mode keeps every header otherwise
+        check_tar_end(tar)
 
 
 def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:

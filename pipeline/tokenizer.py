@@ -46,6 +46,8 @@ import torch
 
 from infclip.ops.config import ConfigError
 
+from .shards import tar_members
+
 __all__ = [
     "BOS_TOKEN",
     "EOS_TOKEN",
@@ -235,24 +237,6 @@ def _warn_structural_ids_in_text(tokenizer, found) -> None:
                    "one EOS, at the caption's end", type(tokenizer).__name__, sorted(found))
 
 
-def check_tar_end(tar: tarfile.TarFile) -> None:
-    """Raise ``tarfile.ReadError`` unless a tar read in stream mode (``"r|*"``) to its last member
-    ended as a whole archive does. tarfile's stream mode reads a shard cut at a header or member
-    boundary as a quiet end; a whole tar has two zero blocks after its last member, and nothing but
-    zeros after them (else a damaged header ended the members early). Reads the rest of the
-    uncompressed stream (``tar.fileobj``, so a ``.tar.gz`` is measured after decompression)."""
-    rest, nonzero = tar.fileobj, False
-    while chunk := rest.read(tarfile.RECORDSIZE):
-        nonzero = nonzero or chunk.count(0) != len(chunk)
-    # tar.offset: where the member headers ended (the first end-of-archive block, or the cut)
-    if rest.pos < tar.offset + 2 * tarfile.BLOCKSIZE:
-        raise tarfile.ReadError(f"cut short: {rest.pos} bytes, without the end-of-archive blocks after "
-                                f"its members' {tar.offset}; the samples after the cut are lost")
-    if nonzero:
-        raise tarfile.ReadError(f"data after the end of its members at byte {tar.offset} (a damaged "
-                                "header, or tars concatenated): the rest is not read")
-
-
 def iter_shard_captions(urls: Sequence[str], caption_key: str = "txt", max_captions: Optional[int] = None,
                         broken: Optional[List[str]] = None) -> Iterator[str]:
     """Stream the caption members of tar shards, in order, without reading image bytes' content.
@@ -265,18 +249,17 @@ def iter_shard_captions(urls: Sequence[str], caption_key: str = "txt", max_capti
     """
     from webdataset.gopen import gopen
 
+    def is_caption(name: str) -> bool:
+        base = name.rsplit("/", 1)[-1]
+        return "." in base and base.split(".", 1)[1].lower() == caption_key
+
     count = 0
     for url in urls:
         try:
-            with gopen(url, "rb") as raw, tarfile.open(fileobj=raw, mode="r|*") as tar:
-                for member in tar:
-                    if not member.isreg():
-                        continue
-                    base = member.name.rsplit("/", 1)[-1]
-                    if "." not in base or base.split(".", 1)[1].lower() != caption_key:
-                        continue
+            with gopen(url, "rb") as raw:
+                for _, data in tar_members(raw, is_caption):
                     try:
-                        text = tar.extractfile(member).read().decode("utf-8").strip()
+                        text = data.decode("utf-8").strip()
                     except UnicodeDecodeError:
                         continue
                     if text:
@@ -284,7 +267,6 @@ def iter_shard_captions(urls: Sequence[str], caption_key: str = "txt", max_capti
                         count += 1
                         if max_captions is not None and count >= max_captions:
                             return
-                check_tar_end(tar)
         except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
             logger.warning("tokenizer training: skipping broken shard %s (%s)", url,
                            str(exc).strip() or type(exc).__name__)

@@ -183,9 +183,10 @@ def test_contrastive_batch_is_global_under_a_distributed_scheme():
 
 _VERDICT_WORKER = """
 import os, torch.distributed as dist
-from infclip.pipeline.loop import _cpu_group, _rank0_verdict
+from infclip.pipeline.dist import cpu_group
+from infclip.pipeline.loop import _rank0_verdict
 dist.init_process_group("gloo")
-rank, group = dist.get_rank(), _cpu_group()
+rank, group = dist.get_rank(), cpu_group()
 print("verdicts", [_rank0_verdict(flag, group) for flag in ((rank == 0), (rank == 1), True, False)], flush=True)
 dist.barrier()
 del group  # the last reference outside torch: destroying the group now joins its worker threads, which
