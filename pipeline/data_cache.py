@@ -73,7 +73,8 @@ class DeviceCache:
     @classmethod
     def load(cls, cfg: DataConfig, tokenizer: Any, shards: Sequence[str], *, image_size: int,
              context_length: int, device: torch.device) -> "DeviceCache":
-        """Read and decode every sample of ``shards`` (``cfg.workers`` processes) onto ``device``.
+        """Read and decode every sample of ``shards`` (``cfg.workers`` processes, at most one a shard)
+        onto ``device``.
 
         The last set loaded stays for the next call that asks for the same one (same shards, sizes,
         member keys, tokenizer folder and device; the pixels are stored before normalisation): a batch-size study trains many
@@ -90,12 +91,13 @@ class DeviceCache:
         _LAST.clear()  # free the previous set before reading the next
         t0 = time.perf_counter()
         # the defaults' ordered pass (last batch kept, crop_scale [1, 1]: the centre square), as uint8 (``train``)
+        workers = min(cfg.workers, len(shards))  # a worker without a shard would start only to end
         spec = _stream_spec(
             shards, tokenizer, image_size=image_size, context_length=context_length, batch_size=_READ_BATCH,
-            workers=cfg.workers, image_keys=cfg.image_keys(), caption_key=cfg.caption_key, mean=cfg.image_mean,
+            workers=workers, image_keys=cfg.image_keys(), caption_key=cfg.caption_key, mean=cfg.image_mean,
             std=cfg.image_std, train=True, seed=cfg.seed)
         parts: Dict[str, List[torch.Tensor]] = {"pixel_values": [], "input_ids": [], "attention_mask": []}
-        reader = _make_loader(spec, cfg.workers, cfg.prefetch_factor)
+        reader = _make_loader(spec, workers, cfg.prefetch_factor)
         for batch in reader:
             for name, chunks in parts.items():
                 chunks.append(batch[name])

@@ -42,7 +42,7 @@ from infclip.ops.config import ConfigError
 from .flat_params import BindingForward, bind_in_checkpoint, bind_in_forward, bind_views, flatten_block
 from .layer_stack import layer_stacks, stack_forward
 from .model_config import ModelConfig, TextTowerConfig, VisionTowerConfig, activation_bytes, ds_param_dtype
-from .param_layout import _encoder_layers
+from .param_layout import encoder_layers
 from .patch_dropout import use_patch_dropout
 from .patch_embed import use_patch_gemm
 from .tokenizer import special_token_ids
@@ -287,7 +287,7 @@ class CLIPTowers(nn.Module):
         self._flat_blocks: list[nn.Module] = []
         """The modules holding flat tensors: the blocks, or the two towers (``flat_parameters``)."""
         if cfg.flat_parameters:
-            self._flat_blocks = [self.vision, self.text] if cfg.flat_parameters == "tower" else _encoder_layers(self)
+            self._flat_blocks = [self.vision, self.text] if cfg.flat_parameters == "tower" else encoder_layers(self)
         for block in self._flat_blocks:
             flatten_block(block)
 
@@ -328,7 +328,7 @@ class CLIPTowers(nn.Module):
                                         ("text", self.text, self.cfg.lock_text, self.cfg.lock_text_unlocked_blocks)):
             if not lock:
                 continue
-            layers = _encoder_layers(tower)
+            layers = encoder_layers(tower)
             if keep > len(layers):
                 raise ConfigError(f"'lock_{name}_unlocked_blocks' {keep} exceeds the {name} tower's {len(layers)} blocks")
             trainable = set()
@@ -426,7 +426,7 @@ class CLIPTowers(nn.Module):
     def _compile_blocks(self, compile_fn: typing.Callable) -> None:
         """Each transformer block's forward compiled alone (a flat block's binding under ZeRO-3
         stays outside the compiled code)."""
-        blocks = _encoder_layers(self)
+        blocks = encoder_layers(self)
         # the blocks share one code object, and under ZeRO-3 each is guarded on its own
         # parameters' ds_id: one graph per block. At dynamo's default limit (8) the other blocks
         # ran eager (ZeRO-3 at 0.3-0.5x ZeRO-2 on an H200)

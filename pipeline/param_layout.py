@@ -20,7 +20,7 @@ from torch import nn
 
 from .layer_stack import route_through_stack
 
-__all__ = ["param_groups", "misaligned_parameters", "mark_zero3_leaf_layers"]
+__all__ = ["param_groups", "misaligned_parameters", "mark_zero3_leaf_layers", "encoder_layers"]
 
 
 def param_groups(model: nn.Module, decay_1d: bool = False) -> list[dict]:
@@ -55,7 +55,7 @@ def misaligned_parameters(model: nn.Module, alignment: int = 16) -> list[str]:
     return [n for n, p in model.named_parameters() if p.numel() > 1 and p.data_ptr() % alignment]
 
 
-def _encoder_layers(model: nn.Module) -> list[nn.Module]:
+def encoder_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if type(m).__name__.endswith("EncoderLayer")]
 
 
@@ -83,7 +83,7 @@ def mark_zero3_leaf_layers(model: nn.Module, unit: typing.Union[bool, str] = Tru
     elif unit == "stack":
         leaves = [route_through_stack(e) for e in _encoders(model)]
     else:
-        leaves = _encoder_layers(model)
+        leaves = encoder_layers(model)
     for leaf in leaves:
         set_z3_leaf_module(leaf, True)
     return len(leaves)
