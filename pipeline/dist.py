@@ -56,7 +56,8 @@ def cpu_group():
     The first call must be made by every rank at the same point (it creates the twin)."""
     if world()[1] == 1:
         return None
-    return host_group(None) or dist.group.WORLD
+    twin = host_group(None)  # None: the world itself takes CPU tensors
+    return dist.group.WORLD if twin is None else twin
 
 
 def barrier() -> None:
