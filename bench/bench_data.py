@@ -1,23 +1,28 @@
 """The data side alone: how many training images per second the shard loader delivers.
 
-Design: writes real img2dataset-layout JPEG shards on local disk (256 x 256 pictures with
-smooth colour fields and shapes, 90% quality, ~20-30 KB each: the size of a web image cut to
-256 px), trains the project's BPE tokenizer on their captions, then times
-``pipeline.data.build_train_loader`` (decode + random resized crop to 224 + tokenise in
-DataLoader workers, uint8 to the GPU and normalised there, as in training) at several worker counts. Each row gives images/s in all and
-per worker, so the number of cores a GPU needs follows: (samples/s of the training step) /
-(images/s per worker). One JSONL row per worker count in bench/results/data.jsonl.
+Design: writes real img2dataset-layout JPEG shards on local disk (``--size`` px pictures with
+smooth colour fields and shapes, quality 90, every fifth progressive and every tenth greyscale;
+at 256 px ~20-30 KB each, the size of a web image cut to 256 px), trains the project's BPE
+tokenizer on their captions, then times ``pipeline.data.build_train_loader`` at several worker
+counts, for each ``--decode``: ``cpu`` (decode + random resized crop to 224 + tokenise in the
+DataLoader workers, uint8 to the GPU and normalised there) or ``gpu`` (the workers read, parse
+headers and tokenise; nvJPEG decode, crop and normalisation on the GPU: ``pipeline.gpu_decode``).
+Each row gives images/s in all and per worker, so the number of cores a GPU needs follows:
+(samples/s of the training step) / (images/s per worker). One JSONL row per (decode, worker
+count) in bench/results/data.jsonl.
 
 Limit: the page cache holds the shards after the first pass (a cold network file system is
 slower); the rows measure decode and transform, which is what the cores spend.
 
-Run: ``python bench/bench_data.py --workers 1 4 8 14`` (CPU only; no GPU needed).
+Run: ``python bench/bench_data.py --workers 1 4 8 14 --decode cpu gpu [--size 512]`` (``gpu``
+needs a CUDA device and torchvision).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
 import os
 import sys
@@ -47,35 +52,47 @@ def picture(rng: np.random.Generator, size: int) -> Image.Image:
     return img
 
 
-def write_jpeg_shards(out_dir: str, shards: int, per_shard: int, size: int = 256) -> str:
-    """``shards`` tar files of ``per_shard`` JPEG + caption pairs under ``out_dir``; returns the brace URL."""
-    from infclip.pipeline.shards import write_shards
+def jpeg_bytes(img: Image.Image, index: int) -> bytes:
+    """``img`` as a JPEG of quality 90, as web images come: every fifth progressive, every tenth
+    (offset 3) greyscale, the rest baseline colour."""
+    buf = io.BytesIO()
+    if index % 10 == 3:
+        img = img.convert("L")
+    img.save(buf, format="JPEG", quality=90, progressive=index % 5 == 0)
+    return buf.getvalue()
 
-    rng = np.random.default_rng(0)
+
+def write_jpeg_shards(out_dir: str, shards: int, per_shard: int, size: int = 256, first_shard: int = 0,
+                      seed: int = 0) -> str:
+    """``shards`` tar files of ``per_shard`` JPEG + caption pairs under ``out_dir`` (named from
+    ``first_shard`` on, so several processes can fill one folder); returns the brace URL."""
+    from infclip.pipeline.shards import brace_url, write_shards
+
+    rng = np.random.default_rng(seed)
 
     def samples():
-        for _ in range(shards * per_shard):
+        for i in range(shards * per_shard):
             caption = " ".join(rng.choice(WORDS, size=int(rng.integers(4, 12))))
-            yield picture(rng, size), caption, None
+            yield jpeg_bytes(picture(rng, size), i), caption, None
 
-    paths = write_shards(samples(), out_dir, samples_per_shard=per_shard, image_format="jpg")
-    from infclip.pipeline.shards import brace_url
-
+    paths = write_shards(samples(), out_dir, prefix=f"web{first_shard:05d}", samples_per_shard=per_shard,
+                         image_format="jpg")
     return brace_url(paths)
 
 
-def measure(url: str, tokenizer, workers: int, batch: int, batches: int) -> dict:
+def measure(url: str, tokenizer, workers: int, batch: int, batches: int, decode: str = "cpu") -> dict:
     from infclip.pipeline.data import DataConfig, build_train_loader, measure_loader_throughput
 
     cfg = DataConfig(train_shards=url, resampled=True, samples_per_epoch=10**9, workers=workers,
-                     shuffle_buffer=1000, prefetch_factor=4)
-    # as in training: uint8 crops from the workers, normalised on the GPU (on the CPU without one,
-    # where that single-threaded normalisation in this process can become the limit)
+                     shuffle_buffer=1000, prefetch_factor=4, decode=decode)
+    # as in training: uint8 crops (or, decoding on the GPU, JPEG files) from the workers, made
+    # ready on the GPU (on the CPU without one, where that work in this process can become the limit)
     device = torch.device("cuda") if torch.cuda.is_available() else None
     loader = build_train_loader(cfg, tokenizer, image_size=224, context_length=77, batch_size=batch, device=device,
                                 dtype=torch.bfloat16 if device is not None else torch.float32)
     rate = measure_loader_throughput(loader, batches, warmup=2 * max(1, workers))
-    return {"workers": workers, "images_per_s": rate, "images_per_s_per_worker": rate / max(workers, 1)}
+    return {"workers": workers, "decode": decode, "images_per_s": rate,
+            "images_per_s_per_worker": rate / max(workers, 1)}
 
 
 def main(argv=None) -> int:
@@ -83,6 +100,9 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, nargs="+", default=[1, 4, 8, 14])
     p.add_argument("--shards", type=int, default=16)
     p.add_argument("--per_shard", type=int, default=512)
+    p.add_argument("--size", type=int, default=256, help="side of the pictures in the shards")
+    p.add_argument("--decode", nargs="+", default=["cpu"], choices=["cpu", "gpu"],
+                   help="where JPEGs are decoded (gpu: nvJPEG on the training GPU, data.decode)")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--batches", type=int, default=20, help="timed batches per worker count (after warm-up)")
     p.add_argument("--dir", default=None, help="where to write the shards (default: a temporary folder)")
@@ -93,24 +113,25 @@ def main(argv=None) -> int:
 
     work = args.dir or tempfile.mkdtemp(prefix="bench_data_")
     t0 = time.perf_counter()
-    url = write_jpeg_shards(os.path.join(work, "shards"), args.shards, args.per_shard)
+    url = write_jpeg_shards(os.path.join(work, f"shards{args.size}"), args.shards, args.per_shard, size=args.size)
     made = args.shards * args.per_shard / (time.perf_counter() - t0)
     from infclip.pipeline.data import expand_urls
 
     sizes = [os.path.getsize(u) for u in expand_urls(url)]
     tokenizer = train_bpe_tokenizer(iter_shard_captions(expand_urls(url)), os.path.join(work, "tok"), vocab_size=512)
     base = {"bench": "data", "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "cpu_count": os.cpu_count(), "image_px": 256, "crop_px": 224, "batch": args.batch,
+            "cpu_count": os.cpu_count(), "image_px": args.size, "crop_px": 224, "batch": args.batch,
             "kb_per_sample": sum(sizes) / 1024 / (args.shards * args.per_shard)}
     print(f"# wrote {args.shards} x {args.per_shard} samples ({base['kb_per_sample']:.1f} KB each, "
           f"{made:.0f} samples/s one core) to {work}", flush=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    for w in args.workers:
-        row = {**base, **measure(url, tokenizer, w, args.batch, args.batches)}
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        print(f"workers {w:>3}: {row['images_per_s']:9.0f} images/s, {row['images_per_s_per_worker']:7.0f} per worker",
-              flush=True)
+    for decode in args.decode:
+        for w in args.workers:
+            row = {**base, **measure(url, tokenizer, w, args.batch, args.batches, decode)}
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(f"{decode} decode, workers {w:>3}: {row['images_per_s']:9.0f} images/s, "
+                  f"{row['images_per_s_per_worker']:7.0f} per worker", flush=True)
     return 0
 
 

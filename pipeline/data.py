@@ -71,6 +71,7 @@ from PIL import Image
 
 from infclip.ops.config import ConfigError, parse_section, require_at_least
 
+from .image_ops import normalize_pixels
 from .shards import digits_samples, tar_members, write_shards_to_paths
 from .tokenizer import tokenize
 
@@ -82,6 +83,7 @@ __all__ = [
     "build_eval_loader",
     "build_train_loader",
     "check_shards_exist",
+    "decode_on_gpu",
     "eval_pixels",
     "expand_urls",
     "measure_loader_throughput",
@@ -141,6 +143,12 @@ class DataConfig:
     """Per-channel normalisation mean (CLIP's by default)."""
     image_std: List[float] = dataclasses.field(default_factory=lambda: list(CLIP_STD))
     """Per-channel normalisation std (CLIP's by default)."""
+    decode: str = "auto"
+    """Where training JPEGs are decoded: ``"cpu"`` (PIL in the loader workers), ``"gpu"`` (nvJPEG
+    on the training GPU, the crop and normalisation there too, overlapped with the step; the
+    workers only read, parse headers and tokenise: ``pipeline.gpu_decode``; needs the ``gpu``
+    extra, torchvision) or ``"auto"``: the GPU when training on CUDA and torchvision is there,
+    else the CPU. Other image formats are decoded in the workers either way. Eval is on the CPU."""
     device_cache: bool = False
     """Decode every training sample once into device memory and serve batches from there
     (``pipeline.data_cache``): for data sets that fit (at most half the free memory), when the
@@ -173,6 +181,8 @@ class DataConfig:
             raise ConfigError(f"'image_key' names no extension: {self.image_key!r}")
         if not self.caption_key:
             raise ConfigError("'caption_key' must not be empty")
+        if self.decode not in ("auto", "cpu", "gpu"):
+            raise ConfigError(f"'decode' must be \"auto\", \"cpu\" or \"gpu\", got {self.decode!r}")
 
     def image_keys(self) -> List[str]:
         return [k.strip().lower().lstrip(".") for k in self.image_key.split(";") if k.strip()]
@@ -286,24 +296,16 @@ def _crop_box(w: int, h: int, scale: Sequence[float], rng: random.Random,
     return (w - side) // 2, (h - side) // 2, side, side
 
 
-def _random_resized_crop_uint8(img: Image.Image, size: int, scale: Sequence[float], rng: random.Random) -> torch.Tensor:
-    """The training crop as uint8 [3, size, size]: a random box (:func:`_crop_box`) resized with
-    torch's antialiased bilinear filter, which has a vectorised uint8 path (about 3x faster than
-    PIL's bicubic resize, the largest cost of a worker; the box is the same)."""
-    x, y, cw, ch = _crop_box(*img.size, scale, rng)
+def _resized_box_uint8(img: Image.Image, box: Sequence[int], size: int) -> torch.Tensor:
+    """The training crop as uint8 [3, size, size]: ``box`` (x, y, w, h; :func:`_crop_box`) resized
+    with torch's antialiased bilinear filter, which has a vectorised uint8 path (about 3x faster
+    than PIL's bicubic resize, the largest cost of a worker)."""
+    x, y, cw, ch = box
     arr = torch.from_numpy(np.asarray(img, dtype=np.uint8)[y:y + ch, x:x + cw].copy()).permute(2, 0, 1)
     if (ch, cw) == (size, size):
         return arr.contiguous()
     return torch.nn.functional.interpolate(arr[None], size=(size, size), mode="bilinear", antialias=True,
                                            align_corners=False)[0]
-
-
-def normalize_pixels(pixels: torch.Tensor, mean: Sequence[float], std: Sequence[float],
-                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """uint8 [B, 3, H, W] (on any device) -> ``dtype`` (x / 255 - mean) / std, computed in fp32."""
-    m = torch.tensor(mean, dtype=torch.float32, device=pixels.device).view(1, 3, 1, 1)
-    sd = torch.tensor(std, dtype=torch.float32, device=pixels.device).view(1, 3, 1, 1)
-    return pixels.float().div_(255.0).sub_(m).div_(sd).to(dtype)
 
 
 def _to_tensor(img: Image.Image, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -356,6 +358,8 @@ class _StreamSpec:
     first_worker: Optional[int] = None
     """Resume: the logical worker the round-robin goes on with (DataLoader worker 0 plays it);
     None: ``start_batch mod W``."""
+    gpu_decode: bool = False
+    """Training: JPEGs leave the workers undecoded, with their crop boxes (``pipeline.gpu_decode``)."""
 
     def __post_init__(self) -> None:
         w = self.num_logical_workers
@@ -425,6 +429,37 @@ class _Counter:
         """Forget the skips counted so far: they are never reported."""
         self._discarded = dict(self.by_reason)
         self._reported = dict(self.by_reason)
+
+
+_GPU_MODES = ("RGB", "L")  # JPEG colour modes nvJPEG decodes to RGB; CMYK/YCCK are decoded in the workers
+
+
+def _full_resolution_box(box: Sequence[int], drafted: Sequence[int], full: Sequence[int]) -> tuple:
+    """``box`` drawn on a JPEG's draft size (PIL's DCT scaling by 1, 2, 4 or 8, which the CPU path
+    decodes at) in the pixels of the full image, which the GPU decodes: the same region."""
+    f = max(1, round(full[0] / drafted[0]))
+    x, y, w, h = box
+    return x * f, y * f, min(w * f, full[0] - x * f), min(h * f, full[1] - y * f)
+
+
+def _pixels(items: List[Dict[str, Any]], size: int) -> Dict[str, Any]:
+    """A batch's images: ``pixel_values`` stacked; or, where some are JPEGs left for the GPU
+    (a tuple box instead of pixels), those packed (``pipeline.gpu_decode.JPEG_KEYS``) and the
+    rest as uint8 rows of ``pixel_values`` at ``cpu_dest``."""
+    jpeg = [i for i, it in enumerate(items) if it["jpeg"] is not None]
+    if not jpeg:
+        return {"pixel_values": torch.stack([it["pixels"] for it in items])}
+    from .gpu_decode import pack_jpegs
+
+    rest = [i for i, it in enumerate(items) if it["jpeg"] is None]
+    data, offsets = pack_jpegs([items[i]["jpeg"] for i in jpeg])
+    pixels = torch.stack([items[i]["pixels"] for i in rest]) if rest else \
+        torch.zeros(0, 3, size, size, dtype=torch.uint8)
+    return {"pixel_values": pixels, "cpu_dest": torch.tensor(rest, dtype=torch.long),
+            "jpeg_bytes": data, "jpeg_offsets": offsets,
+            "jpeg_boxes": torch.tensor([items[i]["pixels"] for i in jpeg], dtype=torch.long),
+            "jpeg_dest": torch.tensor(jpeg, dtype=torch.long),
+            "jpeg_names": [f"{items[i]['url']}:{items[i]['key']}" for i in jpeg]}
 
 
 def _tar_samples(url: str, on_error: Callable[[str], None]) -> Iterator[Dict[str, Any]]:
@@ -552,14 +587,18 @@ class _ShardStream(torch.utils.data.IterableDataset):
         for item in raw:
             try:
                 with Image.open(io.BytesIO(item["image"])) as img:
+                    full, mode = img.size, img.mode
                     if img.format == "JPEG":
                         img.draft("RGB", (need, need))
-                    rgb = img.convert("RGB")
-                if s.train:  # uint8: a quarter of the bytes through the workers' queues; normalised later
-                    rng = random.Random(_seed("crop", s.seed, s.epoch, _shard_name(item["url"]), item["key"]))
-                    pixels = _random_resized_crop_uint8(rgb, s.image_size, s.crop_scale, rng)
-                else:
-                    pixels = eval_pixels(rgb, s.image_size, mean, std)
+                    if s.train:
+                        rng = random.Random(_seed("crop", s.seed, s.epoch, _shard_name(item["url"]), item["key"]))
+                        box = _crop_box(*img.size, s.crop_scale, rng)
+                        if s.gpu_decode and img.format == "JPEG" and mode in _GPU_MODES:
+                            pixels = _full_resolution_box(box, img.size, full)  # decoded on the GPU
+                        else:  # uint8: a quarter of the bytes through the workers' queues; normalised later
+                            pixels = _resized_box_uint8(img.convert("RGB"), box, s.image_size)
+                    else:
+                        pixels = eval_pixels(img, s.image_size, mean, std)
             except _DECODE_ERRORS as exc:
                 counter.add("bad_image", f"{item['url']}:{item['key']}: {exc!r}"[:300])
                 continue
@@ -575,7 +614,8 @@ class _ShardStream(torch.utils.data.IterableDataset):
                     label = int(item["cls"].decode("utf-8").strip())
                 except (ValueError, UnicodeDecodeError):
                     counter.add("bad_cls", f"{item['url']}:{item['key']}")
-            yield {"pixels": pixels, "caption": item["caption"], "key": item["key"], "label": label}
+            yield {"pixels": pixels, "caption": item["caption"], "key": item["key"], "label": label,
+                   "jpeg": item["image"] if isinstance(pixels, tuple) else None, "url": item["url"]}
 
     def _batch(self, items: List[Dict[str, Any]], counter: _Counter, t_start: float) -> Dict[str, Any]:
         """The batch of ``items``; ``worker_s`` is the time since ``t_start``, when this worker
@@ -585,7 +625,7 @@ class _ShardStream(torch.utils.data.IterableDataset):
         captions = [it["caption"] for it in items]
         input_ids, attention_mask = tokenize(s.tokenizer, captions, s.context_length)
         batch: Dict[str, Any] = {
-            "pixel_values": torch.stack([it["pixels"] for it in items]),
+            **_pixels(items, s.image_size),
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "num_skipped": torch.tensor(sum(skips.values()), dtype=torch.long),
@@ -675,10 +715,13 @@ class ShardLoader:
     """
 
     def __init__(self, dataloader: torch.utils.data.DataLoader, spec: _StreamSpec, *,
-                 batches_per_epoch: Optional[int], normalize: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
-                 ) -> None:
+                 batches_per_epoch: Optional[int], normalize: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+                 stage: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None) -> None:
         self.dataloader, self._spec = dataloader, spec
         self.normalize = normalize
+        self.stage = stage
+        """The GPU decode stage (:class:`pipeline.gpu_decode.DecodeStage`), run a batch or two
+        ahead by a background thread; None: batches as the workers send them."""
         self.batches_per_epoch = batches_per_epoch
         self.epoch, self.start_batch, self.batch_size = spec.epoch, spec.start_batch, spec.batch_size
         self.image_keys, self.caption_key = list(spec.image_keys), spec.caption_key
@@ -784,7 +827,20 @@ class ShardLoader:
         left = None if self.batches_per_epoch is None else self.batches_per_epoch - self.start_batch
         if left is not None and left <= 0:
             return
-        for batch in self.dataloader:
+        records: Iterator[Dict[str, Any]] = iter(self.dataloader)  # here: it draws from the global RNG
+        if self.stage is not None:
+            from .gpu_decode import prefetched
+
+            records = prefetched(records, self.stage, lambda r: _TAIL not in r)
+        try:
+            yield from self._batches(records, left)
+        finally:
+            close = getattr(records, "close", None)
+            if callable(close):
+                close()
+
+    def _batches(self, records: Iterator[Dict[str, Any]], left: Optional[int]) -> Iterator[Dict[str, Any]]:
+        for batch in records:
             worker = int(batch.get(_WORKER, 0))
             if self._account(batch):  # a worker's stream ended: its last skips, not a batch
                 continue
@@ -796,6 +852,12 @@ class ShardLoader:
             self.stats["worker_s"] += float(batch["worker_s"])
             if self.normalize is not None:
                 batch["pixel_values"] = self.normalize(batch["pixel_values"])
+            ready = batch.pop("ready", None)
+            if ready is not None:  # made on the stage's side stream: the step's stream waits for it
+                stream = torch.cuda.current_stream(batch["pixel_values"].device)
+                stream.wait_event(ready)
+                for key in ("pixel_values", "input_ids", "attention_mask"):
+                    batch[key].record_stream(stream)
             yield batch
             if left is not None:
                 left -= 1
@@ -804,13 +866,14 @@ class ShardLoader:
 
 
 def _make_loader(spec: _StreamSpec, workers: int, prefetch_factor: int,
-                 normalize: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> ShardLoader:
+                 normalize: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+                 stage: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None) -> ShardLoader:
     kwargs: Dict[str, Any] = {}
     if workers > 0:
         kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=False)
     dl = torch.utils.data.DataLoader(_ShardStream(spec), batch_size=None, num_workers=workers,
                                      pin_memory=torch.cuda.is_available(), **kwargs)
-    return ShardLoader(dl, spec, batches_per_epoch=spec.batches_per_rank, normalize=normalize)
+    return ShardLoader(dl, spec, batches_per_epoch=spec.batches_per_rank, normalize=normalize, stage=stage)
 
 
 _WARNED: set = set()
@@ -822,6 +885,26 @@ def _warn_once(key: Any, msg: str, *args: Any) -> None:
     if key not in _WARNED:
         _WARNED.add(key)
         logger.warning(msg, *args)
+
+
+def decode_on_gpu(cfg: DataConfig, device: Optional[torch.device]) -> bool:
+    """Whether training JPEGs are decoded on ``device`` (``data.decode``); "gpu" where it cannot
+    be done raises :class:`ConfigError` saying why. A CPU ``device`` with "gpu" decodes with
+    the GPU path's stage on the CPU (PIL), as the tests do."""
+    if cfg.decode == "cpu" or device is None:
+        if cfg.decode == "gpu":
+            raise ConfigError("'decode': \"gpu\" needs a training device (none was given)")
+        return False
+    if torch.device(device).type != "cuda":
+        return cfg.decode == "gpu"
+    from .gpu_decode import cuda_decode_available
+
+    why = cuda_decode_available()
+    if why is not None and cfg.decode == "gpu":
+        raise ConfigError(f"'decode': \"gpu\" cannot decode on this machine: {why}")
+    if why is not None:
+        _warn_once(("decode_cpu", why), "data.decode auto: decoding on the CPU workers (%s)", why)
+    return why is None
 
 
 def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_length: int, batch_size: int,
@@ -893,13 +976,19 @@ def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_l
         std=cfg.image_std, rank=rank, world_size=world_size, train=True, seed=cfg.seed if seed is None else seed,
         epoch=epoch, shard_shuffle=cfg.shard_shuffle, shuffle_buffer=cfg.shuffle_buffer, resampled=cfg.resampled,
         batches_per_rank=batches_per_rank, start_batch=start_batch, crop_scale=cfg.crop_scale, drop_last=True)
+    spec.gpu_decode = decode_on_gpu(cfg, device)
 
     def normalize(pixels: torch.Tensor) -> torch.Tensor:
         if device is not None:
             pixels = pixels.to(device, non_blocking=True)
         return normalize_pixels(pixels, cfg.image_mean, cfg.image_std, dtype)
 
-    loader = _make_loader(spec, workers, cfg.prefetch_factor, normalize)
+    stage = None
+    if spec.gpu_decode:
+        from .gpu_decode import DecodeStage
+
+        stage = DecodeStage(device, dtype, cfg.image_mean, cfg.image_std)
+    loader = _make_loader(spec, workers, cfg.prefetch_factor, None if stage else normalize, stage)
     if position is not None:
         loader.seek(position)
     return loader

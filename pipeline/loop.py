@@ -325,5 +325,6 @@ class TrainLoop:
             if last and not self.own_norm and not self.fp16:  # fp16: DeepSpeed skips overflows itself
                 self.norms.note(engine.get_global_grad_norm(), state.step + 1)
             self.log.micro_step(samples=pv.shape[0] * te.dp_world, data_s=data_s,
-                                worker_s=float(batch.get("worker_s", 0.0)), loss_ms=loss_ms)
+                                worker_s=float(batch.get("worker_s", 0.0)), loss_ms=loss_ms,
+                                decode_ms=batch.get("decode_ms"))
         return True

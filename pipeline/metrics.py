@@ -58,12 +58,16 @@ class TrainLogger:
 
     def _new_window(self, first: bool = False) -> None:
         self.window = {"t": time.perf_counter(), "samples": 0, "data_s": 0.0, "worker_s": 0.0, "loss_ms": [],
-                       "n": 0, "first": first}
+                       "decode_ms": [], "n": 0, "first": first}
 
-    def micro_step(self, *, samples: int, data_s: float, worker_s: float, loss_ms: Any) -> None:
+    def micro_step(self, *, samples: int, data_s: float, worker_s: float, loss_ms: Any,
+                   decode_ms: Any = None) -> None:
         """One micro-batch done: ``samples`` over all ranks, ``data_s`` spent waiting for it,
-        ``worker_s`` its worker's time making it, ``loss_ms`` (read with ``float`` at log time)."""
+        ``worker_s`` its worker's time making it, ``loss_ms`` and ``decode_ms`` (the GPU decode
+        stage's device time for it, None without one; both read with ``float`` at log time)."""
         w = self.window
+        if decode_ms is not None:
+            w["decode_ms"].append(decode_ms)
         w["samples"] += samples
         w["data_s"] += data_s
         w["worker_s"] += worker_s
@@ -96,6 +100,10 @@ class TrainLogger:
                        "train/skipped_steps": skipped_steps, "data/skipped_samples": skipped_samples,
                        "data/images_per_s": images_per_s, "data/images_per_s_per_worker": per_worker,
                        "data/wait_fraction": wait_fraction}
+            if w["decode_ms"]:  # GPU decode: its device time a batch, and its share of the window's time
+                decode = [float(t) for t in w["decode_ms"]]
+                scalars["data/gpu_decode_ms"] = sum(decode) / len(decode)
+                scalars["data/gpu_decode_fraction"] = sum(decode) / 1e3 / elapsed
             if scale is not None:
                 scalars["train/logit_scale"] = scale
             if grad_norm is not None:

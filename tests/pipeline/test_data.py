@@ -604,13 +604,13 @@ def test_uint8_training_crop_matches_a_reference_resize_of_the_same_box():
 
     import numpy as np
 
-    from infclip.pipeline.data import _crop_box, _random_resized_crop_uint8
+    from infclip.pipeline.data import _crop_box, _resized_box_uint8
 
     yy, xx = np.mgrid[0:96, 0:80]
     arr = np.stack([xx * 3, yy * 2, (xx + yy)], axis=-1).clip(0, 255).astype(np.uint8)
     img = Image.fromarray(arr, "RGB")
-    got = _random_resized_crop_uint8(img, 32, [0.5, 0.9], random.Random(7))
     x, y, w, h = _crop_box(80, 96, [0.5, 0.9], random.Random(7))
+    got = _resized_box_uint8(img, (x, y, w, h), 32)
     ref = np.asarray(img.resize((32, 32), Image.BILINEAR, box=(x, y, x + w, y + h)), dtype=np.float32)
     assert got.dtype == torch.uint8 and got.shape == (3, 32, 32)
     assert np.abs(got.permute(1, 2, 0).numpy().astype(np.float32) - ref).max() <= 2.0

@@ -1,0 +1,198 @@
+"""A preset's training step streamed from JPEG shards against the same step on batches already on the GPU.
+
+Design: one process, one DeepSpeed engine built from the preset (compiled once), the project's
+own training loop (:class:`pipeline.loop.TrainLoop`) run phase after phase on the same engine:
+``synthetic`` (one real batch kept on the device and fed again every micro-step: the step with
+no data cost at all, the anchor), then the shard loader on each image set and decode mode asked
+for, then ``synthetic`` again (the anchor's drift over the call). Each phase runs ``--warmup``
+steps (loader start, shuffle buffer, compile) and then ``--steps`` timed ones; samples/s is
+those steps over their wall time, from one device sync to the next. The ratio of a streamed
+phase to the mean of the two synthetic ones is what the data path costs the step: loader
+starvation and, with ``gpu`` decode, the decode kernels sharing the GPU with the step.
+
+Image sets (written once per ``--dir``, several processes rendering them): ``web256`` /
+``web512``: smooth colour fields with shapes, JPEG quality 90, a fifth of them progressive and
+a tenth greyscale (``bench_data.picture``; the sizes of web images cut to 256 px, or left at
+512 px), with the preset's random resized crop (``--crop_scale``); ``scenes224``: the rendered
+scenes at 224 px, used whole (the scenes presets' ``crop_scale`` [1, 1]). One JSONL row per
+phase in bench/results/stream.jsonl.
+
+Run (one GPU): ``python bench/bench_stream.py --preset ds_configs/vitb32.json --micro_batch 256
+--sets web256:gpu web512:gpu web256:cpu``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+from bench_data import write_jpeg_shards  # noqa: E402
+from infclip.pipeline.config import load_config  # noqa: E402
+
+
+def _write_set(args: tuple) -> str:
+    out_dir, first, shards, per_shard, size = args
+    return write_jpeg_shards(out_dir, shards, per_shard, size=size, first_shard=first, seed=first)
+
+
+def image_set(work: str, name: str, shards: int, per_shard: int) -> list:
+    """The set's shard paths under ``work`` (written in parallel the first time)."""
+    import glob
+
+    out_dir = os.path.join(work, name)
+    found = sorted(glob.glob(os.path.join(out_dir, "*.tar")))
+    if len(found) >= shards:
+        return found[:shards]
+    if name.startswith("scenes"):
+        import subprocess
+
+        size = name[len("scenes"):]
+        subprocess.run([sys.executable, os.path.join(ROOT, "launch", "make_shards.py"), "--scenes",
+                        str(shards * per_shard), "--out", out_dir, "--scene-size", size, "--samples-per-shard",
+                        str(per_shard), "--eval-samples", "100", "--retrieval-samples", "100"], check=True)
+        return sorted(glob.glob(os.path.join(out_dir, "train", "*.tar")))[:shards]
+    size = int(name[len("web"):])
+    jobs = [(out_dir, i, 1, per_shard, size) for i in range(shards)]
+    with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
+        list(pool.map(_write_set, jobs))
+    return sorted(glob.glob(os.path.join(out_dir, "*.tar")))[:shards]
+
+
+class _Synthetic:
+    """One batch on the device, handed out again and again (the step without a data path)."""
+
+    def __init__(self, batch: dict) -> None:
+        self.batch = batch
+
+    def __iter__(self):
+        while True:
+            yield dict(self.batch)
+
+
+def run_phase(te, run_cfg, build, warmup: int, steps: int) -> dict:
+    """``warmup`` + ``steps`` steps of the training loop on ``build``'s batches; the timed ones' rate."""
+    from infclip.pipeline.loop import Batches, EvalSchedule, TrainLoop
+    from infclip.pipeline.metrics import TrainLogger
+    from infclip.pipeline.run_state import RunState
+
+    state = RunState()
+    tcfg = run_cfg.train
+    log = TrainLogger(None, total_steps=warmup + steps, start_step=0, micro_batch=run_cfg.micro_batch_size,
+                      workers=run_cfg.data.workers)
+    decode_ms: list = []
+    micro = log.micro_step
+
+    def watched(**kw):
+        if kw.get("decode_ms") is not None:
+            decode_ms.append(kw["decode_ms"])
+        micro(**kw)
+
+    log.micro_step = watched
+    loop = TrainLoop(te, Batches(build, state, None), state, tcfg, log, EvalSchedule(None, log), checkpoints=None)
+    tcfg.steps = warmup
+    loop.run()
+    torch.cuda.synchronize()
+    tcfg.steps = warmup + steps
+    waits0 = log.window["data_s"]
+    t0 = time.perf_counter()
+    loop.run()
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    samples = steps * run_cfg.micro_batch_size * te.engine.gradient_accumulation_steps() * te.dp_world
+    timed = decode_ms[-steps * te.engine.gradient_accumulation_steps():] if decode_ms else []
+    return {"samples_per_s": samples / elapsed, "step_ms": 1e3 * elapsed / steps,
+            "wait_fraction": (log.window["data_s"] - waits0) / elapsed,
+            "gpu_decode_ms": sum(float(t) for t in timed) / len(timed) if timed else None}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="ds_configs/vitb32.json")
+    p.add_argument("--micro_batch", type=int, default=None, help="default: the preset's")
+    p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
+    p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
+                   help="image_set:decode phases (web256, web512, scenes224; gpu or cpu)")
+    p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
+                   help="random resized crop area range for the web sets (the data section's default)")
+    p.add_argument("--shards", type=int, default=32)
+    p.add_argument("--per_shard", type=int, default=500)
+    p.add_argument("--warmup", type=int, default=15)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--dir", default=None, help="where the image sets are written (kept for reuse)")
+    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "stream.jsonl"))
+    args = p.parse_args(argv)
+    from infclip.pipeline.data import build_train_loader
+    from infclip.pipeline.dist import init_distributed, single_process_env
+    from infclip.pipeline.engine import build_engine
+    from infclip.pipeline.tokenizer import iter_shard_captions, train_bpe_tokenizer
+
+    single_process_env()
+    work = args.dir or tempfile.mkdtemp(prefix="bench_stream_")
+    sets = {name: image_set(work, name, args.shards, args.per_shard)
+            for name in dict.fromkeys(s.split(":")[0] for s in args.sets)}
+    first = next(iter(sets.values()))
+    overrides = ["train.save_every=0", "train.save_final=false", "train.export_final=false",
+                 f"train.output_dir={work}/run", "data.resampled=true", "data.samples_per_epoch=1000000000",
+                 f"data.train_shards={json.dumps(first)}"]
+    if args.micro_batch:
+        overrides.append(f"train_micro_batch_size_per_gpu={args.micro_batch}")
+    if args.workers is not None:
+        overrides.append(f"data.workers={args.workers}")
+    run_cfg = load_config(os.path.join(ROOT, args.preset), overrides)
+    init_distributed()
+    tokenizer = train_bpe_tokenizer(iter_shard_captions(first, max_captions=20000), os.path.join(work, "tok"),
+                                    vocab_size=min(run_cfg.data.vocab_size, 4096))
+    te = build_engine(run_cfg, tokenizer)
+
+    def loader(urls, decode, crop):
+        cfg = run_cfg.data
+        cfg.decode, cfg.crop_scale = decode, list(crop)
+        return lambda epoch, start: build_train_loader(
+            cfg, tokenizer, image_size=te.image_size, context_length=te.context_length,
+            batch_size=run_cfg.micro_batch_size, epoch=epoch, start_batch=start, shards=urls, device=te.device,
+            dtype=te.input_dtype)
+
+    one = next(iter(loader(first, "cpu", args.crop_scale)(0, 0)))
+    synthetic = _Synthetic({k: v for k, v in one.items() if k in ("pixel_values", "input_ids", "attention_mask")})
+    base = {"bench": "stream", "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "preset": args.preset, "micro_batch": run_cfg.micro_batch_size, "workers": run_cfg.data.workers,
+            "cpu_count": os.cpu_count(), "device": torch.cuda.get_device_name(), "steps": args.steps}
+    phases = ["synthetic", *args.sets, "synthetic"]
+    rows = []
+    for phase in phases:
+        if phase == "synthetic":
+            build = lambda epoch, start: synthetic  # noqa: E731
+        else:
+            name, decode = phase.split(":")
+            crop = [1.0, 1.0] if name.startswith("scenes") else args.crop_scale
+            build = loader(sets[name], decode, crop)
+        row = {**base, "phase": phase, **run_phase(te, run_cfg, build, args.warmup, args.steps)}
+        rows.append(row)
+        print(f"{phase:>14}: {row['samples_per_s']:8.0f} samples/s, step {row['step_ms']:6.1f} ms, "
+              f"waiting {row['wait_fraction']:.1%}" + (f", decode {row['gpu_decode_ms']:.1f} ms a batch"
+                                                       if row["gpu_decode_ms"] else ""), flush=True)
+    anchor = (rows[0]["samples_per_s"] + rows[-1]["samples_per_s"]) / 2
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "a") as f:
+        for row in rows:
+            row["ratio"] = row["samples_per_s"] / anchor
+            f.write(json.dumps(row) + "\n")
+    for row in rows[1:-1]:
+        print(f"{row['phase']:>14}: {row['ratio']:.1%} of the synthetic step ({anchor:.0f} samples/s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

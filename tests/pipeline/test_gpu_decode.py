@@ -1,0 +1,227 @@
+"""The GPU decode path of the training loader (``data.decode``): the crop kernel against its
+fp32 reference, and the whole path against the CPU path on real shards.
+
+On the CPU the path runs as it does on a GPU, with PIL standing in for nvJPEG (the stage's
+``decode_fn``) and the kernel under Triton's interpreter: what travels from the workers, the
+boxes, the order, the resume position, the fallbacks. The ``gpu`` tests run nvJPEG itself.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from infclip.ops.config import ConfigError
+from infclip.pipeline.data import CLIP_MEAN, CLIP_STD, DataConfig, build_train_loader
+from infclip.pipeline.image_ops import resized_crop_normalize, resized_crop_normalize_reference
+from infclip.pipeline.shards import brace_url, write_shards
+from infclip.pipeline.tokenizer import load_tokenizer
+
+LEVEL = 1 / 255 / min(CLIP_STD)  # one uint8 level, normalised, at its largest
+
+
+@pytest.fixture(scope="module")
+def tok(digits_shards):
+    return load_tokenizer(digits_shards["tokenizer_dir"])
+
+
+def _picture(i: int, size) -> Image.Image:
+    """Smooth gradients (no edge a decoder's scaled IDCT renders differently), a different image a sample."""
+    w, h = size
+    yy, xx = np.mgrid[0:h, 0:w]
+    arr = np.stack([xx * 200 / w + i % 50, yy * 200 / h + (i * 7) % 50, (xx + yy) * 150 / (w + h) + (i * 3) % 90], -1)
+    return Image.fromarray(arr.astype(np.uint8), "RGB")
+
+
+def _encoded(img: Image.Image, kind: str) -> bytes:
+    buf = io.BytesIO()
+    if kind == "png":
+        img.save(buf, format="PNG")
+    elif kind == "cmyk":
+        img.convert("CMYK").save(buf, format="JPEG", quality=95)
+    elif kind == "gray":
+        img.convert("L").save(buf, format="JPEG", quality=95)
+    else:
+        img.save(buf, format="JPEG", quality=95, progressive=kind == "progressive")
+    return buf.getvalue()
+
+
+KINDS = ("baseline", "progressive", "gray", "cmyk", "png", "baseline")
+
+
+def _mixed_shards(out, n: int = 24, per_shard: int = 6) -> str:
+    """JPEG (baseline, progressive, grey, CMYK) and PNG members of several sizes."""
+    sizes = [(40, 30), (29, 47), (64, 64), (33, 33)]
+    samples = ((_encoded(_picture(i, sizes[i % 4]), KINDS[i % 6]), f"sample number {i}", None) for i in range(n))
+    paths = write_shards(samples, out, samples_per_shard=per_shard, image_format="jpg")
+    return brace_url(paths)
+
+
+def _loader(url, tok, decode, device="cpu", **kw):
+    cfg = DataConfig(train_shards=url, workers=kw.pop("workers", 2), shuffle_buffer=8, seed=5, decode=decode,
+                     crop_scale=[0.4, 1.0])
+    return build_train_loader(cfg, tok, image_size=16, context_length=16, batch_size=4,
+                              device=torch.device(device), **kw)
+
+
+def _levels(pixels: torch.Tensor) -> torch.Tensor:
+    mean = torch.tensor(CLIP_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(CLIP_STD).view(1, 3, 1, 1)
+    return (pixels.float().cpu() * std + mean) * 255
+
+
+def test_crop_kernel_equals_the_float_reference_on_awkward_shapes():
+    """Downscales and upscales, boxes at the edges, images of odd sizes in one launch (grouped
+    by taps), rows written where asked and nowhere else. The kernel's separable product and the
+    reference's two passes round differently only at a level's half: at most one level, rarely."""
+    g = torch.Generator().manual_seed(0)
+    shapes = [(37, 41), (20, 50), (64, 64), (9, 13), (100, 23), (5, 5)]
+    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in shapes]
+    boxes = [(3, 2, 30, 33), (0, 0, 50, 20), (5, 7, 59, 57), (0, 0, 13, 9), (1, 10, 20, 80), (4, 4, 1, 1)]
+    dest = [6, 0, 2, 3, 4, 7]
+    out = torch.full((8, 3, 12, 12), 99.0)
+    resized_crop_normalize(images, boxes, out, dest, CLIP_MEAN, CLIP_STD)
+    ref = resized_crop_normalize_reference(images, boxes, 12, CLIP_MEAN, CLIP_STD)
+    diff = (out[dest] - ref).abs()
+    assert diff.max() <= LEVEL * 1.001
+    assert (diff > 1e-5).float().mean() < 0.01
+    assert (out[[1, 5]] == 99.0).all()  # rows no image was sent to are untouched
+
+
+def test_crop_kernel_writes_the_model_dtype():
+    img = torch.arange(3 * 20 * 20, dtype=torch.int64).remainder(256).to(torch.uint8).view(3, 20, 20)
+    out = torch.zeros(1, 3, 8, 8, dtype=torch.float16)
+    resized_crop_normalize([img], [(2, 3, 15, 11)], out, [0], CLIP_MEAN, CLIP_STD)
+    ref = resized_crop_normalize_reference([img], [(2, 3, 15, 11)], 8, CLIP_MEAN, CLIP_STD, torch.float16)
+    assert (out.float() - ref.float()).abs().max() <= LEVEL * 1.01
+
+
+def test_gpu_path_gives_the_cpu_paths_samples_boxes_and_positions(tmp_path, tok):
+    """decode "gpu" (its stage on the CPU, PIL for nvJPEG) against decode "cpu" on JPEG,
+    progressive, grey, CMYK and PNG members: the same samples in the same order (tokens equal),
+    the same crop regions, the same loader positions. Pixels: where the CPU path decodes a JPEG
+    at a reduced DCT scale (PIL's draft, when the crop allows it) the GPU decodes it whole and
+    filters the same region down, which moves edges (none in these smooth pictures) by more; elsewhere within the two
+    resizes' rounding."""
+    url = _mixed_shards(tmp_path / "mixed")
+    cpu, gpu = _loader(url, tok, "cpu"), _loader(url, tok, "gpu")
+    got_cpu, got_gpu = list(cpu), list(gpu)
+    assert len(got_cpu) == len(got_gpu) == 6
+    for a, b in zip(got_cpu, got_gpu):
+        assert torch.equal(a["input_ids"], b["input_ids"])
+        assert a["pixel_values"].shape == b["pixel_values"].shape and b["pixel_values"].dtype == torch.float32
+        diff = (_levels(a["pixel_values"]) - _levels(b["pixel_values"])).abs()
+        assert diff.max() <= 3.01 and diff.mean() < 0.5, (diff.max(), diff.mean())
+    assert cpu.position() == gpu.position()
+    assert cpu.stats["samples"] == gpu.stats["samples"] and cpu.skipped_by_reason == gpu.skipped_by_reason
+
+
+def test_workers_send_jpeg_files_and_decode_the_rest(tmp_path, tok):
+    """What a worker sends on the GPU path: the JPEGs nvJPEG takes as files with the CPU path's
+    box (drawn from the same seed on the same draft size) in full-image pixels, CMYK JPEGs and
+    PNGs as uint8 crops; every row of the batch exactly once."""
+    import random
+
+    from infclip.pipeline.data import _crop_box, _full_resolution_box, _seed, _shard_name
+
+    url = _mixed_shards(tmp_path / "mixed", n=12, per_shard=12)
+    loader = _loader(url, tok, "gpu", workers=0)
+    stream = loader.dataloader.dataset
+    record = next(iter(stream))
+    n_jpeg, n_cpu = len(record["jpeg_dest"]), len(record["cpu_dest"])
+    assert n_jpeg + n_cpu == 4 and record["pixel_values"].dtype == torch.uint8
+    assert sorted(record["jpeg_dest"].tolist() + record["cpu_dest"].tolist()) == [0, 1, 2, 3]
+    offsets = record["jpeg_offsets"].tolist()
+    spec = stream.spec
+    need = int(np.ceil(16 * np.sqrt(4 / 3 / 0.4)))
+    for k in range(n_jpeg):
+        data = record["jpeg_bytes"][offsets[k]:offsets[k + 1]].numpy().tobytes()
+        url, key = record["jpeg_names"][k].rsplit(":", 1)
+        with Image.open(io.BytesIO(data)) as img:
+            assert img.format == "JPEG" and img.mode in ("RGB", "L")
+            full = img.size
+            img.draft("RGB", (need, need))
+            rng = random.Random(_seed("crop", spec.seed, spec.epoch, _shard_name(url), key))
+            want = _full_resolution_box(_crop_box(*img.size, spec.crop_scale, rng), img.size, full)
+        x, y, w, h = record["jpeg_boxes"][k].tolist()
+        assert (x, y, w, h) == want
+        assert 0 <= x and 0 <= y and w >= 1 and h >= 1 and x + w <= full[0] and y + h <= full[1]
+
+
+def test_gpu_path_resumes_exactly(tmp_path, tok):
+    url = _mixed_shards(tmp_path / "mixed")
+    whole = _loader(url, tok, "gpu")
+    batches = list(whole)
+    first = _loader(url, tok, "gpu")
+    it = iter(first)
+    head = [next(it) for _ in range(2)]
+    position = first.position()
+    it.close()
+    rest = list(_loader(url, tok, "gpu", start_batch=2, position=position))
+    assert len(head) + len(rest) == len(batches)
+    for a, b in zip(head + rest, batches):
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["pixel_values"], b["pixel_values"])
+
+
+def _truncated_jpeg_shard(out) -> str:
+    """Eight good JPEGs and one whose header is whole but whose body is cut short."""
+    samples = [(_encoded(_picture(i, (40, 40)), "baseline"), f"good {i}", None) for i in range(8)]
+    broken = _encoded(_picture(9, (40, 40)), "baseline")
+    samples.insert(3, (broken[:len(broken) // 3], "broken", None))
+    return brace_url(write_shards(samples, out, samples_per_shard=9, image_format="jpg"))
+
+
+def test_a_jpeg_body_nobody_can_decode_is_counted_and_the_batch_keeps_its_size(tmp_path, tok):
+    """The CPU path skips it (bad_image) while decoding; the GPU path finds it only when decoding
+    the batch: counted as bad_image too, its row takes the batch's first good sample."""
+    url = _truncated_jpeg_shard(tmp_path / "broken")
+    cfg = dict(workers=0)
+    cpu = _loader(url, tok, "cpu", **cfg)
+    gpu = _loader(url, tok, "gpu", **cfg)
+    got_cpu, got_gpu = list(cpu), list(gpu)
+    assert cpu.skipped_by_reason == {"bad_image": 1}
+    assert gpu.skipped_by_reason == {"bad_image": 1}
+    assert all(b["pixel_values"].shape[0] == 4 for b in got_gpu) and len(got_gpu) == 2 == len(got_cpu)
+    assert sum(int(b["num_skipped"]) for b in got_gpu) == 1
+
+
+def test_decode_setting_is_checked():
+    with pytest.raises(ConfigError, match="'decode'"):
+        DataConfig(train_shards="x.tar", decode="nvjpeg")
+    cfg = DataConfig(train_shards="x.tar", decode="gpu")
+    from infclip.pipeline.data import decode_on_gpu
+
+    with pytest.raises(ConfigError, match="needs a training device"):
+        decode_on_gpu(cfg, None)
+    assert decode_on_gpu(DataConfig(train_shards="x.tar"), torch.device("cpu")) is False  # auto on the CPU
+
+
+@pytest.mark.gpu
+def test_nvjpeg_path_matches_the_cpu_path_on_the_gpu(tmp_path, tok):
+    """nvJPEG (batched, the progressive and grey JPEGs included) + the kernel against PIL + the
+    CPU crop on the same boxes: the decoders' IDCT and chroma upsampling differ by a few levels."""
+    url = _mixed_shards(tmp_path / "mixed", n=48, per_shard=12)
+    cpu, gpu = _loader(url, tok, "cpu", device="cuda"), _loader(url, tok, "gpu", device="cuda")
+    diffs = []
+    for a, b in zip(cpu, gpu):
+        assert torch.equal(a["input_ids"].cpu(), b["input_ids"].cpu())
+        assert b["pixel_values"].is_cuda
+        diffs.append((_levels(a["pixel_values"]) - _levels(b["pixel_values"])).abs().flatten())
+    d = torch.cat(diffs)
+    assert d.mean() < 1.5 and torch.quantile(d, 0.999) <= 12, (d.mean(), d.max())
+    assert gpu.stage.fallbacks == {"cpu_decode": 0, "bad_image": 0}
+
+
+@pytest.mark.gpu
+def test_nvjpeg_path_counts_a_body_it_cannot_decode(tmp_path, tok):
+    url = _truncated_jpeg_shard(tmp_path / "broken")
+    gpu = _loader(url, tok, "gpu", device="cuda", workers=0)
+    batches = list(gpu)
+    assert len(batches) == 2 and all(b["pixel_values"].shape[0] == 4 for b in batches)
+    assert sum(gpu.stage.fallbacks.values()) >= 0  # nvJPEG may decode a cut body (grey tail); PIL may not
+    print("fallbacks", gpu.stage.fallbacks, "skipped", gpu.skipped_by_reason)
