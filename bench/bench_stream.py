@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     sets = {name: image_set(work, name, args.shards, args.per_shard)
             for name in dict.fromkeys(s.split(":")[0] for s in args.sets)}
     first = next(iter(sets.values()))
-    overrides = ["train.save_every=0", "train.save_final=false", "train.export_final=false",
+    overrides = ["train.save_every=0", "train.save_final=false", "train.export_final=false", "train.collapse_window=0",
                  f"train.output_dir={work}/run", "data.resampled=true", "data.samples_per_epoch=1000000000",
                  f"data.train_shards={json.dumps(first)}"]
     if args.micro_batch:

@@ -138,6 +138,12 @@ class DecodeStage:
         return out
 
     def _finish(self, batch: Dict[str, Any]) -> Dict[str, Any]:
+        if "jpeg_bytes" not in batch:  # every image of the batch was decoded in a worker
+            pixels = batch["pixel_values"].to(self.device, non_blocking=True)
+            batch["pixel_values"] = normalize_pixels(pixels, self.mean, self.std, self.dtype)
+            for key in ("input_ids", "attention_mask"):
+                batch[key] = batch[key].to(self.device, non_blocking=True)
+            return batch
         data, offsets = batch.pop("jpeg_bytes"), batch.pop("jpeg_offsets").tolist()
         boxes, dest = batch.pop("jpeg_boxes").tolist(), batch.pop("jpeg_dest").tolist()
         names, cpu_dest = batch.pop("jpeg_names"), batch.pop("cpu_dest")

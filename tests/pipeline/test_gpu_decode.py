@@ -123,8 +123,8 @@ def test_gpu_path_gives_the_cpu_paths_samples_boxes_and_positions(tmp_path, tok)
 
 def test_workers_send_jpeg_files_and_decode_the_rest(tmp_path, tok):
     """What a worker sends on the GPU path: the JPEGs nvJPEG takes as files with the CPU path's
-    box (drawn from the same seed on the same draft size) in full-image pixels, CMYK JPEGs and
-    PNGs as uint8 crops; every row of the batch exactly once."""
+    box (drawn from the same seed on the same draft size) in full-image pixels; progressive,
+    grey and CMYK JPEGs and PNGs as uint8 crops; every row of the batch exactly once."""
     import random
 
     from infclip.pipeline.data import _crop_box, _full_resolution_box, _seed, _shard_name
@@ -143,7 +143,7 @@ def test_workers_send_jpeg_files_and_decode_the_rest(tmp_path, tok):
         data = record["jpeg_bytes"][offsets[k]:offsets[k + 1]].numpy().tobytes()
         url, key = record["jpeg_names"][k].rsplit(":", 1)
         with Image.open(io.BytesIO(data)) as img:
-            assert img.format == "JPEG" and img.mode in ("RGB", "L")
+            assert img.format == "JPEG" and img.mode == "RGB" and not img.info.get("progressive")
             full = img.size
             img.draft("RGB", (need, need))
             rng = random.Random(_seed("crop", spec.seed, spec.epoch, _shard_name(url), key))
@@ -203,7 +203,7 @@ def test_decode_setting_is_checked():
 
 @pytest.mark.gpu
 def test_nvjpeg_path_matches_the_cpu_path_on_the_gpu(tmp_path, tok):
-    """nvJPEG (batched, the progressive and grey JPEGs included) + the kernel against PIL + the
+    """nvJPEG (batched; the baseline colour JPEGs, the rest decoded by the workers) + the kernel against PIL + the
     CPU crop on the same boxes: the decoders' IDCT and chroma upsampling differ by a few levels."""
     url = _mixed_shards(tmp_path / "mixed", n=48, per_shard=12)
     cpu, gpu = _loader(url, tok, "cpu", device="cuda"), _loader(url, tok, "gpu", device="cuda")
