@@ -455,8 +455,9 @@ def _full_resolution_box(box: Sequence[int], drafted: Sequence[int], full: Seque
 
 def _pixels(items: List[Dict[str, Any]], size: int) -> Dict[str, Any]:
     """A batch's images: ``pixel_values`` stacked; or, where some are JPEGs left for the GPU
-    (a tuple box instead of pixels), those packed (``pipeline.gpu_decode.JPEG_KEYS``) and the
-    rest as uint8 rows of ``pixel_values`` at ``cpu_dest``."""
+    (a tuple (x, y, w, h, W, H) instead of pixels: the box and the image's size), those packed
+    (``pipeline.gpu_decode.JPEG_KEYS``) and the rest as uint8 rows of ``pixel_values`` at
+    ``cpu_dest``."""
     jpeg = [i for i, it in enumerate(items) if it["jpeg"] is not None]
     if not jpeg:
         return {"pixel_values": torch.stack([it["pixels"] for it in items])}
@@ -468,7 +469,8 @@ def _pixels(items: List[Dict[str, Any]], size: int) -> Dict[str, Any]:
         torch.zeros(0, 3, size, size, dtype=torch.uint8)
     return {"pixel_values": pixels, "cpu_dest": torch.tensor(rest, dtype=torch.long),
             "jpeg_bytes": data, "jpeg_offsets": offsets,
-            "jpeg_boxes": torch.tensor([items[i]["pixels"] for i in jpeg], dtype=torch.long),
+            "jpeg_boxes": torch.tensor([items[i]["pixels"][:4] for i in jpeg], dtype=torch.long),
+            "jpeg_sizes": torch.tensor([items[i]["pixels"][4:] for i in jpeg], dtype=torch.long),
             "jpeg_dest": torch.tensor(jpeg, dtype=torch.long),
             "jpeg_names": [f"{items[i]['url']}:{items[i]['key']}" for i in jpeg]}
 
@@ -604,8 +606,8 @@ class _ShardStream(torch.utils.data.IterableDataset):
                     if s.train:
                         rng = random.Random(_seed("crop", s.seed, s.epoch, _shard_name(item["url"]), item["key"]))
                         box = _crop_box(*img.size, s.crop_scale, rng)
-                        if s.gpu_decode and _gpu_decodable(img, mode):
-                            pixels = _full_resolution_box(box, img.size, full)  # decoded on the GPU
+                        if s.gpu_decode and _gpu_decodable(img, mode):  # decoded on the GPU: box and size
+                            pixels = (*_full_resolution_box(box, img.size, full), *full)
                         else:  # uint8: a quarter of the bytes through the workers' queues; normalised later
                             pixels = _resized_box_uint8(img.convert("RGB"), box, s.image_size)
                     else:
@@ -840,9 +842,9 @@ class ShardLoader:
             return
         records: Iterator[Dict[str, Any]] = iter(self.dataloader)  # here: it draws from the global RNG
         if self.stage is not None:
-            from .gpu_decode import prefetched
+            from .gpu_decode import one_ahead, prefetched
 
-            records = prefetched(records, self.stage, lambda r: _TAIL not in r)
+            records = (prefetched if self.stage.threaded else one_ahead)(records, self.stage, lambda r: _TAIL not in r)
         try:
             yield from self._batches(records, left)
         finally:

@@ -40,14 +40,15 @@ from PIL import Image
 
 from .image_ops import normalize_pixels, resized_crop_normalize
 
-__all__ = ["DecodeStage", "cuda_decode_available", "pack_jpegs", "pil_decode", "prefetched"]
+__all__ = ["DecodeStage", "cuda_decode_available", "one_ahead", "pack_jpegs", "pil_decode", "prefetched"]
 
 logger = logging.getLogger(__name__)
 
-JPEG_KEYS = ("jpeg_bytes", "jpeg_offsets", "jpeg_boxes", "jpeg_dest", "jpeg_names", "cpu_dest")
+JPEG_KEYS = ("jpeg_bytes", "jpeg_offsets", "jpeg_boxes", "jpeg_sizes", "jpeg_dest", "jpeg_names", "cpu_dest")
 """A worker's GPU-decode batch: the JPEG files end to end (uint8), offsets [n + 1], boxes [n, 4]
-(x, y, w, h in the decoded image's pixels), their rows in the batch, their names (``url:key``),
-and the rows of ``pixel_values`` (uint8 crops decoded in the worker) in the batch."""
+(x, y, w, h in the decoded image's pixels), the images' (W, H) [n, 2] from their headers, their
+rows in the batch, their names (``url:key``), and the rows of ``pixel_values`` (uint8 crops
+decoded in the worker) in the batch."""
 
 
 def cuda_decode_available() -> Optional[str]:
@@ -117,6 +118,9 @@ class DecodeStage:
                                        (lambda files, dev: [pil_decode(f).to(dev) for f in files]))
         self.stream = torch.cuda.Stream(self.device) if cuda else None
         self._last: Any = None  # the side stream's event after the previous batch
+        self.threaded = True
+        """Run a batch or two ahead in a background thread (:func:`prefetched`); False: one batch
+        ahead in the consumer's thread (:func:`one_ahead`)."""
         self.fallbacks = {"cpu_decode": 0, "bad_image": 0}
         """JPEGs decoded by PIL after the GPU decoder rejected them, and those nobody could decode."""
 
@@ -144,24 +148,28 @@ class DecodeStage:
             for key in ("input_ids", "attention_mask"):
                 batch[key] = batch[key].to(self.device, non_blocking=True)
             return batch
-        data, offsets = batch.pop("jpeg_bytes"), batch.pop("jpeg_offsets").tolist()
-        boxes, dest = batch.pop("jpeg_boxes").tolist(), batch.pop("jpeg_dest").tolist()
+        data, offsets = batch.pop("jpeg_bytes"), batch.pop("jpeg_offsets")
+        boxes, sizes, dest = batch.pop("jpeg_boxes"), batch.pop("jpeg_sizes"), batch.pop("jpeg_dest")
         names, cpu_dest = batch.pop("jpeg_names"), batch.pop("cpu_dest")
         cpu_pixels = batch.pop("pixel_values")
         size = cpu_pixels.shape[-1]
-        rows = len(dest) + cpu_pixels.shape[0]
-        out = torch.empty(rows, 3, size, size, dtype=self.dtype, device=self.device)
-        files = [data[offsets[i]:offsets[i + 1]] for i in range(len(dest))]
+        out = torch.empty(len(dest) + cpu_pixels.shape[0], 3, size, size, dtype=self.dtype, device=self.device)
+        files = list(torch.split(data, (offsets[1:] - offsets[:-1]).tolist()))
         images = self._decode(files, names)
         good = [i for i, im in enumerate(images) if im is not None]
-        resized_crop_normalize([images[i] for i in good], [boxes[i] for i in good], out, [dest[i] for i in good],
-                               self.mean, self.std)
+        if len(good) < len(images):
+            keep = torch.tensor(good, dtype=torch.long)
+            images, boxes, sizes = [images[i] for i in good], boxes[keep], sizes[keep]
+            failed = sorted(set(range(len(dest))) - set(good))
+            bad, dest = dest[failed].tolist(), dest[keep]
+        else:
+            bad = []
+        resized_crop_normalize(images, boxes, out, dest, self.mean, self.std, sizes)
         if cpu_pixels.shape[0]:
             out[cpu_dest.to(self.device)] = normalize_pixels(cpu_pixels.to(self.device, non_blocking=True),
                                                              self.mean, self.std, self.dtype)
         for key in ("input_ids", "attention_mask"):
             batch[key] = batch[key].to(self.device, non_blocking=True)
-        bad = [dest[i] for i, im in enumerate(images) if im is None]
         if bad:
             self._stand_in(batch, out, bad)
         batch["pixel_values"] = out
@@ -212,6 +220,21 @@ class DecodeStage:
         skips = dict(batch.get("_skips") or {})
         skips["bad_image"] = skips.get("bad_image", 0) + len(bad)
         batch["_skips"] = skips
+
+
+def one_ahead(records: Iterable[Dict[str, Any]], finish: Callable[[Dict[str, Any]], Dict[str, Any]],
+              is_batch: Callable[[Dict[str, Any]], bool]) -> Iterator[Dict[str, Any]]:
+    """``records`` with ``finish`` applied to the batches among them, each batch finished (its GPU
+    work queued) before the one before it is handed out: in the consumer's thread, so no thread
+    competes for the interpreter lock with the training step."""
+    held = None
+    for record in records:
+        record = finish(record) if is_batch(record) else record
+        if held is not None:
+            yield held
+        held = record
+    if held is not None:
+        yield held
 
 
 def prefetched(records: Iterable[Dict[str, Any]], finish: Callable[[Dict[str, Any]], Dict[str, Any]],

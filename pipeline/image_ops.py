@@ -18,15 +18,14 @@ between its two passes: the two paths' levels differ by at most one or two (the 
 compare against the float reference below, exactly, and against the CPU path's own crop).
 
 Limit: the kernel loops over a square of taps per output pixel (``taps`` per axis, a power of
-two from the batch's largest downscale), so its cost grows with the square of the downscale
-factor; images are grouped by the taps they need, one launch a group, so one huge photo does
-not slow the rest of the batch.
+two from the image's downscale), so its cost grows with the square of the downscale factor;
+images are grouped by the taps they need, one launch a group, so one huge photo does not slow
+the rest of the batch.
 """
 
 from __future__ import annotations
 
-import math
-from typing import List, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 import triton
@@ -117,56 +116,63 @@ def normalize_pixels(pixels: torch.Tensor, mean: Sequence[float], std: Sequence[
     return pixels.float().div_(255.0).sub_(m).div_(sd).to(dtype)
 
 
-def taps_for(box_side: int, size: int) -> int:
-    """Input pixels the filter can span along an axis of ``box_side`` resized to ``size``,
-    rounded up to a power of two (at least 2): a kernel compiled per value."""
-    support = max(box_side / size, 1.0)
-    need = math.ceil(2 * support) + 1
-    return max(2, 1 << (need - 1).bit_length())
+def taps_for(sides: torch.Tensor, size: int) -> torch.Tensor:
+    """Input pixels the filter can span along an axis of ``sides`` pixels resized to ``size``,
+    rounded up to a power of two (at least 2): a kernel is compiled per value."""
+    need = torch.ceil(2 * torch.clamp(sides.double() / size, min=1.0)) + 1
+    return torch.exp2(torch.ceil(torch.log2(need))).long().clamp_(min=2)
 
 
-def resized_crop_normalize(images: Sequence[torch.Tensor], boxes: Sequence[Sequence[int]], out: torch.Tensor,
-                           dest: Sequence[int], mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+def resized_crop_normalize(images: Sequence[torch.Tensor], boxes: Any, out: torch.Tensor, dest: Any,
+                           mean: Sequence[float], std: Sequence[float], sizes: Optional[torch.Tensor] = None
+                           ) -> torch.Tensor:
     """Write image ``k``'s box ``boxes[k]`` = (x, y, w, h), resized to ``out``'s side, rounded to
     uint8 levels and normalised, into ``out[dest[k]]``.
 
     Args:
         images: uint8 [3, H_k, W_k] tensors on ``out``'s device (contiguous), any sizes.
-        boxes: per image (x, y, w, h) inside it (w, h >= 1).
+        boxes: int64 [n, 4] (or n 4-sequences): per image (x, y, w, h) inside it (w, h >= 1).
         out: [B, 3, S, S] float tensor (any float dtype) on the images' device; written in place.
-        dest: per image, its row of ``out``.
+        dest: int64 [n] (or n ints): per image, its row of ``out``.
         mean, std: per-channel normalisation of levels / 255.
+        sizes: int64 [n, 2], each image's (W, H) when known (else read from the images); the
+            bookkeeping is a few tensor operations whatever n, no Python loop over the images.
     Returns:
         ``out``.
     """
     n = len(images)
     if n == 0:
         return out
-    if len(boxes) != n or len(dest) != n:
-        raise ValueError(f"{n} images need as many boxes and destinations, got {len(boxes)} and {len(dest)}")
+    boxes = torch.as_tensor(boxes, dtype=torch.int64).reshape(-1, 4)
+    dest = torch.as_tensor(dest, dtype=torch.int64).reshape(-1)
+    if sizes is None:
+        sizes = torch.tensor([[im.shape[-1], im.shape[-2]] for im in images], dtype=torch.int64)
+    if boxes.shape[0] != n or dest.shape[0] != n or sizes.shape != (n, 2):
+        raise ValueError(f"{n} images need as many boxes, destinations and sizes, got {boxes.shape[0]}, "
+                         f"{dest.shape[0]} and {tuple(sizes.shape)}")
     size = out.shape[-1]
     if out.dim() != 4 or out.shape[1] != 3 or out.shape[2] != size or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous [B, 3, S, S] tensor, got {tuple(out.shape)}")
-    flat = torch.cat([im.reshape(-1) for im in images])
-    rows: List[List[int]] = []
-    groups: dict = {}
-    offset = 0
-    for k, (im, (x, y, w, h)) in enumerate(zip(images, boxes)):
-        c, H, W = im.shape
-        if c != 3 or im.dtype != torch.uint8:
-            raise ValueError(f"image {k}: need uint8 [3, H, W], got {im.dtype} {tuple(im.shape)}")
-        if not (0 <= x and 0 <= y and w >= 1 and h >= 1 and x + w <= W and y + h <= H):
-            raise ValueError(f"image {k}: box {(x, y, w, h)} outside its {W} x {H} pixels")
-        rows.append([offset, H, W, x, y, w, h, int(dest[k])])
-        groups.setdefault(taps_for(max(w, h), size), []).append(k)
-        offset += im.numel()
-    meta = torch.tensor(rows, dtype=torch.int64)
+    W, H = sizes.unbind(1)
+    x, y, w, h = boxes.unbind(1)
+    outside = (x < 0) | (y < 0) | (w < 1) | (h < 1) | (x + w > W) | (y + h > H)
+    if bool(outside.any()):
+        k = int(outside.nonzero()[0])
+        raise ValueError(f"image {k}: box {tuple(boxes[k].tolist())} outside its {int(W[k])} x {int(H[k])} pixels")
+    numel = 3 * W * H
+    flat = torch.cat([im.view(-1) for im in images])
+    if flat.dtype != torch.uint8 or flat.numel() != int(numel.sum()):
+        raise ValueError("images must be uint8 [3, H, W] tensors of the given sizes")
+    meta = torch.stack([torch.cumsum(numel, 0) - numel, H, W, x, y, w, h, dest], 1)
+    taps = taps_for(torch.maximum(w, h), size)
     m = torch.tensor(list(mean), dtype=torch.float32, device=out.device)
     s = torch.tensor(list(std), dtype=torch.float32, device=out.device)
-    for taps, members in sorted(groups.items()):
-        part = (meta if len(members) == n else meta[members]).to(out.device, non_blocking=True)
-        grid = (len(members), triton.cdiv(size * size, _BLOCK))
-        _resized_crop_kernel[grid](flat, part, out, m, s, S=size, TAPS=taps, BLOCK=_BLOCK)
+    for t in taps.unique().tolist():
+        members = taps == t
+        part = meta if bool(members.all()) else meta[members]
+        grid = (part.shape[0], triton.cdiv(size * size, _BLOCK))
+        _resized_crop_kernel[grid](flat, part.to(out.device, non_blocking=True), out, m, s, S=size, TAPS=t,
+                                   BLOCK=_BLOCK)
     return out
 
 
