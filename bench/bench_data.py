@@ -1,8 +1,8 @@
 """The data side alone: how many training images per second the shard loader delivers.
 
 Design: writes real img2dataset-layout JPEG shards on local disk (``--size`` px pictures with
-smooth colour fields and shapes, quality 90, every fifth progressive and every tenth greyscale;
-at 256 px ~20-30 KB each, the size of a web image cut to 256 px), trains the project's BPE
+smooth colour fields and shapes, baseline JPEG of quality 90, with ``--mixed`` every fifth
+progressive and every tenth greyscale), trains the project's BPE
 tokenizer on their captions, then times ``pipeline.data.build_train_loader`` at several worker
 counts, for each ``--decode``: ``cpu`` (decode + random resized crop to 224 + tokenise in the
 DataLoader workers, uint8 to the GPU and normalised there) or ``gpu`` (the workers read, parse
@@ -52,20 +52,21 @@ def picture(rng: np.random.Generator, size: int) -> Image.Image:
     return img
 
 
-def jpeg_bytes(img: Image.Image, index: int) -> bytes:
-    """``img`` as a JPEG of quality 90, as web images come: every fifth progressive, every tenth
-    (offset 3) greyscale, the rest baseline colour."""
+def jpeg_bytes(img: Image.Image, index: int, mixed: bool = False) -> bytes:
+    """``img`` as a baseline colour JPEG of quality 90; ``mixed``: as web images come, every fifth
+    progressive and every tenth (offset 3) greyscale."""
     buf = io.BytesIO()
-    if index % 10 == 3:
+    if mixed and index % 10 == 3:
         img = img.convert("L")
-    img.save(buf, format="JPEG", quality=90, progressive=index % 5 == 0)
+    img.save(buf, format="JPEG", quality=90, progressive=mixed and index % 5 == 0)
     return buf.getvalue()
 
 
 def write_jpeg_shards(out_dir: str, shards: int, per_shard: int, size: int = 256, first_shard: int = 0,
-                      seed: int = 0) -> str:
+                      seed: int = 0, mixed: bool = False) -> str:
     """``shards`` tar files of ``per_shard`` JPEG + caption pairs under ``out_dir`` (named from
-    ``first_shard`` on, so several processes can fill one folder); returns the brace URL."""
+    ``first_shard`` on, so several processes can fill one folder; ``mixed``: see
+    :func:`jpeg_bytes`); returns the brace URL."""
     from infclip.pipeline.shards import brace_url, write_shards
 
     rng = np.random.default_rng(seed)
@@ -73,7 +74,7 @@ def write_jpeg_shards(out_dir: str, shards: int, per_shard: int, size: int = 256
     def samples():
         for i in range(shards * per_shard):
             caption = " ".join(rng.choice(WORDS, size=int(rng.integers(4, 12))))
-            yield jpeg_bytes(picture(rng, size), i), caption, None
+            yield jpeg_bytes(picture(rng, size), i, mixed), caption, None
 
     paths = write_shards(samples(), out_dir, prefix=f"web{first_shard:05d}", samples_per_shard=per_shard,
                          image_format="jpg")
@@ -101,6 +102,7 @@ def main(argv=None) -> int:
     p.add_argument("--shards", type=int, default=16)
     p.add_argument("--per_shard", type=int, default=512)
     p.add_argument("--size", type=int, default=256, help="side of the pictures in the shards")
+    p.add_argument("--mixed", action="store_true", help="a fifth of the JPEGs progressive, a tenth greyscale")
     p.add_argument("--decode", nargs="+", default=["cpu"], choices=["cpu", "gpu"],
                    help="where JPEGs are decoded (gpu: nvJPEG on the training GPU, data.decode)")
     p.add_argument("--batch", type=int, default=256)
@@ -113,14 +115,15 @@ def main(argv=None) -> int:
 
     work = args.dir or tempfile.mkdtemp(prefix="bench_data_")
     t0 = time.perf_counter()
-    url = write_jpeg_shards(os.path.join(work, f"shards{args.size}"), args.shards, args.per_shard, size=args.size)
+    url = write_jpeg_shards(os.path.join(work, f"shards{args.size}{'mixed' if args.mixed else ''}"), args.shards,
+                            args.per_shard, size=args.size, mixed=args.mixed)
     made = args.shards * args.per_shard / (time.perf_counter() - t0)
     from infclip.pipeline.data import expand_urls
 
     sizes = [os.path.getsize(u) for u in expand_urls(url)]
     tokenizer = train_bpe_tokenizer(iter_shard_captions(expand_urls(url)), os.path.join(work, "tok"), vocab_size=512)
     base = {"bench": "data", "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "cpu_count": os.cpu_count(), "image_px": args.size, "crop_px": 224, "batch": args.batch,
+            "cpu_count": os.cpu_count(), "image_px": args.size, "mixed": args.mixed, "crop_px": 224, "batch": args.batch,
             "kb_per_sample": sum(sizes) / 1024 / (args.shards * args.per_shard)}
     print(f"# wrote {args.shards} x {args.per_shard} samples ({base['kb_per_sample']:.1f} KB each, "
           f"{made:.0f} samples/s one core) to {work}", flush=True)

@@ -11,9 +11,10 @@ phase to the mean of the two synthetic ones is what the data path costs the step
 starvation and, with ``gpu`` decode, the decode kernels sharing the GPU with the step.
 
 Image sets (written once per ``--dir``, several processes rendering them): ``web256`` /
-``web512``: smooth colour fields with shapes, JPEG quality 90, a fifth of them progressive and
-a tenth greyscale (``bench_data.picture``; the sizes of web images cut to 256 px, or left at
-512 px), with the preset's random resized crop (``--crop_scale``); ``scenes224``: the rendered
+``web512``: smooth colour fields with shapes, baseline JPEG quality 90 (``bench_data.picture``;
+the sizes of web images cut to 256 px, or left at 512 px), with the preset's random resized crop
+(``--crop_scale``); ``web256mixed``: the same with a fifth progressive and a tenth greyscale, as
+web images come (nvJPEG's batched decoder takes neither: the loader workers decode those); ``scenes224``: the rendered
 scenes at 224 px, used whole (the scenes presets' ``crop_scale`` [1, 1]). One JSONL row per
 phase in bench/results/stream.jsonl.
 
@@ -43,8 +44,8 @@ from infclip.pipeline.config import load_config  # noqa: E402
 
 
 def _write_set(args: tuple) -> str:
-    out_dir, first, shards, per_shard, size = args
-    return write_jpeg_shards(out_dir, shards, per_shard, size=size, first_shard=first, seed=first)
+    out_dir, first, shards, per_shard, size, mixed = args
+    return write_jpeg_shards(out_dir, shards, per_shard, size=size, first_shard=first, seed=first, mixed=mixed)
 
 
 def image_set(work: str, name: str, shards: int, per_shard: int) -> list:
@@ -63,8 +64,9 @@ def image_set(work: str, name: str, shards: int, per_shard: int) -> list:
                         str(shards * per_shard), "--out", out_dir, "--scene-size", size, "--samples-per-shard",
                         str(per_shard), "--eval-samples", "100", "--retrieval-samples", "100"], check=True)
         return sorted(glob.glob(os.path.join(out_dir, "train", "*.tar")))[:shards]
-    size = int(name[len("web"):])
-    jobs = [(out_dir, i, 1, per_shard, size) for i in range(shards)]
+    mixed = name.endswith("mixed")
+    size = int(name[len("web"):len(name) - (5 if mixed else 0)])
+    jobs = [(out_dir, i, 1, per_shard, size, mixed) for i in range(shards)]
     with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
         list(pool.map(_write_set, jobs))
     return sorted(glob.glob(os.path.join(out_dir, "*.tar")))[:shards]
@@ -92,11 +94,13 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int) -> dict:
     log = TrainLogger(None, total_steps=warmup + steps, start_step=0, micro_batch=run_cfg.micro_batch_size,
                       workers=run_cfg.data.workers)
     decode_ms: list = []
+    waits = [0.0]
     micro = log.micro_step
 
-    def watched(**kw):
+    def watched(**kw):  # the logger's window restarts at log steps: keep the phase's own totals
         if kw.get("decode_ms") is not None:
             decode_ms.append(kw["decode_ms"])
+        waits[0] += kw["data_s"]
         micro(**kw)
 
     log.micro_step = watched
@@ -105,7 +109,7 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int) -> dict:
     loop.run()
     torch.cuda.synchronize()
     tcfg.steps = warmup + steps
-    waits0 = log.window["data_s"]
+    waits0 = waits[0]
     t0 = time.perf_counter()
     loop.run()
     torch.cuda.synchronize()
@@ -113,7 +117,7 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int) -> dict:
     samples = steps * run_cfg.micro_batch_size * te.engine.gradient_accumulation_steps() * te.dp_world
     timed = decode_ms[-steps * te.engine.gradient_accumulation_steps():] if decode_ms else []
     return {"samples_per_s": samples / elapsed, "step_ms": 1e3 * elapsed / steps,
-            "wait_fraction": (log.window["data_s"] - waits0) / elapsed,
+            "wait_fraction": (waits[0] - waits0) / elapsed,
             "gpu_decode_ms": sum(float(t) for t in timed) / len(timed) if timed else None}
 
 
@@ -123,7 +127,7 @@ def main(argv=None) -> int:
     p.add_argument("--micro_batch", type=int, default=None, help="default: the preset's")
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
-                   help="image_set:decode phases (web256, web512, scenes224; gpu, gpu-inline or cpu)")
+                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; gpu, gpu-inline or cpu)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
     p.add_argument("--shards", type=int, default=32)

@@ -133,7 +133,8 @@ class DecodeStage:
         if self._last is not None:
             self._last.synchronize()
         with torch.cuda.stream(self.stream):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            # blocking: the thread sleeps in its waits instead of spinning on a core the step may need
+            start, end = (torch.cuda.Event(enable_timing=True, blocking=True) for _ in range(2))
             start.record()
             out = self._finish(batch)
             end.record()
