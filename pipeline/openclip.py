@@ -173,6 +173,13 @@ def openclip_spec(found: Optional[tuple[dict, str]]) -> OpenCLIPSpec:
     if pool not in ("argmax", "eos"):
         raise ConfigError(f"{source}: text_cfg.pool_type {pool!r} needs pooling other than at the EOS token, which "
                           "the HF CLIP text tower does not have")
+    for key in ("image_size", "patch_size"):
+        value = vision.get(key)
+        if isinstance(value, (list, tuple)):
+            if len(set(value)) != 1:
+                raise ConfigError(f"{source}: vision_cfg.{key} {list(value)} is not square, which the HF CLIP image "
+                                  "tower does not take")
+            vision[key] = value[0]
     sizes = {"embed_dim": cfg.get("embed_dim")}
     sizes.update({f"vision.{k}": vision.get(k) for k in ("width", "layers", "patch_size", "image_size")})
     sizes.update({f"text.{k}": text.get(k) for k in ("width", "layers", "context_length", "vocab_size")})

@@ -181,13 +181,16 @@ def test_openclip_errors_name_the_problem(openclip_file, tmp_path):
 
 FAMILIES = ["ViT-B-32", "ViT-B-16-quickgelu", "ViT-L-14", "ViT-H-14", "ViT-g-14", "ViT-bigG-14", "ViT-e-14",
             "ViT-M-16-alt", "ViT-L-14-worldwide"]
+CUSTOM_TEXT = "ViT-B-32 as CustomTextCLIP"  # the text tower's keys under "text."
 
 
 def _reduced(open_clip, name: str) -> dict:
     """OpenCLIP's config ``name`` at 2 blocks a tower and 2 heads of the widths it sets (the image
     tower's ``head_width``, the text tower's width / heads), small images and vocabulary: the
     same structure, CPU-sized."""
-    cfg = open_clip.get_model_config(name)
+    cfg = open_clip.get_model_config(name.split()[0])
+    if name == CUSTOM_TEXT:
+        cfg["custom_text"] = True
     v, t = cfg["vision_cfg"], cfg["text_cfg"]
     v.update(layers=2, width=2 * v.get("head_width", 64), image_size=4 * v["patch_size"])
     t.update(layers=2, width=2 * (t["width"] // t["heads"]), heads=2, vocab_size=300, context_length=12)
@@ -201,7 +204,9 @@ def _reduced(open_clip, name: str) -> dict:
 def _openclip_model(open_clip, cfg: dict, seed: int = 0):
     """OpenCLIP's CLIP from ``cfg``, every parameter randomised (layer norms and layer scales too)."""
     torch.manual_seed(seed)
-    model = open_clip.model.CLIP(**cfg).eval()
+    cfg = dict(cfg)
+    cls = open_clip.model.CustomTextCLIP if cfg.pop("custom_text", False) else open_clip.model.CLIP
+    model = cls(**cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -226,7 +231,7 @@ def _features(open_clip_model, ids, pixels):
         return (open_clip_model.encode_image(pixels, normalize=True), open_clip_model.encode_text(ids, normalize=True))
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", FAMILIES + [CUSTOM_TEXT])
 def test_every_openclip_vit_family_imports_with_openclips_features(name, tmp_path):
     """OpenCLIP's own model (its config, reduced) written the hf-hub way (weights + open_clip_config.json):
     model.pretrained gives the same image and text features, the head widths per tower included."""
@@ -301,3 +306,5 @@ def test_openclip_configs_the_towers_cannot_express_are_named():
     assert "hf_model_name" in refused["roberta-ViT-B-32"]
     assert "multimodal_cfg" in refused["coca_ViT-B-32"]
     assert all("\n" not in msg for msg in refused.values())
+    with pytest.raises(ConfigError, match=r"vision_cfg\.image_size \[224, 256\] is not square"):
+        openclip_spec(({"vision_cfg": {"image_size": [224, 256]}}, "wide.json"))
