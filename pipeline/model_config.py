@@ -117,7 +117,7 @@ class ModelConfig:
     pretrained folder, the OpenCLIP config's (``quick_gelu``) for an OpenCLIP file that has one;
     required for an OpenCLIP file without a config (``quick_gelu`` for OpenAI's weights and
     OpenCLIP's ``-quickgelu`` models, ``gelu`` for its others: the weights do not say)."""
-    openclip_config: Optional[typing.Union[str, dict]] = None
+    openclip_config: Optional[typing.Union[str, typing.Dict[str, Any]]] = None
     """OpenCLIP import: the model's OpenCLIP config (OpenCLIP's ``model_configs/<name>.json``, or
     an ``open_clip_config.json``), as a file or inline (``{"vision_cfg": {"head_width": 80}}``):
     head widths per tower, QuickGELU, the text pooling token. None: the ``open_clip_config.json``
