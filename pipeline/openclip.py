@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import re
@@ -39,6 +40,12 @@ from infclip.ops.config import ConfigError
 __all__ = ["OPENCLIP_CONFIG_FILE", "OPENCLIP_WEIGHTS_FILE", "OpenCLIPSpec", "load_into", "load_openclip_state_dict",
            "openclip_folder_weights", "openclip_hf_configs", "openclip_spec", "openclip_to_hf",
            "read_openclip_config", "towers_to_openclip"]
+
+logger = logging.getLogger(__name__)
+
+# image tower width -> head width of OpenCLIP's ViT-H, g, bigG and e (not 64): a bare file of one of
+# them imports with the wrong heads unless a config says so
+_WIDE_HEADS = {1280: 80, 1408: 88, 1664: 104, 1792: 112}
 
 OPENCLIP_CONFIG_FILE = "open_clip_config.json"
 """OpenCLIP's name for a model's config beside its weights (hf-hub and ``local-dir:`` folders)."""
@@ -278,6 +285,11 @@ def openclip_hf_configs(sd: Mapping[str, Tensor], hidden_act: str, head_width: i
               "text.mlp": int(sd["transformer.resblocks.0.mlp.c_fc.weight"].shape[0])}
     _check_sizes(spec, shapes)
     source = spec.source or "model.openclip_head_width"
+    if spec.vision_head_width is None and _WIDE_HEADS.get(width, head_width) != head_width:
+        logger.warning("OpenCLIP image tower of width %d without an OpenCLIP config: heads of %d as "
+                       "model.openclip_head_width says, but OpenCLIP's ViTs of this width use %d (set "
+                       "model.openclip_config, e.g. {\"vision_cfg\": {\"head_width\": %d}})", width, head_width,
+                       _WIDE_HEADS[width], _WIDE_HEADS[width])
     v_heads = _heads(width, spec.vision_head_width or head_width, "visual", source)
     t_heads = spec.text_heads or _heads(t_width, head_width, "text", source)
     if t_width % t_heads:

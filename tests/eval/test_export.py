@@ -205,9 +205,12 @@ def test_openclip_export_loads_in_open_clip_with_the_same_features(hidden_act, t
     model = make_model(tokenizer, hidden_act=hidden_act)
     with torch.no_grad():
         model.logit_scale.fill_(3.3)
+        model.logit_bias.fill_(-7.5)
     model.save_pretrained(str(tmp_path / "run" / "hf"), tokenizer=tokenizer)
-    (tmp_path / "run" / "config.json").write_text(json.dumps({"model": TINY_MODEL, "data": {"image_mean": MEAN,
-                                                                                             "image_std": STD}}))
+    siglip = hidden_act == "quick_gelu"  # the SigLIP run's bias comes along too
+    (tmp_path / "run" / "config.json").write_text(json.dumps({
+        "model": TINY_MODEL, "data": {"image_mean": MEAN, "image_std": STD},
+        "contrastive_loss": {"loss": "siglip" if siglip else "clip"}}))
     out = export_openclip(tmp_path / "run" / "hf", tmp_path / "oc")
     oc_model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{out}")
     oc_model.eval()
@@ -220,6 +223,7 @@ def test_openclip_export_loads_in_open_clip_with_the_same_features(hidden_act, t
         torch.testing.assert_close(oc_model.encode_image(pixels, normalize=True), img, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(oc_model.encode_text(ids, normalize=True), txt, rtol=1e-5, atol=1e-6)
     assert oc_model.logit_scale.item() == pytest.approx(3.3, abs=1e-6)
+    assert (oc_model.logit_bias.item() if siglip else oc_model.logit_bias) == (pytest.approx(-7.5) if siglip else None)
     pre = open_clip.get_model_preprocess_cfg(oc_model)
     assert pre["size"] in (16, (16, 16)) and (pre["interpolation"], pre["resize_mode"]) == ("bicubic", "shortest")
     assert list(pre["mean"]) == pytest.approx(MEAN) and list(pre["std"]) == pytest.approx(STD)

@@ -279,6 +279,9 @@ def test_per_tower_head_widths_inline(tmp_path):
     ref_img, ref_txt = _features(ref, ids, pixels)
     torch.testing.assert_close(img, ref_img, rtol=1e-5, atol=2e-6)
     torch.testing.assert_close(txt, ref_txt, rtol=1e-5, atol=2e-6)
+    bare = CLIPTowers.from_config(ModelConfig.from_dict({"pretrained": str(tmp_path / "h14.pt"), "hidden_act": "gelu",
+                                                          "openclip_head_width": 32}))
+    assert (bare.vision.config.num_attention_heads, bare.text.config.num_attention_heads) == (5, 4)  # no config
     with pytest.raises(ConfigError, match="vision.width = 1280, the weights 160"):
         CLIPTowers.from_config(ModelConfig.from_dict(dict(inline, openclip_config={"vision_cfg": {"width": 1280}})))
     with pytest.raises(ConfigError, match="says 'gelu'"):
