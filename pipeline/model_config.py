@@ -124,9 +124,9 @@ class ModelConfig:
     beside the weights, if any. Configs the towers cannot express (timm or ResNet image towers, HF
     text towers, attentional or average pooling, ...) are refused, naming the key."""
     openclip_head_width: int = 64
-    """OpenCLIP import without a config saying otherwise: attention heads = tower width / this
-    (OpenCLIP's default ``head_width``; its ViT-H/g/bigG image towers use 80/88/104, which their
-    configs say)."""
+    """OpenCLIP import, for a tower whose head count no OpenCLIP config gives (``head_width`` /
+    ``heads``): attention heads = tower width / this (OpenCLIP's default ``head_width``; its
+    ViT-H/g/bigG image towers use 80/88/104, which their configs say)."""
     lock_image: bool = False
     """Freeze the image tower (LiT): its parameters get ``requires_grad=False`` and stay out of
     the optimizer (every ZeRO stage)."""

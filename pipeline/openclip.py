@@ -103,11 +103,14 @@ class OpenCLIPSpec:
     """What an OpenCLIP model config says beyond the weights' shapes (all None: no config)."""
 
     vision_head_width: Optional[int] = None
-    """``vision_cfg.head_width`` (OpenCLIP's default 64 when a config leaves it out)."""
+    """``vision_cfg.head_width``; None where the config leaves it out (``model.openclip_head_width``
+    then, whose default is OpenCLIP's 64)."""
     text_heads: Optional[int] = None
-    """``text_cfg.heads``."""
+    """``text_cfg.heads``; None where the config leaves it out (the text width /
+    ``model.openclip_head_width`` then)."""
     quick_gelu: Optional[bool] = None
-    """The towers' activation: QuickGELU (OpenAI's weights) or GELU."""
+    """The towers' activation: QuickGELU (OpenAI's weights) or GELU; a config without the key means
+    GELU, as in OpenCLIP."""
     text_eos_id: Optional[int] = None
     """With ``text_cfg.pool_type: "eos"``: the token the text tower pools (else the highest id: OpenAI's EOS)."""
     sizes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -193,7 +196,8 @@ def openclip_spec(found: Optional[tuple[dict, str]]) -> OpenCLIPSpec:
     for tower, section in (("vision", vision), ("text", text)):
         if "mlp_ratio" in section and "width" in section:
             sizes[f"{tower}.mlp"] = int(section["width"] * section["mlp_ratio"])  # OpenCLIP's own rounding
-    return OpenCLIPSpec(vision_head_width=int(vision.get("head_width", 64)), text_heads=text.get("heads"),
+    head_width = vision.get("head_width")
+    return OpenCLIPSpec(vision_head_width=None if head_width is None else int(head_width), text_heads=text.get("heads"),
                         quick_gelu=bool(cfg.get("quick_gelu", False)),
                         text_eos_id=int(text.get("eos_id", 2)) if pool == "eos" else None,
                         sizes={k: v for k, v in sizes.items() if v is not None}, source=source)
