@@ -284,7 +284,8 @@ def tokenize(tokenizer, texts: Sequence[str], context_length: int) -> Tuple[torc
     pools there). The text is encoded with ``split_special_tokens=True``, so a caption that spells
     a special token (``"<|endoftext|>"``) gets that string's ordinary tokens, never its id; should
     the text still give the EOS, PAD or BOS id (a tokenizer whose unk token is its EOS), those ids
-    are dropped from it, with a warning. So each row holds one EOS, at the caption's end. No BOS
+    are dropped from it, with a warning (a PAD id that is also ordinary text, OpenCLIP's ``!``,
+    stays). So each row holds one EOS, at the caption's end. No BOS
     when :func:`special_token_ids` gives none (also when BOS is EOS). Returns ``(input_ids,
     attention_mask)``, both ``LongTensor[N, context_length]``; the mask is 1 from the first token
     (BOS, if any) to EOS inclusive, 0 on padding.
