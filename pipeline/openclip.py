@@ -89,7 +89,8 @@ _REFUSED = {
         "hf_model_name": ((None,), "an HF transformers text tower (the text tower is CLIP's)"),
         "embed_cls": ((False,), "a text class token (CoCa)"),
         "no_causal_mask": ((False,), "a bidirectional text tower (it is causal)"),
-        "proj_bias": ((False,), "a text projection bias"), "proj_type": (("linear",), "a text tower without projection"),
+        "proj_bias": ((False,), "a text projection bias"),
+        "proj_type": (("linear",), "a text tower without projection"),
         "act_kwargs": ((None, {}), "activation arguments"), "norm_kwargs": ((None, {}), "LayerNorm arguments"),
         "block_type": ((None, "default"), _CUSTOM_BLOCK), "qk_norm": ((False,), "q/k normalisation"),
         "scaled_cosine_attn": ((False,), "scaled cosine attention"), "scale_heads": ((False,), "head scales"),
@@ -176,7 +177,8 @@ def openclip_spec(found: Optional[tuple[dict, str]]) -> OpenCLIPSpec:
     cfg, source = found
     vision, text = dict(cfg.get("vision_cfg") or {}), dict(cfg.get("text_cfg") or {})
     if isinstance(vision.get("layers"), (list, tuple)):
-        raise ConfigError(f"{source}: vision_cfg.layers {vision['layers']} is a ResNet image tower; the towers are ViTs")
+        raise ConfigError(f"{source}: vision_cfg.layers {vision['layers']} is a ResNet image tower; the towers are "
+                          "ViTs")
     for part, section in (("model", cfg), ("vision_cfg", vision), ("text_cfg", text)):
         _check_keys(part, section, source)
     pool = text.get("pool_type", "argmax")
@@ -310,7 +312,8 @@ def openclip_hf_configs(sd: Mapping[str, Tensor], hidden_act: str, head_width: i
         hf._attn_implementation = attn_implementation
     section = {"embed_dim": embed, "hidden_act": hidden_act,
                "vision": {"image_size": grid * patch, "patch_size": patch, "hidden_size": width,
-                          "layers": shapes["vision.layers"], "heads": v_heads, "intermediate_size": shapes["vision.mlp"]},
+                          "layers": shapes["vision.layers"], "heads": v_heads,
+                          "intermediate_size": shapes["vision.mlp"]},
                "text": {"context_length": shapes["text.context_length"], "hidden_size": t_width,
                         "layers": shapes["text.layers"], "heads": t_heads, "intermediate_size": shapes["text.mlp"],
                         "vocab_size": vocab}}

@@ -142,7 +142,7 @@ _OPENCLIP_BPE = "bpe_simple_vocab_16e6.txt.gz"
 
 def _bytes_to_unicode() -> Dict[int, str]:
     """GPT-2's byte -> printable character map, in OpenCLIP's order (its first 512 vocabulary ids)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     cs = bs[:]
     extra = 0
     for b in range(256):
@@ -305,7 +305,9 @@ def tokenize(tokenizer, texts: Sequence[str], context_length: int) -> Tuple[torc
     # split_special_tokens: caption text that spells a special token ("<|endoftext|>") is text, not that token
     encoded = tokenizer(texts, add_special_tokens=False, truncation=True, max_length=room,
                         split_special_tokens=True)["input_ids"]
-    structural = {eos} | ({bos} if bos is not None else set()) | ({pad} if _pad_is_structural(tokenizer, pad) else set())
+    structural = {eos} | ({bos} if bos is not None else set())
+    if _pad_is_structural(tokenizer, pad):
+        structural.add(pad)
     for row, toks in enumerate(encoded):
         toks = list(toks[:room])
         if structural.intersection(toks):
