@@ -54,6 +54,14 @@ PRESETS = {
     "vitl14": {"embed_dim": 768,
                "vision": {"image_size": 224, "patch_size": 14, "hidden_size": 1024, "layers": 24, "heads": 16},
                "text": {"context_length": 77, "hidden_size": 768, "layers": 12, "heads": 12, "vocab_size": 49408}},
+    # OpenCLIP's ViT-H-14 and ViT-bigG-14 (ds_configs/vith14.json, vitbigg14.json): heads of 80 and 104
+    "vith14": {"embed_dim": 1024,
+               "vision": {"image_size": 224, "patch_size": 14, "hidden_size": 1280, "layers": 32, "heads": 16},
+               "text": {"context_length": 77, "hidden_size": 1024, "layers": 24, "heads": 16, "vocab_size": 49408}},
+    "vitbigg14": {"embed_dim": 1280,
+                  "vision": {"image_size": 224, "patch_size": 14, "hidden_size": 1664, "layers": 48, "heads": 16,
+                             "intermediate_size": 8192},
+                  "text": {"context_length": 77, "hidden_size": 1280, "layers": 32, "heads": 20, "vocab_size": 49408}},
 }
 EOS, PAD, BOS = 1, 0, 2
 PLAIN = "hf_plain"

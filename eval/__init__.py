@@ -6,7 +6,8 @@ result to ``pipeline.train.train``).
 """
 
 from .clip_benchmark import clip_benchmark_section
-from .checkpoint import LoadedModel, consolidate_fp32_state_dict, export_hf, find_tag_dir, load_model, load_state_dict_strict
+from .checkpoint import (LoadedModel, consolidate_fp32_state_dict, export_hf, export_openclip, find_tag_dir, load_model,
+                         load_state_dict_strict)
 from .config import EvalConfig
 from .evaluator import Evaluator, build_evaluator
 from .report import format_table, save_confusion_png, scalar_metrics, write_report
@@ -25,6 +26,7 @@ __all__ = [
     "clip_benchmark_section",
     "consolidate_fp32_state_dict",
     "export_hf",
+    "export_openclip",
     "find_tag_dir",
     "format_table",
     "image_folder_samples",

@@ -39,11 +39,13 @@ from torch import Tensor, nn
 from infclip.pipeline.checkpoint import check_tag, safe_load
 from infclip.pipeline.errors import CheckpointError
 from infclip.pipeline.flat_params import expand_flat_entries
+from infclip.pipeline.openclip import OPENCLIP_CONFIG_FILE, OPENCLIP_WEIGHTS_FILE, towers_to_openclip
 
 __all__ = [
     "LoadedModel",
     "consolidate_fp32_state_dict",
     "export_hf",
+    "export_openclip",
     "find_tag_dir",
     "image_normalization",
     "find_run_files",
@@ -293,6 +295,13 @@ def _is_hf_folder(path: Path) -> bool:
     return (path / "vision").is_dir() and (path / "text").is_dir()
 
 
+def _folder_tokenizer(path: Path) -> Optional[Path]:
+    """An exported folder's tokenizer: its ``tokenizer/``, or its root (an OpenCLIP export)."""
+    if (path / TOKENIZER_DIR).is_dir():
+        return path / TOKENIZER_DIR
+    return path if (path / "tokenizer_config.json").is_file() else None
+
+
 def find_run_files(start: PathLike, max_up: int = 3) -> Tuple[Optional[Path], Optional[Path]]:
     """The run's JSON config and tokenizer folder, searched in ``start`` and up to ``max_up``
     parent folders (the tag folder, the checkpoint folder, the run folder)."""
@@ -332,7 +341,8 @@ def load_model(path: PathLike, tag: Optional[str] = None, *, config: Optional[Pa
         tag: checkpoint tag (default: the ``latest`` file).
         config: the run's JSON config (default: ``run_config.json`` / ``config.json`` found in
             the checkpoint folder or its parents). Its ``model`` section builds the model.
-        tokenizer: tokenizer folder (default: ``tokenizer/`` beside the config or checkpoint).
+        tokenizer: tokenizer folder (default: ``tokenizer/`` beside the config or checkpoint, else
+            the run config's ``data.tokenizer``).
         device: where the model goes after loading on the CPU.
     """
     from infclip.pipeline.model import CLIPTowers
@@ -342,9 +352,9 @@ def load_model(path: PathLike, tag: Optional[str] = None, *, config: Optional[Pa
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    if _is_hf_folder(path):
+    if _is_hf_folder(path) or (path / OPENCLIP_CONFIG_FILE).is_file():
         model = CLIPTowers.from_pretrained(str(path))
-        tok_dir = Path(tokenizer) if tokenizer else (path / TOKENIZER_DIR if (path / TOKENIZER_DIR).is_dir() else None)
+        tok_dir = Path(tokenizer) if tokenizer else _folder_tokenizer(path)
         if tok_dir is None:
             _, tok_dir = find_run_files(path)
         if tok_dir is None:
@@ -356,19 +366,19 @@ def load_model(path: PathLike, tag: Optional[str] = None, *, config: Optional[Pa
     tag_dir = find_tag_dir(path, tag)
     found_cfg, found_tok = find_run_files(tag_dir)
     cfg_path = Path(config) if config else found_cfg
-    tok_dir = Path(tokenizer) if tokenizer else found_tok
     if cfg_path is None:
         raise FileNotFoundError(f"no run config with a 'model' section found for {tag_dir} (looked for "
                                 f"{' / '.join(CONFIG_NAMES)} there and in its parent folders); pass config=")
-    if tok_dir is None:
-        raise FileNotFoundError(f"no '{TOKENIZER_DIR}/' folder found for {tag_dir} or its parent folders; "
-                                "pass tokenizer=")
     raw = json.loads(cfg_path.read_text())
+    tok_dir = Path(tokenizer) if tokenizer else (found_tok or _recorded_tokenizer(raw))
+    if tok_dir is None:
+        raise FileNotFoundError(f"no '{TOKENIZER_DIR}/' folder found for {tag_dir} or its parent folders, and "
+                                f"{cfg_path} names no data.tokenizer folder; pass tokenizer=")
     model_section = dict(raw.get("model") or {})
     pretrained = model_section.get("pretrained")
-    if pretrained and not Path(pretrained).is_dir():
+    if pretrained and not Path(pretrained).exists():
         raise FileNotFoundError(f"{cfg_path}: model.pretrained {pretrained} is gone; the tower sizes come "
-                                "from that folder, so the model cannot be rebuilt")
+                                "from it, so the model cannot be rebuilt")
     model_cfg = ModelConfig.from_dict(model_section, source=str(cfg_path))
     tok = load_tokenizer(tok_dir)
     model = CLIPTowers.from_config(model_cfg, tok)
@@ -379,6 +389,13 @@ def load_model(path: PathLike, tag: Optional[str] = None, *, config: Optional[Pa
     logger.info("loaded %s (ZeRO %d, %d rank(s), step %s)", info["tag_dir"], info["zero_stage"],
                 info["world_size"], info["global_steps"])
     return LoadedModel(model, tok, info["tag_dir"], info, raw)
+
+
+def _recorded_tokenizer(run_config: Mapping[str, Any]) -> Optional[Path]:
+    """The tokenizer folder a run loaded (its ``data.tokenizer``; the run then stores no copy)."""
+    data = run_config.get("data") or {}
+    named = data.get("tokenizer") if isinstance(data, dict) else None
+    return Path(named) if isinstance(named, str) and Path(named).is_dir() else None
 
 
 def image_normalization(run_config: Optional[Mapping[str, Any]]) -> Tuple[Optional[List[float]], Optional[List[float]]]:
@@ -417,4 +434,48 @@ def export_hf(checkpoint: PathLike, out_dir: PathLike, tag: Optional[str] = None
     out = Path(out_dir)
     loaded.model.save_pretrained(str(out), tokenizer=loaded.tokenizer, image_mean=mean, image_std=std)
     logger.info("exported %s -> %s", loaded.source, out)
+    return str(out)
+
+
+def export_openclip(checkpoint: PathLike, out_dir: PathLike, tag: Optional[str] = None, *,
+                    config: Optional[PathLike] = None, tokenizer: Optional[PathLike] = None) -> str:
+    """Write a DeepSpeed checkpoint (or an exported folder) as an OpenCLIP model folder, the layout
+    of OpenCLIP's hf-hub models, which ``open_clip.create_model_and_transforms("local-dir:OUT")``
+    and ``open_clip.get_tokenizer("local-dir:OUT")`` load:
+
+    - ``open_clip_model.safetensors``: an OpenCLIP ``CLIP`` state dict whose ``encode_image`` /
+      ``encode_text`` equal the project's (:func:`pipeline.openclip.towers_to_openclip`; text pooled
+      at the tokenizer's EOS, ``pool_type: "eos"``), with the run's logit scale (and bias, for a
+      SigLIP run);
+    - ``open_clip_config.json``: ``model_cfg`` (sizes, head widths, QuickGELU) and ``preprocess_cfg``
+      (the run's image size and ``data`` mean/std, bicubic resize of the shorter side and centre
+      crop: the project's evaluation transform);
+    - the run's tokenizer with its CLIP template (``tokenizer.json``, ...), named by
+      ``text_cfg.hf_tokenizer_name`` (this folder's path; OpenCLIP's ``local-dir:`` reads it from the
+      folder wherever it is): OpenCLIP tokenizes as the run did.
+
+    The folder is also a ``model.pretrained`` and a ``--checkpoint`` here. Returns ``out_dir``."""
+    from safetensors.torch import save_file
+
+    from infclip.pipeline.data import CLIP_MEAN, CLIP_STD
+    from infclip.pipeline.tokenizer import with_clip_template
+
+    loaded = load_model(checkpoint, tag, config=config, tokenizer=tokenizer)
+    run_cfg = loaded.run_config
+    if run_cfg is None:
+        found, _ = find_run_files(checkpoint)
+        run_cfg = json.loads(found.read_text()) if found is not None else {}
+    mean, std = image_normalization(run_cfg)
+    siglip = ((run_cfg.get("contrastive_loss") or {}).get("loss")) == "siglip"
+    state, model_cfg = towers_to_openclip(loaded.model, logit_bias=siglip)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model_cfg["text_cfg"]["hf_tokenizer_name"] = str(out.resolve())
+    preprocess = {"size": loaded.model.image_size, "mean": list(mean or CLIP_MEAN), "std": list(std or CLIP_STD),
+                  "interpolation": "bicubic", "resize_mode": "shortest"}
+    save_file(state, str(out / OPENCLIP_WEIGHTS_FILE))
+    (out / OPENCLIP_CONFIG_FILE).write_text(json.dumps({"model_cfg": model_cfg, "preprocess_cfg": preprocess},
+                                                       indent=2))
+    with_clip_template(loaded.tokenizer, loaded.model.context_length).save_pretrained(str(out))
+    logger.info("exported %s -> %s (OpenCLIP)", loaded.source, out)
     return str(out)

@@ -8,7 +8,8 @@ covers the repository root, so the same names resolve to the folders there.
 
 The public API: the loss (``contrastive_loss``, ``ContrastiveLoss``, ``ContrastiveLossConfig``),
 the towers (``CLIPTowers``, ``ModelConfig``), a run (``load_config``, ``train``) and evaluation
-(``load_model``, ``build_evaluator``, ``export_hf``); the last two groups load on first use.
+(``load_model``, ``build_evaluator``, ``export_hf``, ``export_openclip``); the last two groups load on
+first use.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _LAZY = {
     "CLIPTowers": "infclip.pipeline.model", "ModelConfig": "infclip.pipeline.model_config",
     "load_config": "infclip.pipeline.config", "train": "infclip.pipeline.train",
     "load_model": "infclip.eval", "build_evaluator": "infclip.eval", "export_hf": "infclip.eval",
+    "export_openclip": "infclip.eval",
 }
 
 __all__ = ["ContrastiveLoss", "ContrastiveLossConfig", "contrastive_loss", *_LAZY]

@@ -5,7 +5,8 @@ CPU, or an exported HF folder), run zero-shot classification (``--images`` class
 ``--shards`` labelled shards, or ``--wds-dir`` a CLIP_benchmark webdataset folder) and/or
 retrieval (``--retrieval-shards``, or a CLIP_benchmark retrieval folder), print the table and write
 the JSON report (and the confusion PNG beside it). With no data flag, the run's own ``eval``
-section is used. ``--export-hf OUT`` writes the checkpoint as HF towers instead.
+section is used. ``--export-hf OUT`` writes the checkpoint as HF towers instead, ``--export-openclip
+OUT`` as an OpenCLIP model folder.
 
 Checkpoint files are read weights-only (a file holding any other object is refused, naming it). A
 user error (missing or half-written checkpoint, bad config or data) ends the process with one line
@@ -22,7 +23,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from infclip.eval import (EvalConfig, Evaluator, build_evaluator, clip_benchmark_section, export_hf,  # noqa: E402
-                          format_table, load_model)
+                          export_openclip, format_table, load_model)
 from infclip.ops.config import ConfigError  # noqa: E402
 from infclip.pipeline.errors import exit_on_user_error  # noqa: E402
 
@@ -35,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help="the run's JSON (default: found beside the checkpoint)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: found beside the checkpoint)")
     p.add_argument("--export-hf", default=None, metavar="OUT", help="write HF towers + tokenizer to OUT and exit")
+    p.add_argument("--export-openclip", default=None, metavar="OUT",
+                   help="write an OpenCLIP model folder (weights, open_clip_config.json, tokenizer) to OUT and exit")
     data = p.add_mutually_exclusive_group()
     data.add_argument("--images", default=None, help="image folder, one sub-folder per class")
     data.add_argument("--shards", default=None, help="labelled webdataset shards (brace URL; json 'label' or .cls)")
@@ -65,6 +68,10 @@ def _run(args) -> int:
     if args.export_hf:
         export_hf(args.checkpoint, args.export_hf, args.tag, config=args.config, tokenizer=args.tokenizer)
         print(f"exported {args.checkpoint} -> {args.export_hf}")
+        return 0
+    if args.export_openclip:
+        export_openclip(args.checkpoint, args.export_openclip, args.tag, config=args.config, tokenizer=args.tokenizer)
+        print(f"exported {args.checkpoint} -> {args.export_openclip} (open_clip: local-dir:{args.export_openclip})")
         return 0
     import torch
 

@@ -109,8 +109,9 @@ class DataConfig:
     val_shards: Optional[Union[str, List[str]]] = None
     """Held-out shards for eval (json member with ``label`` for zero-shot); optional."""
     tokenizer: Optional[str] = None
-    """Local HF tokenizer folder; null: train a byte-level BPE on the training captions and store
-    it in the run directory."""
+    """Local HF tokenizer folder; ``"openclip"``: OpenCLIP's BPE (the one its models were trained
+    with, read from the installed open_clip_torch) written to the run directory; null: train a
+    byte-level BPE on the training captions and store it in the run directory."""
     vocab_size: int = 4096
     """Upper bound on the trained BPE's vocabulary (ignored with ``tokenizer``)."""
     tokenizer_train_captions: int = 200_000

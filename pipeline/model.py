@@ -629,8 +629,13 @@ class CLIPTowers(nn.Module):
         fields matter: checkpointing, logit limits)."""
         from transformers import CLIPTextModelWithProjection, CLIPVisionModelWithProjection
 
+        from .openclip import openclip_folder_weights
+
         if os.path.isfile(directory):
             return cls.from_openclip(directory, cfg)
+        weights = openclip_folder_weights(directory)
+        if weights is not None:
+            return cls.from_openclip(weights, cfg)
         towers = all(os.path.isdir(os.path.join(directory, sub)) for sub in ("vision", "text"))
         if not towers and _is_hf_clip_folder(directory):
             return cls._from_hf_clip_folder(directory, cfg)
@@ -664,20 +669,23 @@ class CLIPTowers(nn.Module):
 
     @classmethod
     def from_openclip(cls, path: str, cfg: Optional[ModelConfig] = None, tokenizer: Any = None) -> "CLIPTowers":
-        """An OpenCLIP state dict file converted to the HF towers (:mod:`pipeline.openclip`);
-        sizes from its shapes, ``cfg.hidden_act`` required, logit scale (and bias) carried over.
-        Token ids come from ``tokenizer`` (else EOS = the last vocabulary id, OpenAI's)."""
+        """An OpenCLIP state dict file converted to the HF towers (:mod:`pipeline.openclip`); sizes
+        from its shapes, head widths, activation and text pooling from its OpenCLIP config
+        (``cfg.openclip_config``, or ``open_clip_config.json`` beside it; else
+        ``cfg.openclip_head_width`` and ``cfg.hidden_act``, required then), logit scale (and bias)
+        carried over. Token ids come from ``tokenizer`` (else the config's EOS, or OpenAI's: the
+        last vocabulary id)."""
         from transformers import CLIPTextModelWithProjection, CLIPVisionModelWithProjection
 
-        from .openclip import load_into, load_openclip_state_dict, openclip_hf_configs, openclip_to_hf
+        from .openclip import (load_into, load_openclip_state_dict, openclip_hf_configs, openclip_spec,
+                               openclip_to_hf, read_openclip_config)
 
         cfg = cfg or ModelConfig()
-        if cfg.hidden_act is None:
-            raise ConfigError(f"{path}: an OpenCLIP checkpoint needs model.hidden_act: 'quick_gelu' (OpenAI's weights, "
-                              "OpenCLIP's -quickgelu models) or 'gelu' (its other models); the weights do not say")
+        spec = openclip_spec(read_openclip_config(cfg.openclip_config, path))
+        hidden_act = spec.hidden_act(cfg.hidden_act, path)
         sd = load_openclip_state_dict(path)
-        vc, tc, section = openclip_hf_configs(sd, cfg.hidden_act, cfg.openclip_head_width, _token_ids(tokenizer),
-                                              cfg.attn_implementation)
+        vc, tc, section = openclip_hf_configs(sd, hidden_act, cfg.openclip_head_width, _token_ids(tokenizer),
+                                              cfg.attn_implementation, spec)
         vision_sd, text_sd, extra = openclip_to_hf(sd)
         with _no_init_weights():
             vision = CLIPVisionModelWithProjection(vc)
@@ -749,8 +757,11 @@ class CLIPTowers(nn.Module):
         ``cfg.pretrained`` if set. ``zero3_config``: the DeepSpeed config of a ZeRO-3 run, to build
         the towers partitioned (see ``ModelConfig.zero3_init``)."""
         if cfg.pretrained:
-            if os.path.isfile(cfg.pretrained):
-                model = cls.from_openclip(cfg.pretrained, cfg, tokenizer)
+            from .openclip import openclip_folder_weights
+
+            weights = cfg.pretrained if os.path.isfile(cfg.pretrained) else openclip_folder_weights(cfg.pretrained)
+            if weights is not None:
+                model = cls.from_openclip(weights, cfg, tokenizer)
             else:
                 model = cls.from_pretrained(cfg.pretrained, cfg)
             if tokenizer is not None and model.text.config.vocab_size < len(tokenizer):

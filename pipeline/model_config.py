@@ -108,16 +108,25 @@ class ModelConfig:
     """Initial logit bias (used by loss 'siglip' only)."""
     pretrained: Optional[str] = None
     """Local folder written by CLIPTowers.save_pretrained (or a training run's export, or any
-    transformers CLIPModel folder), or an OpenCLIP state dict file (``.pt``/``.bin`` read
-    weights-only, or ``.safetensors``; see :mod:`pipeline.openclip`) to start from; the tower
-    sizes above are then ignored."""
+    transformers CLIPModel folder), an OpenCLIP state dict file (``.pt``/``.bin`` read
+    weights-only, or ``.safetensors``; see :mod:`pipeline.openclip`), or an OpenCLIP model folder
+    (``open_clip_config.json`` beside its weights: hf-hub's layout, and ``--export-openclip``'s) to
+    start from; the tower sizes above are then ignored."""
     hidden_act: Optional[typing.Literal["gelu", "quick_gelu"]] = None
     """The towers' MLP activation. None: ``gelu`` for a new model, a folder's own for a
-    pretrained folder; required for an OpenCLIP file (``quick_gelu`` for OpenAI's weights and
+    pretrained folder, the OpenCLIP config's (``quick_gelu``) for an OpenCLIP file that has one;
+    required for an OpenCLIP file without a config (``quick_gelu`` for OpenAI's weights and
     OpenCLIP's ``-quickgelu`` models, ``gelu`` for its others: the weights do not say)."""
+    openclip_config: Optional[typing.Union[str, typing.Dict[str, Any]]] = None
+    """OpenCLIP import: the model's OpenCLIP config (OpenCLIP's ``model_configs/<name>.json``, or
+    an ``open_clip_config.json``), as a file or inline (``{"vision_cfg": {"head_width": 80}}``):
+    head widths per tower, QuickGELU, the text pooling token. None: the ``open_clip_config.json``
+    beside the weights, if any. Configs the towers cannot express (timm or ResNet image towers, HF
+    text towers, attentional or average pooling, ...) are refused, naming the key."""
     openclip_head_width: int = 64
-    """OpenCLIP import: attention heads = tower width / this (OpenCLIP's ``head_width``, 64 for
-    all its ViTs and text towers)."""
+    """OpenCLIP import, for a tower whose head count no OpenCLIP config gives (``head_width`` /
+    ``heads``): attention heads = tower width / this (OpenCLIP's default ``head_width``; its
+    ViT-H/g/bigG image towers use 80/88/104, which their configs say)."""
     lock_image: bool = False
     """Freeze the image tower (LiT): its parameters get ``requires_grad=False`` and stay out of
     the optimizer (every ZeRO stage)."""

@@ -28,10 +28,20 @@ gives the same rows: :func:`with_clip_template` puts a ``TemplateProcessing`` po
 ``tok(texts, padding="max_length", truncation=True)`` equals :func:`tokenize` (transformers itself
 pads or truncates only when asked; the ``tokenizers`` library applies the saved settings always);
 it also stores ``split_special_tokens=True``, so text spelling a special token is text there too.
+
+OpenCLIP's tokenizer (``data.tokenizer: "openclip"``, :func:`build_openclip_tokenizer`): OpenAI's
+49,408-token BPE that ships inside ``open_clip_torch`` (``bpe_simple_vocab_16e6.txt.gz``), written as
+an HF CLIP tokenizer folder whose rows equal ``open_clip.tokenize``'s: ``<|startoftext|>`` 49406,
+text, ``<|endoftext|>`` 49407, padded with id 0 (``!``: a pad id that is also ordinary text stays in
+the text). Limit: OpenCLIP cleans captions with ftfy and HTML unescaping before the BPE; the folder's
+normalizer repeats what the ``tokenizers`` library can (Unicode NFC, curly quotes, f-ligatures, the
+common HTML entities, whitespace, lower case), not ftfy's other repairs (mojibake, full-width forms).
 """
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 import itertools
 import logging
 import os
@@ -51,7 +61,9 @@ from .shards import tar_members
 __all__ = [
     "BOS_TOKEN",
     "EOS_TOKEN",
+    "OPENCLIP_TOKENIZER",
     "PAD_TOKEN",
+    "build_openclip_tokenizer",
     "ensure_tokenizer",
     "iter_shard_captions",
     "load_tokenizer",
@@ -103,7 +115,12 @@ def train_bpe_tokenizer(texts: Iterable[str], out_dir: Union[str, Path], vocab_s
     fast = with_clip_template(PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN,
                                                       pad_token=PAD_TOKEN, model_max_length=context_length),
                               context_length)
-    out_dir = Path(out_dir)
+    return _save(fast, Path(out_dir))
+
+
+def _save(fast, out_dir: Path):
+    """Save ``fast`` to ``out_dir`` through a temporary sibling renamed into place (a concurrent
+    reader never sees half a tokenizer) and load it back."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
@@ -116,6 +133,81 @@ def train_bpe_tokenizer(texts: Iterable[str], out_dir: Union[str, Path], vocab_s
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return load_tokenizer(out_dir)
+
+
+OPENCLIP_TOKENIZER = "openclip"
+"""``data.tokenizer`` value: OpenCLIP's BPE (:func:`build_openclip_tokenizer`) in the run's folder."""
+_OPENCLIP_BPE = "bpe_simple_vocab_16e6.txt.gz"
+
+
+def _bytes_to_unicode() -> Dict[int, str]:
+    """GPT-2's byte -> printable character map, in OpenCLIP's order (its first 512 vocabulary ids)."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs = bs[:]
+    extra = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + extra)
+            extra += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def openclip_bpe_path() -> Path:
+    """OpenCLIP's BPE file inside the installed ``open_clip_torch`` (found, not imported: importing
+    open_clip needs torchvision)."""
+    spec = importlib.util.find_spec("open_clip")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(f"data.tokenizer '{OPENCLIP_TOKENIZER}' reads OpenCLIP's BPE from the open_clip_torch "
+                          "package, which is not installed (pip install --no-deps open_clip_torch ftfy)")
+    return Path(list(spec.submodule_search_locations)[0]) / _OPENCLIP_BPE
+
+
+def _openclip_normalizer():
+    """OpenCLIP's caption cleaning as far as ``tokenizers`` normalizers go (see the header)."""
+    from tokenizers import Regex, normalizers
+
+    replace = [("\u2018", "'"), ("\u2019", "'"), ("\u201a", "'"), ("\u201b", "'"), ("\u201c", '"'),
+               ("\u201d", '"'), ("\u201e", '"'), ("\u201f", '"'), ("\ufb00", "ff"), ("\ufb01", "fi"),
+               ("\ufb02", "fl"), ("\ufb03", "ffi"), ("\ufb04", "ffl")]
+    # html.unescape runs twice in OpenCLIP: "&amp;amp;" is "&" there too
+    entities = [("&amp;", "&"), ("&amp;", "&"), ("&quot;", '"'), ("&#39;", "'"), ("&apos;", "'"), ("&lt;", "<"),
+                ("&gt;", ">"), ("&nbsp;", " ")]
+    steps = [normalizers.NFC()] + [normalizers.Replace(a, b) for a, b in replace + entities]
+    return normalizers.Sequence(steps + [normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip(),
+                                         normalizers.Lowercase()])
+
+
+def build_openclip_tokenizer(out_dir: Union[str, Path], context_length: int = 77,
+                             bpe_path: Optional[Union[str, Path]] = None):
+    """Write OpenCLIP's tokenizer as an HF CLIP tokenizer folder and load it: the vocabulary and
+    merges of ``bpe_path`` (default: the installed open_clip_torch's), OpenCLIP's pre-tokenizing
+    pattern and ``</w>`` word ends, ``<start_of_text>`` / ``<end_of_text>`` renamed
+    ``<|startoftext|>`` / ``<|endoftext|>`` (ids 49406 / 49407), pad ``!`` (id 0, OpenCLIP's
+    padding), :func:`with_clip_template`'s rows. :func:`tokenize` with it gives ``open_clip.tokenize``'s
+    ids (see the header for the cleaning it cannot repeat)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    path = Path(bpe_path) if bpe_path is not None else openclip_bpe_path()
+    lines = gzip.open(path).read().decode("utf-8").split("\n")
+    merges = [tuple(line.split()) for line in lines[1: 49152 - 256 - 2 + 1]]  # OpenCLIP's slice of the file
+    chars = list(_bytes_to_unicode().values())
+    words = chars + [c + "</w>" for c in chars] + ["".join(m) for m in merges] + [BOS_TOKEN, EOS_TOKEN]
+    bpe = models.BPE(vocab={w: i for i, w in enumerate(words)}, merges=merges, end_of_word_suffix="</w>",
+                     continuing_subword_prefix="")
+    tok = Tokenizer(bpe)
+    tok.normalizer = _openclip_normalizer()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""),
+                             behavior="removed", invert=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.Sequence([decoders.ByteLevel(), decoders.Replace("</w>", " "), decoders.Strip(" ", 0, 1)])
+    tok.add_special_tokens([BOS_TOKEN, EOS_TOKEN])
+    fast = with_clip_template(PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN,
+                                                      pad_token="!", model_max_length=context_length),
+                              context_length)
+    return _save(fast, Path(out_dir))
 
 
 def with_clip_template(tokenizer, context_length: int):
@@ -192,7 +284,8 @@ def tokenize(tokenizer, texts: Sequence[str], context_length: int) -> Tuple[torc
     pools there). The text is encoded with ``split_special_tokens=True``, so a caption that spells
     a special token (``"<|endoftext|>"``) gets that string's ordinary tokens, never its id; should
     the text still give the EOS, PAD or BOS id (a tokenizer whose unk token is its EOS), those ids
-    are dropped from it, with a warning. So each row holds one EOS, at the caption's end. No BOS
+    are dropped from it, with a warning (a PAD id that is also ordinary text, OpenCLIP's ``!``,
+    stays). So each row holds one EOS, at the caption's end. No BOS
     when :func:`special_token_ids` gives none (also when BOS is EOS). Returns ``(input_ids,
     attention_mask)``, both ``LongTensor[N, context_length]``; the mask is 1 from the first token
     (BOS, if any) to EOS inclusive, 0 on padding.
@@ -212,7 +305,9 @@ def tokenize(tokenizer, texts: Sequence[str], context_length: int) -> Tuple[torc
     # split_special_tokens: caption text that spells a special token ("<|endoftext|>") is text, not that token
     encoded = tokenizer(texts, add_special_tokens=False, truncation=True, max_length=room,
                         split_special_tokens=True)["input_ids"]
-    structural = {eos, pad} | ({bos} if bos is not None else set())
+    structural = {eos} | ({bos} if bos is not None else set())
+    if _pad_is_structural(tokenizer, pad):
+        structural.add(pad)
     for row, toks in enumerate(encoded):
         toks = list(toks[:room])
         if structural.intersection(toks):
@@ -222,6 +317,14 @@ def tokenize(tokenizer, texts: Sequence[str], context_length: int) -> Tuple[torc
         input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         mask[row, : len(seq)] = 1
     return input_ids, mask
+
+
+def _pad_is_structural(tokenizer, pad: int) -> bool:
+    """False when the pad id is also ordinary text (OpenCLIP pads with id 0, ``!``): its spelling
+    encodes to itself, so it stays in the captions."""
+    spelled = tokenizer(tokenizer.convert_ids_to_tokens(pad), add_special_tokens=False,
+                        split_special_tokens=True)["input_ids"]
+    return list(spelled) != [pad]
 
 
 _WARNED_STRUCTURAL: set = set()
@@ -295,9 +398,13 @@ def ensure_tokenizer(data_cfg, shards: Optional[Sequence[str]], out_dir: Union[s
     vocabulary; on a shared file system call it on rank 0 first, then on the others after a
     barrier, to train once.
     """
+    out_dir = Path(out_dir)
+    if data_cfg.tokenizer == OPENCLIP_TOKENIZER:
+        if (out_dir / "tokenizer.json").is_file():
+            return load_tokenizer(out_dir)
+        return build_openclip_tokenizer(out_dir, context_length)
     if data_cfg.tokenizer:
         return load_tokenizer(data_cfg.tokenizer)
-    out_dir = Path(out_dir)
     if (out_dir / "tokenizer.json").is_file():
         return load_tokenizer(out_dir)
     if isinstance(shards, str):

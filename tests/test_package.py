@@ -19,7 +19,7 @@ def test_import_infclip_gives_the_api_and_no_generic_top_level_modules():
         "from infclip import contrastive_loss, ContrastiveLoss, CLIPTowers, load_config, train, export_hf\n"
         "assert contrastive_loss.__module__ == 'infclip.ops.contrastive_loss', contrastive_loss.__module__\n"
         "assert CLIPTowers.__module__ == 'infclip.pipeline.model'\n"
-        "for launcher in ('pretrain', 'zeroshot', 'make_shards'):\n"
+        "for launcher in ('pretrain', 'zeroshot', 'make_shards', 'openclip_tokenizer'):\n"
         "    runpy.run_path(f'launch/{launcher}.py', run_name='not_main')\n"
         "generic = sorted(m for m in sys.modules if m.split('.')[0] in ('ops', 'pipeline', 'eval'))\n"
         "assert not generic, generic\n"

@@ -191,3 +191,46 @@ def test_export_hf_upgrades_an_older_export(tmp_path, tokenizer):
     _check_transformers_folder(new, model, tokenizer)
     shutil.rmtree(old)
     assert CLIPModel.from_pretrained(new).logit_scale.item() == pytest.approx(model.logit_scale.item())
+
+
+@pytest.mark.parametrize("hidden_act", ["gelu", "quick_gelu"])
+def test_openclip_export_loads_in_open_clip_with_the_same_features(hidden_act, tmp_path, tokenizer):
+    """export_openclip's folder in OpenCLIP's own code (``local-dir:``): the project's image and text
+    features (text pooled at the project tokenizer's EOS, id 1), logit scale, tokenizer rows and
+    preprocessing; and read back here (project -> OpenCLIP -> project) the same again."""
+    from infclip.eval.checkpoint import export_openclip
+    from tests._openclip import import_open_clip
+
+    open_clip = import_open_clip()
+    model = make_model(tokenizer, hidden_act=hidden_act)
+    with torch.no_grad():
+        model.logit_scale.fill_(3.3)
+        model.logit_bias.fill_(-7.5)
+    model.save_pretrained(str(tmp_path / "run" / "hf"), tokenizer=tokenizer)
+    siglip = hidden_act == "quick_gelu"  # the SigLIP run's bias comes along too
+    (tmp_path / "run" / "config.json").write_text(json.dumps({
+        "model": TINY_MODEL, "data": {"image_mean": MEAN, "image_std": STD},
+        "contrastive_loss": {"loss": "siglip" if siglip else "clip"}}))
+    out = export_openclip(tmp_path / "run" / "hf", tmp_path / "oc")
+    oc_model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{out}")
+    oc_model.eval()
+    oc_tokenizer = open_clip.get_tokenizer(f"local-dir:{out}")
+    ids, mask = tokenize(tokenizer, TEXTS, 12)
+    assert torch.equal(oc_tokenizer(TEXTS), ids)
+    pixels = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        img, txt = model.encode_image(pixels), model.encode_text(ids, mask)
+        torch.testing.assert_close(oc_model.encode_image(pixels, normalize=True), img, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(oc_model.encode_text(ids, normalize=True), txt, rtol=1e-5, atol=1e-6)
+    assert oc_model.logit_scale.item() == pytest.approx(3.3, abs=1e-6)
+    assert (oc_model.logit_bias.item() if siglip else oc_model.logit_bias) == (pytest.approx(-7.5) if siglip else None)
+    pre = open_clip.get_model_preprocess_cfg(oc_model)
+    assert pre["size"] in (16, (16, 16)) and (pre["interpolation"], pre["resize_mode"]) == ("bicubic", "shortest")
+    assert list(pre["mean"]) == pytest.approx(MEAN) and list(pre["std"]) == pytest.approx(STD)
+
+    again = load_model(out)  # the OpenCLIP folder as --checkpoint (and model.pretrained)
+    assert again.model.cfg.hidden_act == hidden_act
+    assert torch.equal(tokenize(again.tokenizer, TEXTS, 12)[0], ids)
+    with torch.no_grad():
+        torch.testing.assert_close(again.model.encode_image(pixels), img, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(again.model.encode_text(ids, mask), txt, rtol=1e-5, atol=1e-6)

@@ -11,7 +11,7 @@ from infclip.ops.config import ConfigError
 from infclip.pipeline.config import DEEPSPEED_TOP_LEVEL_KEYS, apply_overrides, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PRESETS = ["tiny_cpu", "vitb32", "vitb32_zero3", "vitb16", "vitl14"]
+PRESETS = ["tiny_cpu", "vitb32", "vitb32_zero3", "vitb16", "vitl14", "vith14", "vitbigg14"]
 
 
 def write(tmp_path, data, name="run.json"):
@@ -41,6 +41,25 @@ def test_vit_sizes():
     b32 = load_config(os.path.join(ROOT, "ds_configs", "vitb32.json")).model
     assert (b32.vision.layers, b32.vision.hidden_size, b32.vision.patch_size, b32.vision.image_size) == (12, 768, 32, 224)
     assert (b32.text.hidden_size, b32.embed_dim) == (512, 512)
+
+
+@pytest.mark.parametrize("preset, name", [("vitb32", "ViT-B-32"), ("vitb16", "ViT-B-16"), ("vitl14", "ViT-L-14"),
+                                          ("vith14", "ViT-H-14"), ("vitbigg14", "ViT-bigG-14")])
+def test_vit_presets_have_openclips_sizes(preset, name):
+    """Each preset is OpenCLIP's model of that name (its model_configs JSON): the same sizes and
+    heads per tower, so its weights import into the preset and the preset exports to it."""
+    from tests._openclip import import_open_clip
+
+    oc = import_open_clip().get_model_config(name)
+    m = load_config(os.path.join(ROOT, "ds_configs", f"{preset}.json")).model
+    ov, ot = oc["vision_cfg"], oc["text_cfg"]
+    assert m.embed_dim == oc["embed_dim"]
+    assert (m.vision.image_size, m.vision.patch_size, m.vision.hidden_size, m.vision.layers) == (
+        ov["image_size"], ov["patch_size"], ov["width"], ov["layers"])
+    assert m.vision.hidden_size // m.vision.heads == ov.get("head_width", 64)
+    assert (m.vision.intermediate_size or 4 * m.vision.hidden_size) == int(ov["width"] * ov.get("mlp_ratio", 4.0))
+    assert (m.text.context_length, m.text.hidden_size, m.text.layers, m.text.heads) == (
+        ot["context_length"], ot["width"], ot["layers"], ot["heads"])
 
 
 @pytest.mark.parametrize("bad, good", [("zero_optimisation", "zero_optimization"),

@@ -3,6 +3,7 @@ plain-torch OpenCLIP-style forward computed from the OpenCLIP-named tensors them
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -170,7 +171,143 @@ def test_openclip_errors_name_the_problem(openclip_file, tmp_path):
     cfg = {"pretrained": str(tmp_path / "bad.pt"), "hidden_act": "gelu", "openclip_head_width": HEAD_WIDTH}
     with pytest.raises(ValueError, match=r"shape mismatch at transformer\.resblocks\.1\.mlp\.c_fc\.weight"):
         CLIPTowers.from_config(ModelConfig.from_dict(cfg))
-    extra = dict(sd, **{"visual.transformer.resblocks.0.ls_1.gamma": torch.ones(16)})
-    torch.save(extra, tmp_path / "ls.pt")
-    with pytest.raises(ValueError, match="ls_1.gamma"):
-        CLIPTowers.from_config(ModelConfig.from_dict(dict(cfg, pretrained=str(tmp_path / "ls.pt"))))
+    extra = dict(sd, **{"visual.attn_pool.query": torch.ones(4, 16)})
+    torch.save(extra, tmp_path / "pool.pt")
+    with pytest.raises(ValueError, match=r"attn_pool\.query"):
+        CLIPTowers.from_config(ModelConfig.from_dict(dict(cfg, pretrained=str(tmp_path / "pool.pt"))))
+
+
+# ------------------------------------------------------------------ against OpenCLIP's own code
+
+FAMILIES = ["ViT-B-32", "ViT-B-16-quickgelu", "ViT-L-14", "ViT-H-14", "ViT-g-14", "ViT-bigG-14", "ViT-e-14",
+            "ViT-M-16-alt", "ViT-L-14-worldwide"]
+CUSTOM_TEXT = "ViT-B-32 as CustomTextCLIP"  # the text tower's keys under "text."
+
+
+def _reduced(open_clip, name: str) -> dict:
+    """OpenCLIP's config ``name`` at 2 blocks a tower and 2 heads of the widths it sets (the image
+    tower's ``head_width``, the text tower's width / heads), small images and vocabulary: the
+    same structure, CPU-sized."""
+    cfg = open_clip.get_model_config(name.split()[0])
+    if name == CUSTOM_TEXT:
+        cfg["custom_text"] = True
+    v, t = cfg["vision_cfg"], cfg["text_cfg"]
+    v.update(layers=2, width=2 * v.get("head_width", 64), image_size=4 * v["patch_size"])
+    t.update(layers=2, width=2 * (t["width"] // t["heads"]), heads=2, vocab_size=300, context_length=12)
+    t.pop("hf_tokenizer_name", None), t.pop("tokenizer_kwargs", None)
+    if t.get("pool_type") == "eos":
+        t["eos_id"] = 7
+    cfg["embed_dim"] = 24
+    return cfg
+
+
+def _openclip_model(open_clip, cfg: dict, seed: int = 0):
+    """OpenCLIP's CLIP from ``cfg``, every parameter randomised (layer norms and layer scales too)."""
+    torch.manual_seed(seed)
+    cfg = dict(cfg)
+    cls = open_clip.model.CustomTextCLIP if cfg.pop("custom_text", False) else open_clip.model.CLIP
+    model = cls(**cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def _text_rows(cfg: dict, n: int = 3, seed: int = 1):
+    """Token rows as OpenCLIP's tokenizer lays them out: [SOT] text [EOT] then zeros, EOT at the
+    config's eos_id (pool_type "eos") or the last id (argmax pooling)."""
+    t = cfg["text_cfg"]
+    eot = t["eos_id"] if t.get("pool_type") == "eos" else t["vocab_size"] - 1
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(n, t["context_length"], dtype=torch.long)
+    for row, length in enumerate([4, t["context_length"], 7][:n]):
+        body = torch.randint(10, t["vocab_size"] - 2, (length - 2,), generator=g)
+        ids[row, :length] = torch.cat([torch.tensor([t["vocab_size"] - 2]), body, torch.tensor([eot])])
+    return ids, (torch.arange(ids.shape[1])[None] < torch.tensor([4, t["context_length"], 7][:n])[:, None]).long()
+
+
+def _features(open_clip_model, ids, pixels):
+    with torch.no_grad():
+        return (open_clip_model.encode_image(pixels, normalize=True), open_clip_model.encode_text(ids, normalize=True))
+
+
+@pytest.mark.parametrize("name", FAMILIES + [CUSTOM_TEXT])
+def test_every_openclip_vit_family_imports_with_openclips_features(name, tmp_path):
+    """OpenCLIP's own model (its config, reduced) written the hf-hub way (weights + open_clip_config.json):
+    model.pretrained gives the same image and text features, the head widths per tower included."""
+    from tests._openclip import import_open_clip
+
+    open_clip = import_open_clip()
+    cfg = _reduced(open_clip, name)
+    ref = _openclip_model(open_clip, cfg)
+    torch.save(ref.state_dict(), tmp_path / "open_clip_pytorch_model.bin")
+    (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
+    model = CLIPTowers.from_config(ModelConfig.from_dict({"pretrained": str(tmp_path / "open_clip_pytorch_model.bin")}))
+    model.eval()
+    v, t = cfg["vision_cfg"], cfg["text_cfg"]
+    assert model.cfg.vision.heads == 2 and model.cfg.text.heads == 2
+    assert model.vision.config.hidden_size // model.vision.config.num_attention_heads == v.get("head_width", 64)
+    assert model.cfg.hidden_act == ("quick_gelu" if cfg.get("quick_gelu") else "gelu")
+    ids, mask = _text_rows(cfg)
+    pixels = torch.randn(2, 3, v["image_size"], v["image_size"], generator=torch.Generator().manual_seed(2))
+    ref_img, ref_txt = _features(ref, ids, pixels)
+    with torch.no_grad():
+        img, txt, scale, _ = model(pixels, ids, mask)
+    torch.testing.assert_close(img, ref_img, rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(txt, ref_txt, rtol=1e-5, atol=2e-6)
+    assert scale.item() == pytest.approx(ref.logit_scale.exp().item(), rel=1e-6)
+
+
+def test_per_tower_head_widths_inline(tmp_path):
+    """A bare ViT-H-14 file (no config beside it): an inline OpenCLIP config with the image tower's
+    head width (80) and hidden_act import it exactly, the text tower keeping 64; a config that
+    disagrees with the weights, or with hidden_act, is named."""
+    from tests._openclip import import_open_clip
+
+    open_clip = import_open_clip()
+    cfg = _reduced(open_clip, "ViT-H-14")
+    ref = _openclip_model(open_clip, cfg)
+    torch.save(ref.state_dict(), tmp_path / "h14.pt")
+    inline = {"pretrained": str(tmp_path / "h14.pt"), "openclip_config": {"vision_cfg": {"head_width": 80}},
+              "hidden_act": "gelu"}
+    model = CLIPTowers.from_config(ModelConfig.from_dict(inline)).eval()
+    assert (model.vision.config.num_attention_heads, model.text.config.num_attention_heads) == (2, 2)
+    ids, mask = _text_rows(cfg)
+    pixels = torch.randn(2, 3, 56, 56)
+    with torch.no_grad():
+        img, txt, _, _ = model(pixels, ids, mask)
+    ref_img, ref_txt = _features(ref, ids, pixels)
+    torch.testing.assert_close(img, ref_img, rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(txt, ref_txt, rtol=1e-5, atol=2e-6)
+    bare = CLIPTowers.from_config(ModelConfig.from_dict({"pretrained": str(tmp_path / "h14.pt"), "hidden_act": "gelu",
+                                                          "openclip_head_width": 32}))
+    assert (bare.vision.config.num_attention_heads, bare.text.config.num_attention_heads) == (5, 4)  # no config
+    with pytest.raises(ConfigError, match="vision.width = 1280, the weights 160"):
+        CLIPTowers.from_config(ModelConfig.from_dict(dict(inline, openclip_config={"vision_cfg": {"width": 1280}})))
+    with pytest.raises(ConfigError, match="says 'gelu'"):
+        CLIPTowers.from_config(ModelConfig.from_dict(dict(inline, hidden_act="quick_gelu")))
+
+
+def test_openclip_configs_the_towers_cannot_express_are_named():
+    """Every config OpenCLIP ships is either imported or refused with the key and what is missing;
+    all its plain ViT configs are imported."""
+    from infclip.pipeline.openclip import openclip_spec
+    from tests._openclip import import_open_clip
+
+    open_clip = import_open_clip()
+    refused = {}
+    for name in open_clip.list_models():
+        try:
+            openclip_spec((open_clip.get_model_config(name), name))
+        except ConfigError as exc:
+            refused[name] = str(exc)
+    for name in FAMILIES + ["ViT-H-14-378-quickgelu", "ViT-bigG-14-quickgelu", "ViT-S-32-alt", "ViT-B-16-plus-240"]:
+        assert name not in refused, refused.get(name)
+    assert "vision_cfg.no_ln_pre" in refused["ViT-L-14-CLIPA"] and "pre-LayerNorm" in refused["ViT-L-14-CLIPA"]
+    assert "ResNet" in refused["RN50"]
+    assert "timm_model_name" in refused["ViT-B-16-SigLIP"]
+    assert "hf_model_name" in refused["roberta-ViT-B-32"]
+    assert "multimodal_cfg" in refused["coca_ViT-B-32"]
+    assert all("\n" not in msg for msg in refused.values())
+    with pytest.raises(ConfigError, match=r"vision_cfg\.image_size \[224, 256\] is not square"):
+        openclip_spec(({"vision_cfg": {"image_size": [224, 256]}}, "wide.json"))

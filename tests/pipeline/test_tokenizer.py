@@ -271,3 +271,33 @@ def test_bos_equal_to_eos_gets_no_bos(tmp_path, caplog):
         out = CLIPTextModel(config).eval()(input_ids=ids, attention_mask=mask)
     torch.testing.assert_close(out.pooler_output, out.last_hidden_state[torch.arange(4), mask.sum(1) - 1])
     assert (out.pooler_output[1:] - out.pooler_output[0]).abs().amax(1).min() > 1e-3  # captions differ
+
+
+OPENCLIP_CAPTIONS = [
+    "A photo of a cat!", "Don't  stop   believin' - it's 2024's best SONG!!", "café au lait, naïve résumé",
+    "\u201cCurly quotes\u201d and \u2018single\u2019 ones", "Tom &amp; Jerry &quot;cartoon&quot; &lt;3 &amp;amp;",
+    "the \ufb01nal \ufb02ight", "日本語のキャプション 東京", "emoji \U0001f431\U0001f680 test", "word " * 100,
+    "numbers 12345 and 3.14159", "", "  leading and trailing \t\n ", "<|endoftext|> <|pad|> spelled out",
+    "I'M HERE, YOU'LL SEE; WE'D GO", "!!! ! !"]
+
+
+def test_openclip_tokenizer_folder_gives_openclips_ids(tmp_path):
+    """data.tokenizer "openclip" (and launch/openclip_tokenizer.py) write OpenCLIP's BPE as an HF CLIP
+    folder: tokenize(), the folder called the HF way and AutoTokenizer give open_clip.tokenize's rows
+    (padding with id 0, "!", which stays text), EOS 49407 for the text tower to pool."""
+    from launch.openclip_tokenizer import main
+    from tests._openclip import import_open_clip
+
+    open_clip = import_open_clip()
+    ref = open_clip.tokenize(OPENCLIP_CAPTIONS)
+    tok = ensure_tokenizer(DataConfig(train_shards="x.tar", tokenizer="openclip"), None, tmp_path / "run" / "tokenizer")
+    assert (len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (49408, 49406, 49407, 0)
+    ids, mask = tokenize(tok, OPENCLIP_CAPTIONS, 77)
+    assert torch.equal(ids, ref)
+    assert mask.sum(1).tolist() == [int(row.nonzero().max()) + 1 for row in ref]
+    assert main(["--out", str(tmp_path / "cli")]) == 0
+    for folder in (tmp_path / "run" / "tokenizer", tmp_path / "cli"):
+        auto = AutoTokenizer.from_pretrained(str(folder))
+        assert torch.equal(auto(OPENCLIP_CAPTIONS, padding="max_length", truncation=True,
+                                return_tensors="pt")["input_ids"], ref)
+    assert ensure_tokenizer(DataConfig(train_shards="x.tar", tokenizer="openclip"), None, tmp_path / "run" / "tokenizer").eos_token_id == 49407
