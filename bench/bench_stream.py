@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     p.add_argument("--micro_batch", type=int, default=None, help="default: the preset's")
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
-                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; gpu, gpu-inline or cpu)")
+                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; gpu or cpu)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
     p.add_argument("--shards", type=int, default=32)
@@ -162,17 +162,11 @@ def main(argv=None) -> int:
 
     def loader(urls, decode, crop):
         cfg = run_cfg.data
-        cfg.decode, cfg.crop_scale = decode.split("-")[0], list(crop)
-
-        def build(epoch, start):
-            made = build_train_loader(cfg, tokenizer, image_size=te.image_size, context_length=te.context_length,
-                                      batch_size=run_cfg.micro_batch_size, epoch=epoch, start_batch=start, shards=urls,
-                                      device=te.device, dtype=te.input_dtype)
-            if made.stage is not None:
-                made.stage.threaded = not decode.endswith("-inline")
-            return made
-
-        return build
+        cfg.decode, cfg.crop_scale = decode, list(crop)
+        return lambda epoch, start: build_train_loader(
+            cfg, tokenizer, image_size=te.image_size, context_length=te.context_length,
+            batch_size=run_cfg.micro_batch_size, epoch=epoch, start_batch=start, shards=urls, device=te.device,
+            dtype=te.input_dtype)
 
     one = next(iter(loader(first, "cpu", args.crop_scale)(0, 0)))
     synthetic = _Synthetic({k: v for k, v in one.items() if k in ("pixel_values", "input_ids", "attention_mask")})

@@ -843,9 +843,9 @@ class ShardLoader:
             return
         records: Iterator[Dict[str, Any]] = iter(self.dataloader)  # here: it draws from the global RNG
         if self.stage is not None:
-            from .gpu_decode import one_ahead, prefetched
+            from .gpu_decode import prefetched
 
-            records = (prefetched if self.stage.threaded else one_ahead)(records, self.stage, lambda r: _TAIL not in r)
+            records = prefetched(records, self.stage, lambda r: _TAIL not in r)
         try:
             yield from self._batches(records, left)
         finally:
