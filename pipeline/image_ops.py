@@ -17,8 +17,8 @@ up to fp32 rounding. The CPU path resizes uint8 with torch's fixed-point filter,
 between its two passes: the two paths' levels differ by at most one or two (the CPU tests
 compare against the float reference below, exactly, and against the CPU path's own crop).
 
-Limit: the kernel loops over a square of taps per output pixel (``taps`` per axis, a power of
-two from the image's downscale), so its cost grows with the square of the downscale factor;
+Limit: the kernel loops over a square of taps per output pixel (``taps`` per axis, from the
+image's downscale), so its cost grows with the square of the downscale factor;
 images are grouped by the taps they need, one launch a group, so one huge photo does not slow
 the rest of the batch.
 """
@@ -117,10 +117,9 @@ def normalize_pixels(pixels: torch.Tensor, mean: Sequence[float], std: Sequence[
 
 
 def taps_for(sides: torch.Tensor, size: int) -> torch.Tensor:
-    """Input pixels the filter can span along an axis of ``sides`` pixels resized to ``size``,
-    rounded up to a power of two (at least 2): a kernel is compiled per value."""
-    need = torch.ceil(2 * torch.clamp(sides.double() / size, min=1.0)) + 1
-    return torch.exp2(torch.ceil(torch.log2(need))).long().clamp_(min=2)
+    """Input pixels the filter can span along an axis of ``sides`` pixels resized to ``size``
+    (a kernel is compiled per value: a handful, for the downscales a data set has)."""
+    return (torch.ceil(2 * torch.clamp(sides.double() / size, min=1.0)) + 1).long()
 
 
 def resized_crop_normalize(images: Sequence[torch.Tensor], boxes: Any, out: torch.Tensor, dest: Any,
