@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     p.add_argument("--micro_batch", type=int, default=None, help="default: the preset's")
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
-                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; gpu or cpu)")
+                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; cpu, gpu, or gpu@SHARE for data.gpu_decode_share)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
     p.add_argument("--shards", type=int, default=32)
@@ -160,9 +160,13 @@ def main(argv=None) -> int:
                                     vocab_size=min(run_cfg.data.vocab_size, 4096))
     te = build_engine(run_cfg, tokenizer)
 
+    default_share = run_cfg.data.gpu_decode_share
+
     def loader(urls, decode, crop):
         cfg = run_cfg.data
+        decode, _, share = decode.partition("@")  # gpu@0.5: data.gpu_decode_share 0.5
         cfg.decode, cfg.crop_scale = decode, list(crop)
+        cfg.gpu_decode_share = float(share) if share else default_share
         return lambda epoch, start: build_train_loader(
             cfg, tokenizer, image_size=te.image_size, context_length=te.context_length,
             batch_size=run_cfg.micro_batch_size, epoch=epoch, start_batch=start, shards=urls, device=te.device,

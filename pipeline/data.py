@@ -150,6 +150,11 @@ class DataConfig:
     workers only read, parse headers and tokenise: ``pipeline.gpu_decode``; needs the ``gpu``
     extra, torchvision) or ``"auto"``: the GPU when training on CUDA and torchvision is there,
     else the CPU. Other image formats are decoded in the workers either way. Eval is on the CPU."""
+    gpu_decode_share: float = 0.7
+    """With GPU decoding, the share of the JPEGs decoded there (chosen per sample from a hash of its
+    shard name and key: the same samples on every run and resume); the workers decode the rest,
+    so the GPU's decode of a batch (nvJPEG's latency grows with the image count while the step
+    holds the GPU) and the workers' share both finish within a step. 1: every JPEG nvJPEG takes."""
     device_cache: bool = False
     """Decode every training sample once into device memory and serve batches from there
     (``pipeline.data_cache``): for data sets that fit (at most half the free memory), when the
@@ -182,6 +187,8 @@ class DataConfig:
             raise ConfigError(f"'image_key' names no extension: {self.image_key!r}")
         if not self.caption_key:
             raise ConfigError("'caption_key' must not be empty")
+        if not 0.0 <= self.gpu_decode_share <= 1.0:
+            raise ConfigError(f"'gpu_decode_share' must be in [0, 1], got {self.gpu_decode_share}")
         if self.decode not in ("auto", "cpu", "gpu"):
             raise ConfigError(f"'decode' must be \"auto\", \"cpu\" or \"gpu\", got {self.decode!r}")
 
@@ -361,6 +368,8 @@ class _StreamSpec:
     None: ``start_batch mod W``."""
     gpu_decode: bool = False
     """Training: JPEGs leave the workers undecoded, with their crop boxes (``pipeline.gpu_decode``)."""
+    gpu_share: float = 1.0
+    """With ``gpu_decode``: the share of JPEGs sent undecoded (by a hash of shard name and key)."""
 
     def __post_init__(self) -> None:
         w = self.num_logical_workers
@@ -607,8 +616,9 @@ class _ShardStream(torch.utils.data.IterableDataset):
                     if s.train:
                         rng = random.Random(_seed("crop", s.seed, s.epoch, _shard_name(item["url"]), item["key"]))
                         box = _crop_box(*img.size, s.crop_scale, rng)
-                        if s.gpu_decode and _gpu_decodable(img, mode):  # decoded on the GPU: box and size
-                            pixels = (*_full_resolution_box(box, img.size, full), *full)
+                        if s.gpu_decode and _gpu_decodable(img, mode) and \
+                                _seed("decode", _shard_name(item["url"]), item["key"]) < s.gpu_share * 2**64:
+                            pixels = (*_full_resolution_box(box, img.size, full), *full)  # GPU: box, size
                         else:  # uint8: a quarter of the bytes through the workers' queues; normalised later
                             pixels = _resized_box_uint8(img.convert("RGB"), box, s.image_size)
                     else:
@@ -990,7 +1000,7 @@ def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_l
         std=cfg.image_std, rank=rank, world_size=world_size, train=True, seed=cfg.seed if seed is None else seed,
         epoch=epoch, shard_shuffle=cfg.shard_shuffle, shuffle_buffer=cfg.shuffle_buffer, resampled=cfg.resampled,
         batches_per_rank=batches_per_rank, start_batch=start_batch, crop_scale=cfg.crop_scale, drop_last=True)
-    spec.gpu_decode = decode_on_gpu(cfg, device)
+    spec.gpu_decode, spec.gpu_share = decode_on_gpu(cfg, device), cfg.gpu_decode_share
 
     def normalize(pixels: torch.Tensor) -> torch.Tensor:
         if device is not None:

@@ -64,7 +64,7 @@ def _mixed_shards(out, n: int = 24, per_shard: int = 6) -> str:
 
 def _loader(url, tok, decode, device="cpu", **kw):
     cfg = DataConfig(train_shards=url, workers=kw.pop("workers", 2), shuffle_buffer=8, seed=5, decode=decode,
-                     crop_scale=[0.4, 1.0])
+                     crop_scale=[0.4, 1.0], gpu_decode_share=kw.pop("share", 1.0))
     return build_train_loader(cfg, tok, image_size=16, context_length=16, batch_size=4,
                               device=torch.device(device), **kw)
 
@@ -155,14 +155,14 @@ def test_workers_send_jpeg_files_and_decode_the_rest(tmp_path, tok):
 
 def test_gpu_path_resumes_exactly(tmp_path, tok):
     url = _mixed_shards(tmp_path / "mixed")
-    whole = _loader(url, tok, "gpu")
+    whole = _loader(url, tok, "gpu", share=0.6)
     batches = list(whole)
-    first = _loader(url, tok, "gpu")
+    first = _loader(url, tok, "gpu", share=0.6)
     it = iter(first)
     head = [next(it) for _ in range(2)]
     position = first.position()
     it.close()
-    rest = list(_loader(url, tok, "gpu", start_batch=2, position=position))
+    rest = list(_loader(url, tok, "gpu", share=0.6, start_batch=2, position=position))
     assert len(head) + len(rest) == len(batches)
     for a, b in zip(head + rest, batches):
         assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["pixel_values"], b["pixel_values"])
@@ -225,3 +225,19 @@ def test_nvjpeg_path_counts_a_body_it_cannot_decode(tmp_path, tok):
     assert len(batches) == 2 and all(b["pixel_values"].shape[0] == 4 for b in batches)
     assert sum(gpu.stage.fallbacks.values()) >= 0  # nvJPEG may decode a cut body (grey tail); PIL may not
     print("fallbacks", gpu.stage.fallbacks, "skipped", gpu.skipped_by_reason)
+
+
+def test_the_gpu_share_picks_the_same_samples_every_time(tmp_path, tok):
+    """gpu_decode_share: which JPEGs go to the GPU is a function of (shard name, key) alone: the
+    same samples at every pass, about the share asked for, none at 0."""
+    url = _mixed_shards(tmp_path / "mixed", n=60, per_shard=60)
+
+    def sent(share):
+        loader = _loader(url, tok, "gpu", workers=0, share=share)
+        return [names for r in loader.dataloader.dataset if "jpeg_names" in r for names in r["jpeg_names"]]
+
+    half = sent(0.5)
+    assert half == sent(0.5)
+    eligible = len(sent(1.0))  # the baseline colour JPEGs: a third of the 60 samples
+    assert eligible == 20 and 4 <= len(half) <= 16 and set(half) <= set(sent(1.0))
+    assert sent(0.0) == []
