@@ -186,7 +186,8 @@ def main(argv=None) -> int:
             name, decode = phase.split(":")
             crop = [1.0, 1.0] if name.startswith("scenes") else args.crop_scale
             build = loader(sets[name], decode, crop)
-        row = {**base, "phase": phase, **run_phase(te, run_cfg, build, args.warmup, args.steps)}
+        row = {**base, "phase": phase, "gpu_decode_share": run_cfg.data.gpu_decode_share if ":gpu" in phase else None,
+               **run_phase(te, run_cfg, build, args.warmup, args.steps)}
         rows.append(row)
         print(f"{phase:>14}: {row['samples_per_s']:8.0f} samples/s, step {row['step_ms']:6.1f} ms, "
               f"waiting {row['wait_fraction']:.1%}" + (f", decode {row['gpu_decode_ms']:.1f} ms a batch"
