@@ -54,9 +54,9 @@ def captured(fn, calls: int = 10) -> torch.cuda.CUDAGraph:
 
 def matmul_tflops_sustained(n: int = 8192, seconds: float = 3.0) -> float:
     """The same GEMM back to back for ``seconds`` (a CUDA graph of ten, replayed): the rate at the
-    board's power cap. The roofline uses :func:`matmul_tflops` (short calls from an idle GPU, as
-    the issue's); on an H200 this one is ~15% lower (794 against 666 TFLOP/s, h200_es), and every
-    kernel of a 30-50 ms loss call runs at the cap (bench/diag_block_power.py)."""
+    board's power cap. The roofline uses :func:`matmul_tflops` (short calls from an idle GPU); on an
+    H200 this one is ~15% lower (794 against 666 TFLOP/s), and every kernel of a 30-50 ms loss
+    call runs at the cap."""
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(a)

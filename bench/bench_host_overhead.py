@@ -2,7 +2,7 @@
 
     python bench/bench_host_overhead.py                  # CPU (gloo, one process) or one GPU
 
-Issue 10's profile of the ViT-B/32 step at micro-batch 256 found the step bound by the host:
+A profile of the ViT-B/32 step at micro-batch 256 finds the step bound by the host:
 ZeRO-2 hooks, copies and norms run once per parameter tensor (399 in the two towers). This
 benchmark isolates that cost: a model of ``--numel`` elements split into N tensors, a forward that
 costs almost nothing (one reduction per tensor), and the DeepSpeed step (bf16, ZeRO stage as

@@ -208,7 +208,7 @@ def run_size_variants(b: int, d: int, reps: int, variants, emit) -> None:
             first = out if first is None else first
             check("stats", cfg, out, first)
     # (a block takes 0.1-0.3 ms: each call timed behind 9 others, else the launch's host time
-    # counts, the TMA kernels' descriptors most; h200_bj timed them one by one)
+    # counts, the TMA kernels' descriptors most)
     emit(b, f"cublas_block_{rows}x{cols}", None,
          timed_queued(lambda: torch.mm(img[:rows], txt[:cols].T, out=p), reps, 10), flops(rows, cols))
     emit(b, "unfused_grad_block", None, timed_queued(lambda: grad(False), reps, 10), flops(rows, cols))

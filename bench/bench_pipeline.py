@@ -521,9 +521,7 @@ def main(argv=None) -> int:
                    "tower (tower), or none (0)")
     p.add_argument("--distributed", default="gather", help="loss scheme with several ranks (the vitb32 preset's: "
                    "gather); per-GPU samples/s against a one-GPU run of the same command is the scaling")
-    # (the defaults below are the presets' settings, ds_configs/vitb32.json; before, a run with
-    # the defaults measured plain parameters and no CUDA graphs: 2,118 samples/s on an H100
-    # against 4,516 with the preset's settings, h100_fk / h100_fl)
+    # (the defaults below are the presets' settings, ds_configs/vitb32.json)
     p.add_argument("--compile_mode", default="reduce-overhead", choices=["default", "reduce-overhead",
                                                                          "max-autotune-no-cudagraphs"])
     p.add_argument("--overlap_comm", type=int, default=0, choices=[0, 1], help="zero_optimization.overlap_comm")

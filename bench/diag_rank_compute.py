@@ -16,7 +16,7 @@ cost. Variants of the assembly, each scheme where it differs: ``default``; ``loc
 assembly.SWEEP_BLOCKS_GLOBAL); ``one_step`` (disco: one step on all B columns between a
 blocking all-gather and reduce-scatter, sweeps.DISCO_PIPELINED off); ``weighted`` (CLIP: also the forward's weighted sums by the
 per-tile statistics kernels instead of d scale summed in the gradient blocks,
-assembly.SWEEPS_SUM_DSCALE; the code before both). Times: CUDA events behind --queued-ms of
+assembly.SWEEPS_SUM_DSCALE). Times: CUDA events behind --queued-ms of
 queued GPU work, median of --reps; peak: the most allocated during one call above what was
 allocated before it. The rows go to --out as JSON lines; a table is printed.
 """

@@ -6,7 +6,7 @@ that by queueing work before each timed call and starting its timer (CUDA events
 a sleep kernel (the default), or with :func:`use_gemms` bf16 GEMMs, which also keep the GPU at
 its power cap as the towers' matmuls do (behind a sleep the call starts at an idle GPU's clock:
 on an H200 cuBLAS runs ~720 TFLOP/s in a single call after an idle second and ~600 through a
-burst, bench/diag_sustained.py). Imported by the bench scripts (their folder is on ``sys.path``
+burst). Imported by the bench scripts (their folder is on ``sys.path``
 when they run)."""
 
 from __future__ import annotations

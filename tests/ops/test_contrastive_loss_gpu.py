@@ -210,11 +210,11 @@ def test_large_batch_matches_chunked_torch():
 
 
 @pytest.mark.parametrize("b, bar_gib", [(32768, 0.19), (65536, 0.38)])
-def test_peak_memory_within_issue_bars(b, bar_gib):
-    """The CLIP op's forward + backward at its defaults holds no more above its inputs than when
-    issue 11 was filed (0.19 / 0.38 GiB at 32k / 65k, the features' gradients included), measured
-    as bench_contrastive_loss.py does. A backward that kept a view of P's buffer past its block
-    loop (the TMA descriptors of h200_em's first version) held 0.22 / 0.44."""
+def test_peak_memory_within_its_bars(b, bar_gib):
+    """The CLIP op's forward + backward at its defaults holds at most 0.19 / 0.38 GiB above its
+    inputs at 32k / 65k (the features' gradients included), measured as bench_contrastive_loss.py
+    does. A backward that kept a view of P's buffer past its block loop (TMA descriptors, say)
+    would hold 0.22 / 0.44."""
     img, txt = _inputs(b, 768, torch.bfloat16)
     img.requires_grad_()
     txt.requires_grad_()

@@ -118,9 +118,10 @@ def test_clip_launches_per_call(launches, budget):
 # ----------------------------------------------------------------------------------------------
 # The backward's numbers: the torch formula the scaling launch replaced, bit for bit
 # ----------------------------------------------------------------------------------------------
-def _previous_siglip_backward(g, s, d_img, d_txt, sums, n, folded, dtype):
-    """ops/assembly.siglip_backward_from_forward before the scaling launch (one device), and the
-    registered backward's cast to the features' dtype."""
+def _siglip_backward_formula(g, s, d_img, d_txt, sums, n, folded, dtype):
+    """The SigLIP backward's last step written out in torch (one device): the saved gradients
+    times g (folded) or g s / B, the scale and bias gradients from the sums, and the registered
+    backward's cast to the features' dtype."""
     coef = g / n
     k = g if folded else coef * s
     return (d_img * k).to(dtype), (d_txt * k).to(dtype), coef * sums[0], coef * sums[1]
@@ -133,7 +134,7 @@ def _siglip_backward_op(g, img, txt, scale, bias, d_img, d_txt, sums):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_siglip_backward_is_the_previous_formula_bit_for_bit(dtype):
+def test_siglip_backward_matches_the_formula_bit_for_bit(dtype):
     """The backward op on what a forward saved (bf16: as the GPU forward would save it; the
     interpreter cannot run bf16 dots): finished gradients in the features' dtype times g
     (bf16, fp32), or fp32 gradients times g s / B (fp16); fp32 products rounded once."""
@@ -147,20 +148,20 @@ def test_siglip_backward_is_the_previous_formula_bit_for_bit(dtype):
     img, txt, scale, bias = (x.detach() for x in _inputs(b, d, dtype))
     g = torch.tensor(UPSTREAM)
     got = _siglip_backward_op(g, img, txt, scale, bias, d_img, d_txt, sums)
-    want = _previous_siglip_backward(g, scale.reshape(()), d_img, d_txt, sums, b, folded, dtype)
+    want = _siglip_backward_formula(g, scale.reshape(()), d_img, d_txt, sums, b, folded, dtype)
     for x, y, what in zip(got, want, ("d_img", "d_txt", "d_scale", "d_bias")):
         assert x.dtype == y.dtype and torch.equal(x.reshape(y.shape), y), what
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_siglip_autograd_is_the_previous_formula_bit_for_bit(dtype):
+def test_siglip_autograd_matches_the_formula_bit_for_bit(dtype):
     """Through autograd, (loss * 0.37).backward() twice with retain_graph: each gives the formula
     on the forward's own results (so the saved tensors were not changed in place)."""
     img, txt, scale, bias = _inputs(48, 24, dtype, seed=5)
     kw = ("siglip", "triton", 0.0, 0, 0, False, 64.0, True)
     with torch.no_grad():
         _, d_img, d_txt, sums, _ = OP(img, txt, scale, bias, *kw)
-    want = _previous_siglip_backward(torch.tensor(UPSTREAM), scale.detach().reshape(()), d_img,
+    want = _siglip_backward_formula(torch.tensor(UPSTREAM), scale.detach().reshape(()), d_img,
                                      d_txt, sums, 48, dtype != torch.float16, dtype)
     loss = contrastive_loss(img, txt, scale, bias, loss="siglip", impl="triton",
                             triton_interpret=True)
@@ -171,7 +172,7 @@ def test_siglip_autograd_is_the_previous_formula_bit_for_bit(dtype):
             assert torch.equal(leaf.grad.reshape(w.shape), times * w)  # (x + x: exact)
 
 
-def test_clip_fp16_backward_is_the_previous_formula_bit_for_bit():
+def test_clip_fp16_backward_matches_the_formula_bit_for_bit():
     """CLIP with fp16 features (the coefficients are not folded into the gradient kernel there):
     the fp32 gradients times k = g / (2B) s in fp32, then rounded to fp16; d_scale = g / (2B)
     times the forward's sum of E[S'] - S'_ii terms."""

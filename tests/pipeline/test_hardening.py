@@ -1,4 +1,4 @@
-"""Hardening (issue 12), with real files: planted pickles in every checkpoint file the resume path
+"""Hardening, with real files: planted pickles in every checkpoint file the resume path
 reads, half-written tags, stale incomplete tags and keep_last, a resume with another setup, a
 non-finite gradient norm. In-process runs on a gloo world of one (tests/pipeline/test_train.py)."""
 
