@@ -119,7 +119,9 @@ class DecodeStage:
         cuda = self.device.type == "cuda"
         self.decode_fn = decode_fn or (_nvjpeg_decode if cuda else
                                        (lambda files, dev: [pil_decode(f).to(dev) for f in files]))
-        self.stream = torch.cuda.Stream(self.device) if cuda else None
+        # high priority: the crop's blocks go ahead of the step's queued ones, so a batch is ready
+        # sooner and the next decode, which waits for it, starts sooner (the GPU time is the same)
+        self.stream = torch.cuda.Stream(self.device, priority=-1) if cuda else None
         self._last: Any = None  # the side stream's event after the previous batch
         self.fallbacks = {"cpu_decode": 0, "bad_image": 0}
         """JPEGs decoded by PIL after the GPU decoder rejected them, and those nobody could decode."""
