@@ -40,7 +40,7 @@ ZERO3_KEPT_WAITS = ("fetch", "norm")
 """DeepSpeed's ZeRO-3 host waits the training engine keeps, unless the towers are flat
 (:func:`zero3_kept_waits`). Removing them (pipeline.zero3_step, exact) measured no faster on one
 H200 with flat blocks (ViT-B/32, micro-batch 256, one process: 3,436-3,460 samples/s without them
-against 3,841 with them, bench/device/h200_bb.sh): that step is bound by the host's own per-step
+against 3,841 with them): that step is bound by the host's own per-step
 work. ``()`` removes them."""
 
 
@@ -48,8 +48,8 @@ def zero3_kept_waits(model_cfg: Any) -> tuple:
     """The ZeRO-3 host waits to keep: none with flat towers (``model.flat_parameters: "tower"``),
     whose step leaves the host little else to do, so that it runs ahead of the GPU once the waits
     are gone (ViT-B/32, micro-batch 256, one H200, against ZeRO-2 with flat towers in the same
-    process: 0.88-0.95x without them over nine processes, median 0.93x; 0.78-0.83x with them;
-    bench/device/h200_hb.sh to h200_hk.sh); else :data:`ZERO3_KEPT_WAITS`."""
+    process: 0.88-0.95x without them over nine processes, median 0.93x; 0.78-0.83x with them);
+    else :data:`ZERO3_KEPT_WAITS`."""
     return () if model_cfg.flat_parameters == "tower" else ZERO3_KEPT_WAITS
 
 logger = logging.getLogger(__name__)

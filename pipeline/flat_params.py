@@ -2,7 +2,7 @@
 
 Why: DeepSpeed's ZeRO stages do Python work for every parameter tensor in every step (a gradient
 hook, a bucket copy, a norm term). The two ViT-B/32 towers have 399 tensors, and at micro-batch
-256 that host work bounds the step (README "End to end"; ``bench/bench_host_overhead.py``
+256 that host work bounds the step (docs/benchmarks.md; ``bench/bench_host_overhead.py``
 measures it: 53-84 ms per step with 399 tensors against 23-32 ms with 54 on a 2-core CPU).
 With ``model.flat_parameters``, each block keeps its matrices in one parameter
 (``flat_matrices``, weight decay) and its vectors in another (``flat_vectors``, no decay):
@@ -40,7 +40,7 @@ tower's flat gradient once per block. The state-dict hook writes a tower's keys,
 in the order of the unflattened tower.
 
 Limits: locked towers are refused. On an H200, ViT-B/32 under ZeRO-2: 1.28x at micro-batch 256
-(host-bound), 1.045x at 1,024 (README "End to end"); flat towers 1.02x more; under ZeRO-3 with
+(host-bound), 1.045x at 1,024 (docs/benchmarks.md); flat towers 1.02x more; under ZeRO-3 with
 tower units, flat towers 1.18-1.24x flat blocks (0.93x ZeRO-2). On the CPU host,
 bench/bench_host_overhead.py.
 """

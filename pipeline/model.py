@@ -214,7 +214,7 @@ def copy_gradients_out_of_graphs(params: typing.Iterable[nn.Parameter]) -> None:
     DeepSpeed's ZeRO-0 and ZeRO-1 with ``gradient_accumulation_steps`` 2 failed at the second
     micro-step, with plain and with flat blocks (ZeRO-2 moves each gradient into its own buffer at
     once), and so did any loop that does not clear ``.grad`` between backwards
-    (tests/pipeline/test_cuda_graphs.py, bench/results/gpu_tests_cuda_graphs_control_jf_h200.log).
+    (tests/pipeline/test_cuda_graphs.py, run on a GPU with the copy switched off).
     A hook before the accumulation copies each such gradient into ordinary memory: one copy of
     these parameters' gradients per backward (with flat blocks, the ~15 tensors outside them)."""
     for p in params:

@@ -4,8 +4,8 @@ Why: the patch embedding is a convolution whose kernel equals its stride (no ove
 matrix product of the image's patches with the kernel. cuDNN runs it (bf16, 3 input channels)
 with slow generic kernels: on an H200, ViT-B/32 at micro-batch 256 spent 2.1 ms per step in the
 forward convolution and 3.0 ms in its weight gradient (``wgrad_alg1_engine``), 12% of a 43 ms
-step, for 0.12 TFLOP of work (~0.3 ms at the GEMM rate); at 1,024, 19 ms of 142 ms
-(``bench/results/pipeline_vitb32_1024_z3stack_profile_h200.log``, ``pipeline_vitb32_256_flat_h200.log``).
+step, for 0.12 TFLOP of work (~0.3 ms at the GEMM rate); at 1,024, 19 ms of 142 ms (profiles of
+``bench/bench_pipeline.py --profile``).
 
 How: :func:`use_patch_gemm` gives the tower's ``Conv2d`` a forward that cuts the image into its
 patches (one strided copy, ``[B * h * w, C * p * p]``), multiplies them by the kernel viewed as a

@@ -23,8 +23,7 @@ functions are not where this module expects them) nothing is replaced and the re
 
 ZeRO-0 with bf16 (or fp16) weights steps through DeepSpeed's FP16 optimizer wrapper, whose
 overflow check (``CheckOverflow.has_overflow_serial``) reads one inf/nan flag per parameter tensor
-on the host: 63 waits on the GPU a step for ViT-B/32 with flat parameters (H200,
-bench/results/pipeline_vitb32_256_zero0_syncpoints_h200.log), ``bf16.check_grad_overflow: false``
+on the host: 63 waits on the GPU a step for ViT-B/32 with flat parameters (H200), ``bf16.check_grad_overflow: false``
 notwithstanding. :func:`keep_step_on_device` gives that checker the same per-tensor test with the
 flags combined on the device and read once (the same answer; the step still skips on overflow,
 which needs the host to know).
