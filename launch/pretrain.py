@@ -7,7 +7,9 @@ defaults are filled in so DeepSpeed does not go looking for MPI), under
 ``deepspeed --num_gpus N``, ``deepspeed --hostfile hostfile`` and ``--launcher openmpi`` (rank
 discovery through mpi4py).
 
-A user error (config, data, checkpoint, a changed setup on resume, a diverged run) ends the
+A stop signal (``train.save_on_signal``: SIGTERM, SIGUSR1, SIGINT) ends the run after the step in
+progress with a checkpoint, one line and exit code 0. A user error (config, data, checkpoint, a
+run folder in use or holding another run, a changed setup on resume, a diverged run) ends the
 process with one line ``pretrain.py: error: ...`` and exit code 2; ``--debug`` shows its traceback.
 Anything else is a bug and keeps its traceback (as does a user error under ``--debug``: exit code
 1). A run that finished, or stopped on a user error, leaves through
@@ -51,6 +53,8 @@ def main(argv=None) -> int:
     parser.add_argument("--ds_config", "--deepspeed_config", dest="ds_config",
                         default="ds_configs/tiny_cpu.json", help="the run's JSON (DeepSpeed keys + project sections)")
     parser.add_argument("--resume", default=None, help="'latest' or a checkpoint directory")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start afresh in a train.output_dir that holds another run's checkpoints, removing them")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set train.steps=20 (repeatable; value is JSON)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
@@ -67,8 +71,15 @@ def main(argv=None) -> int:
     try:
         with exit_on_user_error("pretrain.py", args.debug):
             run_cfg = load_config(args.ds_config, args.overrides)
-            result = train(run_cfg, resume=args.resume, evaluator=_evaluator(run_cfg, args.ds_config))
-        logging.getLogger("pretrain").info("finished at step %d; run directory %s", result.step, result.output_dir)
+            result = train(run_cfg, resume=args.resume, evaluator=_evaluator(run_cfg, args.ds_config),
+                           overwrite=args.overwrite)
+        if result.stopped_by is not None:
+            logging.getLogger("pretrain").info("stopped by %s after step %d, its checkpoint saved in %s; continue "
+                                               "with --resume latest", result.stopped_by, result.step,
+                                               os.path.join(result.output_dir, "ckpt"))
+        else:
+            logging.getLogger("pretrain").info("finished at step %d; run directory %s", result.step,
+                                               result.output_dir)
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

@@ -27,7 +27,7 @@ import difflib
 import json
 import math
 import os
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterable, List, Literal, Mapping, Optional
 
 from infclip.ops.config import ConfigError, ContrastiveLossConfig, parse_section, require_at_least
 
@@ -63,6 +63,9 @@ DEEPSPEED_TOP_LEVEL_KEYS = frozenset({
     "compile", "weight_quantization",
 })
 
+#: The signals ``train.save_on_signal`` may name (pipeline.signals).
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP")
+
 #: The project's own top-level sections.
 PROJECT_SECTIONS = ("model", "data", "contrastive_loss", "train", "eval")
 
@@ -92,7 +95,8 @@ class TrainConfig:
     output_dir: str = "runs/default"
     """Run directory: ckpt/ (DeepSpeed checkpoints), tb/ (TensorBoard), tokenizer/, final/."""
     seed: int = 0
-    """Seed of the model init (same on all ranks) and of each rank's dropout stream (seed + rank)."""
+    """Seed of the model init (same on all ranks) and of each rank's dropout stream (seed + rank);
+    in [0, 2**32)."""
     chunk_size: Optional[int] = None
     """GradCache-style chunked backbone: rows per tower forward (None: the whole micro-batch)."""
     keep_last_checkpoints: int = 2
@@ -115,6 +119,13 @@ class TrainConfig:
     on_collapse: Literal["warn", "stop"] = "warn"
     """On a collapse: ``warn`` (once, the run goes on) or ``stop`` (TrainingCollapseError at that
     log step, before anything after it is evaluated or saved)."""
+    save_on_signal: List[str] = dataclasses.field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGINT"])
+    """Signals that stop the run after the current step with a checkpoint, exit code 0 (pre-emption:
+    SLURM and Kubernetes send SIGTERM before they kill a job, SLURM's ``--signal`` SIGUSR1 ahead of
+    the time limit; SIGINT: Ctrl-C, without a traceback). Every rank stops after the same step,
+    also when one rank got the signal first; a second signal stops at once, without a checkpoint.
+    Any of SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP; [] keeps the signals' usual effect
+    (pipeline.signals)."""
 
     def __post_init__(self) -> None:
         require_at_least(self, 1, "steps", "log_every")
@@ -122,6 +133,11 @@ class TrainConfig:
         require_at_least(self, 1, "epochs", "chunk_size", optional=True)
         if not self.output_dir:
             raise ConfigError("'output_dir' must not be empty")
+        for name in self.save_on_signal:
+            if name not in STOP_SIGNALS:
+                raise ConfigError(f"'save_on_signal' names {name!r}; it may hold {', '.join(STOP_SIGNALS)}")
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"'seed' must be in [0, 2**32), got {self.seed}")
         for key in ("collapse_loss_tolerance", "collapse_scale_tolerance"):
             if not 0.0 < getattr(self, key) < 1.0:
                 raise ConfigError(f"'{key}' must be in (0, 1), got {getattr(self, key)}")

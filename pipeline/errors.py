@@ -15,7 +15,7 @@ from typing import Iterator
 
 from infclip.ops.config import ConfigError
 
-__all__ = ["CheckpointError", "ResumeMismatchError", "NonFiniteError", "NonFiniteLossError",
+__all__ = ["CheckpointError", "ResumeMismatchError", "RunFolderError", "DataError", "NonFiniteError", "NonFiniteLossError",
            "NonFiniteGradError", "NONFINITE_ADVICE", "PeerFailedError", "TrainingCollapseError", "USER_ERRORS",
            "UserErrorExit", "exit_on_user_error"]
 
@@ -24,6 +24,16 @@ class CheckpointError(ValueError):
     """A checkpoint cannot be used: a file is missing, empty, truncated or refused (it holds
     objects other than tensors and plain values), the tag is incomplete, or it does not fit the
     model. The message names the file or tag."""
+
+
+class RunFolderError(ValueError):
+    """``train.output_dir`` cannot take this run: a file, not writable, in use by a live run (its
+    lock), or holding another run's checkpoints without ``--resume``; the message says what to do."""
+
+
+class DataError(RuntimeError):
+    """The data cannot feed the run (an epoch without a single batch: too few samples for the
+    micro-batch and world size, every sample skipped); the message names the cause."""
 
 
 class ResumeMismatchError(ValueError):
@@ -58,8 +68,8 @@ class PeerFailedError(RuntimeError):
 
 
 #: What a user can cause and fix; launch/ reports these as one line.
-USER_ERRORS = (ConfigError, CheckpointError, ResumeMismatchError, NonFiniteError, TrainingCollapseError,
-               PeerFailedError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+USER_ERRORS = (ConfigError, CheckpointError, ResumeMismatchError, RunFolderError, DataError, NonFiniteError,
+               TrainingCollapseError, PeerFailedError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
 class UserErrorExit(SystemExit):
