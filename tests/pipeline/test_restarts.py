@@ -1,9 +1,11 @@
-"""A run folder belongs to one run, resume never follows a bad ``latest``, and a stop signal saves.
+"""Restarts and pre-emption: a run folder belongs to one run, resume never follows a bad ``latest``,
+and a stop signal saves a checkpoint.
 
 In-process runs on a gloo world of one (tests/pipeline/test_train.py); one six-step run (a
 checkpoint every 2 steps, all kept) is the reference every case copies its folder from, and the
 folder's contents are checked before and after each case: no complete tag lost, ``latest`` on a
-complete tag.
+complete tag. Real signals: to a child that installs the handlers (first and second signal, a
+forked worker), to ``launch/pretrain.py`` (SIGINT), and (slow) SIGTERM to one of two ranks.
 """
 
 from __future__ import annotations
@@ -236,3 +238,133 @@ def test_signal_stops_with_a_checkpoint_and_the_resume_is_bitwise(full_run, digi
     assert resumed.stopped_by is None and sorted(resumed.losses) == [4, 5, 6]
     for step in range(1, 7):
         assert {**result.losses, **resumed.losses}[step] == full_run[1][step], step
+
+
+_TWO_SIGNALS = """
+import os, signal, sys, time
+from infclip.pipeline.signals import StopSignals
+with StopSignals(["SIGTERM"]) as stop:
+    worker = os.fork()
+    if worker == 0:  # a forked loader worker: the signal is the main process's business
+        time.sleep(1.0)
+        os._exit(7)
+    os.kill(worker, signal.SIGTERM)
+    print("worker", os.waitstatus_to_exitcode(os.waitpid(worker, 0)[1]), flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)
+    print("first", stop.received, stop.agreed(), flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+    print("still running", flush=True)
+"""
+
+
+def test_first_signal_asks_the_second_ends_at_once_and_workers_ignore_them():
+    from .test_launch import _env
+
+    proc = subprocess.run([sys.executable, "-c", _TWO_SIGNALS], env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.splitlines() == ["worker 7", "first SIGTERM True"]
+    assert "received SIGTERM: the run stops after this step, with a checkpoint" in proc.stderr
+    assert "second SIGTERM: stopping at once, without a checkpoint" in proc.stderr
+
+
+def _wait_for_tag(ckpt, step, procs, timeout=240):
+    import time
+
+    deadline = time.time() + timeout
+    while int((read_latest(ckpt) or "global_step0").removeprefix("global_step")) < step:
+        assert time.time() < deadline and all(p.poll() is None for p in procs), "the run ended or stalled"
+        time.sleep(0.02)
+
+
+def test_sigint_saves_and_exits_0_without_a_traceback_and_a_restart_is_refused(digits_shards, tmp_path):
+    """Ctrl-C on a launched run: one line, exit code 0, a complete checkpoint of the step it was
+    in; the same command again (no --resume) is refused in one line, the folder untouched."""
+    from .test_launch import _env, _one_line_error, _sets
+    from .test_train import LAUNCH, TINY, base_overrides
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, LAUNCH, "--ds_config", TINY,
+           *_sets(base_overrides(digits_shards, out, 200, **{"train.save_every": 2}))]
+    proc = subprocess.Popen(cmd, cwd=str(tmp_path), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        _wait_for_tag(out / "ckpt", 2, [proc])
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    stops = [line for line in err.splitlines() if "stopped by SIGINT after step" in line]
+    assert len(stops) == 1 and "continue with --resume latest" in stops[0], err[-3000:]
+    step = int(stops[0].split("after step ")[1].split(",")[0])
+    assert read_latest(out / "ckpt") == f"global_step{step}" and step < 200
+    check_tag(out / "ckpt" / f"global_step{step}")
+    before = _contents(out / "ckpt")
+    again = subprocess.run(cmd, cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300)
+    line = _one_line_error(again, "pretrain.py")
+    assert f"holds the checkpoints of a run (newest: global_step{step}): continue it with --resume latest" in line
+    assert _contents(out / "ckpt") == before and not (out / LOCK_NAME).exists()
+
+
+def _two_ranks(cmd, cwd, port):
+    """Two ranks of one world started without a launcher, in one new process group (theirs and
+    their loader workers')."""
+    from .test_launch import _env
+
+    procs = []
+    for rank in (0, 1):
+        env = dict(_env(), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        group = procs[0].pid if procs else 0  # 0: a new group, named by rank 0's pid
+        procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True, process_group=group))
+    return procs
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_of_two_ranks_stops_both_and_the_resume_is_bitwise(digits_shards, tmp_path):
+    """SIGTERM reaches rank 1 only (two ranks, two loader workers each): both ranks stop after the
+    same step with one checkpoint and exit 0, no loader worker outlives them, and the run resumed
+    from that checkpoint logs the uninterrupted run's losses bit for bit."""
+    from .test_launch import _sets
+    from .test_train import LAUNCH, TINY, base_overrides, free_port, tb_scalars
+
+    steps = 12
+    extra = {"train.save_every": 2, "data.workers": 2, "model.vision.attention_dropout": 0.1}
+
+    def run(out, *args, signal_rank1_after=None):
+        cmd = [sys.executable, LAUNCH, "--ds_config", TINY, *args,
+               *_sets(base_overrides(digits_shards, out, steps, **extra))]
+        procs = _two_ranks(cmd, str(tmp_path), free_port())
+        try:
+            if signal_rank1_after is not None:
+                _wait_for_tag(out / "ckpt", signal_rank1_after, procs)
+                procs[1].send_signal(signal.SIGTERM)
+            errs = [p.communicate(timeout=300)[1] for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+        assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-3000:] for e in errs)
+        return procs, errs
+
+    run(tmp_path / "full")
+    out = tmp_path / "stopped"
+    procs, errs = run(out, signal_rank1_after=2)
+    assert "received SIGTERM" in errs[1] and "received SIGTERM" not in errs[0]
+    stop = [line for line in errs[0].splitlines() if "stopped by a signal to another rank after step" in line]
+    assert len(stop) == 1, errs[0][-3000:]
+    at = int(stop[0].split("after step ")[1].split(",")[0])
+    assert 2 <= at < steps and read_latest(out / "ckpt") == f"global_step{at}"
+    check_tag(out / "ckpt" / f"global_step{at}")
+    assert (out / "ckpt" / f"global_step{at}" / "rng_rank1.pt").is_file()
+    with pytest.raises(ProcessLookupError):  # nothing left of the ranks' process group: no worker
+        os.killpg(procs[0].pid, 0)
+    run(out, "--resume", "latest")
+    want, got = tb_scalars(tmp_path / "full"), tb_scalars(out)
+    assert sorted(got) == sorted(want) == list(range(1, steps + 1))
+    for step in want:
+        assert got[step] == want[step], (step, got[step], want[step])
