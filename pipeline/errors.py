@@ -31,9 +31,10 @@ class RunFolderError(ValueError):
     lock), or holding another run's checkpoints without ``--resume``; the message says what to do."""
 
 
-class DataError(RuntimeError):
-    """The data cannot feed the run (an epoch without a single batch: too few samples for the
-    micro-batch and world size, every sample skipped); the message names the cause."""
+class DataError(RuntimeError, ValueError):
+    """The data cannot feed the run or the evaluation (an epoch without a single batch: too few
+    samples for the micro-batch and world size, every sample skipped; an eval sample without a
+    label, a label beyond the class names, no image at all); the message names the cause."""
 
 
 class ResumeMismatchError(ValueError):

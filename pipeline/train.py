@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from .config import RunConfig, TrainConfig
+from .config import RunConfig, TrainConfig, schedule_warnings
 from .dist import init_distributed, rank_zero_first, single_process_env, world
 from .engine import build_engine, export_final
 from .engine import param_groups as _param_groups  # noqa: F401  (tests/pipeline/test_zero3_init.py imports it here)
@@ -101,6 +101,9 @@ def train(run_cfg: RunConfig, *, resume: Optional[str] = None,
     tcfg = run_cfg.train
     init_distributed()
     rank, _ = world()
+    if rank == 0:
+        for warning in schedule_warnings(run_cfg):
+            logger.warning("%s", warning)
     lock = None
     with StopSignals(tcfg.save_on_signal) as stop:
         try:
