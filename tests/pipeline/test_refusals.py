@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
 import tarfile
 
@@ -127,3 +128,32 @@ def test_data_error_is_a_user_error_with_one_line(capsys):
         raise DataError("the training stream yielded no batch in epoch 0 (rank 0): 10 usable sample(s)")
 
     assert "no batch in epoch 0" in _one_line(capsys, fail)
+
+
+class _Payload:
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def test_pickled_weights_in_a_model_folder_are_refused_naming_the_file(tmp_path):
+    """An HF folder (model.pretrained, an export) whose weights are a pickle holding code."""
+    import torch
+
+    from infclip.pipeline.errors import CheckpointError
+    from infclip.pipeline.model import CLIPTowers
+
+    from .test_chunked import tiny_model
+
+    folder = tmp_path / "export"
+    tiny_model(0.0).save_pretrained(str(folder))
+    for f in (folder / "vision").glob("*.safetensors"):
+        f.unlink()
+    probe = tmp_path / "code_ran"
+    torch.save({"weights": _Payload(probe)}, folder / "vision" / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=rf"refused to load {folder / 'vision' / 'pytorch_model.bin'}: it holds "
+                                              r"a Python object \(posix\.mkdir\)"):
+        CLIPTowers.from_pretrained(str(folder))
+    assert not probe.exists()
