@@ -207,9 +207,9 @@ def latest_tag(ckpt_dir: PathLike) -> tuple[Optional[str], Optional[str]]:
         return None, f"holds {shown}, not the name of a folder beside it"
     tag_dir = os.path.join(ckpt_dir, text)
     if os.path.islink(tag_dir) or not os.path.realpath(tag_dir).startswith(os.path.realpath(ckpt_dir) + os.sep):
-        return None, f"names {shown}, a link out of {ckpt_dir}"
+        return None, f"names tag {shown}, a link out of {ckpt_dir}"
     if not os.path.isdir(tag_dir):
-        return None, f"names {shown}, which does not exist"
+        return None, f"names tag {shown}, which does not exist"
     return text, None
 
 

@@ -86,3 +86,20 @@ def test_an_unreadable_image_is_skipped_and_counted(hf_folder, digits_test, tmp_
     assert report["zeroshot"]["n"] == digits_test["n"] - 1
     assert f"skipping unreadable image {broken}" in caplog.text
     assert "skipped 1 unreadable image(s)" in caplog.text
+
+
+def test_zeroshot_never_follows_a_latest_out_of_its_folder(tmp_path):
+    from infclip.eval.checkpoint import find_tag_dir
+    from infclip.pipeline.errors import CheckpointError
+
+    (tmp_path / "elsewhere" / "global_step4").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "global_step4" / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    ckpt = tmp_path / "run" / "ckpt"
+    ckpt.mkdir(parents=True)
+    for text, message in (("../../elsewhere/global_step4", r"latest holds '\.\./\.\./elsewhere/global_step4', not the "
+                                                           r"name of a folder beside it; pass --tag"),
+                          ("root:x:0:0:root:/root:/bin/bash\n" * 3, r"latest holds \d+ bytes, not the name")):
+        (ckpt / "latest").write_text(text)
+        with pytest.raises(CheckpointError, match=message) as exc:
+            find_tag_dir(ckpt)
+        assert "root:x" not in str(exc.value)
