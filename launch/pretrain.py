@@ -28,7 +28,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from infclip.pipeline.config import load_config  # noqa: E402
-from infclip.pipeline.dist import exit_process  # noqa: E402
+from infclip.pipeline.dist import check_hostfile, exit_process  # noqa: E402
 from infclip.pipeline.errors import UserErrorExit, exit_on_user_error  # noqa: E402
 from infclip.pipeline.train import single_process_env, train  # noqa: E402
 
@@ -60,8 +60,17 @@ def main(argv=None) -> int:
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
     parser.add_argument("--deepspeed", action="store_true",
                         help="accepted as DeepSpeed documents it (DeepSpeed is always on here)")
+    parser.add_argument("--check-hostfile", metavar="HOSTFILE", default=None,
+                        help="check a hostfile as the deepspeed launcher reads it, print its hosts and exit (run it "
+                             "before 'deepspeed --hostfile HOSTFILE': the launcher's own errors are tracebacks)")
     parser.add_argument("--debug", action="store_true", help="show the traceback of user errors too")
     args = parser.parse_args(argv)
+    if args.check_hostfile is not None:
+        with exit_on_user_error("pretrain.py", args.debug):
+            hosts = check_hostfile(args.check_hostfile)
+        print(f"{args.check_hostfile}: {len(hosts)} host(s), {sum(hosts.values())} slot(s): "
+              + ", ".join(f"{h} slots={n}" for h, n in hosts.items()))
+        return 0
 
     single_process_env()
     rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))

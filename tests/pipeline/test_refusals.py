@@ -157,3 +157,26 @@ def test_pickled_weights_in_a_model_folder_are_refused_naming_the_file(tmp_path)
                                               r"a Python object \(posix\.mkdir\)"):
         CLIPTowers.from_pretrained(str(folder))
     assert not probe.exists()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nodeA slots=2\nnodeB slot=2\n", r"line 2: 'nodeB slot=2' is not 'HOST slots=N'"),
+    ("nodeA slots=2\n# spare\nnodeA slots=4\n", r"line 3: host 'nodeA' is given twice"),
+    ("nodeA slots=0\n", r"line 1: host 'nodeA' has slots=0; it needs at least 1"),
+    ("# nothing yet\n\n", r"names no host"),
+])
+def test_hostfile_is_checked_before_launching(tmp_path, capsys, text, message):
+    import sys
+
+    from .test_train import ROOT
+
+    sys.path.insert(0, ROOT)
+    from launch.pretrain import main
+
+    path = tmp_path / "hostfile"
+    path.write_text(text)
+    line = _one_line(capsys, lambda: main(["--check-hostfile", str(path)]))
+    assert re.search(message, line) and str(path) in line, line
+    path.write_text("nodeA slots=2\n# a comment\nnodeB slots=2\n")
+    assert main(["--check-hostfile", str(path)]) == 0
+    assert "2 host(s), 4 slot(s): nodeA slots=2, nodeB slots=2" in capsys.readouterr().out
