@@ -93,7 +93,9 @@ class TrainConfig:
     export_final: bool = True
     """At the end, write output_dir/final: CLIPTowers.save_pretrained + the tokenizer (for eval)."""
     output_dir: str = "runs/default"
-    """Run directory: ckpt/ (DeepSpeed checkpoints), tb/ (TensorBoard), tokenizer/, final/."""
+    """Run directory: ckpt/ (DeepSpeed checkpoints), tb/ (TensorBoard), tokenizer/, final/. It belongs to
+    one run: run.lock while it runs; a start without --resume over its checkpoints is refused
+    (pipeline.run_folder)."""
     seed: int = 0
     """Seed of the model init (same on all ranks) and of each rank's dropout stream (seed + rank);
     in [0, 2**32)."""
