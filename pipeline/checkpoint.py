@@ -46,7 +46,8 @@ from .dist import barrier, world
 from .errors import CheckpointError
 
 __all__ = ["capture_rng_state", "restore_rng_state", "save_checkpoint", "load_checkpoint", "resolve_resume",
-           "read_latest", "latest_tag", "newest_checkpoint", "list_tags", "tag_for_step", "check_tag", "is_complete", "safe_load", "safe_globals",
+           "read_latest", "latest_tag", "newest_checkpoint", "list_tags", "tag_for_step", "check_tag", "is_complete",
+           "safe_load", "safe_globals",
            "weights_only_loads", "MANIFEST"]
 
 logger = logging.getLogger(__name__)

@@ -15,9 +15,9 @@ from typing import Iterator
 
 from infclip.ops.config import ConfigError
 
-__all__ = ["CheckpointError", "ResumeMismatchError", "RunFolderError", "DataError", "NonFiniteError", "NonFiniteLossError",
-           "NonFiniteGradError", "NONFINITE_ADVICE", "PeerFailedError", "TrainingCollapseError", "USER_ERRORS",
-           "UserErrorExit", "exit_on_user_error"]
+__all__ = ["CheckpointError", "ResumeMismatchError", "RunFolderError", "DataError", "NonFiniteError",
+           "NonFiniteLossError", "NonFiniteGradError", "NONFINITE_ADVICE", "PeerFailedError", "TrainingCollapseError",
+           "USER_ERRORS", "UserErrorExit", "exit_on_user_error"]
 
 
 class CheckpointError(ValueError):
@@ -70,7 +70,8 @@ class PeerFailedError(RuntimeError):
 
 #: What a user can cause and fix; launch/ reports these as one line.
 USER_ERRORS = (ConfigError, CheckpointError, ResumeMismatchError, RunFolderError, DataError, NonFiniteError,
-               TrainingCollapseError, PeerFailedError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+               TrainingCollapseError, PeerFailedError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+               PermissionError)
 
 
 class UserErrorExit(SystemExit):

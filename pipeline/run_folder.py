@@ -99,8 +99,8 @@ class RunLock:
                                      f"{host} (since {holder.get('since')}): one folder, one run. Use another "
                                      f"train.output_dir, or, once that run is known to be gone, delete {self.path}")
             if isinstance(pid, int) and _alive(pid, holder.get("start")):
-                raise RunFolderError(f"train.output_dir {os.path.dirname(self.path)} is in use by a live run (pid {pid} "
-                                     f"on this host, since {holder.get('since')}): one folder, one run. Wait for "
+                raise RunFolderError(f"train.output_dir {os.path.dirname(self.path)} is in use by a live run (pid "
+                                     f"{pid} on this host, since {holder.get('since')}): one folder, one run. Wait for "
                                      "it, stop it, or use another train.output_dir")
             logger.warning("%s was held by pid %s, which is gone (killed or crashed): taken over", self.path, pid)
         try:

@@ -196,12 +196,13 @@ def test_full_disk_while_saving_names_the_step_and_latest(full_run, tmp_path):
 
     class FullDisk:
         def save_checkpoint(self, save_dir, tag, **kwargs):
-            raise OSError(errno.ENOSPC, "No space left on device", os.path.join(save_dir, tag, "mp_rank_00_model_states.pt"))
+            raise OSError(errno.ENOSPC, "No space left on device",
+                          os.path.join(save_dir, tag, "mp_rank_00_model_states.pt"))
 
     cfg = load_config(TINY, [f"train.output_dir={tmp_path / 'run'}"])
-    with pytest.raises(CheckpointError, match=r"saving the checkpoint of step 6 in .* failed \(No space left on device: "
-                                              r".*global_step6/mp_rank_00_model_states\.pt\); latest still names "
-                                              r"global_step4"):
+    with pytest.raises(CheckpointError, match=r"saving the checkpoint of step 6 in .* failed \(No space left on "
+                                              r"device: .*global_step6/mp_rank_00_model_states\.pt\); latest "
+                                              r"still names global_step4"):
         Checkpointer(cfg, {}).save(FullDisk(), RunState(step=6))
     assert read_latest(ckpt) == "global_step4" and list_tags(ckpt, complete_only=True)[-1] == "global_step4"
 
