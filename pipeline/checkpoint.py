@@ -9,6 +9,11 @@ when its manifest is there and every file it lists has the listed size; a run ki
 mid-save leaves ``latest`` naming the previous complete tag. ``keep_last`` counts complete tags
 only; incomplete tag folders (an interrupted save) are removed at the next save.
 
+Design, finding the tag: ``latest`` is read bounded and followed only to a tag folder inside the
+checkpoint folder (:func:`latest_tag`); when it is missing, empty, bad or names a damaged tag,
+:func:`newest_checkpoint` takes the newest complete tag instead, saying so, and deletes nothing. A
+complete tag is never deleted to make room for a new save of the same step: it is moved aside.
+
 Design, loading: DeepSpeed's own loader unpickles with ``weights_only=False``, so a planted
 pickle in any checkpoint file would run code on ``--resume``. :func:`load_checkpoint` first checks
 the tag against its manifest (naming a missing, empty or truncated file), then lets DeepSpeed load
