@@ -7,7 +7,12 @@ training loop asks :meth:`StopSignals.agreed` at every step boundary, one all-re
 over the CPU group, so every rank stops after the same step even when the signal reached one
 rank first, and the loop saves a checkpoint there. A second signal restores the default action
 and re-sends itself: the process ends at once, without a save (``latest`` stays on the last
-complete checkpoint, as after ``kill -9``).
+complete checkpoint, as after ``kill -9``). A signal within :data:`REPEAT_S` of the first counts as
+the same request: Ctrl-C under the ``deepspeed`` launcher reaches each rank twice, once from the
+terminal and once passed on by the launcher (SIGTERM), as ``scancel`` does through a launcher.
+
+Limit: the launchers give their children a grace period before SIGKILL (the ``deepspeed``
+launcher and torchrun 30 s): the step in progress and the save must fit in it.
 
 Forked loader workers inherit the handlers; there they do nothing, so a signal sent to the whole
 process group (SLURM does) does not kill a worker under the main process, which ends the workers
@@ -21,6 +26,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from typing import Any, Optional, Sequence
 
 import torch
@@ -29,9 +35,12 @@ import torch.distributed as dist
 from .config import STOP_SIGNALS
 from .dist import cpu_group, world
 
-__all__ = ["StopSignals", "STOP_SIGNALS"]
+__all__ = ["StopSignals", "STOP_SIGNALS", "REPEAT_S"]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds after the first stop signal within which another one is the same request passed on again.
+REPEAT_S = 1.0
 
 class StopSignals:
     """A context manager: the handlers are installed inside and the previous ones restored after."""
@@ -46,6 +55,7 @@ class StopSignals:
         self._pid = os.getpid()
         self._previous: dict = {}
         self._group: Any = None
+        self._first_at = 0.0
 
     def __enter__(self) -> "StopSignals":
         if not self.signals:
@@ -70,10 +80,12 @@ class StopSignals:
             return  # a forked loader worker: the main process ends it with the run
         name = signal.Signals(signum).name
         if self.received is None:
-            self.received = name
+            self.received, self._first_at = name, time.monotonic()
             os.write(2, f"[rank{world()[0]}] received {name}: the run stops after this step, with a checkpoint "
                         f"(send {name} again to stop at once, without one)\n".encode())
             return
+        if time.monotonic() - self._first_at < REPEAT_S:
+            return  # the same request, delivered again
         os.write(2, f"[rank{world()[0]}] second {name}: stopping at once, without a checkpoint\n".encode())
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)

@@ -244,7 +244,7 @@ def test_signal_stops_with_a_checkpoint_and_the_resume_is_bitwise(full_run, digi
 _TWO_SIGNALS = """
 import os, signal, sys, time
 from infclip.pipeline.signals import StopSignals
-with StopSignals(["SIGTERM"]) as stop:
+with StopSignals(["SIGTERM", "SIGINT"]) as stop:
     worker = os.fork()
     if worker == 0:  # a forked loader worker: the signal is the main process's business
         time.sleep(1.0)
@@ -253,7 +253,10 @@ with StopSignals(["SIGTERM"]) as stop:
     print("worker", os.waitstatus_to_exitcode(os.waitpid(worker, 0)[1]), flush=True)
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.2)
+    os.kill(os.getpid(), signal.SIGINT)  # passed on by a launcher at once: the same request
+    time.sleep(0.2)
     print("first", stop.received, stop.agreed(), flush=True)
+    time.sleep(1.0)
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(5)
     print("still running", flush=True)
@@ -369,3 +372,34 @@ def test_sigterm_to_one_of_two_ranks_stops_both_and_the_resume_is_bitwise(digits
     assert sorted(got) == sorted(want) == list(range(1, steps + 1))
     for step in want:
         assert got[step] == want[step], (step, got[step], want[step])
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_the_deepspeed_launcher_saves(digits_shards, tmp_path):
+    """Ctrl-C reaches the launcher and both ranks (one process group); the launcher passes SIGTERM
+    on at once. The ranks take the two as one request: they finish the step, save, and log the
+    stop; the launcher itself exits 1 whatever its children did, and DeepSpeed's runner prints a
+    KeyboardInterrupt traceback of its own."""
+    from .test_launch import _env, _sets
+    from .test_train import LAUNCH, TINY, base_overrides, free_port
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
+           LAUNCH, "--ds_config", TINY, *_sets(base_overrides(digits_shards, out, 200, **{"train.save_every": 2}))]
+    proc = subprocess.Popen(cmd, cwd=str(tmp_path), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        _wait_for_tag(out / "ckpt", 2, [proc])
+        os.killpg(proc.pid, signal.SIGINT)
+        log = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+    stops = [line for line in log.splitlines() if "stopped by SIGINT after step" in line]
+    assert len(stops) == 1 and "second SIG" not in log, log[-4000:]
+    # DeepSpeed's runner (the outer process) prints its own KeyboardInterrupt traceback; the ranks none
+    frames = [line for line in log.splitlines() if line.strip().startswith('File "')]
+    assert not [f for f in frames if "pretrain.py" in f or f"{os.sep}pipeline{os.sep}" in f], log[-4000:]
+    step = int(stops[0].split("after step ")[1].split(",")[0])
+    assert read_latest(out / "ckpt") == f"global_step{step}"
+    check_tag(out / "ckpt" / f"global_step{step}")
+    assert (out / "ckpt" / f"global_step{step}" / "rng_rank1.pt").is_file()
