@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from infclip.pipeline.checkpoint import check_tag, safe_load
+from infclip.pipeline.checkpoint import check_tag, latest_tag, safe_load
 from infclip.pipeline.errors import CheckpointError
 from infclip.pipeline.flat_params import expand_flat_entries
 from infclip.pipeline.openclip import OPENCLIP_CONFIG_FILE, OPENCLIP_WEIGHTS_FILE, towers_to_openclip
@@ -96,10 +96,11 @@ def find_tag_dir(checkpoint: PathLike, tag: Optional[str] = None) -> Path:
     elif any(path.glob("*_model_states.pt")):
         tag_dir = path
     elif (path / "latest").is_file():
-        name = (path / "latest").read_text().strip()
+        name, problem = latest_tag(path)  # read bounded, followed only to a tag folder inside path
+        if name is None:
+            error = FileNotFoundError if problem.endswith("does not exist") else CheckpointError
+            raise error(f"{path / 'latest'} {problem}; pass --tag")
         tag_dir = path / name
-        if not tag_dir.is_dir():
-            raise FileNotFoundError(f"{path / 'latest'} names tag '{name}', but {tag_dir} does not exist")
     else:
         raise FileNotFoundError(f"no DeepSpeed checkpoint in {path}: no '*_model_states.pt' files and no "
                                 f"'latest' file (pass the folder given to save_checkpoint, or a tag)")
@@ -107,8 +108,7 @@ def find_tag_dir(checkpoint: PathLike, tag: Optional[str] = None) -> Path:
         raise CheckpointError(f"{tag_dir} holds no '*_model_states.pt' file")
     # written by pipeline.checkpoint: its manifest must be there and match; other writers (a bare
     # engine.save_checkpoint) have none, and their files are only checked to be non-empty
-    latest = tag_dir.parent / "latest"
-    named = latest.is_file() and latest.read_text().strip() == tag_dir.name
+    named = latest_tag(tag_dir.parent)[0] == tag_dir.name
     check_tag(tag_dir, legacy_ok=named or not (tag_dir / "rng_rank0.pt").exists())
     return tag_dir
 

@@ -61,10 +61,10 @@ class Evaluator:
         from infclip.pipeline.data import check_shards_exist, expand_urls
 
         if not cfg.enabled:
-            raise ValueError("the eval section names no data: set 'shards' or 'images' (zero-shot) "
+            raise ConfigError("the eval section names no data: set 'shards' or 'images' (zero-shot) "
                              "and/or 'retrieval_shards'")
         if tokenizer is None and tokenizer_dir is None:
-            raise ValueError("Evaluator needs a tokenizer or a tokenizer folder")
+            raise ConfigError("Evaluator needs a tokenizer or a tokenizer folder")
         self.cfg = cfg
         self.every = cfg.every
         self.at_end = cfg.at_end

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence,
 import torch
 from torch import Tensor
 
+from infclip.pipeline.errors import DataError
+
 from .features import idle_forward, image_features, text_features
 
 if TYPE_CHECKING:
@@ -244,7 +246,8 @@ def retrieval_eval(model, batches: Iterable[Dict], sync: "RankSync", *, device: 
     all_txt, txt_offset = sync.gather_rows(txt)
     all_owner, _ = sync.gather_rows(owner + img_offset)
     if all_img.shape[0] == 0:
-        raise ValueError("retrieval: the shards gave no image-text pair")
+        raise DataError("retrieval: the shards gave no image-text pair (do their samples have captions? the "
+                        "loader skips a sample without one)")
     i2t = image_to_text_ranks(img, all_txt, all_owner, chunk_size, img_offset)
     t2i = text_to_image_ranks(txt, all_img, all_owner[txt_offset:txt_offset + txt.shape[0]], chunk_size)
     i2t, _ = sync.gather_rows(i2t.to(device))

@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Sequence, Union
 
+from infclip.ops.config import ConfigError
+
 __all__ = [
     "DEFAULT_TEMPLATES",
     "check_templates",
@@ -78,13 +80,13 @@ def check_templates(templates: Sequence[str], source: str = "templates") -> List
     """Return ``templates`` as a list after checking it is non-empty and each has one ``{}``."""
     templates = list(templates)
     if not templates:
-        raise ValueError(f"{source}: no templates (the list is empty)")
+        raise ConfigError(f"{source}: no templates (the list is empty)")
     for i, t in enumerate(templates):
         if not isinstance(t, str):
-            raise ValueError(f"{source}: template {i} is not a string: {t!r}")
+            raise ConfigError(f"{source}: template {i} is not a string: {t!r}")
         count = t.count(PLACEHOLDER)
         if count != 1:
-            raise ValueError(f"{source}: template {i} {t!r} must contain '{{}}' exactly once "
+            raise ConfigError(f"{source}: template {i} {t!r} must contain '{{}}' exactly once "
                              f"(the class name goes there), found {count}")
     return templates
 
@@ -97,7 +99,7 @@ def load_lines(path: Union[str, Path], what: str) -> List[str]:
     lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
     lines = [line for line in lines if line and not line.startswith("#")]
     if not lines:
-        raise ValueError(f"{what} file {path} is empty (one entry per line expected)")
+        raise ConfigError(f"{what} file {path} is empty (one entry per line expected)")
     return lines
 
 
@@ -114,6 +116,6 @@ def load_classnames(path: Union[str, Path]) -> List[str]:
     seen = set()
     for name in names:
         if name in seen:
-            raise ValueError(f"class-name file {path}: duplicate class name {name!r}")
+            raise ConfigError(f"class-name file {path}: duplicate class name {name!r}")
         seen.add(name)
     return names

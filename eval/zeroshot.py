@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Optional, Sequ
 import torch
 from torch import Tensor
 
+from infclip.ops.config import ConfigError
 from infclip.pipeline.data import eval_pixels
+from infclip.pipeline.errors import DataError
 
 from .features import idle_forward, image_features, text_features
 from .templates import check_templates, fill_template
@@ -75,7 +77,7 @@ class ZeroShotCounts:
         labels = labels.long().to(logits.device)
         if labels.numel() and (labels.min() < 0 or labels.max() >= self.num_classes):
             bad = labels[(labels < 0) | (labels >= self.num_classes)][0].item()
-            raise ValueError(f"label {bad} is outside the {self.num_classes} class names; check the "
+            raise DataError(f"label {bad} is outside the {self.num_classes} class names; check the "
                              f"class-name list against the data's labels")
         preds = logits.argmax(dim=1)  # first maximum: lowest index on ties
         idx = (labels * self.num_classes + preds).cpu()
@@ -109,7 +111,7 @@ class ZeroShotCounts:
         """
         n = self.count
         if n == 0:
-            raise ValueError("no images were evaluated")
+            raise DataError("no images were evaluated (every one was skipped, or the data is empty)")
         out: Dict[str, object] = {f"top{k}": float(self.topk_hits[i]) / n for i, k in enumerate(self.ks)}
         out.update({f"acc{k}": float(self.topk_hits[i]) / n for i, k in enumerate(self.ks)})  # CLIP_benchmark's names
         support = self.confusion.sum(dim=1)
@@ -146,7 +148,7 @@ def build_classifier(model, tokenizer, classnames: Sequence[str], templates: Seq
 
     templates = check_templates(templates)
     if not classnames:
-        raise ValueError("no class names")
+        raise ConfigError("no class names")
     texts: List[str] = [fill_template(t, name) for name in classnames for t in templates]
     feats = []
     for start in range(0, len(texts), batch_size):
@@ -184,13 +186,18 @@ def image_folder_samples(root: Union[str, Path], classnames: Sequence[str]) -> L
         files = sorted(p for p in (root / name).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         samples.extend((p, index) for p in files)
     if not samples:
-        raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under the class folders of {root}")
+        raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under the class folders of {root}")
     return samples
+
+
+#: The label of an image that could not be read: :func:`zeroshot_eval` skips and counts it.
+UNREADABLE = -2
 
 
 class ImageFolderData(torch.utils.data.Dataset):
     """Images of a class-per-folder tree, preprocessed by the eval loader's own function
-    (``pipeline.data.eval_pixels``). Items: ``(pixels [3,S,S], label)``."""
+    (``pipeline.data.eval_pixels``). Items: ``(pixels [3,S,S], label)``; an image that cannot be
+    read is named in a warning and given as zeros with label :data:`UNREADABLE`."""
 
     def __init__(self, samples: Sequence[Tuple[Path, int]], image_size: int, mean: Sequence[float],
                  std: Sequence[float]) -> None:
@@ -209,8 +216,9 @@ class ImageFolderData(torch.utils.data.Dataset):
         try:
             with Image.open(io.BytesIO(path.read_bytes())) as img:
                 return eval_pixels(img, self.image_size, self.mean, self.std), label
-        except (OSError, ValueError, SyntaxError) as exc:
-            raise ValueError(f"cannot read image {path}: {exc}") from None
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+            logger.warning("skipping unreadable image %s: %s", path, str(exc)[:200])
+            return torch.zeros(3, self.image_size, self.image_size), UNREADABLE
 
     def batches(self, batch_size: int, rank: int = 0, world: int = 1, workers: int = 0) -> Iterator[Dict[str, Tensor]]:
         """Batches ``{"pixel_values", "label"}`` of this rank's share (every ``world``-th image)."""
@@ -229,19 +237,25 @@ def zeroshot_eval(model, classifier: Tensor, batches: Iterable[Dict], sync: "Ran
     """Classify this rank's images against ``classifier`` [C, E]; counts summed over ranks.
 
     ``batches`` yield ``pixel_values`` [B,3,H,W] and ``label`` [B] (ints; -1 = the sample had no
-    label, an error). Every rank runs the same number of image forwards (ZeRO-3 safe).
+    label, an error; :data:`UNREADABLE`: the image could not be read, skipped and counted in a
+    warning). Every rank runs the same number of image forwards (ZeRO-3 safe).
     """
     counts = ZeroShotCounts(classifier.shape[0], ks)
     weights = classifier.to(device=device, dtype=torch.float32)
     idle = lambda: idle_forward(model, device, dtype)  # noqa: E731 (ZeRO-3 lockstep)
+    unreadable = 0
     for batch, take in sync.lockstep(batches, max_samples, idle):
         labels = batch["label"][:take]
-        if (labels < 0).any():
-            key = batch.get("key", ["?"] * take)[int((labels < 0).nonzero()[0])]
-            raise ValueError(f"sample {key!r} has no label: zero-shot shards need a json member "
+        readable = labels != UNREADABLE  # the forward still takes every row: the ranks stay in lockstep
+        unreadable += int((~readable).sum())
+        if (labels[readable] < 0).any():
+            key = batch.get("key", ["?"] * take)[int(((labels < 0) & readable).nonzero()[0])]
+            raise DataError(f"sample {key!r} has no label: zero-shot shards need a json member "
                              "{\"label\": class index} or a .cls member (the index as text)")
         feats = image_features(model, batch["pixel_values"][:take].to(device=device, dtype=dtype))
-        counts.update(feats @ weights.T, labels.to(device))
+        counts.update((feats @ weights.T)[readable.to(feats.device)], labels[readable].to(device))
+    if unreadable:
+        logger.warning("zero-shot: skipped %d unreadable image(s) of this rank (named above)", unreadable)
     state = sync.sum_(counts.state)
     counts.load_state(state)
     return counts

@@ -181,6 +181,7 @@ def run_one(run: Run, args, splits: Dict[str, str], tokenizer_dir: str, evaluato
         "data.crop_scale": [1.0, 1.0], "data.samples_per_epoch": None, "data.resampled": False, "data.seed": run.seed,
         "train.steps": run.steps, "train.seed": run.seed, "train.chunk_size": chunk, "train.save_every": 0,
         "train.save_final": False, "train.export_final": False, "train.log_every": max(1, run.steps // 20),
+        "train.save_on_signal": [],  # a run's JSON is the unit the study resumes: a stopped run must not write one
         "train.output_dir": os.path.join(args.run_dir, run.name), "eval": None,
     }
     if args.loader_workers is not None:

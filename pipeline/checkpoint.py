@@ -9,6 +9,11 @@ when its manifest is there and every file it lists has the listed size; a run ki
 mid-save leaves ``latest`` naming the previous complete tag. ``keep_last`` counts complete tags
 only; incomplete tag folders (an interrupted save) are removed at the next save.
 
+Design, finding the tag: ``latest`` is read bounded and followed only to a tag folder inside the
+checkpoint folder (:func:`latest_tag`); when it is missing, empty, bad or names a damaged tag,
+:func:`newest_checkpoint` takes the newest complete tag instead, saying so, and deletes nothing. A
+complete tag is never deleted to make room for a new save of the same step: it is moved aside.
+
 Design, loading: DeepSpeed's own loader unpickles with ``weights_only=False``, so a planted
 pickle in any checkpoint file would run code on ``--resume``. :func:`load_checkpoint` first checks
 the tag against its manifest (naming a missing, empty or truncated file), then lets DeepSpeed load
@@ -35,6 +40,7 @@ import pickle
 import random
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Iterator, List, Optional, Union
 
@@ -45,7 +51,8 @@ from .dist import barrier, world
 from .errors import CheckpointError
 
 __all__ = ["capture_rng_state", "restore_rng_state", "save_checkpoint", "load_checkpoint", "resolve_resume",
-           "read_latest", "list_tags", "tag_for_step", "check_tag", "is_complete", "safe_load", "safe_globals",
+           "read_latest", "latest_tag", "newest_checkpoint", "list_tags", "tag_for_step", "check_tag", "is_complete",
+           "safe_load", "safe_globals",
            "weights_only_loads", "MANIFEST"]
 
 logger = logging.getLogger(__name__)
@@ -53,6 +60,9 @@ logger = logging.getLogger(__name__)
 LATEST = "latest"
 MANIFEST = "manifest.json"
 _TAG_RE = re.compile(r"^global_step(\d+)$")
+_NAME_RE = re.compile(r"^(?!\.\.?$)[A-Za-z0-9_.+-]{1,128}$")  # one folder name, never . or ..
+_LATEST_MAX_BYTES = 256
+_MANIFEST_MAX_BYTES = 16 << 20  # one line per file of one tag: far below this
 PathLike = Union[str, os.PathLike]
 
 
@@ -175,13 +185,44 @@ def restore_rng_state(state: dict, source: str = "RNG state") -> None:
 
 # ------------------------------------------------------------------------------- tags and latest
 
-def read_latest(ckpt_dir: PathLike) -> Optional[str]:
+def latest_tag(ckpt_dir: PathLike) -> tuple[Optional[str], Optional[str]]:
+    """What ``ckpt_dir/latest`` names: ``(tag, None)`` when it names a tag folder inside
+    ``ckpt_dir``, ``(None, what is wrong)`` when it cannot be followed, ``(None, None)`` without one.
+
+    Read bounded (a tag is a short folder name) and never echoed unless it looks like one: a
+    ``latest`` may hold anything, up to a whole other file. A tag with a path separator, ``..``,
+    an absolute path, or a folder that is a symbolic link (or leads out of ``ckpt_dir``) is refused."""
+    ckpt_dir = os.fspath(ckpt_dir)
     path = os.path.join(ckpt_dir, LATEST)
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        tag = f.read().strip()
-    return tag or None
+    if not os.path.lexists(path):
+        return None, None
+    if os.path.islink(path) or not os.path.isfile(path):
+        return None, "is not a plain file"
+    with open(path, "rb") as f:
+        data = f.read(_LATEST_MAX_BYTES + 1)
+    if len(data) > _LATEST_MAX_BYTES:
+        return None, f"holds more than {_LATEST_MAX_BYTES} bytes, not a tag name"
+    try:
+        text = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return None, "is not text"
+    if not text:
+        return None, "is empty"
+    shown = repr(text) if text.isprintable() and len(text) <= 80 else f"{len(data)} bytes"
+    if not _NAME_RE.match(text):
+        return None, f"holds {shown}, not the name of a folder beside it"
+    tag_dir = os.path.join(ckpt_dir, text)
+    if os.path.islink(tag_dir) or not os.path.realpath(tag_dir).startswith(os.path.realpath(ckpt_dir) + os.sep):
+        return None, f"names tag {shown}, a link out of {ckpt_dir}"
+    if not os.path.isdir(tag_dir):
+        return None, f"names tag {shown}, which does not exist"
+    return text, None
+
+
+def read_latest(ckpt_dir: PathLike) -> Optional[str]:
+    """The tag ``ckpt_dir/latest`` names, when it is a tag folder inside ``ckpt_dir`` (see
+    :func:`latest_tag`); else None."""
+    return latest_tag(ckpt_dir)[0]
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -215,10 +256,16 @@ def check_tag(tag_dir: PathLike, *, legacy_ok: bool = False) -> dict:
                               f"{detail}files there: {', '.join(sorted(files)) or 'none'}. Resume from an "
                               "earlier tag, or delete this folder")
     try:
+        if manifest_path.stat().st_size > _MANIFEST_MAX_BYTES:
+            raise ValueError(f"more than {_MANIFEST_MAX_BYTES} bytes")
         manifest = json.loads(manifest_path.read_text())
         listed = {str(k): int(v) for k, v in manifest["files"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CheckpointError(f"{manifest_path} is damaged ({exc}): the checkpoint cannot be checked") from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise CheckpointError(f"{manifest_path} is damaged ({str(exc)[:200]}): the checkpoint cannot be "
+                              "checked") from None
+    if not any(name.endswith("model_states.pt") for name in listed):
+        raise CheckpointError(f"{manifest_path} lists no model-state file ({len(listed)} file(s) listed): it is not "
+                              "the manifest of a complete checkpoint")
     problems = []
     for name, size in sorted(listed.items()):
         if name not in files:
@@ -245,8 +292,10 @@ def list_tags(ckpt_dir: PathLike, complete_only: bool = False) -> list[str]:
     that pass :func:`check_tag`, the one ``latest`` names also without a manifest)."""
     if not os.path.isdir(ckpt_dir):
         return []
+    # a symbolic link is never a tag: nothing is read or removed through one
     tags = sorted((int(m.group(1)), name) for name in os.listdir(ckpt_dir)
-                  if (m := _TAG_RE.match(name)) and os.path.isdir(os.path.join(ckpt_dir, name)))
+                  if (m := _TAG_RE.match(name)) and os.path.isdir(os.path.join(ckpt_dir, name))
+                  and not os.path.islink(os.path.join(ckpt_dir, name)))
     names = [name for _, name in tags]
     if complete_only:
         latest = read_latest(ckpt_dir)
@@ -271,10 +320,8 @@ def save_checkpoint(engine: Any, ckpt_dir: PathLike, step: int, client_state: di
     previous = read_latest(ckpt_dir)
     if rank == 0:
         os.makedirs(ckpt_dir, exist_ok=True)
-        if os.path.isdir(tag_dir) and previous != tag:
-            # leftovers of an interrupted save of the same tag (or an old run's): start it clean
-            logger.warning("removing checkpoint folder %s before saving it again", tag_dir)
-            shutil.rmtree(tag_dir)
+        if os.path.isdir(tag_dir) and not os.path.islink(tag_dir):
+            _clear_tag(tag_dir, legacy_ok=previous == tag)
     barrier()
     engine.save_checkpoint(ckpt_dir, tag=tag, client_state=client_state, save_latest=False)
     torch.save(capture_rng_state(), os.path.join(tag_dir, f"rng_rank{rank}.pt"))
@@ -287,6 +334,21 @@ def save_checkpoint(engine: Any, ckpt_dir: PathLike, step: int, client_state: di
         _prune(ckpt_dir, tag, previous, keep_last)
     barrier()
     return tag
+
+
+def _clear_tag(tag_dir: str, legacy_ok: bool) -> None:
+    """Make room for a new save of ``tag_dir``: an interrupted save's leftovers are removed; a
+    complete checkpoint (a resume from an earlier tag saves over a later one) is moved aside to
+    ``<tag>.replaced-<time>``, never deleted nor written over in place (until the new save is
+    complete, ``latest`` may name a missing tag: a resume then takes the newest complete one)."""
+    if is_complete(tag_dir, legacy_ok=legacy_ok):
+        aside = f"{tag_dir}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+        logger.warning("checkpoint %s is complete and this run saves the same step again: moved to %s", tag_dir,
+                       aside)
+        os.replace(tag_dir, aside)
+    else:
+        logger.warning("removing incomplete checkpoint %s (an interrupted save) before saving it again", tag_dir)
+        shutil.rmtree(tag_dir)
 
 
 def _prune(ckpt_dir: str, current: str, previous: Optional[str], keep_last: int) -> None:
@@ -309,30 +371,57 @@ def _prune(ckpt_dir: str, current: str, previous: Optional[str], keep_last: int)
 def resolve_resume(resume: Optional[str], ckpt_dir: PathLike) -> Optional[tuple[str, str]]:
     """Turn ``--resume`` into ``(load_dir, tag)``.
 
-    ``None``: no resume. ``"latest"``: the tag ``ckpt_dir/latest`` names, or None when the run has
-    no checkpoint yet (a fresh start). A path: a checkpoint directory holding ``latest``, or one
-    tag directory inside such a directory.
+    ``None``: no resume. ``"latest"``: the newest usable checkpoint of ``ckpt_dir`` (see
+    :func:`newest_checkpoint`), or None when it holds no complete one (a fresh start). A path: a
+    checkpoint directory (the same rule, but one complete checkpoint is required), or one tag
+    directory inside one.
     """
     if resume is None:
         return None
     ckpt_dir = os.fspath(ckpt_dir)
     if resume == LATEST:
-        tag = read_latest(ckpt_dir)
-        if tag is None:
-            logger.info("--resume latest: no checkpoint in %s yet, starting from step 0", ckpt_dir)
-            return None
-        return ckpt_dir, tag
+        found = newest_checkpoint(ckpt_dir)
+        if found is None:
+            logger.info("--resume latest: no complete checkpoint in %s yet, starting from step 0", ckpt_dir)
+        return found
     path = os.path.abspath(resume)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"--resume {resume}: no such checkpoint directory")
-    tag = read_latest(path)
-    if tag is not None:
-        return path, tag
+    if os.path.lexists(os.path.join(path, LATEST)) or list_tags(path):
+        found = newest_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"--resume {resume}: no complete checkpoint there (only interrupted saves)")
+        return found
     parent, tag = os.path.split(path.rstrip(os.sep))
-    if read_latest(parent) is not None or _TAG_RE.match(tag):
+    if os.path.lexists(os.path.join(parent, LATEST)) or _TAG_RE.match(tag):
         return parent, tag
     raise FileNotFoundError(f"--resume {resume}: neither a checkpoint directory with a '{LATEST}' file "
                             "nor a tag directory inside one")
+
+
+def newest_checkpoint(ckpt_dir: PathLike) -> Optional[tuple[str, str]]:
+    """``(ckpt_dir, tag)`` of the checkpoint to resume: the one ``latest`` names when it is a
+    complete tag inside ``ckpt_dir``; else (``latest`` missing, empty, unreadable, pointing out
+    of the folder or at a damaged tag) the newest complete tag, named in a warning; None when
+    there is neither. Raises :class:`CheckpointError` when ``latest`` cannot be used and no
+    complete tag is there to take its place. Nothing is deleted."""
+    ckpt_dir = os.fspath(ckpt_dir)
+    tag, problem = latest_tag(ckpt_dir)
+    if tag is not None:
+        try:
+            check_tag(os.path.join(ckpt_dir, tag), legacy_ok=True)
+            return ckpt_dir, tag
+        except CheckpointError as exc:
+            problem = f"names {tag!r}, which cannot be used: {exc}"
+    complete = [t for t in list_tags(ckpt_dir) if is_complete(os.path.join(ckpt_dir, t))]
+    where = os.path.join(ckpt_dir, LATEST)
+    if not complete:
+        if problem is not None:
+            raise CheckpointError(f"{where} {problem}; no other complete checkpoint is in {ckpt_dir}")
+        return None
+    logger.warning("%s %s: resuming from the newest complete checkpoint, %s (nothing deleted)", where,
+                   problem or "is missing", complete[-1])
+    return ckpt_dir, complete[-1]
 
 
 def load_checkpoint(engine: Any, load_dir: PathLike, tag: str) -> dict:

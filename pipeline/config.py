@@ -27,7 +27,7 @@ import difflib
 import json
 import math
 import os
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterable, List, Literal, Mapping, Optional
 
 from infclip.ops.config import ConfigError, ContrastiveLossConfig, parse_section, require_at_least
 
@@ -36,8 +36,8 @@ from .model_config import ModelConfig, ds_param_dtype
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEEPSPEED_TOP_LEVEL_KEYS", "PROJECT_SECTIONS", "RunConfig", "TrainConfig", "load_config",
-           "apply_overrides", "check_top_level_keys", "check_deepspeed_values"]
+__all__ = ["DEEPSPEED_TOP_LEVEL_KEYS", "PROJECT_SECTIONS", "STOP_SIGNALS", "RunConfig", "TrainConfig", "load_config",
+           "apply_overrides", "check_top_level_keys", "check_deepspeed_values", "parse_json", "schedule_warnings"]
 
 #: Top-level keys DeepSpeed 0.19 reads from its config (everything else it silently ignores).
 DEEPSPEED_TOP_LEVEL_KEYS = frozenset({
@@ -62,6 +62,9 @@ DEEPSPEED_TOP_LEVEL_KEYS = frozenset({
     "sequence_parallel_size", "data_parallel_size", "hybrid_engine", "data_efficiency",
     "compile", "weight_quantization",
 })
+
+#: The signals ``train.save_on_signal`` may name (pipeline.signals).
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP")
 
 #: The project's own top-level sections.
 PROJECT_SECTIONS = ("model", "data", "contrastive_loss", "train", "eval")
@@ -90,9 +93,12 @@ class TrainConfig:
     export_final: bool = True
     """At the end, write output_dir/final: CLIPTowers.save_pretrained + the tokenizer (for eval)."""
     output_dir: str = "runs/default"
-    """Run directory: ckpt/ (DeepSpeed checkpoints), tb/ (TensorBoard), tokenizer/, final/."""
+    """Run directory: ckpt/ (DeepSpeed checkpoints), tb/ (TensorBoard), tokenizer/, final/. It belongs to
+    one run: run.lock while it runs; a start without --resume over its checkpoints is refused
+    (pipeline.run_folder)."""
     seed: int = 0
-    """Seed of the model init (same on all ranks) and of each rank's dropout stream (seed + rank)."""
+    """Seed of the model init (same on all ranks) and of each rank's dropout stream (seed + rank);
+    in [0, 2**32)."""
     chunk_size: Optional[int] = None
     """GradCache-style chunked backbone: rows per tower forward (None: the whole micro-batch)."""
     keep_last_checkpoints: int = 2
@@ -115,6 +121,13 @@ class TrainConfig:
     on_collapse: Literal["warn", "stop"] = "warn"
     """On a collapse: ``warn`` (once, the run goes on) or ``stop`` (TrainingCollapseError at that
     log step, before anything after it is evaluated or saved)."""
+    save_on_signal: List[str] = dataclasses.field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGINT"])
+    """Signals that stop the run after the current step with a checkpoint, exit code 0 (pre-emption:
+    SLURM and Kubernetes send SIGTERM before they kill a job, SLURM's ``--signal`` SIGUSR1 ahead of
+    the time limit; SIGINT: Ctrl-C, without a traceback). Every rank stops after the same step,
+    also when one rank got the signal first; a second signal stops at once, without a checkpoint.
+    Any of SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP; [] keeps the signals' usual effect
+    (pipeline.signals)."""
 
     def __post_init__(self) -> None:
         require_at_least(self, 1, "steps", "log_every")
@@ -122,6 +135,11 @@ class TrainConfig:
         require_at_least(self, 1, "epochs", "chunk_size", optional=True)
         if not self.output_dir:
             raise ConfigError("'output_dir' must not be empty")
+        for name in self.save_on_signal:
+            if name not in STOP_SIGNALS:
+                raise ConfigError(f"'save_on_signal' names {name!r}; it may hold {', '.join(STOP_SIGNALS)}")
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"'seed' must be in [0, 2**32), got {self.seed}")
         for key in ("collapse_loss_tolerance", "collapse_scale_tolerance"):
             if not 0.0 < getattr(self, key) < 1.0:
                 raise ConfigError(f"'{key}' must be in (0, 1), got {getattr(self, key)}")
@@ -194,6 +212,22 @@ class RunConfig:
         return os.path.join(self.train.output_dir, "tb")
 
 
+#: DeepSpeed's schedulers that end at ``scheduler.params.total_num_steps`` (then hold the floor).
+_SCHEDULES_WITH_END = ("WarmupDecayLR", "WarmupCosineLR")
+
+
+def schedule_warnings(run_cfg: RunConfig) -> list[str]:
+    """What in the schedule would go unnoticed: ``train.steps`` beyond the scheduler's
+    ``total_num_steps`` trains the rest of the run at the schedule's floor."""
+    sched = run_cfg.ds_config.get("scheduler") or {}
+    total = (sched.get("params") or {}).get("total_num_steps")
+    if sched.get("type") in _SCHEDULES_WITH_END and isinstance(total, int) and run_cfg.train.steps > total:
+        return [f"{run_cfg.source or 'config'}: 'train.steps' {run_cfg.train.steps} runs past "
+                f"'scheduler.params.total_num_steps' {total} ({sched['type']}): the last "
+                f"{run_cfg.train.steps - total} steps train at the schedule's floor learning rate"]
+    return []
+
+
 def check_top_level_keys(raw: Mapping[str, Any], source: Optional[str] = None) -> None:
     """Raise :class:`ConfigError` for a top-level key that is neither DeepSpeed's nor a project
     section, naming the key, the file and the closest valid key."""
@@ -224,6 +258,11 @@ def check_deepspeed_values(ds_config: Mapping[str, Any], source: Optional[str] =
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{where}: '{key}' must be a whole number >= 1, got {value!r}")
 
+    clip = ds_config.get("gradient_clipping")
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
+        raise ConfigError(f"{where}: 'gradient_clipping' must be a number >= 0 (0: off), got {clip!r}; DeepSpeed "
+                          "turns a negative one silently off")
+
     def walk(node: Any, path: str) -> None:
         if isinstance(node, Mapping):
             for k, v in node.items():
@@ -248,9 +287,31 @@ def _looks_numeric(text: str) -> bool:
     return True
 
 
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object's pairs as a dict; a key given twice is an error (json keeps the last one)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ConfigError(f"key '{key}' is given twice in one JSON object (the first would be silently "
+                              "ignored)")
+        out[key] = value
+    return out
+
+
+def parse_json(text: str, where: str) -> Any:
+    """``json.loads`` for configs: a duplicate key, or nesting too deep to parse, is a ConfigError
+    naming ``where``; invalid JSON raises ``json.JSONDecodeError``."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deep to parse (not a config)") from None
+
+
 def _parse_value(text: str) -> Any:
     try:
-        return json.loads(text)
+        return parse_json(text, f"override value {text[:60]!r}")
     except json.JSONDecodeError:
         return text  # a bare string such as train.output_dir=runs/x
 
@@ -291,9 +352,11 @@ def load_config(path: Optional[str] = None, overrides: Iterable[str] = (), *,
             raise FileNotFoundError(f"config file not found: {path}")
         with open(path) as f:
             try:
-                data = json.load(f)
+                data = parse_json(f.read(), path)
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+            except UnicodeDecodeError:
+                raise ConfigError(f"{path}: not a text file (not valid UTF-8)") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: the top level must be a JSON object")
     raw = apply_overrides(dict(data), overrides, source)

@@ -96,6 +96,9 @@ logger = logging.getLogger(__name__)
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 _DIGITS_SPLIT_SEED = 0  # fixed, so generated train and val shards never overlap whatever data.seed is
+#: Images with more pixels are skipped (counted as ``too_many_pixels``) before they are decoded: a
+#: small PNG can hold 144 Mpx, 2.8 GB in one loader worker once decoded in full.
+MAX_IMAGE_PIXELS = 64 << 20
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, TypeError, Image.DecompressionBombError)
 
 
@@ -610,6 +613,9 @@ class _ShardStream(torch.utils.data.IterableDataset):
         for item in raw:
             try:
                 with Image.open(io.BytesIO(item["image"])) as img:
+                    if img.width * img.height > MAX_IMAGE_PIXELS:  # read from the header: nothing decoded yet
+                        counter.add("too_many_pixels", f"{item['url']}:{item['key']}: {img.width}x{img.height}")
+                        continue
                     full, mode = img.size, img.mode
                     if img.format == "JPEG":
                         img.draft("RGB", (need, need))

@@ -21,6 +21,7 @@ import glob
 import importlib
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -29,12 +30,13 @@ from typing import Iterator, NoReturn
 import torch
 import torch.distributed as dist
 
+from infclip.ops.config import ConfigError
 from infclip.ops.sweeps import host_group
 
 from .errors import PeerFailedError
 
 __all__ = ["world", "cpu_group", "barrier", "rank_zero_first", "init_distributed", "single_process_env",
-           "stale_extension_locks", "exit_process", "PeerFailedError"]
+           "check_hostfile", "stale_extension_locks", "exit_process", "PeerFailedError"]
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +146,42 @@ def init_distributed() -> None:
         ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
         ds_torch_comm.build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend=None, auto_mpi_discovery=True)
+
+
+_HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=(\d+)\s*$")
+
+
+def check_hostfile(path: str) -> dict:
+    """The hosts of a DeepSpeed hostfile (``host slots=N`` per line, ``#`` comments), ``{host:
+    slots}``, checked as DeepSpeed's launcher would take it, before anything is launched: a line
+    of another form, a host given twice, ``slots=0`` or a file without a host raise
+    :class:`~pipeline.errors.ConfigError` naming the file and line (the launcher's own errors are
+    tracebacks, and it reads a missing hostfile as "this machine only")."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"hostfile not found: {path}")
+    hosts: dict = {}
+    with open(path, "rb") as f:
+        data = f.read(1 << 20)
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ConfigError(f"hostfile {path} is not text") from None
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _HOSTFILE_LINE.match(line)
+        if match is None:
+            raise ConfigError(f"hostfile {path}, line {number}: {line[:80]!r} is not 'HOST slots=N'")
+        host, slots = match.group(1), int(match.group(2))
+        if host in hosts:
+            raise ConfigError(f"hostfile {path}, line {number}: host {host!r} is given twice")
+        if slots < 1:
+            raise ConfigError(f"hostfile {path}, line {number}: host {host!r} has slots={slots}; it needs at least 1")
+        hosts[host] = slots
+    if not hosts:
+        raise ConfigError(f"hostfile {path} names no host (one 'HOST slots=N' line per node)")
+    return hosts
 
 
 def single_process_env() -> None:

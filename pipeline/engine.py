@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -98,16 +98,41 @@ def _initialize(model: torch.nn.Module, groups: list, ds_config: dict, source: s
         pass
     try:
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config)
-    except (*errors, AssertionError) as exc:
-        # DeepSpeed checks batch-size arithmetic and similar with asserts in its config module;
-        # an assert anywhere else is a bug and keeps its traceback
-        frames = traceback.extract_tb(exc.__traceback__)
-        if isinstance(exc, AssertionError) and not (frames and frames[-1].filename.endswith(
-                os.path.join("deepspeed", "runtime", "config.py"))):
+    except (*errors, TypeError, ValueError, AssertionError) as exc:
+        section = None if isinstance(exc, errors) else _section_at_fault(exc)
+        if section in ("optimizer", "scheduler"):
+            kind = (ds_config.get(section) or {}).get("type")
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise ConfigError(f"{source}: DeepSpeed could not build the {section} '{kind}' from the '{section}' "
+                              f"section (check '{section}.type' and the names and values in '{section}.params'): "
+                              f"{first}") from None
+        # DeepSpeed checks batch-size arithmetic and similar with asserts in its config module and
+        # its engine's sanity check; an assert anywhere else is a bug and keeps its traceback
+        if not isinstance(exc, errors) and section != "config":
             raise
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.strip().startswith("For further")]
         raise ConfigError(f"{source}: DeepSpeed rejected the config: {'; '.join(lines[:4])[:600]}") from None
     return engine
+
+
+#: Where DeepSpeed turns its config into objects: a TypeError, ValueError or assert raised under
+#: these (``learning_rate`` for ``lr``, ``"betas": 0.9``, an unknown optimizer type or scheduler
+#: keyword, batch sizes that do not multiply out) is the config's fault, not a bug of ours.
+_BUILDERS = {"_configure_basic_optimizer": "optimizer", "_scheduler_from_config": "scheduler",
+             "_do_sanity_check": "config"}
+
+
+def _section_at_fault(exc: BaseException) -> Optional[str]:
+    """``"optimizer"``, ``"scheduler"`` or ``"config"`` when ``exc`` was raised while DeepSpeed
+    built that part from the config; None otherwise."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if frame.name in _BUILDERS and frame.filename.endswith(os.path.join("deepspeed", "runtime", "engine.py")):
+            return _BUILDERS[frame.name]
+    frames = traceback.extract_tb(exc.__traceback__)
+    if isinstance(exc, AssertionError) and frames and frames[-1].filename.endswith(
+            os.path.join("deepspeed", "runtime", "config.py")):
+        return "config"
+    return None
 
 
 def with_engine_defaults(ds_config: dict, compiled: bool) -> dict:

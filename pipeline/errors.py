@@ -15,15 +15,26 @@ from typing import Iterator
 
 from infclip.ops.config import ConfigError
 
-__all__ = ["CheckpointError", "ResumeMismatchError", "NonFiniteError", "NonFiniteLossError",
-           "NonFiniteGradError", "NONFINITE_ADVICE", "PeerFailedError", "TrainingCollapseError", "USER_ERRORS",
-           "UserErrorExit", "exit_on_user_error"]
+__all__ = ["CheckpointError", "ResumeMismatchError", "RunFolderError", "DataError", "NonFiniteError",
+           "NonFiniteLossError", "NonFiniteGradError", "NONFINITE_ADVICE", "PeerFailedError", "TrainingCollapseError",
+           "USER_ERRORS", "UserErrorExit", "exit_on_user_error"]
 
 
 class CheckpointError(ValueError):
     """A checkpoint cannot be used: a file is missing, empty, truncated or refused (it holds
     objects other than tensors and plain values), the tag is incomplete, or it does not fit the
     model. The message names the file or tag."""
+
+
+class RunFolderError(ValueError):
+    """``train.output_dir`` cannot take this run: a file, not writable, in use by a live run (its
+    lock), or holding another run's checkpoints without ``--resume``; the message says what to do."""
+
+
+class DataError(RuntimeError, ValueError):
+    """The data cannot feed the run or the evaluation (an epoch without a single batch: too few
+    samples for the micro-batch and world size, every sample skipped; an eval sample without a
+    label, a label beyond the class names, no image at all); the message names the cause."""
 
 
 class ResumeMismatchError(ValueError):
@@ -58,8 +69,9 @@ class PeerFailedError(RuntimeError):
 
 
 #: What a user can cause and fix; launch/ reports these as one line.
-USER_ERRORS = (ConfigError, CheckpointError, ResumeMismatchError, NonFiniteError, TrainingCollapseError,
-               PeerFailedError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+USER_ERRORS = (ConfigError, CheckpointError, ResumeMismatchError, RunFolderError, DataError, NonFiniteError,
+               TrainingCollapseError, PeerFailedError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+               PermissionError)
 
 
 class UserErrorExit(SystemExit):

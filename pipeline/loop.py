@@ -25,6 +25,10 @@ one warning, ``train/collapsed``). With ``train.on_collapse: "stop"`` every rank
 verdict (one broadcast over a CPU group per log step, so no rank waits in a collective for a rank
 that stopped) and raises :class:`~pipeline.errors.TrainingCollapseError` before that step's
 evaluation or checkpoint.
+
+Pre-emption: before each step the loop asks :class:`~pipeline.signals.StopSignals` whether any rank
+received a stop signal (one all-reduce over the CPU group); if so, every rank leaves the loop there
+and saves a checkpoint of the last finished step (unless that step's checkpoint was just written).
 """
 
 from __future__ import annotations
@@ -40,10 +44,11 @@ import torch.distributed as dist
 from .collapse import CollapseWatch, effective_window
 from .config import TrainConfig
 from .engine import TrainEngine
-from .errors import NONFINITE_ADVICE, NonFiniteGradError, NonFiniteLossError, TrainingCollapseError
+from .errors import NONFINITE_ADVICE, DataError, NonFiniteGradError, NonFiniteLossError, TrainingCollapseError
 from .metrics import TrainLogger
 from .dist import barrier, cpu_group, world
 from .run_state import Checkpointer, RunState
+from .signals import StopSignals
 from .step import LossGuard, forward_backward
 
 __all__ = ["Batches", "EvalSchedule", "GradNormWatch", "TrainLoop"]
@@ -57,7 +62,7 @@ class Batches:
     All ranks switch epochs together: if any rank's stream ends, every rank starts the next epoch
     (a rank's unconsumed batch is dropped), so collectives never wait on a rank without data.
     An epoch read from its start that gives no batch on some rank is an error on every rank (a
-    :class:`RuntimeError` naming the epoch and, on that rank, the loader's skip counts by reason),
+    :class:`~pipeline.errors.DataError` naming the epoch and, on that rank, the loader's skip counts by reason),
     never an empty epoch: with ``train.epochs`` a run would otherwise end at step 0. A rank's
     stream gives no batch only when none of its loader workers made one (the loader skips a
     worker whose data ran out and goes on with the others). The skips a loader counts after its
@@ -100,6 +105,11 @@ class Batches:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._flags)
         return bool(flag.item())
 
+    def close(self) -> None:
+        """End the current loader (its worker processes stop now)."""
+        self._it = iter(())
+        self._loader = None
+
     def next(self) -> Optional[dict]:
         """The next micro-batch, or None when ``max_epochs`` epochs are done."""
         with torch.random.fork_rng(devices=[]):
@@ -124,7 +134,7 @@ class Batches:
                 self._fresh = False
                 return batch
             if self._fresh:
-                raise RuntimeError(self._no_batch_message(batch is None))
+                raise DataError(self._no_batch_message(batch is None))
             state.epoch += 1
             state.batch_in_epoch = 0
             state.data_position = None
@@ -232,9 +242,10 @@ class TrainLoop:
     """Runs the optimizer steps of one run (see the module docstring)."""
 
     def __init__(self, te: TrainEngine, batches: Batches, state: RunState, tcfg: TrainConfig, log: TrainLogger,
-                 evals: EvalSchedule, checkpoints: Checkpointer) -> None:
+                 evals: EvalSchedule, checkpoints: Checkpointer, stop: Optional[StopSignals] = None) -> None:
         self.te, self.batches, self.state, self.tcfg = te, batches, state, tcfg
-        self.log, self.evals, self.checkpoints = log, evals, checkpoints
+        self.log, self.evals, self.checkpoints, self.stop = log, evals, checkpoints, stop
+        self._saved_at = state.step  # the step of the newest checkpoint (a resumed run's is where it starts)
         engine = te.engine
         self.fp16 = bool(engine.fp16_enabled())
         self.own_norm = not hasattr(engine.optimizer, "_global_grad_norm")  # DeepSpeed computes none
@@ -252,17 +263,23 @@ class TrainLoop:
     def run(self) -> dict:
         """Train until ``train.steps`` (or the data's ``train.epochs``); returns {step: loss}."""
         state, tcfg = self.state, self.tcfg
-        start = state.step
         self.te.engine.train()
         while state.step < tcfg.steps:
+            if self.stop is not None and self.stop.agreed():
+                break
             if not self._step():
                 break
             state.step += 1
             self._after_step(state.step)
         self._checked()
-        if tcfg.save_final and state.step > start:
-            self.checkpoints.save(self.te.engine, state)
+        stopped = self.stop is not None and self.stop.stopped_by is not None
+        if (tcfg.save_final or stopped) and state.step != self._saved_at:
+            self._save()
         return self.guard.losses
+
+    def _save(self) -> None:
+        self.checkpoints.save(self.te.engine, self.state)
+        self._saved_at = self.state.step
 
     def _checked(self) -> None:
         """Every loss and gradient norm so far is finite (waits for the last ones)."""
@@ -292,7 +309,7 @@ class TrainLoop:
             self.evals.run(engine, step)
         if tcfg.save_every and step % tcfg.save_every == 0 and step < tcfg.steps:
             self._checked()
-            self.checkpoints.save(engine, self.state)
+            self._save()
 
     def _step(self) -> bool:
         """One optimizer step; False when the data ran out before it ended."""

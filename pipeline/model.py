@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from infclip.ops.config import ConfigError
 
+from .errors import CheckpointError
 from .flat_params import BindingForward, bind_in_checkpoint, bind_in_forward, bind_views, flatten_block
 from .layer_stack import layer_stacks, stack_forward
 from .model_config import ModelConfig, TextTowerConfig, VisionTowerConfig, activation_bytes, ds_param_dtype
@@ -229,6 +230,23 @@ def _is_hf_clip_folder(directory: str) -> bool:
     except (OSError, ValueError, AttributeError):
         return False
 
+
+
+def _hf_load(cls: Any, folder: str, **kwargs: Any) -> Any:
+    """``cls.from_pretrained(folder)``; a pickled weights file that holds more than tensors (which
+    transformers reads weights-only, so refuses) is a CheckpointError naming the file."""
+    import pickle
+    import re
+
+    try:
+        return cls.from_pretrained(folder, **kwargs)
+    except pickle.UnpicklingError as exc:
+        files = sorted(f for f in os.listdir(folder) if f.endswith((".bin", ".pt", ".pth")))
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        what = f" ({found.group(1)})" if found else ""
+        raise CheckpointError(f"refused to load {os.path.join(folder, files[0]) if files else folder}: it holds a "
+                              f"Python object{what} that only a full unpickle could build, and unpickling can run code "
+                              "from the file; only tensors are loaded (a safetensors file is never refused)") from None
 
 class CLIPTowers(nn.Module):
     """Image and text towers with a shared embedding width E and learnable logit scale/bias.
@@ -653,8 +671,8 @@ class CLIPTowers(nn.Module):
             stored["pretrained"] = None
             cfg = ModelConfig.from_dict(stored, source=meta_path)
         attn = {"attn_implementation": cfg.attn_implementation}
-        vision = CLIPVisionModelWithProjection.from_pretrained(os.path.join(directory, "vision"), **attn)
-        text = CLIPTextModelWithProjection.from_pretrained(os.path.join(directory, "text"), **attn)
+        vision = _hf_load(CLIPVisionModelWithProjection, os.path.join(directory, "vision"), **attn)
+        text = _hf_load(CLIPTextModelWithProjection, os.path.join(directory, "text"), **attn)
         if vision.config.projection_dim != text.config.projection_dim:
             raise ValueError(f"{directory}: vision projection {vision.config.projection_dim} != "
                              f"text projection {text.config.projection_dim}")
@@ -709,7 +727,7 @@ class CLIPTowers(nn.Module):
                                   CLIPVisionModelWithProjection)
 
         attn = {"attn_implementation": (cfg or ModelConfig()).attn_implementation}
-        hf = CLIPModel.from_pretrained(directory, **attn)
+        hf = _hf_load(CLIPModel, directory, **attn)
         meta_path = os.path.join(directory, _LOGIT_FILE)
         if os.path.exists(meta_path):
             with open(meta_path) as f:

@@ -21,10 +21,10 @@ from typing import Any, Optional, Sequence
 
 import torch.distributed as dist
 
-from .checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from .checkpoint import load_checkpoint, read_latest, resolve_resume, save_checkpoint
 from .config import RunConfig
 from .dist import cpu_group, world
-from .errors import ResumeMismatchError
+from .errors import CheckpointError, ResumeMismatchError
 
 __all__ = ["RunState", "Checkpointer", "data_setup"]
 
@@ -106,7 +106,6 @@ class Checkpointer:
                              skipped_samples=int(client.get("skipped_samples", 0)),
                              data_position=_own_position(client.get("data_positions")))
         except (KeyError, TypeError, ValueError) as exc:
-            from .errors import CheckpointError
             raise CheckpointError(f"{where}: the client state has no usable run position ({exc!r}); "
                                   "was it written by pipeline.train?") from None
         logger.info("resumed from %s at step %d (epoch %d, batch %d)", where, state.step, state.epoch,
@@ -145,7 +144,16 @@ class Checkpointer:
         client.pop("data_position")
         client["data_positions"] = self._gather(state.data_position)
         client["data_setup"] = dict(self.setup)
-        return save_checkpoint(engine, self.ckpt_dir, state.step, client, self.keep_last)
+        try:
+            return save_checkpoint(engine, self.ckpt_dir, state.step, client, self.keep_last)
+        except (OSError, RuntimeError) as exc:
+            # a full disk or a lost mount: torch's writer reports it as a RuntimeError
+            if isinstance(exc, RuntimeError) and "write" not in str(exc).lower():
+                raise
+            what = f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise CheckpointError(f"saving the checkpoint of step {state.step} in {self.ckpt_dir} failed ("
+                                  f"{what.splitlines()[0][:300]}); latest still names {read_latest(self.ckpt_dir)}"
+                                  ", the last complete checkpoint") from None
 
 
 def _own_position(positions: Any) -> Optional[dict]:

@@ -127,15 +127,22 @@ def check_tar_end(tar: tarfile.TarFile) -> None:
                                 "header, or tars concatenated): the rest is not read")
 
 
-def tar_members(stream: Any, wanted: Callable[[str], bool]) -> Iterator[Tuple[str, bytes]]:
+def tar_members(stream: Any, wanted: Callable[[str], bool], max_bytes: Optional[int] = None,
+                too_big: Optional[Callable[[str, int], None]] = None) -> Iterator[Tuple[str, bytes]]:
     """``(name, bytes)`` of each regular member of the tar read from ``stream`` (plain or
     compressed, in stream mode) whose name ``wanted`` accepts, in order; the others are passed over
-    unread. At the end, :func:`check_tar_end`. Damage raises from tarfile (``tarfile.TarError``,
-    ``EOFError``, ``zlib.error``, ``OSError``) where it is met: the members before it were given."""
+    unread, and so is a wanted member larger than ``max_bytes`` (None: no limit), reported to
+    ``too_big(name, size)``. At the end, :func:`check_tar_end`. Damage raises from tarfile
+    (``tarfile.TarError``, ``EOFError``, ``zlib.error``, ``OSError``) where it is met: the members
+    before it were given."""
     with tarfile.open(fileobj=stream, mode="r|*") as tar:
         for member in tar:
             if member.isreg() and wanted(member.name):
-                yield member.name, tar.extractfile(member).read()
+                if max_bytes is not None and member.size > max_bytes:
+                    if too_big is not None:
+                        too_big(member.name, member.size)
+                else:
+                    yield member.name, tar.extractfile(member).read()
             tar.members = []  # stream mode keeps every header otherwise
         check_tar_end(tar)
 
@@ -339,6 +346,15 @@ def _load_caption_table(path: Path) -> Dict[str, str]:
     return table
 
 
+def _is_image(path: Path) -> bool:
+    """Whether PIL recognises ``path`` as an image (its header only; nothing is decoded)."""
+    try:
+        with Image.open(path) as img:
+            return img.format is not None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        return False
+
+
 def folder_samples(image_dir: Union[str, Path], captions: Optional[Union[str, Path, Mapping[str, str]]] = None
                    ) -> Iterator[Sample]:
     """Yield ``(EncodedImage, caption, {"filename": name})`` for the images in ``image_dir``.
@@ -347,7 +363,8 @@ def folder_samples(image_dir: Union[str, Path], captions: Optional[Union[str, Pa
     ``filename<TAB>caption`` / ``.jsonl`` ``{"file", "caption"}`` file), else from
     ``image_dir/captions.tsv`` or ``captions.jsonl`` when present, else from a sidecar
     ``<stem>.txt`` beside each image. Images are copied as encoded (no re-encode); sorted by name.
-    Raises ``ValueError`` listing the images that have no caption (before yielding anything).
+    Raises ``ValueError`` listing the images that have no caption, or the files that are not images
+    (before yielding anything).
     """
     image_dir = Path(image_dir)
     if not image_dir.is_dir():
@@ -380,5 +397,10 @@ def folder_samples(image_dir: Union[str, Path], captions: Optional[Union[str, Pa
     if missing:
         shown = ", ".join(missing[:10]) + (f" (+{len(missing) - 10} more)" if len(missing) > 10 else "")
         raise ValueError(f"{len(missing)} image(s) in {image_dir} have no caption: {shown}")
+    not_images = [path.name for path in files if not _is_image(path)]
+    if not_images:
+        shown = ", ".join(not_images[:10]) + (f" (+{len(not_images) - 10} more)" if len(not_images) > 10 else "")
+        raise ValueError(f"{len(not_images)} file(s) in {image_dir} are not images PIL can read, whatever their "
+                         f"extension: {shown}")
     for path, caption in resolved:
         yield EncodedImage(path.read_bytes(), path.suffix.lower().lstrip(".")), caption, {"filename": path.name}

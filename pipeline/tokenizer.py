@@ -340,6 +340,11 @@ def _warn_structural_ids_in_text(tokenizer, found) -> None:
                    "one EOS, at the caption's end", type(tokenizer).__name__, sorted(found))
 
 
+#: A caption member larger than this is passed over unread by the tokenizer-training pass (a
+#: member of gigabytes would otherwise be read whole into memory).
+MAX_CAPTION_BYTES = 1 << 20
+
+
 def iter_shard_captions(urls: Sequence[str], caption_key: str = "txt", max_captions: Optional[int] = None,
                         broken: Optional[List[str]] = None) -> Iterator[str]:
     """Stream the caption members of tar shards, in order, without reading image bytes' content.
@@ -348,7 +353,8 @@ def iter_shard_captions(urls: Sequence[str], caption_key: str = "txt", max_capti
     read; everything else is skipped over by the tar reader. Unreadable captions are skipped. A
     shard that cannot be read as a tar (empty, cut short, not a tar, unreadable) is skipped with a
     warning naming it, as the training loader skips it; its captions read before the damage are
-    kept. Each skipped shard's URL is appended to ``broken`` when given.
+    kept. Each skipped shard's URL is appended to ``broken`` when given. A caption member larger
+    than :data:`MAX_CAPTION_BYTES` is passed over unread, named in a warning.
     """
     from webdataset.gopen import gopen
 
@@ -358,9 +364,13 @@ def iter_shard_captions(urls: Sequence[str], caption_key: str = "txt", max_capti
 
     count = 0
     for url in urls:
+        def too_big(name: str, size: int, url: str = url) -> None:
+            logger.warning("tokenizer training: skipping %s in %s: %d bytes, more than a caption's limit of %d",
+                           name, url, size, MAX_CAPTION_BYTES)
+
         try:
             with gopen(url, "rb") as raw:
-                for _, data in tar_members(raw, is_caption):
+                for _, data in tar_members(raw, is_caption, MAX_CAPTION_BYTES, too_big):
                     try:
                         text = data.decode("utf-8").strip()
                     except UnicodeDecodeError:

@@ -32,14 +32,16 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from .config import RunConfig, TrainConfig
+from .config import RunConfig, TrainConfig, schedule_warnings
 from .dist import init_distributed, rank_zero_first, single_process_env, world
 from .engine import build_engine, export_final
 from .engine import param_groups as _param_groups  # noqa: F401  (tests/pipeline/test_zero3_init.py imports it here)
 from .errors import NonFiniteGradError, NonFiniteLossError
 from .loop import Batches, EvalSchedule, TrainLoop
 from .metrics import TrainLogger
+from .run_folder import claim_run_folder
 from .run_state import Checkpointer, RunState, data_setup
+from .signals import StopSignals
 
 __all__ = ["TrainConfig", "TrainResult", "train", "NonFiniteLossError", "NonFiniteGradError", "single_process_env"]
 
@@ -56,6 +58,9 @@ class TrainResult:
     output_dir: str
     final_dir: Optional[str]
     eval_metrics: dict
+    stopped_by: Optional[str] = None
+    """The stop signal that ended the run early (``train.save_on_signal``) after the checkpoint of
+    ``step``; None when it ran to its end."""
 
 
 def _prepare_data(run_cfg: RunConfig, rank: int, context_length: int):
@@ -73,7 +78,8 @@ def _prepare_data(run_cfg: RunConfig, rank: int, context_length: int):
 
 
 def train(run_cfg: RunConfig, *, resume: Optional[str] = None,
-          evaluator: Optional[Callable[[Any, int], Mapping[str, float]]] = None) -> TrainResult:
+          evaluator: Optional[Callable[[Any, int], Mapping[str, float]]] = None,
+          overwrite: bool = False) -> TrainResult:
     """Train the CLIP towers as ``run_cfg`` says.
 
     Args:
@@ -83,17 +89,39 @@ def train(run_cfg: RunConfig, *, resume: Optional[str] = None,
         evaluator: ``callable(model, step) -> {name: value}`` with attributes ``every`` (steps;
             0: never periodically) and ``at_end`` (see :class:`pipeline.loop.EvalSchedule`);
             ``launch/pretrain.py`` builds it from the config's ``eval`` section.
+        overwrite: a fresh run may replace the checkpoints of an earlier run in
+            ``train.output_dir`` (see :mod:`pipeline.run_folder`); without it that is refused.
     Returns:
         :class:`TrainResult`.
     Raises:
         NonFiniteLossError / NonFiniteGradError: NaN/inf loss or gradient norm (naming the step);
-        ResumeMismatchError, CheckpointError: a resume that cannot continue the run exactly.
+        ResumeMismatchError, CheckpointError: a resume that cannot continue the run exactly;
+        RunFolderError: ``train.output_dir`` cannot take this run.
     """
+    tcfg = run_cfg.train
+    init_distributed()
+    rank, _ = world()
+    if rank == 0:
+        for warning in schedule_warnings(run_cfg):
+            logger.warning("%s", warning)
+    lock = None
+    with StopSignals(tcfg.save_on_signal) as stop:
+        try:
+            with rank_zero_first("the claim of train.output_dir"):
+                if rank == 0:
+                    lock = claim_run_folder(tcfg.output_dir, os.path.join(tcfg.output_dir, "ckpt"),
+                                            run_cfg.tensorboard_dir, resume=resume, overwrite=overwrite)
+            return _train(run_cfg, resume, evaluator, stop)
+        finally:
+            if lock is not None:
+                lock.release()
+
+
+def _train(run_cfg: RunConfig, resume: Optional[str], evaluator: Any, stop: StopSignals) -> TrainResult:
     from .data import build_train_loader
     from .data_cache import DeviceCache
 
     tcfg = run_cfg.train
-    init_distributed()
     rank, _ = world()
     with rank_zero_first("data and tokenizer preparation"):
         shards, tokenizer = _prepare_data(run_cfg, rank, run_cfg.model.text.context_length)
@@ -124,13 +152,16 @@ def train(run_cfg: RunConfig, *, resume: Optional[str] = None,
         with open(os.path.join(tcfg.output_dir, "config.json"), "w") as f:
             json.dump(run_cfg.raw, f, indent=2)
     evals = EvalSchedule(evaluator, log)
+    final_dir = None
     try:
-        losses = TrainLoop(te, batches, state, tcfg, log, evals, checkpoints).run()
-        evals.finish(te.engine, state.step)
-        final_dir = export_final(te.engine, tokenizer, os.path.join(tcfg.output_dir, "final")) \
-            if tcfg.export_final else None
+        losses = TrainLoop(te, batches, state, tcfg, log, evals, checkpoints, stop).run()
+        batches.close()  # its loader workers end here, not at the interpreter's exit
+        if stop.stopped_by is None:  # a stopped run leaves at once: the time left may be short
+            evals.finish(te.engine, state.step)
+            if tcfg.export_final:
+                final_dir = export_final(te.engine, tokenizer, os.path.join(tcfg.output_dir, "final"))
     finally:
         log.close()
     log.done(state.step - start_step)
     return TrainResult(step=state.step, losses=losses, output_dir=tcfg.output_dir, final_dir=final_dir,
-                       eval_metrics=evals.metrics)
+                       eval_metrics=evals.metrics, stopped_by=stop.stopped_by)
