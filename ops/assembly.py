@@ -39,11 +39,15 @@ import torch
 from torch import Tensor
 
 from .blocks import (
+    LOGIT_BOUND_LIMIT,
     SHIFT_MARGIN,
+    SHIFT_SLACK,
+    clip_block_max,
     clip_grads,
     clip_shifts,
     clip_stats,
     clip_terms,
+    loose_shifts,
     rownorm,
     siglip_grads,
     siglip_stats,
@@ -66,7 +70,7 @@ def keep_logits(impl: str, n: int, dtype: torch.dtype, block_m: int, budget_mb: 
     gradient block in the features' dtype, 6 bytes a pair in bf16); else, above B = 16,384 and
     for 16-bit features, ``"bands"``, the matrix in the features' dtype (the banded path's own
     rounded logits, 2 bytes a pair; the backward turns it into gradients one row band at a time,
-    no GEMM redone); else ``""`` (recompute by row bands). Nothing is kept when a band height is
+    no GEMM redone; bf16 only); else ``""`` (recompute by row bands). Nothing is kept when a band height is
     forced (block_m)."""
     if impl != "triton" or block_m:
         return ""
@@ -76,7 +80,8 @@ def keep_logits(impl: str, n: int, dtype: torch.dtype, block_m: int, budget_mb: 
     budget = budget_mb * 2**20
     if n * n * (4 + itemsize) <= budget:
         return "whole"
-    if itemsize == 2 and n * n > _BANDS_MIN_LOGITS and n * n * itemsize <= budget:
+    # (bf16 only: fp16 band logits would overflow at |I_i . T_j| > 65,504)
+    if dtype == torch.bfloat16 and n * n > _BANDS_MIN_LOGITS and n * n * itemsize <= budget:
         return "bands"
     return ""
 
@@ -154,15 +159,51 @@ def _sum_over_ranks(sw: Sweep, *pieces: Tensor) -> tuple:
 def _clip_prologue(img, txt, s, sw: Sweep, o: Options):
     """(row_shift [b], col_shift [b], aux [b + 2], sums [4 b]): aux[:b] = ref (the positives' S'),
     sums zeroed (row_sum, row_wsum, col_sum, col_wsum). The shift bounds need the largest feature
-    norms of the whole batch (one tiny all-reduce of the sweep)."""
+    norms of the whole batch (one tiny all-reduce of the sweep); a shift the bound leaves loose
+    (blocks.loose_shifts) becomes its row's or column's true maximum."""
     if o.impl == "triton":  # (one rank: no max to combine, no reduction launched for it)
-        return triton_kernels().clip_prologue_triton(img, txt, s, SHIFT_MARGIN,
-                                                     combine_max=sw.max_ if sw.world > 1 else None)
+        tri = triton_kernels()
+        row_shift, col_shift, aux, sums = tri.clip_prologue_triton(
+            img, txt, s, SHIFT_MARGIN, combine_max=sw.max_ if sw.world > 1 else None,
+            limit=LOGIT_BOUND_LIMIT)
+        if sw.in_place:  # on the device, no host read: a launch whose programs exit unless loose
+            tri.clip_tighten_triton(img, txt, s, row_shift, col_shift, aux, SHIFT_SLACK,
+                                    allow_tf32=o.allow_tf32)
+        else:
+            _tighten_loose_shifts(img, txt, s, row_shift, col_shift, aux[:img.shape[0]], sw, o)
+        return row_shift, col_shift, aux, sums
     b = img.shape[0]
     norms = sw.max_(torch.stack([rownorm(img).max(), rownorm(txt).max()]))
     row_shift, col_shift, ref = clip_shifts(img, txt, s, a_max=norms[0], b_max=norms[1])
+    _tighten_loose_shifts(img, txt, s, row_shift, col_shift, ref, sw, o)
     aux = torch.cat([ref, ref.new_zeros(2)])
     return row_shift, col_shift, aux, ref.new_zeros(4 * b)
+
+
+def _tighten_loose_shifts(img, txt, s, row_shift, col_shift, ref, sw: Sweep, o: Options) -> None:
+    """In place: each loose shift (blocks.loose_shifts) raised or lowered to its row's or column's
+    true maximum over the global batch, by a sweep of block maxima (blocks.clip_block_max, the
+    tiles of the statistics that follow). Whether any rank has one is read on the host (one
+    tiny all-reduce and one sync a call): the torch impls and the distributed schemes only."""
+    loose_r = loose_shifts(row_shift, ref, s)
+    loose_c = loose_shifts(col_shift, ref, s)
+    if not bool(sw.max_(torch.stack([loose_r.any(), loose_c.any()]).float()).any()):
+        return
+    d = s * ref
+    if sw.gathers_rows:  # the statistics' orientation: rows I_r x T_all, columns T_r x I_all
+        row_max, _ = clip_block_max(img, sw.all_gather(txt), s, cols=False, **o.kw)
+        col_max, _ = clip_block_max(txt, sw.all_gather(img), s, cols=False, **o.kw)
+    else:
+        row_max = torch.full_like(row_shift, -math.inf)
+
+        def step(col_offset, held):
+            rows, cols = clip_block_max(img, held[0], s, **o.kw)
+            torch.maximum(row_max, rows, out=row_max)
+            return [cols]
+
+        (col_max,), _ = sw.columns([txt], step, "max")
+    row_shift.copy_(torch.where(loose_r, torch.maximum(row_max, d), row_shift))
+    col_shift.copy_(torch.where(loose_c, torch.maximum(col_max, d), col_shift))
 
 
 def _dscale_in_backward(img, txt, sw: Sweep, o: Options, keep: bool) -> bool:

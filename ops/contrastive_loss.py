@@ -54,12 +54,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .blocks import (
+    LOGIT_BOUND_LIMIT,
     SHIFT_MARGIN,
     clip_grads,
     clip_shifts,
     clip_stats,
     clip_terms,
     rowdot,
+    rownorm,
     siglip_grads,
     siglip_stats,
 )
@@ -174,7 +176,9 @@ def _validate(image_features: Tensor, text_features: Tensor, logit_scale: Tensor
         raise TypeError(f"image and text features differ in dtype: {image_features.dtype} vs "
                         f"{text_features.dtype}")
     if image_features.dtype not in _DTYPES:
-        raise TypeError(f"features must be float32, bfloat16 or float16, got {image_features.dtype}")
+        raise TypeError(f"features must be float32, bfloat16 or float16 (every impl computes in "
+                        f"fp32: upcast fp64 to fp32, or use contrastive_loss_reference for an fp64 "
+                        f"reference), got {image_features.dtype}")
     if image_features.device != text_features.device:
         raise ValueError(f"features on different devices: {image_features.device} vs {text_features.device}")
     for name, value in (("logit_scale", logit_scale), ("logit_bias", logit_bias)):
@@ -186,19 +190,35 @@ def _validate(image_features: Tensor, text_features: Tensor, logit_scale: Tensor
             raise ValueError(f"{name} must have exactly one element (shape [] or [1]), got shape {tuple(value.shape)}")
         if value.device != image_features.device:
             raise ValueError(f"{name} is on {value.device} but the features are on {image_features.device}")
+        if not value.is_floating_point():
+            raise TypeError(f"{name} must be a real floating-point tensor, got {value.dtype}")
     if loss == "siglip" and logit_bias is None:
         raise ValueError("loss 'siglip' needs logit_bias")
+    if loss == "clip" and logit_bias is not None:
+        raise ValueError("logit_bias applies to loss 'siglip' only (the CLIP loss has no bias)")
     if check_finite == "raise":  # one host-device sync for all inputs
         named = [("image_features", image_features), ("text_features", text_features),
                  ("logit_scale", logit_scale)]
         if loss == "siglip":
             named.append(("logit_bias", logit_bias))
-        finite = torch.stack([torch.isfinite(value).all() for _, value in named])
-        if not bool(finite.all()):
-            bad = [name for (name, _), ok in zip(named, finite.tolist()) if not ok]
+        finite = torch.stack([torch.isfinite(value).all() for _, value in named]).float()
+        bound = _logit_bound(image_features, text_features, logit_scale).reshape(1)
+        *finite, bound = torch.cat([finite, bound]).tolist()
+        if not all(finite):
+            bad = [name for (name, _), ok in zip(named, finite) if not ok]
             raise FloatingPointError(f"{bad[0]} contains NaN or Inf")
+        if loss == "clip" and bound > LOGIT_BOUND_LIMIT:
+            raise ValueError(f"|logit_scale| max|image_features| max|text_features| = {bound:.4g} "
+                             f"exceeds {LOGIT_BOUND_LIMIT:.4g}, the largest logit bound the CLIP "
+                             f"loss takes (its loss would be NaN)")
     elif not isinstance(check_finite, bool):
         raise ValueError(f"check_finite must be True, False or 'raise', got {check_finite!r}")
+
+
+def _logit_bound(image_features: Tensor, text_features: Tensor, logit_scale: Tensor) -> Tensor:
+    """|s| max|I_i| max|T_j| (fp32 []): the bound on every logit that the CLIP shifts take."""
+    return (logit_scale.detach().float().abs().reshape(()) * rownorm(image_features).max()
+            * rownorm(text_features).max())
 
 
 def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale: Tensor,

@@ -260,9 +260,28 @@ class _Function(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, *_grad_saved):
         saved = ctx.saved_tensors
-        d_img, d_txt, d_scale, d_bias = OP_BACKWARD(grad_loss, *saved, *ctx.options)
-        return ((None, d_img, d_txt, d_scale, d_bias if saved[3] is not None else None)
-                + (None,) * (ctx.count - 4))
+        with torch.no_grad():  # (the backward op has no autograd: see _no_second_order)
+            d_img, d_txt, d_scale, d_bias = OP_BACKWARD(grad_loss, *saved, *ctx.options)
+        grads = (d_img, d_txt, d_scale, d_bias if saved[3] is not None else None)
+        if torch.is_grad_enabled():  # create_graph=True
+            grads = _NoSecondOrder.apply(len(saved[:4]), *saved[:4], *grads)
+        return (None, *grads) + (None,) * (ctx.count - 4)
+
+
+class _NoSecondOrder(torch.autograd.Function):
+    """The gradients of a backward run with create_graph=True, as the outputs of a node that
+    depends on the op's inputs and whose backward raises RuntimeError naming the op: a second
+    derivative fails where it is taken, instead of giving numbers that leave this op out."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        return tuple(t.detach() if t is not None else None for t in tensors[count:])
+
+    @staticmethod
+    def backward(ctx, *_grads):
+        raise RuntimeError("infclip::contrastive_loss has no second-order gradient: its backward "
+                           "is not differentiable (gradients taken with create_graph=True cannot "
+                           "be differentiated again)")
 
 
 def _autograd_kernel(keyset, *args):
