@@ -7,8 +7,9 @@ how their partial results travel home, is the sweep's business (ops/sweeps.py, o
 scheme, chosen once); the blocks' partial results come from the primitives of ops/blocks.py,
 or from the Triton kernels of ops/contrastive_loss_triton.py, and merge by addition. The LSE
 shift of row or column i is its diagonal logit s <I_i, T_i> (raised to the Cauchy-Schwarz bound
-- 64 where that is higher: clip_shifts), known to the owner of both, so partial sums from other
-ranks add with no rescaling; the per-row terms come from the complete sums (clip_terms, or the
+- 64 where that is higher: clip_shifts; a bound that loose made the row's true maximum:
+_clip_prologue), known to the owner of both, so partial sums from other ranks add with no
+rescaling; the per-row terms come from the complete sums (clip_terms, or the
 Triton epilogue). The math is in ops/contrastive_loss.py's docstring.
 
 What the assembly asks of a sweep (class attributes, never its name):
@@ -64,6 +65,11 @@ _BANDS_MIN_LOGITS = 16384 * 16384
 H200 at B = 4,096: 1.04 ms recomputing, 1.13 ms with the bands kept)."""
 
 
+_BANDS_DTYPES = (torch.bfloat16,)
+"""The features' dtypes whose logits may be kept as bands in that dtype: not fp16, whose band
+logits would overflow at |I_i . T_j| > 65,504 (bf16 has fp32's range)."""
+
+
 def keep_logits(impl: str, n: int, dtype: torch.dtype, block_m: int, budget_mb: float) -> str:
     """What the triton impl keeps of the [B, B] S' from forward to backward, within
     ``budget_mb`` MiB: ``"whole"``, the matrix in fp32 (exact logits; with the backward's [B, B]
@@ -80,8 +86,7 @@ def keep_logits(impl: str, n: int, dtype: torch.dtype, block_m: int, budget_mb: 
     budget = budget_mb * 2**20
     if n * n * (4 + itemsize) <= budget:
         return "whole"
-    # (bf16 only: fp16 band logits would overflow at |I_i . T_j| > 65,504)
-    if dtype == torch.bfloat16 and n * n > _BANDS_MIN_LOGITS and n * n * itemsize <= budget:
+    if dtype in _BANDS_DTYPES and n * n > _BANDS_MIN_LOGITS and n * n * itemsize <= budget:
         return "bands"
     return ""
 
@@ -163,13 +168,12 @@ def _clip_prologue(img, txt, s, sw: Sweep, o: Options):
     (blocks.loose_shifts) becomes its row's or column's true maximum."""
     if o.impl == "triton":  # (one rank: no max to combine, no reduction launched for it)
         tri = triton_kernels()
+        # in place the shift launch itself makes loose shifts tight (on the device, no host read)
         row_shift, col_shift, aux, sums = tri.clip_prologue_triton(
             img, txt, s, SHIFT_MARGIN, combine_max=sw.max_ if sw.world > 1 else None,
-            limit=LOGIT_BOUND_LIMIT)
-        if sw.in_place:  # on the device, no host read: a launch whose programs exit unless loose
-            tri.clip_tighten_triton(img, txt, s, row_shift, col_shift, aux, SHIFT_SLACK,
-                                    allow_tf32=o.allow_tf32)
-        else:
+            limit=LOGIT_BOUND_LIMIT, slack=SHIFT_SLACK if sw.in_place else None,
+            allow_tf32=o.allow_tf32)
+        if not sw.in_place:
             _tighten_loose_shifts(img, txt, s, row_shift, col_shift, aux[:img.shape[0]], sw, o)
         return row_shift, col_shift, aux, sums
     b = img.shape[0]

@@ -80,7 +80,6 @@ from .precision import matmul_precision
 __all__ = [
     "band_rows",
     "clip_prologue_triton",
-    "clip_tighten_triton",
     "clip_epilogue_triton",
     "clip_stats_triton",
     "clip_grads_triton",
@@ -159,10 +158,53 @@ def _clip_prologue_kernel(A, Bm, stride_a, stride_b, M, D, ref, norm_a, norm_b, 
 
 # Shifts: row_shift_i = max(s ref_i, |s| |A_i| max|B| - MARGIN), col likewise (see
 # ops/blocks.clip_shifts), max|A| and max|B| the largest of the ``parts`` pairs in part_max. A
-# non-finite norm or scale gives a non-finite shift.
+# non-finite norm or scale gives a non-finite shift, a bound above ``limit`` a NaN one
+# (ops/blocks.LOGIT_BOUND_LIMIT). With TIGHTEN (one device), a shift more than ``slack`` above its
+# positive logit (the bound says too little of the row's sum to trust underflow,
+# ops/blocks.SHIFT_SLACK) becomes the row's true maximum max_j s S'_ij (never below s ref_i), from
+# tl.dots over the whole row (_true_max); the column shifts likewise from B A^T. Each program
+# takes BLOCK rows and the same BLOCK columns, so that this rare work spreads over B / BLOCK
+# programs; when no shift of a program is loose it costs the check alone (no launch of its own).
+@triton.jit
+def _true_max(X, Y, stride_x, stride_y, M, D, scale, offs_m, mask_m, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """max_j scale (X Y^T)_ij over all M columns j, for the rows offs_m of X (fp32 [BLOCK_M])."""
+    offs_k = tl.arange(0, BLOCK_K)
+    top = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    for n0 in range(0, M, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < M
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, D, BLOCK_K):
+            mask_k = (k0 + offs_k) < D
+            x = tl.load(X + offs_m[:, None].to(tl.int64) * stride_x + (k0 + offs_k)[None, :],
+                        mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            y = tl.load(Y + offs_n[None, :].to(tl.int64) * stride_y + (k0 + offs_k)[:, None],
+                        mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+            acc = tl.dot(x, y, acc, input_precision=PRECISION)
+        top = tl.maximum(top, tl.max(tl.where(mask_n[None, :], acc * scale, float("-inf")), axis=1))
+    return top
+
+
+@triton.jit
+def _tightened(shift, d, slack, X, Y, stride_x, stride_y, M, D, scale, offs, mask,
+               BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """``shift`` with its loose entries (more than ``slack`` above d) replaced by max(true
+    maximum, d)."""
+    loose = mask & (shift - d > slack)
+    if tl.sum(loose.to(tl.int32), axis=0) > 0:
+        top = _true_max(X, Y, stride_x, stride_y, M, D, scale, offs, mask, BLOCK, BLOCK_N, BLOCK_K,
+                        PRECISION)
+        shift = tl.where(loose, tl.maximum(top, d), shift)
+    return shift
+
+
 @triton.jit
 def _clip_shift_kernel(scale_ptr, ref, norm_a, norm_b, part_max, parts, row_shift, col_shift, M,
-                       margin, limit, BLOCK: tl.constexpr, PARTS: tl.constexpr):
+                       margin, limit, A, Bm, stride_a, stride_b, D, slack, BLOCK: tl.constexpr,
+                       PARTS: tl.constexpr, TIGHTEN: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
     max_a = tl.zeros((PARTS,), dtype=tl.float32)
     max_b = tl.zeros((PARTS,), dtype=tl.float32)
     for p0 in range(0, parts, PARTS):
@@ -177,60 +219,16 @@ def _clip_shift_kernel(scale_ptr, ref, norm_a, norm_b, part_max, parts, row_shif
     nb = tl.load(norm_b + offs, mask=mask, other=0.0)
     bound_r = tl.abs(scale) * na * tl.max(max_b, axis=0) - margin
     bound_c = tl.abs(scale) * nb * tl.max(max_a, axis=0) - margin
-    # where(a > b, a, b) rather than maximum: a NaN in either must reach the shift; a bound
-    # above ``limit`` gives NaN too (ops/blocks.LOGIT_BOUND_LIMIT)
+    # where(a > b, a, b) rather than maximum: a NaN in either must reach the shift
     row = tl.where(bound_r > d, bound_r, d + 0.0 * bound_r)
     col = tl.where(bound_c > d, bound_c, d + 0.0 * bound_c)
+    if TIGHTEN:
+        row = _tightened(row, d, slack, A, Bm, stride_a, stride_b, M, D, scale, offs, mask, BLOCK,
+                         BLOCK_N, BLOCK_K, PRECISION)
+        col = _tightened(col, d, slack, Bm, A, stride_b, stride_a, M, D, scale, offs, mask, BLOCK,
+                         BLOCK_N, BLOCK_K, PRECISION)
     tl.store(row_shift + offs, tl.where(bound_r + margin > limit, float("nan"), row), mask=mask)
     tl.store(col_shift + offs, tl.where(bound_c + margin > limit, float("nan"), col), mask=mask)
-
-
-# Loose shifts made tight: a row whose shift sits more than SLACK above its positive logit s ref_i
-# (the bound alone says too little of its sum to trust underflow, ops/blocks.SHIFT_SLACK) gets
-# its true maximum max_j s S'_ij instead (never below s ref_i). Programs [0, cdiv(M, BLOCK_M))
-# take row blocks of S' = A B^T, the others column blocks (rows of B A^T); a program with no loose
-# row exits after reading its BLOCK_M shifts, so the launch costs one small read when none is.
-@triton.jit
-def _tighten_rows(X, Y, stride_x, stride_y, M, D, scale, ref, shift, slack, blk,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  PRECISION: tl.constexpr):
-    offs_m = blk * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < M
-    sh = tl.load(shift + offs_m, mask=mask_m, other=0.0)
-    d = scale * tl.load(ref + offs_m, mask=mask_m, other=0.0)
-    loose = mask_m & (sh - d > slack)
-    if tl.sum(loose.to(tl.int32), axis=0) > 0:
-        offs_k = tl.arange(0, BLOCK_K)
-        top = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-        for n0 in range(0, M, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < M
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k0 in range(0, D, BLOCK_K):
-                mask_k = (k0 + offs_k) < D
-                x = tl.load(X + offs_m[:, None].to(tl.int64) * stride_x + (k0 + offs_k)[None, :],
-                            mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-                y = tl.load(Y + offs_n[None, :].to(tl.int64) * stride_y + (k0 + offs_k)[:, None],
-                            mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-                acc = tl.dot(x, y, acc, input_precision=PRECISION)
-            logits = tl.where(mask_n[None, :], acc * scale, float("-inf"))
-            top = tl.maximum(top, tl.max(logits, axis=1))
-        tl.store(shift + offs_m, tl.where(loose, tl.maximum(top, d), sh), mask=mask_m)
-
-
-@triton.jit
-def _clip_tighten_kernel(A, Bm, stride_a, stride_b, M, D, scale_ptr, ref, row_shift, col_shift,
-                         slack, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    pid = tl.program_id(0)
-    blocks = tl.cdiv(M, BLOCK_M)
-    scale = tl.load(scale_ptr)
-    if pid < blocks:
-        _tighten_rows(A, Bm, stride_a, stride_b, M, D, scale, ref, row_shift, slack, pid,
-                      BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
-    else:
-        _tighten_rows(Bm, A, stride_b, stride_a, M, D, scale, ref, col_shift, slack, pid - blocks,
-                      BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
 
 
 @triton.jit
@@ -1164,8 +1162,14 @@ def _clip_sums_strips(a, b, scale_t, row_shift, col_shift, row_sum, col_sum, dia
                                   int(diag), **meta)
 
 _PRO_M, _PRO_D = (16, 16) if _INTERPRET else (32, 128)
-# the loose-shift launch's tiles (_clip_tighten_kernel): it does work only for loose rows (rare)
-_TIGHT_M, _TIGHT_N, _TIGHT_K = (16, 16, 16) if _INTERPRET else (64, 64, 64)
+# the shift kernel's rows (and columns) a program, and the tiles of its true maxima (loose shifts
+# only, _clip_shift_kernel): small, so that the rare work of a loose shift spreads over B / 64
+# programs; the common work is the read of the ``parts`` largest norms, ~16 MB at B = 65k
+_SHIFT_M, _SHIFT_N = (16, 16) if _INTERPRET else (64, 64)
+_SHIFT_TIGHTEN = True
+"""False: the shift launch leaves loose shifts as the bound made them (B / 1,024 programs, no
+true maxima), for a bench's A/B of the launch's cost only: rows whose every logit lies far below
+the bound then lose their sums to underflow."""
 _VEC = 64 if _INTERPRET else 1024
 _EPI = 64 if _INTERPRET else 2048
 
@@ -1400,12 +1404,17 @@ def _bands(m: int, step: int):
 
 
 def clip_prologue_triton(a, b, scale, margin, combine_max: Callable | None = None,
-                         limit: float = float("inf")):
+                         limit: float = float("inf"), slack: Optional[float] = None,
+                         allow_tf32: bool = False):
     """The loss's O(B D) start in two launches: returns (row_shift [B], col_shift [B], aux
     [B + 2], sums [4 B]) fp32, with aux[:B] = ref (the positives' S') and sums zeroed (by the
     first launch) for :func:`clip_stats_triton` (out=) and :func:`clip_epilogue_triton`. Shifts
-    as ops/blocks.clip_shifts (NaN where the bound exceeds ``limit``). ``combine_max``: applied in place to the two largest norms
-    ([2] fp32) between the launches (a sweep's max over its process group; None on one rank)."""
+    as ops/blocks.clip_shifts (NaN where the bound exceeds ``limit``); with ``slack`` (one device,
+    a and b all of the batch) those more than ``slack`` above their positive logit become their
+    row's or column's true maximum (_clip_shift_kernel's TIGHTEN; their tl.dots' rounding differs
+    from the statistics kernels' by ~D 2^-24 |S|, far below ``margin`` while |S| <= ``limit``).
+    ``combine_max``: applied in place to the two largest norms ([2] fp32) between the launches (a
+    sweep's max over its process group; None on one rank)."""
     a, b = _prep(a), _prep(b)
     m, d = a.shape
     parts = _cdiv(m, _PRO_M)
@@ -1423,26 +1432,16 @@ def clip_prologue_triton(a, b, scale, margin, combine_max: Callable | None = Non
     if combine_max is not None:
         part_max = combine_max(part_max.view(parts, 2).amax(0))
         parts = 1
-    _clip_shift_kernel[(_cdiv(m, _VEC),)](
-        _scalar(scale, a.device), aux, norm_a, norm_b, part_max, parts, row_shift, col_shift, m,
-        float(margin), float(limit), BLOCK=_VEC, PARTS=_VEC, num_warps=4)
-    return row_shift, col_shift, aux, sums
-
-
-def clip_tighten_triton(a, b, scale, row_shift, col_shift, aux, slack, allow_tf32=False):
-    """In place: the shifts of :func:`clip_prologue_triton` that sit more than ``slack`` above
-    their positive logit become their row's (column's) true maximum of scale * a b^T
-    (_clip_tighten_kernel; one launch, no host read, a few microseconds when no shift is loose).
-    The maxima come from a tl.dot of their own: their rounding differs from the statistics'
-    by ~D 2^-24 |S|, which stays far below SHIFT_MARGIN while |S| < 2^20."""
-    a, b = _prep(a), _prep(b)
-    m, d = a.shape
-    blocks = _cdiv(m, _TIGHT_M)
     fp32 = a.dtype == torch.float32
-    _clip_tighten_kernel[(2 * blocks,)](
-        a, b, a.stride(0), b.stride(0), m, d, _scalar(scale, a.device), aux, row_shift, col_shift,
-        float(slack), BLOCK_M=_TIGHT_M, BLOCK_N=_TIGHT_N, BLOCK_K=_TIGHT_K if not fp32 or _INTERPRET else 32,
+    tighten = slack is not None and _SHIFT_TIGHTEN
+    block = _SHIFT_M if tighten else _VEC
+    _clip_shift_kernel[(_cdiv(m, block),)](
+        _scalar(scale, a.device), aux, norm_a, norm_b, part_max, parts, row_shift, col_shift, m,
+        float(margin), float(limit), a, b, a.stride(0), b.stride(0), d,
+        float(slack if tighten else 0.0), BLOCK=block, PARTS=_VEC, TIGHTEN=tighten,
+        BLOCK_N=_SHIFT_N, BLOCK_K=32 if fp32 and not _INTERPRET else _SHIFT_N,
         PRECISION="tf32" if allow_tf32 or not fp32 else "ieee", num_warps=4)
+    return row_shift, col_shift, aux, sums
 
 
 def clip_epilogue_triton(scale, sums, row_shift, col_shift, aux, count=None):
