@@ -163,3 +163,22 @@ def test_second_order_gradient_is_an_error_naming_the_op(loss):
     assert torch.equal(grad.detach(), first)  # the first-order gradient is unchanged
     with pytest.raises(RuntimeError, match="contrastive_loss has no second-order gradient"):
         torch.autograd.grad(grad.square().sum(), img)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("impl", ["chunked_torch", "triton"])
+def test_a_few_loose_rows_among_many(impl, transposed):
+    """Unit features at s = 100: every text and most images 0.8 e_0 + 0.6 u (u random, unit, _|_
+    e_0), every 7th image -e_0: those rows' logits all lie at -80, 116 below their shift from the
+    bound, and underflow unless the shift is their true maximum; the other rows' shifts stay as
+    the bound made them (the Triton shift launch has programs of both kinds). ``transposed``:
+    the same as loose columns."""
+    gen = torch.Generator().manual_seed(11)
+    u = torch.nn.functional.normalize(torch.randn(2, 45, 8, generator=gen), dim=-1)
+    img, txt = (torch.cat([torch.full((45, 1), 0.8), 0.6 * v], 1) for v in u)
+    img[::7] = 0.0
+    img[::7, 0] = -1.0
+    if transposed:
+        img, txt = txt, img
+    s = torch.tensor(100.0)
+    check(img, txt, s, ours(img, txt, s, impl, block_m=16, block_n=24), f"{impl} loose rows")

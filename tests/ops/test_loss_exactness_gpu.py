@@ -110,15 +110,24 @@ def test_strip_sums_match_fp64(dtype, scale):
     _check(img, txt, torch.full((1,), scale, device="cuda"), f"strips {dtype} s={scale}")
 
 
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("b", [1000, 12288])
-def test_a_few_loose_rows_among_many(dtype, b):
-    """Unit features at s = 100 with every 97th positive pair antipodal: those rows' and columns'
-    bounds lie 200 above their positive, and only the shift programs holding them take the rows'
-    true maxima."""
-    img, txt = _features(b, 768, dtype, (1.0, 1.0), seed=3, aligned=2.0)
-    txt[::97] = -img[::97]
-    _check(img, txt, torch.full((1,), 100.0, device="cuda"), f"loose rows {dtype} B={b}")
+def test_a_few_loose_rows_among_many(dtype, b, transposed):
+    """s = 100, every text and most images 0.8 e_0 + 0.6 u (u unit, _|_ e_0), every 97th image
+    -e_0: those rows' logits all lie at -80, 116 below their shift from the bound, and underflow
+    unless the shift launch gives them their true maxima; the other programs only check.
+    ``transposed``: the same as loose columns."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    u = F.normalize(torch.randn(2, b, 767, device="cuda", generator=g, dtype=torch.float64), dim=-1)
+    img, txt = (torch.cat([torch.full((b, 1), 0.8, device="cuda", dtype=torch.float64), 0.6 * v], 1)
+                for v in u)
+    img[::97] = 0.0
+    img[::97, 0] = -1.0
+    if transposed:
+        img, txt = txt, img
+    _check(img.to(dtype), txt.to(dtype), torch.full((1,), 100.0, device="cuda"),
+           f"loose rows {dtype} B={b} transposed {transposed}")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
