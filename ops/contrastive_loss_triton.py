@@ -1162,10 +1162,12 @@ def _clip_sums_strips(a, b, scale_t, row_shift, col_shift, row_sum, col_sum, dia
                                   int(diag), **meta)
 
 _PRO_M, _PRO_D = (16, 16) if _INTERPRET else (32, 128)
-# the shift kernel's rows (and columns) a program, and the tiles of its true maxima (loose shifts
-# only, _clip_shift_kernel): small, so that the rare work of a loose shift spreads over B / 64
-# programs; the common work is the read of the ``parts`` largest norms, ~16 MB at B = 65k
-_SHIFT_M, _SHIFT_N = (16, 16) if _INTERPRET else (64, 64)
+# the shift kernel's rows (and columns) a program, and the tiles (BLOCK_N = BLOCK_K) of its true
+# maxima (loose shifts only, _clip_shift_kernel), one stage: small, so that the rare work of a
+# loose shift spreads over B / 32 programs and the kernel holds 96-152 registers a thread with
+# no spill on sm_90 (64 x 64 tiles: 238-255 and a spill; bench/diag_kernel_resources.py); the
+# common work is each program's read of the ``parts`` largest norms, ~32 MB of L2 at B = 65k
+_SHIFT_M, _SHIFT_N = (16, 16) if _INTERPRET else (32, 32)
 _SHIFT_TIGHTEN = True
 """False: the shift launch leaves loose shifts as the bound made them (B / 1,024 programs, no
 true maxima), for a bench's A/B of the launch's cost only: rows whose every logit lies far below
@@ -1439,8 +1441,8 @@ def clip_prologue_triton(a, b, scale, margin, combine_max: Callable | None = Non
         _scalar(scale, a.device), aux, norm_a, norm_b, part_max, parts, row_shift, col_shift, m,
         float(margin), float(limit), a, b, a.stride(0), b.stride(0), d,
         float(slack if tighten else 0.0), BLOCK=block, PARTS=_VEC, TIGHTEN=tighten,
-        BLOCK_N=_SHIFT_N, BLOCK_K=32 if fp32 and not _INTERPRET else _SHIFT_N,
-        PRECISION="tf32" if allow_tf32 or not fp32 else "ieee", num_warps=4)
+        BLOCK_N=_SHIFT_N, BLOCK_K=_SHIFT_N, PRECISION="tf32" if allow_tf32 or not fp32 else "ieee",
+        num_warps=4, num_stages=1)
     return row_shift, col_shift, aux, sums
 
 

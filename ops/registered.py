@@ -26,6 +26,7 @@ options (ops/graphs.py; :func:`_graphed` says when).
 from __future__ import annotations
 
 import collections
+import contextlib
 from typing import Optional
 
 import torch
@@ -240,7 +241,8 @@ class _Function(torch.autograd.Function):
     defaults filled back in, pytree work, a generated Function with metadata) showed in the
     host profile at B = 1,024 (bench_contrastive_loss.py --host-profile). ``args`` are the op's
     arguments as the dispatcher passes them (trailing defaults may be left out). Once
-    differentiable: the backward op has no derivative."""
+    differentiable: the backward op has no derivative, so gradients taken with create_graph=True
+    come out of a node that raises when differentiated (:class:`_NoSecondOrder`)."""
 
     @staticmethod
     def forward(ctx, keyset, *args):
@@ -260,11 +262,12 @@ class _Function(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, *_grad_saved):
         saved = ctx.saved_tensors
-        with torch.no_grad():  # (the backward op has no autograd: see _no_second_order)
+        second_order = torch.is_grad_enabled()  # create_graph=True
+        with torch.set_grad_enabled(False) if second_order else contextlib.nullcontext():
             d_img, d_txt, d_scale, d_bias = OP_BACKWARD(grad_loss, *saved, *ctx.options)
         grads = (d_img, d_txt, d_scale, d_bias if saved[3] is not None else None)
-        if torch.is_grad_enabled():  # create_graph=True
-            grads = _NoSecondOrder.apply(len(saved[:4]), *saved[:4], *grads)
+        if second_order:  # (the backward op has no autograd of its own)
+            grads = _NoSecondOrder.apply(4, *saved[:4], *grads)
         return (None, *grads) + (None,) * (ctx.count - 4)
 
 
