@@ -23,22 +23,26 @@ from infclip.ops.blocks import LOGIT_BOUND_LIMIT
 UPSTREAM = 0.37
 
 
-def fp64_reference(img, txt, scale):
-    """The CLIP loss in fp64, written out (log_softmax both ways), and its gradients."""
-    img, txt, scale = (x.detach().double().requires_grad_() for x in (img, txt, scale))
+def dense(img, txt, scale, dtype, eps=0.0):
+    """The CLIP loss computed densely in ``dtype``, written out (log_softmax both ways; label
+    smoothing ``eps``), and its gradients."""
+    img, txt, scale = (x.detach().to(dtype).requires_grad_() for x in (img, txt, scale))
     logits = scale.reshape(()) * img @ txt.T
-    diag = torch.arange(logits.shape[0])
-    loss = -0.5 * (logits.log_softmax(1)[diag, diag].mean() + logits.log_softmax(0)[diag, diag].mean())
+    n = logits.shape[0]
+    diag = torch.arange(n)
+    rows, cols = logits.log_softmax(1), logits.log_softmax(0)
+    loss = -0.5 * ((1 - eps) * (rows[diag, diag].mean() + cols[diag, diag].mean())
+                   + eps / n * (rows.sum(1).mean() + cols.sum(0).mean()))
     return (loss.detach(), *torch.autograd.grad(loss * UPSTREAM, (img, txt, scale)))
 
 
-def torch_fp32(img, txt, scale):
+def fp64_reference(img, txt, scale, eps=0.0):
+    return dense(img, txt, scale, torch.float64, eps)
+
+
+def torch_fp32(img, txt, scale, eps=0.0):
     """What torch gives in fp32 for the same loss (the error the tolerance is measured from)."""
-    img, txt, scale = (x.detach().float().requires_grad_() for x in (img, txt, scale))
-    logits = scale.reshape(()) * img @ txt.T
-    diag = torch.arange(logits.shape[0])
-    loss = -0.5 * (logits.log_softmax(1)[diag, diag].mean() + logits.log_softmax(0)[diag, diag].mean())
-    return (loss.detach(), *torch.autograd.grad(loss * UPSTREAM, (img, txt, scale)))
+    return dense(img, txt, scale, torch.float32, eps)
 
 
 def ours(img, txt, scale, impl, **kw):
@@ -61,9 +65,9 @@ def features(b, d, norm_lo, norm_hi, seed, dtype=torch.float32, aligned=0.0):
     return img.to(dtype), txt.to(dtype)
 
 
-def check(img, txt, scale, got, what):
-    ref = fp64_reference(img, txt, scale)
-    low = torch_fp32(img, txt, scale)
+def check(img, txt, scale, got, what, eps=0.0):
+    ref = fp64_reference(img, txt, scale, eps)
+    low = torch_fp32(img, txt, scale, eps)
     norm = max(img.double().norm(dim=1).max().item(), txt.double().norm(dim=1).max().item())
     bound = abs(float(scale)) * norm**2
     # the gradients are sums of terms up to g |s| |T| (d image) or g |S'| (d scale) that can
@@ -182,3 +186,14 @@ def test_a_few_loose_rows_among_many(impl, transposed):
         img, txt = txt, img
     s = torch.tensor(100.0)
     check(img, txt, s, ours(img, txt, s, impl, block_m=16, block_n=24), f"{impl} loose rows")
+
+
+@pytest.mark.parametrize("impl", ["chunked_torch", "triton"])
+def test_label_smoothing_with_loose_shifts(impl):
+    """Label smoothing 0.1 where the shifts come from the rows' true maxima (negative scale) and
+    where they come from the bound."""
+    for scale, norms in ((-300.0, (0.1, 2.0)), (100.0, (1.0, 1.0))):
+        img, txt = features(33, 7, *norms, seed=2, aligned=2.0)
+        s = torch.tensor(scale)
+        got = ours(img, txt, s, impl, block_m=16, block_n=24, label_smoothing=0.1)
+        check(img, txt, s, got, f"{impl} s={scale} label smoothing", eps=0.1)
