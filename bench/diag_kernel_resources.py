@@ -162,8 +162,8 @@ def variants(siglip_grad_tiles: list, pointer_grad_tiles: list, clip_grad_tiles:
                      A=f"*{dtype}", Bm=f"*{dtype}", stride_a="i32", stride_b="i32", D="i32",
                      slack="fp32")
         yield (f"clip_shift tighten {dtype}", tri._clip_shift_kernel, types,
-               dict(BLOCK=tiles[0], PARTS=tri._VEC, TIGHTEN=True, BLOCK_N=tiles[1], BLOCK_K=tiles[2],
-                    PRECISION=precision), tiles)
+               dict(BLOCK=tiles[0], PARTS=tri._VEC, TIGHTEN=True, BLOCK_N=tiles[1],
+                    BLOCK_K=tiles[2], PRECISION=precision), tiles)
 
 
 def shift_tiles() -> tuple:

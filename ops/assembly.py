@@ -76,8 +76,8 @@ def keep_logits(impl: str, n: int, dtype: torch.dtype, block_m: int, budget_mb: 
     gradient block in the features' dtype, 6 bytes a pair in bf16); else, above B = 16,384 and
     for 16-bit features, ``"bands"``, the matrix in the features' dtype (the banded path's own
     rounded logits, 2 bytes a pair; the backward turns it into gradients one row band at a time,
-    no GEMM redone; bf16 only); else ``""`` (recompute by row bands). Nothing is kept when a band height is
-    forced (block_m)."""
+    no GEMM redone; bf16 only, _BANDS_DTYPES); else ``""`` (recompute by row bands). Nothing is
+    kept when a band height is forced (block_m)."""
     if impl != "triton" or block_m:
         return ""
     if not budget_mb:

@@ -43,8 +43,9 @@ SHIFT_MARGIN = 64.0
 """No exponent exceeds this (e^64 * B stays finite in fp32 for B < 2^28)."""
 LOGIT_BOUND_LIMIT = 2.0**20
 """The largest logit bound |s| max|I| max|T| the op takes: every row's LSE is one fp32 number of
-that magnitude, which puts ~|S| 2^-24 into the gradients' exponents (4e-6 relative at |S| = 100,
-2e-4 at 1e4) and, far above this, overflows them. Above it the shifts are NaN (a NaN loss)."""
+that magnitude, which puts ~|S| 2^-24 into the gradients' exponents (~1e-5 of the largest
+gradient at |S| = 100, 2-3e-4 at 1e4) and, far above this, overflows them. Above it the shifts
+are NaN (a NaN loss)."""
 SHIFT_SLACK = 48.0
 """The most a row's shift may sit above its positive logit on a bound alone. The sum of a row is
 then at least e^-48 (its positive), and what underflow drops (< B e^-87.3, every term flushed)

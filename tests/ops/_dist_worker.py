@@ -38,10 +38,10 @@ def global_batch(n_rows: int, dtype: torch.dtype, seed: int = 0, overflow: bool 
                  wide: str = ""):
     """L2-normalised (img, txt) [n_rows, DIM] in ``dtype``. ``overflow``: rows 0 and 1 are made
     so that, at scale 100, logit (1, 0) exceeds the diagonal logit (0, 0) by ~200 (the stats
-    with diagonal shifts overflow and every rank must switch to exact maxima). ``wide``: ""
-    or "unit", as said; "norms", every row scaled to a norm log-uniform in WIDE_NORMS; "antipodal", every image row
-    (1, 0, ...) and every text row (-1, 0, ...) (at scale 100 each logit sits 200 below its
-    bound: every shift is loose)."""
+    with diagonal shifts overflow and every rank must switch to exact maxima). ``wide``: "" or
+    "unit", as said; "norms", every row scaled to a norm log-uniform in WIDE_NORMS; "antipodal",
+    every image row (1, 0, ...) and every text row (-1, 0, ...) (at scale 100 each logit sits 200
+    below its bound: every shift is loose)."""
     gen = torch.Generator().manual_seed(seed)
     img = torch.randn(n_rows, DIM, generator=gen)
     txt = img + 0.8 * torch.randn(n_rows, DIM, generator=gen)

@@ -55,7 +55,8 @@ def features(b, d, norm_lo, norm_hi, seed, dtype=torch.float32, aligned=0.0):
     """(img, txt) [b, d] with row norms log-uniform in [norm_lo, norm_hi]; ``aligned``: how much
     of each text row is its image row (0: independent)."""
     gen = torch.Generator().manual_seed(seed)
-    img = torch.nn.functional.normalize(torch.randn(b, d, generator=gen, dtype=torch.float64), dim=1)
+    img = torch.nn.functional.normalize(torch.randn(b, d, generator=gen, dtype=torch.float64),
+                                        dim=1)
     txt = aligned * img + torch.nn.functional.normalize(
         torch.randn(b, d, generator=gen, dtype=torch.float64), dim=1)
     txt = torch.nn.functional.normalize(txt, dim=1)
