@@ -168,11 +168,13 @@ def _clip_prologue(img, txt, s, sw: Sweep, o: Options):
     (blocks.loose_shifts) becomes its row's or column's true maximum."""
     if o.impl == "triton":  # (one rank: no max to combine, no reduction launched for it)
         tri = triton_kernels()
+        # the widest block the sweep's statistics and gradients take (gathered: up to b x B)
+        width = img.shape[0] * (sw.world if sw.gathers_columns else 1)
+        limit = tri.logit_bound_limit(img, txt, width, o.keep, LOGIT_BOUND_LIMIT)
         # in place the shift launch itself makes loose shifts tight (on the device, no host read)
         row_shift, col_shift, aux, sums = tri.clip_prologue_triton(
             img, txt, s, SHIFT_MARGIN, combine_max=sw.max_ if sw.world > 1 else None,
-            limit=LOGIT_BOUND_LIMIT, slack=SHIFT_SLACK if sw.in_place else None,
-            allow_tf32=o.allow_tf32)
+            limit=limit, slack=SHIFT_SLACK if sw.in_place else None, allow_tf32=o.allow_tf32)
         if not sw.in_place:
             _tighten_loose_shifts(img, txt, s, row_shift, col_shift, aux[:img.shape[0]], sw, o)
         return row_shift, col_shift, aux, sums

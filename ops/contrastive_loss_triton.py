@@ -88,6 +88,7 @@ __all__ = [
     "siglip_loss_grads_triton",
     "scale_grads_triton",
     "sums_in_strips",
+    "logit_bound_limit",
 ]
 
 LOG2E = 1.4426950408889634
@@ -1113,6 +1114,23 @@ def _use_fused(m: int, n: int, keep, kind: str = "stats", tma: bool = False) -> 
     limit = _TMA_MAX_LOGITS[kind] if tma else _FUSED_MAX_LOGITS
     return not keep and m * n <= limit
 
+
+
+_ROUNDED_BOUND = {torch.bfloat16: 2.0**12, torch.float16: 2.0**14}
+"""The largest logit bound |s| max|A| max|B| that logits rounded to 16 bits take: a logit near the
+bound rounded up by half an ulp (2^-9 of it in bf16, 2^-11 in fp16) then sits at most 8 above
+the shift's margin, e^(64 + 8) a term, finite in a sum of up to 2^24 terms."""
+
+
+def logit_bound_limit(a: torch.Tensor, b: torch.Tensor, n: int, keep, limit: float) -> float:
+    """``limit``, or less where the statistics or the gradient blocks of a x (n rows like b)^T
+    take logits rounded to a's 16-bit dtype (_ROUNDED_BOUND): kept bands, or blocks above
+    _FUSED_MAX_LOGITS that do not load by TMA (cuBLAS bands). Every other path takes its logits
+    from fp32 accumulators."""
+    if a.dtype not in _ROUNDED_BOUND:
+        return limit
+    bands = keep == "bands" or (a.shape[0] * n > _FUSED_MAX_LOGITS and not _use_tma(a, b))
+    return min(limit, _ROUNDED_BOUND[a.dtype]) if bands else limit
 
 
 def sums_in_strips(a: torch.Tensor, b: torch.Tensor, keep) -> bool:

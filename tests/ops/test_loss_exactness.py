@@ -198,3 +198,19 @@ def test_label_smoothing_with_loose_shifts(impl):
         s = torch.tensor(scale)
         got = ours(img, txt, s, impl, block_m=16, block_n=24, label_smoothing=0.1)
         check(img, txt, s, got, f"{impl} s={scale} label smoothing", eps=0.1)
+
+
+def test_band_logits_take_a_smaller_bound(monkeypatch):
+    """Logits kept as 16-bit bands (fp16 here: the interpreter's bf16 dots are wrong) are rounded
+    to 2^-11 of their size: above a bound of 2^14 the loss is NaN, not an overflow; below it,
+    finite."""
+    assembly = pytest.importorskip("infclip.ops.assembly")
+    monkeypatch.setattr(assembly, "_BANDS_MIN_LOGITS", 0)
+    monkeypatch.setattr(assembly, "_BANDS_DTYPES", (torch.bfloat16, torch.float16))
+    img, txt = (x.requires_grad_() for x in  # (a backward follows: the logits are kept)
+                features(40, 7, 1.0, 1.0, seed=4, dtype=torch.float16, aligned=2.0))
+    budget = 40 * 40 * 3 / 2**20  # MiB: the fp16 bands (2 bytes a pair), not S' in fp32 (6)
+    for scale, nan in ((2.0**14 * 1.01, True), (2.0**14 * 0.99, False), (100.0, False)):
+        loss = contrastive_loss(img, txt, torch.tensor(scale), impl="triton",
+                                triton_interpret=True, logits_budget_mb=budget)
+        assert bool(torch.isnan(loss)) == nan and (nan or bool(torch.isfinite(loss))), scale

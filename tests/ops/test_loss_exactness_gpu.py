@@ -11,6 +11,7 @@ says why): for the gradients, |S|max 2^-20 of their largest element and 2^-20 of
 sum.
 """
 
+import importlib
 import math
 
 import pytest
@@ -81,20 +82,25 @@ def _check(img, txt, scale, what, **kw):
 SCALES = (-1e4, -300.0, 0.5, 100.0, 300.0, 1e4)
 NORMS = ((0.1, 0.1), (0.1, 3.0), (1.0, 1.0), (30.0, 30.0))
 PATHS = {"default": {}, "kept": dict(logits_budget_mb=4096.0), "banded": dict(block_m=1000),
-         "recompute": dict(logits_budget_mb=0.0)}
+         "recompute": dict(logits_budget_mb=0.0), "kept_bands": dict(logits_budget_mb=40.0)}
 
 
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("b,d", [(1, 64), (7, 100), (1000, 768), (4097, 640)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_clip_matches_fp64_over_scales_and_norms(dtype, b, d, path):
+def test_clip_matches_fp64_over_scales_and_norms(monkeypatch, dtype, b, d, path):
+    """Every path at every scale and norm whose bound it takes (above it, a NaN loss)."""
     if path == "banded" and b < 1000:
         pytest.skip("one band")
-    # the banded paths round the logits to a 16-bit dtype: the README's bound for them
-    limit = {torch.bfloat16: 2**12, torch.float16: 2**14}.get(dtype, LOGIT_BOUND_LIMIT)
+    if path == "kept_bands" and (dtype != torch.bfloat16 or b < 4097):
+        pytest.skip("bf16 bands (40 MB: 2 bytes a pair at B = 4,097, not 6)")
+    if path == "kept_bands":
+        monkeypatch.setattr(importlib.import_module("infclip.ops.assembly"), "_BANDS_MIN_LOGITS", 0)
+    # the kept bands' logits are rounded to bf16: the smaller bound they take
+    limit = 2**12 if path == "kept_bands" else LOGIT_BOUND_LIMIT
     for k, scale in enumerate(SCALES):
         for norms in NORMS:
-            if abs(scale) * norms[1] ** 2 > (limit if path == "banded" else LOGIT_BOUND_LIMIT):
+            if abs(scale) * norms[1] ** 2 > limit:
                 continue
             for aligned in (0.0, 2.0):
                 img, txt = _features(b, d, dtype, norms, seed=k + b, aligned=aligned)
@@ -139,3 +145,18 @@ def test_rows_far_below_their_bound_keep_their_sum(dtype):
     img[:, 0] = 1.0
     loss = contrastive_loss(img, -img, torch.full((1,), 100.0, device="cuda"), impl="triton")
     assert abs(loss.item() - math.log(4096)) < 1e-5 * math.log(4096)
+
+
+def test_kept_bands_above_their_bound_give_nan():
+    """bf16 bands kept (their logits rounded to bf16) at a bound above 2^12: a NaN loss, not an
+    overflow."""
+    assembly = importlib.import_module("infclip.ops.assembly")
+    img, txt = _features(4097, 640, torch.bfloat16, (1.0, 1.0), seed=0, aligned=2.0)
+    scale = torch.full((1,), 1e4, device="cuda")
+    old = assembly._BANDS_MIN_LOGITS
+    assembly._BANDS_MIN_LOGITS = 0
+    try:
+        loss = contrastive_loss(img, txt, scale, impl="triton", logits_budget_mb=40.0)
+    finally:
+        assembly._BANDS_MIN_LOGITS = old
+    assert torch.isnan(loss)
