@@ -151,7 +151,8 @@ def test_kept_bands_above_their_bound_give_nan():
     """bf16 bands kept (their logits rounded to bf16) at a bound above 2^12: a NaN loss, not an
     overflow."""
     assembly = importlib.import_module("infclip.ops.assembly")
-    img, txt = _features(4097, 640, torch.bfloat16, (1.0, 1.0), seed=0, aligned=2.0)
+    img, txt = (x.requires_grad_() for x in  # (a backward follows: the logits are kept)
+                _features(4097, 640, torch.bfloat16, (1.0, 1.0), seed=0, aligned=2.0))
     scale = torch.full((1,), 1e4, device="cuda")
     old = assembly._BANDS_MIN_LOGITS
     assembly._BANDS_MIN_LOGITS = 0
