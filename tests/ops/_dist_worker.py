@@ -86,9 +86,10 @@ def cases(world: int):
         # loose shifts made tight by a max sweep: a negative scale of 1e4, norms 0.1 to 3, rows
         # whose every logit sits 200 below its bound
         for wname, (scale, wide) in WIDE.items():
-            out[f"wide_{wname}-{scheme}-L{local}"] = dict(
-                scheme=scheme, local=local, dtype="fp32", loss="clip", eps=0.0, scale=scale,
-                reduction="mean", group=None, overflow=False, wide=wide)
+            for dname in DTYPES:
+                out[f"wide_{wname}-{scheme}-L{local}-{dname}"] = dict(
+                    scheme=scheme, local=local, dtype=dname, loss="clip", eps=0.0, scale=scale,
+                    reduction="mean", group=None, overflow=False, wide=wide)
             if world == 2 and triton_interpreting():
                 out[f"triton_wide_{wname}-{scheme}-L{local}"] = dict(
                     scheme=scheme, local=local, dtype="fp32", loss="clip", eps=0.0, scale=scale,
