@@ -154,6 +154,21 @@ def variants(siglip_grad_tiles: list, pointer_grad_tiles: list, clip_grad_tiles:
     tiles = tri._TMA_SIGLIP_STATS
     yield ("siglip_stats tma", tri._siglip_stats_fused_kernel, _fused_types(tiles, True, False, stats),
            _fused_constexprs(tiles, True), tiles)
+    # the CLIP shift launch with its true maxima of loose shifts (tl.dots over whole rows)
+    tiles = shift_tiles()
+    for dtype, precision in (("bf16", "tf32"), ("fp16", "tf32"), ("fp32", "ieee")):
+        types = dict(scale_ptr=f32, ref=f32, norm_a=f32, norm_b=f32, part_max=f32, parts="i32",
+                     row_shift=f32, col_shift=f32, M="i32", margin="fp32", limit="fp32",
+                     A=f"*{dtype}", Bm=f"*{dtype}", stride_a="i32", stride_b="i32", D="i32",
+                     slack="fp32")
+        yield (f"clip_shift tighten {dtype}", tri._clip_shift_kernel, types,
+               dict(BLOCK=tiles[0], PARTS=tri._VEC, TIGHTEN=True, BLOCK_N=tiles[1],
+                    BLOCK_K=tiles[2], PRECISION=precision), tiles)
+
+
+def shift_tiles() -> tuple:
+    """The CLIP shift launch's (BLOCK, BLOCK_N, BLOCK_K, -, warps, stages) on a GPU."""
+    return (tri._SHIFT_M, tri._SHIFT_N, tri._SHIFT_N, 1, 4, 1)
 
 
 def main(argv=None) -> None:
@@ -223,6 +238,8 @@ def _same_tiles(name: str, tiles, op) -> bool:
 def op_tiles(name: str) -> tuple:
     """The tiles the op launches the variant ``name`` with on a Hopper GPU."""
     loss = "loss=True" in name
+    if name.startswith("clip_shift"):
+        return shift_tiles()
     if name.startswith("clip_grad"):
         return tri._TMA_GRAD
     if "pointer" in name:

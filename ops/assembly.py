@@ -7,8 +7,9 @@ how their partial results travel home, is the sweep's business (ops/sweeps.py, o
 scheme, chosen once); the blocks' partial results come from the primitives of ops/blocks.py,
 or from the Triton kernels of ops/contrastive_loss_triton.py, and merge by addition. The LSE
 shift of row or column i is its diagonal logit s <I_i, T_i> (raised to the Cauchy-Schwarz bound
-- 64 where that is higher: clip_shifts), known to the owner of both, so partial sums from other
-ranks add with no rescaling; the per-row terms come from the complete sums (clip_terms, or the
+- 64 where that is higher: clip_shifts; a bound that loose made the row's true maximum:
+_clip_prologue), known to the owner of both, so partial sums from other ranks add with no
+rescaling; the per-row terms come from the complete sums (clip_terms, or the
 Triton epilogue). The math is in ops/contrastive_loss.py's docstring.
 
 What the assembly asks of a sweep (class attributes, never its name):
@@ -39,11 +40,15 @@ import torch
 from torch import Tensor
 
 from .blocks import (
+    LOGIT_BOUND_LIMIT,
     SHIFT_MARGIN,
+    SHIFT_SLACK,
+    clip_block_max,
     clip_grads,
     clip_shifts,
     clip_stats,
     clip_terms,
+    loose_shifts,
     rownorm,
     siglip_grads,
     siglip_stats,
@@ -60,14 +65,19 @@ _BANDS_MIN_LOGITS = 16384 * 16384
 H200 at B = 4,096: 1.04 ms recomputing, 1.13 ms with the bands kept)."""
 
 
+_BANDS_DTYPES = (torch.bfloat16,)
+"""The features' dtypes whose logits may be kept as bands in that dtype: not fp16, whose band
+logits would overflow at |I_i . T_j| > 65,504 (bf16 has fp32's range)."""
+
+
 def keep_logits(impl: str, n: int, dtype: torch.dtype, block_m: int, budget_mb: float) -> str:
     """What the triton impl keeps of the [B, B] S' from forward to backward, within
     ``budget_mb`` MiB: ``"whole"``, the matrix in fp32 (exact logits; with the backward's [B, B]
     gradient block in the features' dtype, 6 bytes a pair in bf16); else, above B = 16,384 and
     for 16-bit features, ``"bands"``, the matrix in the features' dtype (the banded path's own
     rounded logits, 2 bytes a pair; the backward turns it into gradients one row band at a time,
-    no GEMM redone); else ``""`` (recompute by row bands). Nothing is kept when a band height is
-    forced (block_m)."""
+    no GEMM redone; bf16 only, _BANDS_DTYPES); else ``""`` (recompute by row bands). Nothing is
+    kept when a band height is forced (block_m)."""
     if impl != "triton" or block_m:
         return ""
     if not budget_mb:
@@ -76,7 +86,7 @@ def keep_logits(impl: str, n: int, dtype: torch.dtype, block_m: int, budget_mb: 
     budget = budget_mb * 2**20
     if n * n * (4 + itemsize) <= budget:
         return "whole"
-    if itemsize == 2 and n * n > _BANDS_MIN_LOGITS and n * n * itemsize <= budget:
+    if dtype in _BANDS_DTYPES and n * n > _BANDS_MIN_LOGITS and n * n * itemsize <= budget:
         return "bands"
     return ""
 
@@ -154,15 +164,52 @@ def _sum_over_ranks(sw: Sweep, *pieces: Tensor) -> tuple:
 def _clip_prologue(img, txt, s, sw: Sweep, o: Options):
     """(row_shift [b], col_shift [b], aux [b + 2], sums [4 b]): aux[:b] = ref (the positives' S'),
     sums zeroed (row_sum, row_wsum, col_sum, col_wsum). The shift bounds need the largest feature
-    norms of the whole batch (one tiny all-reduce of the sweep)."""
+    norms of the whole batch (one tiny all-reduce of the sweep); a shift the bound leaves loose
+    (blocks.loose_shifts) becomes its row's or column's true maximum."""
     if o.impl == "triton":  # (one rank: no max to combine, no reduction launched for it)
-        return triton_kernels().clip_prologue_triton(img, txt, s, SHIFT_MARGIN,
-                                                     combine_max=sw.max_ if sw.world > 1 else None)
+        tri = triton_kernels()
+        # the widest block the sweep's statistics and gradients take (gathered: up to b x B)
+        width = img.shape[0] * (sw.world if sw.gathers_columns else 1)
+        limit = tri.logit_bound_limit(img, txt, width, o.keep, LOGIT_BOUND_LIMIT)
+        # in place the shift launch itself makes loose shifts tight (on the device, no host read)
+        row_shift, col_shift, aux, sums = tri.clip_prologue_triton(
+            img, txt, s, SHIFT_MARGIN, combine_max=sw.max_ if sw.world > 1 else None,
+            limit=limit, slack=SHIFT_SLACK if sw.in_place else None, allow_tf32=o.allow_tf32)
+        if not sw.in_place:
+            _tighten_loose_shifts(img, txt, s, row_shift, col_shift, aux[:img.shape[0]], sw, o)
+        return row_shift, col_shift, aux, sums
     b = img.shape[0]
     norms = sw.max_(torch.stack([rownorm(img).max(), rownorm(txt).max()]))
     row_shift, col_shift, ref = clip_shifts(img, txt, s, a_max=norms[0], b_max=norms[1])
+    _tighten_loose_shifts(img, txt, s, row_shift, col_shift, ref, sw, o)
     aux = torch.cat([ref, ref.new_zeros(2)])
     return row_shift, col_shift, aux, ref.new_zeros(4 * b)
+
+
+def _tighten_loose_shifts(img, txt, s, row_shift, col_shift, ref, sw: Sweep, o: Options) -> None:
+    """In place: each loose shift (blocks.loose_shifts) raised or lowered to its row's or column's
+    true maximum over the global batch, by a sweep of block maxima (blocks.clip_block_max, the
+    tiles of the statistics that follow). Whether any rank has one is read on the host (one
+    tiny all-reduce and one sync a call): the torch impls and the distributed schemes only."""
+    loose_r = loose_shifts(row_shift, ref, s)
+    loose_c = loose_shifts(col_shift, ref, s)
+    if not bool(sw.max_(torch.stack([loose_r.any(), loose_c.any()]).float()).any()):
+        return
+    d = s * ref
+    if sw.gathers_rows:  # the statistics' orientation: rows I_r x T_all, columns T_r x I_all
+        row_max, _ = clip_block_max(img, sw.all_gather(txt), s, cols=False, **o.kw)
+        col_max, _ = clip_block_max(txt, sw.all_gather(img), s, cols=False, **o.kw)
+    else:
+        row_max = torch.full_like(row_shift, -math.inf)
+
+        def step(col_offset, held):
+            rows, cols = clip_block_max(img, held[0], s, **o.kw)
+            torch.maximum(row_max, rows, out=row_max)
+            return [cols]
+
+        (col_max,), _ = sw.columns([txt], step, "max")
+    row_shift.copy_(torch.where(loose_r, torch.maximum(row_max, d), row_shift))
+    col_shift.copy_(torch.where(loose_c, torch.maximum(col_max, d), col_shift))
 
 
 def _dscale_in_backward(img, txt, sw: Sweep, o: Options, keep: bool) -> bool:

@@ -12,6 +12,7 @@ Limit: the torch tiles hold block_m x block_n fp32 logits at a time (1024 x 1024
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -21,13 +22,17 @@ from torch import Tensor
 from .precision import matmul_precision
 
 __all__ = [
+    "LOGIT_BOUND_LIMIT",
     "SHIFT_MARGIN",
+    "SHIFT_SLACK",
+    "clip_block_max",
     "clip_stats",
     "clip_grads",
     "clip_shifts",
     "clip_terms",
     "siglip_stats",
     "siglip_grads",
+    "loose_shifts",
     "rowdot",
     "rownorm",
     "triton_kernels",
@@ -36,6 +41,16 @@ __all__ = [
 _DEFAULT_TORCH_BLOCK = 1024
 SHIFT_MARGIN = 64.0
 """No exponent exceeds this (e^64 * B stays finite in fp32 for B < 2^28)."""
+LOGIT_BOUND_LIMIT = 2.0**20
+"""The largest logit bound |s| max|I| max|T| the op takes: every row's LSE is one fp32 number of
+that magnitude, which puts ~|S| 2^-24 into the gradients' exponents (~1e-5 of the largest
+gradient at |S| = 100, 2-3e-4 at 1e4) and, far above this, overflows them. Above it the shifts
+are NaN (a NaN loss)."""
+SHIFT_SLACK = 48.0
+"""The most a row's shift may sit above its positive logit on a bound alone. The sum of a row is
+then at least e^-48 (its positive), and what underflow drops (< B e^-87.3, every term flushed)
+stays below 2^-24 of it for B < 2^28; a row whose bound is looser gets its true maximum as shift
+(:func:`clip_block_max`)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -267,20 +282,54 @@ def clip_shifts(a: Tensor, b: Tensor, scale: Tensor, a_max: Optional[Tensor] = N
     """The LSE shifts of the rows of a and the columns b (pairs a_i, b_i), fp32 [B] each.
 
     ref_i = <a_i, b_i>, d_i = scale ref_i (the positive logit). row_shift_i = max(d_i,
-    scale |a_i| max|b| - SHIFT_MARGIN), col_shift_i = max(d_i, scale |b_i| max|a| - SHIFT_MARGIN),
-    so no exp(S - shift) exceeds e^SHIFT_MARGIN (Cauchy-Schwarz). ``a_max`` / ``b_max``: the
-    largest row norm of all of a / b when these are one rank's rows (default: of these rows).
-    Returns (row_shift, col_shift, ref). A non-finite feature or scale makes its shifts
-    non-finite (the callers fold that into the loss).
+    |scale| |a_i| max|b| - SHIFT_MARGIN), col_shift_i = max(d_i, |scale| |b_i| max|a| -
+    SHIFT_MARGIN), so no exp(S - shift) exceeds e^SHIFT_MARGIN (Cauchy-Schwarz, either sign of the
+    scale). ``a_max`` / ``b_max``: the largest row norm of all of a / b when these are one rank's
+    rows (default: of these rows). Returns (row_shift, col_shift, ref). A non-finite feature or
+    scale makes its shifts non-finite (the callers fold that into the loss). Shifts more than
+    SHIFT_SLACK above d_i are loose: :func:`loose_shifts` finds them, and the caller replaces
+    them by the true maxima (:func:`clip_block_max`).
     """
     ref = rowdot(a, b)
     d = scale * ref
     na, nb = rownorm(a), rownorm(b)
     a_max = na.max() if a_max is None else a_max
     b_max = nb.max() if b_max is None else b_max
-    row_shift = torch.maximum(d, scale * na * b_max - SHIFT_MARGIN)
-    col_shift = torch.maximum(d, scale * nb * a_max - SHIFT_MARGIN)
+    bound_r, bound_c = scale.abs() * na * b_max, scale.abs() * nb * a_max
+    row_shift = torch.maximum(d, bound_r - SHIFT_MARGIN)
+    col_shift = torch.maximum(d, bound_c - SHIFT_MARGIN)
+    row_shift = torch.where(bound_r > LOGIT_BOUND_LIMIT, math.nan, row_shift)
+    col_shift = torch.where(bound_c > LOGIT_BOUND_LIMIT, math.nan, col_shift)
     return row_shift, col_shift, ref
+
+
+def loose_shifts(shift: Tensor, ref: Tensor, scale: Tensor) -> Tensor:
+    """Where a shift of :func:`clip_shifts` is further than SHIFT_SLACK above its positive logit
+    (bool [n]): there the bound says too little of the row's sum to trust its underflow."""
+    return shift - scale * ref > SHIFT_SLACK
+
+
+def clip_block_max(a: Tensor, b: Tensor, scale: Tensor, *, impl: str = "chunked_torch",
+                   block_m: int = 0, block_n: int = 0, allow_tf32: bool = False,
+                   cols: bool = True) -> tuple[Tensor, Optional[Tensor]]:
+    """(row max [M], column max [N] or None without ``cols``) of S = scale * a b^T, fp32, with
+    the tiles and the arithmetic of :func:`clip_stats` (the same rounding of every logit, so
+    no term of the sums taken against these maxima exceeds 1). For the triton impl the torch
+    tiles serve (this runs only for rows whose bound is loose)."""
+    if impl == "triton":
+        impl = "chunked_torch"
+    bm, bn = _blocks(impl, a, b, block_m, block_n)
+    a32, b32 = a.float(), b.float()
+    row_max = a32.new_full((a.shape[0],), -math.inf)
+    col_max = a32.new_full((b.shape[0],), -math.inf) if cols else None
+    with matmul_precision(allow_tf32):
+        for i0, i1 in _tiles(a.shape[0], bm):
+            for j0, j1 in _tiles(b.shape[0], bn):
+                logits = scale * (a32[i0:i1] @ b32[j0:j1].T)
+                row_max[i0:i1] = torch.maximum(row_max[i0:i1], logits.amax(1))
+                if cols:
+                    col_max[j0:j1] = torch.maximum(col_max[j0:j1], logits.amax(0))
+    return row_max, col_max
 
 
 def clip_terms(off: Tensor, wsum: Tensor, shift: Tensor, ref: Tensor, scale: Tensor):

@@ -20,16 +20,21 @@ round the ring:
     siglip_grads  -> G @ Bm, G^T @ A, sum(G), sum(G * S') with G = -z sigmoid(-z x)
 Shifts and assembly (:func:`clip_shifts`, :func:`clip_terms`). Every LSE is taken relative to a
 fixed per-row/column shift instead of a running max, so partial sums add with no rescaling.
-The shift is the diagonal logit d_i = S_ii unless the Cauchy-Schwarz bound s |I_i| max_j |T_j|
-exceeds it by more than 64; then it is that bound - 64. So no term exceeds e^64 (no overflow,
-no recompute, no host sync). The positive pair is left out of the sums and added analytically:
-with off_i = sum_{j != i} exp(S_ij - shift_i) and delta_i = shift_i - d_i >= 0,
+The shift is the diagonal logit d_i = S_ii unless the Cauchy-Schwarz bound |s| |I_i| max_j |T_j|
+exceeds it by more than 64; then it is that bound - 64. So no term exceeds e^64 (no overflow).
+Where that leaves the shift more than SHIFT_SLACK (48) above d_i, the bound says too little of
+the row's sum (its every logit may lie far below the bound, and underflow), so the shift becomes
+the row's true maximum, from one pass over that row's logits (on one device in the shift launch
+itself, programs with no such row doing nothing more; elsewhere by a sweep of block maxima that
+runs only when some rank has such a row). Then the sum is at least e^-48 and what underflow
+drops is below fp32's resolution of it. The positive pair is left out of the sums and added
+analytically: with off_i = sum_{j != i} exp(S_ij - shift_i) and delta_i = shift_i - d_i >= 0,
     loss_i = LSE_i - d_i = log1p(off_i)                  (delta_i = 0, the normal case)
                          = softplus(log(off_i) + delta_i) (otherwise),
 so a loss of 1e-3 keeps fp32's relative precision (LSE - d would cancel it away); the d-scale
-term E_i[S'] - S'_ii likewise comes from sums weighted by (S' - S'_ii). Limit: a row all of
-whose logits lie more than ~150 below its bound (e.g. every cosine < -0.5 at s = 100) loses its
-sum to underflow.
+term E_i[S'] - S'_ii likewise comes from sums weighted by (S' - S'_ii). Limit: the logit bound
+|s| max|I| max|T| must be at most LOGIT_BOUND_LIMIT (2^20; above it the loss is NaN): each LSE is
+one fp32 number of the logits' magnitude, so the gradients carry ~|S| 2^-24 in their exponents.
 
 The files: ops/blocks.py (primitives), ops/contrastive_loss_triton.py (kernels), ops/sweeps.py
 (which blocks meet and how partials travel: one class per scheme, one device included),
@@ -54,12 +59,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .blocks import (
+    LOGIT_BOUND_LIMIT,
     SHIFT_MARGIN,
     clip_grads,
     clip_shifts,
     clip_stats,
     clip_terms,
     rowdot,
+    rownorm,
     siglip_grads,
     siglip_stats,
 )
@@ -174,7 +181,9 @@ def _validate(image_features: Tensor, text_features: Tensor, logit_scale: Tensor
         raise TypeError(f"image and text features differ in dtype: {image_features.dtype} vs "
                         f"{text_features.dtype}")
     if image_features.dtype not in _DTYPES:
-        raise TypeError(f"features must be float32, bfloat16 or float16, got {image_features.dtype}")
+        raise TypeError(f"features must be float32, bfloat16 or float16 (every impl computes in "
+                        f"fp32: upcast fp64 to fp32, or use contrastive_loss_reference for an fp64 "
+                        f"reference), got {image_features.dtype}")
     if image_features.device != text_features.device:
         raise ValueError(f"features on different devices: {image_features.device} vs {text_features.device}")
     for name, value in (("logit_scale", logit_scale), ("logit_bias", logit_bias)):
@@ -186,19 +195,35 @@ def _validate(image_features: Tensor, text_features: Tensor, logit_scale: Tensor
             raise ValueError(f"{name} must have exactly one element (shape [] or [1]), got shape {tuple(value.shape)}")
         if value.device != image_features.device:
             raise ValueError(f"{name} is on {value.device} but the features are on {image_features.device}")
+        if not value.is_floating_point():
+            raise TypeError(f"{name} must be a real floating-point tensor, got {value.dtype}")
     if loss == "siglip" and logit_bias is None:
         raise ValueError("loss 'siglip' needs logit_bias")
+    if loss == "clip" and logit_bias is not None:
+        raise ValueError("logit_bias applies to loss 'siglip' only (the CLIP loss has no bias)")
     if check_finite == "raise":  # one host-device sync for all inputs
         named = [("image_features", image_features), ("text_features", text_features),
                  ("logit_scale", logit_scale)]
         if loss == "siglip":
             named.append(("logit_bias", logit_bias))
-        finite = torch.stack([torch.isfinite(value).all() for _, value in named])
-        if not bool(finite.all()):
-            bad = [name for (name, _), ok in zip(named, finite.tolist()) if not ok]
+        finite = torch.stack([torch.isfinite(value).all() for _, value in named]).float()
+        bound = _logit_bound(image_features, text_features, logit_scale).reshape(1)
+        *finite, bound = torch.cat([finite, bound]).tolist()
+        if not all(finite):
+            bad = [name for (name, _), ok in zip(named, finite) if not ok]
             raise FloatingPointError(f"{bad[0]} contains NaN or Inf")
+        if loss == "clip" and bound > LOGIT_BOUND_LIMIT:
+            raise ValueError(f"|logit_scale| max|image_features| max|text_features| = {bound:.4g} "
+                             f"exceeds {LOGIT_BOUND_LIMIT:.4g}, the largest logit bound the CLIP "
+                             f"loss takes (its loss would be NaN)")
     elif not isinstance(check_finite, bool):
         raise ValueError(f"check_finite must be True, False or 'raise', got {check_finite!r}")
+
+
+def _logit_bound(image_features: Tensor, text_features: Tensor, logit_scale: Tensor) -> Tensor:
+    """|s| max|I_i| max|T_j| (fp32 []): the bound on every logit that the CLIP shifts take."""
+    return (logit_scale.detach().float().abs().reshape(()) * rownorm(image_features).max()
+            * rownorm(text_features).max())
 
 
 def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
@@ -211,10 +236,14 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
                      graph_max_batch: int = DEFAULT_GRAPH_MAX_BATCH) -> Tensor:
     """CLIP (or SigLIP) loss over the batch without materialising the B x B logits.
 
-    image_features, text_features: [B, D] fp32/bf16/fp16 (L2-normalised by the caller);
-    logit_scale: [] or [1], the multiplier s (exp of the learnable log-scale), with gradient;
-    logit_bias: [] or [1] (siglip only). Returns a 0-dim fp32 loss: CLIP = mean of the two
-    cross-entropy directions (OpenCLIP's convention); SigLIP = sum of pair losses / B.
+    image_features, text_features: [B, D] fp32/bf16/fp16, taken as given (not normalised here:
+    a model normalises its own; any norm is exact); logit_scale: [] or [1], the real multiplier s
+    (exp of the learnable log-scale; any sign), with gradient; logit_bias: [] or [1] (siglip
+    only, an error with clip). The CLIP loss needs |s| max|I_i| max|T_j| <= 2^20
+    (ops/blocks.LOGIT_BOUND_LIMIT; above, a NaN loss, or with check_finite="raise" a ValueError).
+    Once differentiable: differentiating its gradients again raises RuntimeError. Returns a
+    0-dim fp32 loss: CLIP = mean of the two cross-entropy directions (OpenCLIP's convention);
+    SigLIP = sum of pair losses / B.
 
     check_finite: True (default) folds the check into the result on the device: NaN or Inf in
     the features, scale or bias give a NaN loss (no host sync: capturable in a CUDA graph and

@@ -88,6 +88,7 @@ __all__ = [
     "siglip_loss_grads_triton",
     "scale_grads_triton",
     "sums_in_strips",
+    "logit_bound_limit",
 ]
 
 LOG2E = 1.4426950408889634
@@ -156,12 +157,55 @@ def _clip_prologue_kernel(A, Bm, stride_a, stride_b, M, D, ref, norm_a, norm_b, 
         tl.store(sums + j * M + offs_m, tl.zeros((BLOCK_M,), dtype=tl.float32), mask=mask_m)
 
 
-# Shifts: row_shift_i = max(s ref_i, s |A_i| max|B| - MARGIN), col likewise (see
+# Shifts: row_shift_i = max(s ref_i, |s| |A_i| max|B| - MARGIN), col likewise (see
 # ops/blocks.clip_shifts), max|A| and max|B| the largest of the ``parts`` pairs in part_max. A
-# non-finite norm or scale gives a non-finite shift.
+# non-finite norm or scale gives a non-finite shift, a bound above ``limit`` a NaN one
+# (ops/blocks.LOGIT_BOUND_LIMIT). With TIGHTEN (one device), a shift more than ``slack`` above its
+# positive logit (the bound says too little of the row's sum to trust underflow,
+# ops/blocks.SHIFT_SLACK) becomes the row's true maximum max_j s S'_ij (never below s ref_i), from
+# tl.dots over the whole row (_true_max); the column shifts likewise from B A^T. Each program
+# takes BLOCK rows and the same BLOCK columns, so that this rare work spreads over B / BLOCK
+# programs; when no shift of a program is loose it costs the check alone (no launch of its own).
+@triton.jit
+def _true_max(X, Y, stride_x, stride_y, M, D, scale, offs_m, mask_m, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """max_j scale (X Y^T)_ij over all M columns j, for the rows offs_m of X (fp32 [BLOCK_M])."""
+    offs_k = tl.arange(0, BLOCK_K)
+    top = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    for n0 in range(0, M, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < M
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, D, BLOCK_K):
+            mask_k = (k0 + offs_k) < D
+            x = tl.load(X + offs_m[:, None].to(tl.int64) * stride_x + (k0 + offs_k)[None, :],
+                        mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            y = tl.load(Y + offs_n[None, :].to(tl.int64) * stride_y + (k0 + offs_k)[:, None],
+                        mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+            acc = tl.dot(x, y, acc, input_precision=PRECISION)
+        top = tl.maximum(top, tl.max(tl.where(mask_n[None, :], acc * scale, float("-inf")), axis=1))
+    return top
+
+
+@triton.jit
+def _tightened(shift, d, slack, X, Y, stride_x, stride_y, M, D, scale, offs, mask,
+               BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """``shift`` with its loose entries (more than ``slack`` above d) replaced by max(true
+    maximum, d)."""
+    loose = mask & (shift - d > slack)
+    if tl.sum(loose.to(tl.int32), axis=0) > 0:
+        top = _true_max(X, Y, stride_x, stride_y, M, D, scale, offs, mask, BLOCK, BLOCK_N, BLOCK_K,
+                        PRECISION)
+        shift = tl.where(loose, tl.maximum(top, d), shift)
+    return shift
+
+
 @triton.jit
 def _clip_shift_kernel(scale_ptr, ref, norm_a, norm_b, part_max, parts, row_shift, col_shift, M,
-                       margin, BLOCK: tl.constexpr, PARTS: tl.constexpr):
+                       margin, limit, A, Bm, stride_a, stride_b, D, slack, BLOCK: tl.constexpr,
+                       PARTS: tl.constexpr, TIGHTEN: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
     max_a = tl.zeros((PARTS,), dtype=tl.float32)
     max_b = tl.zeros((PARTS,), dtype=tl.float32)
     for p0 in range(0, parts, PARTS):
@@ -174,11 +218,18 @@ def _clip_shift_kernel(scale_ptr, ref, norm_a, norm_b, part_max, parts, row_shif
     d = scale * tl.load(ref + offs, mask=mask, other=0.0)
     na = tl.load(norm_a + offs, mask=mask, other=0.0)
     nb = tl.load(norm_b + offs, mask=mask, other=0.0)
-    bound_r = scale * na * tl.max(max_b, axis=0) - margin
-    bound_c = scale * nb * tl.max(max_a, axis=0) - margin
+    bound_r = tl.abs(scale) * na * tl.max(max_b, axis=0) - margin
+    bound_c = tl.abs(scale) * nb * tl.max(max_a, axis=0) - margin
     # where(a > b, a, b) rather than maximum: a NaN in either must reach the shift
-    tl.store(row_shift + offs, tl.where(bound_r > d, bound_r, d + 0.0 * bound_r), mask=mask)
-    tl.store(col_shift + offs, tl.where(bound_c > d, bound_c, d + 0.0 * bound_c), mask=mask)
+    row = tl.where(bound_r > d, bound_r, d + 0.0 * bound_r)
+    col = tl.where(bound_c > d, bound_c, d + 0.0 * bound_c)
+    if TIGHTEN:
+        row = _tightened(row, d, slack, A, Bm, stride_a, stride_b, M, D, scale, offs, mask, BLOCK,
+                         BLOCK_N, BLOCK_K, PRECISION)
+        col = _tightened(col, d, slack, Bm, A, stride_b, stride_a, M, D, scale, offs, mask, BLOCK,
+                         BLOCK_N, BLOCK_K, PRECISION)
+    tl.store(row_shift + offs, tl.where(bound_r + margin > limit, float("nan"), row), mask=mask)
+    tl.store(col_shift + offs, tl.where(bound_c + margin > limit, float("nan"), col), mask=mask)
 
 
 @triton.jit
@@ -1065,6 +1116,23 @@ def _use_fused(m: int, n: int, keep, kind: str = "stats", tma: bool = False) -> 
 
 
 
+_ROUNDED_BOUND = {torch.bfloat16: 2.0**12, torch.float16: 2.0**14}
+"""The largest logit bound |s| max|A| max|B| that logits rounded to 16 bits take: a logit near the
+bound rounded up by half an ulp (2^-9 of it in bf16, 2^-11 in fp16) then sits at most 8 above
+the shift's margin, e^(64 + 8) a term, finite in a sum of up to 2^24 terms."""
+
+
+def logit_bound_limit(a: torch.Tensor, b: torch.Tensor, n: int, keep, limit: float) -> float:
+    """``limit``, or less where the statistics or the gradient blocks of a x (n rows like b)^T
+    take logits rounded to a's 16-bit dtype (_ROUNDED_BOUND): kept bands, or blocks above
+    _FUSED_MAX_LOGITS that do not load by TMA (cuBLAS bands). Every other path takes its logits
+    from fp32 accumulators."""
+    if a.dtype not in _ROUNDED_BOUND:
+        return limit
+    bands = keep == "bands" or (a.shape[0] * n > _FUSED_MAX_LOGITS and not _use_tma(a, b))
+    return min(limit, _ROUNDED_BOUND[a.dtype]) if bands else limit
+
+
 def sums_in_strips(a: torch.Tensor, b: torch.Tensor, keep) -> bool:
     """Whether the statistics of a x b^T, asked without weighted sums, take the column-strip
     kernel (TMA loads, nothing kept, at least _STRIPS_MIN_LOGITS): a forward that does lets its
@@ -1112,6 +1180,16 @@ def _clip_sums_strips(a, b, scale_t, row_shift, col_shift, row_sum, col_sum, dia
                                   int(diag), **meta)
 
 _PRO_M, _PRO_D = (16, 16) if _INTERPRET else (32, 128)
+# the shift kernel's rows (and columns) a program, and the tiles (BLOCK_N = BLOCK_K) of its true
+# maxima (loose shifts only, _clip_shift_kernel), one stage: small, so that the rare work of a
+# loose shift spreads over B / 32 programs and the kernel holds 96-152 registers a thread with
+# no spill on sm_90 (64 x 64 tiles: 238-255 and a spill; bench/diag_kernel_resources.py); the
+# common work is each program's read of the ``parts`` largest norms, ~32 MB of L2 at B = 65k
+_SHIFT_M, _SHIFT_N = (16, 16) if _INTERPRET else (32, 32)
+_SHIFT_TIGHTEN = True
+"""False: the shift launch leaves loose shifts as the bound made them (B / 1,024 programs, no
+true maxima), for a bench's A/B of the launch's cost only: rows whose every logit lies far below
+the bound then lose their sums to underflow."""
 _VEC = 64 if _INTERPRET else 1024
 _EPI = 64 if _INTERPRET else 2048
 
@@ -1345,12 +1423,18 @@ def _bands(m: int, step: int):
         yield r0, min(m, r0 + step)
 
 
-def clip_prologue_triton(a, b, scale, margin, combine_max: Callable | None = None):
+def clip_prologue_triton(a, b, scale, margin, combine_max: Callable | None = None,
+                         limit: float = float("inf"), slack: Optional[float] = None,
+                         allow_tf32: bool = False):
     """The loss's O(B D) start in two launches: returns (row_shift [B], col_shift [B], aux
     [B + 2], sums [4 B]) fp32, with aux[:B] = ref (the positives' S') and sums zeroed (by the
     first launch) for :func:`clip_stats_triton` (out=) and :func:`clip_epilogue_triton`. Shifts
-    as ops/blocks.clip_shifts. ``combine_max``: applied in place to the two largest norms
-    ([2] fp32) between the launches (a sweep's max over its process group; None on one rank)."""
+    as ops/blocks.clip_shifts (NaN where the bound exceeds ``limit``); with ``slack`` (one device,
+    a and b all of the batch) those more than ``slack`` above their positive logit become their
+    row's or column's true maximum (_clip_shift_kernel's TIGHTEN; their tl.dots' rounding differs
+    from the statistics kernels' by ~D 2^-24 |S|, far below ``margin`` while |S| <= ``limit``).
+    ``combine_max``: applied in place to the two largest norms ([2] fp32) between the launches (a
+    sweep's max over its process group; None on one rank)."""
     a, b = _prep(a), _prep(b)
     m, d = a.shape
     parts = _cdiv(m, _PRO_M)
@@ -1368,9 +1452,15 @@ def clip_prologue_triton(a, b, scale, margin, combine_max: Callable | None = Non
     if combine_max is not None:
         part_max = combine_max(part_max.view(parts, 2).amax(0))
         parts = 1
-    _clip_shift_kernel[(_cdiv(m, _VEC),)](
+    fp32 = a.dtype == torch.float32
+    tighten = slack is not None and _SHIFT_TIGHTEN
+    block = _SHIFT_M if tighten else _VEC
+    _clip_shift_kernel[(_cdiv(m, block),)](
         _scalar(scale, a.device), aux, norm_a, norm_b, part_max, parts, row_shift, col_shift, m,
-        float(margin), BLOCK=_VEC, PARTS=_VEC, num_warps=4)
+        float(margin), float(limit), a, b, a.stride(0), b.stride(0), d,
+        float(slack if tighten else 0.0), BLOCK=block, PARTS=_VEC, TIGHTEN=tighten,
+        BLOCK_N=_SHIFT_N, BLOCK_K=_SHIFT_N, PRECISION="tf32" if allow_tf32 or not fp32 else "ieee",
+        num_warps=4, num_stages=1)
     return row_shift, col_shift, aux, sums
 
 

@@ -26,6 +26,7 @@ options (ops/graphs.py; :func:`_graphed` says when).
 from __future__ import annotations
 
 import collections
+import contextlib
 from typing import Optional
 
 import torch
@@ -240,7 +241,8 @@ class _Function(torch.autograd.Function):
     defaults filled back in, pytree work, a generated Function with metadata) showed in the
     host profile at B = 1,024 (bench_contrastive_loss.py --host-profile). ``args`` are the op's
     arguments as the dispatcher passes them (trailing defaults may be left out). Once
-    differentiable: the backward op has no derivative."""
+    differentiable: the backward op has no derivative, so gradients taken with create_graph=True
+    come out of a node that raises when differentiated (:class:`_NoSecondOrder`)."""
 
     @staticmethod
     def forward(ctx, keyset, *args):
@@ -260,9 +262,29 @@ class _Function(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, *_grad_saved):
         saved = ctx.saved_tensors
-        d_img, d_txt, d_scale, d_bias = OP_BACKWARD(grad_loss, *saved, *ctx.options)
-        return ((None, d_img, d_txt, d_scale, d_bias if saved[3] is not None else None)
-                + (None,) * (ctx.count - 4))
+        second_order = torch.is_grad_enabled()  # create_graph=True
+        with torch.set_grad_enabled(False) if second_order else contextlib.nullcontext():
+            d_img, d_txt, d_scale, d_bias = OP_BACKWARD(grad_loss, *saved, *ctx.options)
+        grads = (d_img, d_txt, d_scale, d_bias if saved[3] is not None else None)
+        if second_order:  # (the backward op has no autograd of its own)
+            grads = _NoSecondOrder.apply(4, *saved[:4], *grads)
+        return (None, *grads) + (None,) * (ctx.count - 4)
+
+
+class _NoSecondOrder(torch.autograd.Function):
+    """The gradients of a backward run with create_graph=True, as the outputs of a node that
+    depends on the op's inputs and whose backward raises RuntimeError naming the op: a second
+    derivative fails where it is taken, instead of giving numbers that leave this op out."""
+
+    @staticmethod
+    def forward(ctx, count, *tensors):
+        return tuple(t.detach() if t is not None else None for t in tensors[count:])
+
+    @staticmethod
+    def backward(ctx, *_grads):
+        raise RuntimeError("infclip::contrastive_loss has no second-order gradient: its backward "
+                           "is not differentiable (gradients taken with create_graph=True cannot "
+                           "be differentiated again)")
 
 
 def _autograd_kernel(keyset, *args):

@@ -31,19 +31,39 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LOSSES = {"clip": ("clip", 0.0), "clip_ls": ("clip", 0.1), "siglip": ("siglip", 0.0)}
 
 
-def global_batch(n_rows: int, dtype: torch.dtype, seed: int = 0, overflow: bool = False):
+WIDE_NORMS = (0.1, 3.0)
+
+
+def global_batch(n_rows: int, dtype: torch.dtype, seed: int = 0, overflow: bool = False,
+                 wide: str = ""):
     """L2-normalised (img, txt) [n_rows, DIM] in ``dtype``. ``overflow``: rows 0 and 1 are made
     so that, at scale 100, logit (1, 0) exceeds the diagonal logit (0, 0) by ~200 (the stats
-    with diagonal shifts overflow and every rank must switch to exact maxima)."""
+    with diagonal shifts overflow and every rank must switch to exact maxima). ``wide``: "" or
+    "unit", as said; "norms", every row scaled to a norm log-uniform in WIDE_NORMS; "antipodal",
+    every image row (1, 0, ...) and every text row (-1, 0, ...) (at scale 100 each logit sits 200
+    below its bound: every shift is loose)."""
     gen = torch.Generator().manual_seed(seed)
     img = torch.randn(n_rows, DIM, generator=gen)
     txt = img + 0.8 * torch.randn(n_rows, DIM, generator=gen)
     if overflow:
         txt[0] = -img[0]
         img[n_rows - 1] = -img[0]
+    if wide == "antipodal":
+        img = torch.zeros(n_rows, DIM)
+        img[:, 0] = 1.0
+        txt = -img
     img = torch.nn.functional.normalize(img, dim=-1)
     txt = torch.nn.functional.normalize(txt, dim=-1)
+    if wide == "norms":
+        lo, hi = (torch.tensor(v).log() for v in WIDE_NORMS)
+        for x in (img, txt):
+            x.mul_(torch.exp(lo + (hi - lo) * torch.rand(n_rows, 1, generator=gen)))
     return img.to(dtype), txt.to(dtype)
+
+
+WIDE = {"negscale": (-1e4, "unit"), "norms": (50.0, "norms"), "antipodal": (100.0, "antipodal")}
+"""The inputs outside training's range that every scheme must still get right: name -> (scale,
+global_batch's ``wide``)."""
 
 
 def scheme_variants(world: int):
@@ -63,6 +83,17 @@ def cases(world: int):
                     scheme=scheme, local=local, dtype=dname, loss=loss, eps=eps, scale=SCALE,
                     reduction="mean", group=None, overflow=False)
     for scheme, local in scheme_variants(world):
+        # loose shifts made tight by a max sweep: a negative scale of 1e4, norms 0.1 to 3, rows
+        # whose every logit sits 200 below its bound
+        for wname, (scale, wide) in WIDE.items():
+            for dname in DTYPES:
+                out[f"wide_{wname}-{scheme}-L{local}-{dname}"] = dict(
+                    scheme=scheme, local=local, dtype=dname, loss="clip", eps=0.0, scale=scale,
+                    reduction="mean", group=None, overflow=False, wide=wide)
+            if world == 2 and triton_interpreting():
+                out[f"triton_wide_{wname}-{scheme}-L{local}"] = dict(
+                    scheme=scheme, local=local, dtype="fp32", loss="clip", eps=0.0, scale=scale,
+                    reduction="mean", group=None, overflow=False, wide=wide, impl="triton")
         # scale 100 with a logit 200 above its diagonal: the exact-max fallback, on every rank
         out[f"overflow-{scheme}-L{local}"] = dict(
             scheme=scheme, local=local, dtype="fp32", loss="clip", eps=0.0, scale=100.0,
@@ -164,7 +195,8 @@ def _run_case(spec, rank, world, group, extra):
         sweeps._SUBGROUPS.clear()
     pos = members.index(rank)
     dtype = DTYPES[spec["dtype"]]
-    img_all, txt_all = global_batch(len(members) * LOCAL_B, dtype, overflow=spec["overflow"])
+    img_all, txt_all = global_batch(len(members) * LOCAL_B, dtype, overflow=spec["overflow"],
+                                    wide=spec.get("wide", ""))
     rows = slice(pos * LOCAL_B, (pos + 1) * LOCAL_B)
     img = img_all[rows].clone().requires_grad_(True)
     txt = txt_all[rows].clone().requires_grad_(True)

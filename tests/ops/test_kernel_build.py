@@ -52,6 +52,17 @@ def test_siglip_gradient_with_loss_compiles_for_sm90(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.exists(PTXAS), reason="this Triton has no bundled ptxas")
+def test_clip_shift_launch_with_true_maxima_compiles_for_sm90(tmp_path):
+    """The CLIP shift launch with the true maxima of loose shifts (tl.dots over whole rows, taken
+    only where a shift is loose) compiles for sm_90 for each features' dtype and does not spill."""
+    rows = _resources(tmp_path, "clip_shift", "clip_shift")
+    assert {r[0] for r in rows} == {f"clip_shift tighten {t}" for t in ("bf16", "fp16", "fp32")}
+    for name, tiles, regs, stack, shared, ours in rows:
+        assert ours == "yes" and 0 < int(regs) <= 255, name
+        assert int(stack) == 0, f"{name} {tiles}: {stack} bytes of spill stack"
+
+
+@pytest.mark.skipif(not os.path.exists(PTXAS), reason="this Triton has no bundled ptxas")
 def test_clip_gradient_slices_compile_for_sm90(tmp_path):
     """The CLIP gradient kernel with the op's tiles, its epilogue in column slices (SPLIT), TMA
     loads and stores, with and without the d-scale sum: it compiles for sm_90 and does not spill."""
