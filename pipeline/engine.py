@@ -82,6 +82,27 @@ class TrainEngine:
         return self.engine.device
 
 
+class _SchedulerStartFilter(logging.Filter):
+    """Drops DeepSpeed's "Attempting to get learning rate from scheduler before it has started":
+    its own warm-up schedulers log it from their constructors (the first ``step(-1)`` asks for the
+    rate), so every run printed it while nothing was wrong."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "before it has started" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_scheduler_start():
+    from deepspeed.utils import logger as ds_logger
+
+    quiet = _SchedulerStartFilter()
+    ds_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        ds_logger.removeFilter(quiet)
+
+
 def _initialize(model: torch.nn.Module, groups: list, ds_config: dict, source: str):
     import deepspeed
 
@@ -97,7 +118,8 @@ def _initialize(model: torch.nn.Module, groups: list, ds_config: dict, source: s
     except ImportError:  # pragma: no cover
         pass
     try:
-        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config)
+        with _quiet_scheduler_start():
+            engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config)
     except (*errors, TypeError, ValueError, AssertionError) as exc:
         section = None if isinstance(exc, errors) else _section_at_fault(exc)
         if section in ("optimizer", "scheduler"):

@@ -312,3 +312,28 @@ def test_gpu_decode_path_trains_logs_its_time_and_resumes_exactly(world_of_one, 
     assert sorted(result.losses) == [3, 4]
     for step in (3, 4):
         assert result.losses[step] == full[step], (step, result.losses[step], full[step])  # bitwise on CPU
+
+
+def test_deepspeed_scheduler_start_warning_is_not_printed(world_of_one, digits_shards, tmp_path):
+    """DeepSpeed's warm-up schedulers warn "before it has started" from their own constructors;
+    a run does not print it (the control: the same scheduler built directly does)."""
+    import logging
+
+    from deepspeed.runtime.lr_schedules import WarmupCosineLR
+    from deepspeed.utils import logger as ds_logger
+
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    keep = Keep(level=logging.WARNING)
+    ds_logger.addHandler(keep)
+    try:
+        run_inproc(digits_shards, tmp_path / "run", 1)
+        assert not any("before it has started" in m for m in seen), seen
+        WarmupCosineLR(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), total_num_steps=10)
+        assert any("before it has started" in m for m in seen)
+    finally:
+        ds_logger.removeHandler(keep)
