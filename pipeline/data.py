@@ -895,12 +895,24 @@ class ShardLoader:
                     return
 
 
+def _ignore_stop_signals(worker_id: int) -> None:
+    """In each loader worker: SIGTERM, SIGINT and SIGUSR1 ignored. torch's worker handler ends a
+    worker on a SIGTERM from anyone but its parent, so a signal sent to the whole process group
+    (SLURM, a Ctrl-C in the terminal) would kill the workers under a run that is stopping with a
+    checkpoint (``train.save_on_signal``); the run ends its workers itself, and a worker whose
+    parent is gone exits on its own (torch's watchdog)."""
+    import signal
+
+    for name in ("SIGTERM", "SIGINT", "SIGUSR1"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
 def _make_loader(spec: _StreamSpec, workers: int, prefetch_factor: int,
                  normalize: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
                  stage: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None) -> ShardLoader:
     kwargs: Dict[str, Any] = {}
     if workers > 0:
-        kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=False)
+        kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=False, worker_init_fn=_ignore_stop_signals)
     dl = torch.utils.data.DataLoader(_ShardStream(spec), batch_size=None, num_workers=workers,
                                      pin_memory=torch.cuda.is_available(), **kwargs)
     return ShardLoader(dl, spec, batches_per_epoch=spec.batches_per_rank, normalize=normalize, stage=stage)

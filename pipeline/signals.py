@@ -14,9 +14,11 @@ terminal and once passed on by the launcher (SIGTERM), as ``scancel`` does throu
 Limit: the launchers give their children a grace period before SIGKILL (the ``deepspeed``
 launcher and torchrun 30 s): the step in progress and the save must fit in it.
 
-Forked loader workers inherit the handlers; there they do nothing, so a signal sent to the whole
-process group (SLURM does) does not kill a worker under the main process, which ends the workers
-itself when the run ends. Handlers can only be installed from the main thread; elsewhere (a run
+Forked processes inherit the handlers; there they do nothing. DataLoader workers replace them
+(torch's worker handler ends a worker on a SIGTERM from anyone but its parent), so the loader
+ignores these signals in its workers (``pipeline.data``): a signal sent to the whole process group
+(SLURM does; so does Ctrl-C in a terminal) does not kill a worker under the stopping run, which ends
+its workers itself. Handlers can only be installed from the main thread; elsewhere (a run
 started from a thread) the signals keep their previous handling, named in a warning.
 """
 

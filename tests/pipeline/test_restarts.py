@@ -314,6 +314,32 @@ def test_sigint_saves_and_exits_0_without_a_traceback_and_a_restart_is_refused(d
     assert _contents(out / "ckpt") == before and not (out / LOCK_NAME).exists()
 
 
+def test_sigterm_to_the_process_group_stops_with_a_checkpoint_under_loader_workers(digits_shards, tmp_path):
+    """SIGTERM to the run's whole process group (as SLURM sends it), loader workers included:
+    the workers do not die under the run; it saves, says so in one line and exits 0."""
+    from .test_launch import _env, _sets
+    from .test_train import LAUNCH, TINY, base_overrides
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, LAUNCH, "--ds_config", TINY,
+           *_sets(base_overrides(digits_shards, out, 400, **{"train.save_every": 2, "data.workers": 2}))]
+    proc = subprocess.Popen(cmd, cwd=str(tmp_path), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        _wait_for_tag(out / "ckpt", 2, [proc])
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "killed by signal" not in err, err[-3000:]
+    stops = [line for line in err.splitlines() if "stopped by SIGTERM after step" in line]
+    assert len(stops) == 1, err[-3000:]
+    step = int(stops[0].split("after step ")[1].split(",")[0])
+    assert read_latest(out / "ckpt") == f"global_step{step}"
+    check_tag(out / "ckpt" / f"global_step{step}")
+
+
 def _two_ranks(cmd, cwd, port):
     """Two ranks of one world started without a launcher, in one new process group (theirs and
     their loader workers')."""
