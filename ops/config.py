@@ -180,9 +180,8 @@ class ContrastiveLossConfig:
     (O(B D), 0.1-0.2 GiB at 1k-16k). Calls behind queued work (a training step's towers) run
     eagerly: there the launches hide. In a ViT-B/32 step at micro-batch 256 the loss's stream is
     busy behind CUDA-graphed towers (no change), idle behind host-bound ones (ZeRO-3: 1.03-1.31x
-    faster; its ~4 GiB peak is the configuration's own, h200_ds;
-    bench/results/pipeline_vitb32_256_loss_graphs_*_h200.log). 0: never. Distributed schemes
-    always run eagerly."""
+    faster on an H200; its ~4 GiB peak is the configuration's own). 0: never. Distributed
+    schemes always run eagerly."""
     distributed: typing.Literal["none", "gather", "disco", "ring", "hierarchical_ring"] = "none"
     """How the global batch is spread over the data-parallel group (ignored at world size 1)."""
     local_world_size: Optional[int] = None

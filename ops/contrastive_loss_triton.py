@@ -19,9 +19,8 @@ the features' dtype (bf16 logits, as autocast rounds them), then:
   _clip_shift_kernel, _clip_epilogue_kernel); SigLIP's forward finishes in one launch
   (_siglip_finish_kernel) and its backward is one (_scale_grads_kernel, as is CLIP's fp16 scaling):
   no host sync anywhere, capturable in a CUDA graph. At small B the GPU time is set by the number
-  of launches: SigLIP 6 a forward + backward (was 15), CLIP 8 (was 11); on an H200, bf16, D = 768,
-  behind queued work, 0.92x / 0.90x the compiled dense losses at B = 1,024 (were 1.54x / 1.02x;
-  bench/results/contrastive_loss_h200_fewer_launches_queued20.log).
+  of launches: SigLIP 6 a forward + backward, CLIP 8; on an H200, bf16, D = 768, behind queued
+  work, 0.92x / 0.90x the compiled dense losses at B = 1,024 (1.54x / 1.02x with 15 / 11 launches).
 Blocks of at most _FUSED_MAX_LOGITS logits (16,384^2) that are not kept take fused kernels
 instead: the logit tile comes from tl.dot in registers and the statistics (forward: one launch,
 no band buffer) or P (backward: one launch per band, then the two cuBLAS GEMMs) are taken from
@@ -50,7 +49,7 @@ cuBLAS's rate or tl.dot's; the Triton kernels are
 memory-bound (2-3.5 TB/s on an H200). Bands hold
 <= _BAND_FACTOR max(N D, 2^24) elements (the backward's P buffer over kept bands _KEPT_BANDS_FACTOR
 times that), so the extra memory stays O(B D) at any batch size.
-Measured and not kept: one stats kernel for both directions (per-tile reductions both ways:
+Measured and not used: one stats kernel for both directions (per-tile reductions both ways:
 0.3-0.6 TB/s; column strips with per-tile row reductions: 0.9-1.3 TB/s, 2-3% slower end to end
 at B = 32k-65k than two kernels) and overlapping a band's Triton kernel with the next band's GEMM
 on a second stream (no gain at B = 16k-65k: the GEMMs hold every SM; _OVERLAP, off).
@@ -650,7 +649,7 @@ def _clip_stats_fused_kernel(A, Bm, stride_a, stride_b, M, N, D, scale_ptr, row_
 # reduced across the warps once per item, not once per tile. The tiles that need masks (on the
 # positives, past the last row or column) run in loops of their own, the others in unmasked
 # loops: a mask chosen per tile by a branch cost as much as masking every tile (1.4 ms of 14.7
-# at 65k). H200, bf16, D = 768 (h200_ch, bench/results/stats_strips_h200.log; an unmasked copy):
+# at 65k). H200, bf16, D = 768 (an unmasked copy):
 # 13.70 / 3.42 ms at B = 65k / 32k against 16.52 / 3.95 for the per-tile kernel
 # (_clip_stats_fused_kernel, with the weighted sums); with the weighted sums in the strips too (a
 # second register tile) 28.8 / 7.0 ms (spilled).
@@ -951,7 +950,7 @@ else:
 # SigLIP's gradient kernel with the pair losses in its epilogue (pointer loads: blocks below
 # _TMA_MIN_LOGITS on Hopper, every block before it). With _FUSED_GRAD's tiles it spills 4 KB a
 # thread on sm_90 (bench/diag_kernel_resources.py) and took 0.045 / 0.065 ms at B = 1k / 2k on an
-# H200, with these 0.025 / 0.027 (bench/results/loss_kernels_siglip_pointer_h200.log).
+# H200, with these 0.025 / 0.027.
 _FUSED_SIGLIP_GRAD_LOSS = _FUSED_GRAD if _INTERPRET else (128, 128, 64, 8, 8, 3)
 _FUSED_MAX_LOGITS = 1 << 28  # a 16,384 x 16,384 block
 
@@ -964,64 +963,60 @@ _FUSED_MAX_LOGITS = 1 << 28  # a 16,384 x 16,384 block
 # cuBLAS's GEMM with the two Triton passes 1.34 / 18.1); the gradient block of one backward band
 # (2,048 / 1,536 rows) 0.186 / 0.409 ms (pointer 0.187 / 0.465, cuBLAS's GEMM + the Triton pass
 # 0.158 / 0.424). So with TMA the backward is fused at every size (_TMA_MAX_LOGITS); the
-# statistics up to 32k. End to end (the op, fwd + bwd, same process) this gains
-# 1-2% at B = 8k-65k: 56.8 ms against 57.7-58.1 at 65k (bench/results/contrastive_loss_h200_tma.log).
+# statistics, without the fast path below, only up to 32k. End to end (the op, fwd + bwd, same
+# process) TMA gains 1-2% at B = 8k-65k: 56.8 ms against 57.7-58.1 at 65k.
 # The statistics' eighth entry: the interior-tile fast path (FAST, _interior). Measured on an
-# H200 (bench_loss_kernels.py --variants, h200_bj, bench/results/loss_kernels_ws_variants_h200.log
-# and loss_kernels_ws_on_h200.log): 1.036 / 4.094 / 17.00 ms at 16k / 32k / 65k against 1.081 /
+# H200 (bench_loss_kernels.py --variants): 1.036 / 4.094 / 17.00 ms at 16k / 32k / 65k against 1.081 /
 # 4.164 / 17.82 without, and against 17.65 for cuBLAS + the passes at 65k, so the statistics are
-# fused at every size now (end to end at 65k 49.86 against 51.73 ms,
-# contrastive_loss_h200_ws_variants_queued20.log). Tried there and removed: the same fast path in
-# the gradient kernel (198-245 registers a thread against 168: slower); warp specialisation of
-# the persistent loop (Triton 3.6's pass fails on these kernels, except beside a one-exponential
-# gradient variant, where the statistics took 18.46 against 17.64 ms at 65k); 8 warps with
+# fused at every size (end to end at 65k 49.86 against 51.73 ms). Measured and not used: the same
+# fast path in the gradient kernel (198-245 registers a thread against 168: slower); warp
+# specialisation of the persistent loop (Triton 3.6's pass fails on these kernels, except beside a
+# one-exponential gradient variant, where the statistics took 18.46 against 17.64 ms at 65k); 8 warps with
 # 128 x 128 / 128 x 256 tiles, 3 programs per SM, BLOCK_K 128 or 3 stages (2-70% slower).
 _TMA_STATS = (128, 64, 64, 8, 4, 4, 2, 1)
 # The gradient kernel's eighth entry: SPLIT, its epilogue in that many column slices of the tile
-# (_clip_grad_fused_kernel). Where a block's time goes (bench/diag_grad_epilogue.py, h200_cp,
-# grad_epilogue_h200.log, an 8,192 x 4,096 block at 65k): cuBLAS's GEMM of the logits 0.077 ms; the
-# 128 x 64 kernel used before 0.133, its GEMM with the store and no epilogue 0.113 (the small
-# tiles), 128 x 256's 0.082, with both exponentials 0.114: each program runs its epilogue
-# after the tile's MMA, not beside it. Taken: 64 x 128 tiles (one warpgroup, wgmma N = 128), 4
-# warps, 4 stages, two programs per SM (one's epilogue beside the other's MMA), two slices (188
-# registers a thread with the d-scale sum, no spill; one slice: 255 and a spill). The op behind 20
+# (_clip_grad_fused_kernel). Where a block's time goes (an 8,192 x 4,096 block at 65k on an H200):
+# cuBLAS's GEMM of the logits 0.077 ms; the kernel with 128 x 64 tiles 0.133, its GEMM with the
+# store and no epilogue 0.113 (the small tiles), 128 x 256's 0.082, with both exponentials 0.114:
+# each program runs its epilogue after the tile's MMA, not beside it. Taken: 64 x 128 tiles (one
+# warpgroup, wgmma N = 128), 4 warps, 4 stages, two programs per SM (one's epilogue beside the
+# other's MMA), two slices (188 registers a thread with the d-scale sum, no spill; one slice: 255
+# and a spill). The op behind 20
 # ms of queued work, every variant twice in one process: against 128 x 128 with 8 warps and one
 # program per SM (two slices) 0.79 / 3.15 / 12.45-12.50 / 47.6-48.1 ms at 8k / 16k / 32k / 65k
-# against 0.81 / 3.21 / 12.63-12.68 / 47.9-48.1 (h200_cw, contrastive_loss_h200_grad_tiles2_queued20.log),
-# which was itself 3.19 / 12.60 / 47.6-48.0 against 3.25 / 12.85 / 48.7-49.3 for the 128 x 64 tiles
-# (h200_cs, ..._grad_split_ab_queued20.log). No faster there or in h200_co / h200_cq / h200_cu / h200_cv:
-# four slices, 3 stages, BLOCK_K 32 with three programs per SM, 128 x 128 with 4 warps, 128 x 256
-# and 256 x 128 in slices.
+# against 0.81 / 3.21 / 12.63-12.68 / 47.9-48.1, which in turn took 3.19 / 12.60 / 47.6-48.0 at
+# 16k / 32k / 65k against 3.25 / 12.85 / 48.7-49.3 for the 128 x 64 tiles. No faster: four slices,
+# 3 stages, BLOCK_K 32 with three programs per SM, 128 x 128 with 4 warps, 128 x 256 and 256 x 128
+# in slices.
 _TMA_GRAD = (64, 128, 64, 8, 4, 4, 2, 2)
 # SigLIP's kernels reduce rows only (no column sums across warps): larger tiles, 8 warps. H200,
 # bench_loss_kernels.py --loss siglip: the gradient block 0.217 / 0.484 ms at 16k / 65k against
 # 0.257 / 0.481 with the CLIP tiles; the statistics (a no-grad call: with a backward to follow the
 # forward takes the gradient kernel) with the polynomial log1p 0.887 / 14.0 ms against 0.948 / 15.1
-# with 128 x 128 tiles and 1.06 / 15.4 for cuBLAS + the Triton pass, so fused at every size
-# (bench/results/loss_kernels_siglip_loss_poly_h200.log).
+# with 128 x 128 tiles and 1.06 / 15.4 for cuBLAS + the Triton pass, so fused at every size.
 _TMA_SIGLIP_STATS = (256, 128, 64, 8, 8, 3, 1)
 _TMA_SIGLIP_GRAD = (128, 128, 64, 8, 8, 4, 1)
 # The gradient kernel with the pair losses in its epilogue (a forward whose backward follows): the
 # same tiles, the fastest of bench_loss_kernels.py --loss siglip on an H200 with the polynomial
 # log1p: 0.240 / 0.590 ms at 16k / 65k (128 x 64 tiles: 0.244-0.257 / 0.619-0.659; with libdevice's
-# log 0.330 / 0.698; bench/results/loss_kernels_siglip_loss{,_poly}_h200.log).
+# log 0.330 / 0.698).
 _TMA_SIGLIP_GRAD_LOSS = _TMA_SIGLIP_GRAD
 # Largest block (logits) a TMA kernel takes, per kind; above, cuBLAS bands and Triton passes. The
 # CLIP statistics: TMA 4.25 ms against 4.96 for cuBLAS + the passes at 32k, 18.6 against 18.1 at
-# 65k before the interior fast path, 17.00 against 17.65 with it (above); SigLIP's statistics and
+# 65k without the interior fast path, 17.00 against 17.65 with it (above); SigLIP's statistics and
 # every gradient block are fused at every size.
 _TMA_MAX_LOGITS = {"stats": 1 << 62, "siglip_stats": 1 << 62, "grad": 1 << 62}
 # The plain sums by column strips (_clip_sums_strip_kernel: BLOCK_M, BLOCK_N, BLOCK_K, warps,
 # stages, programs per SM, CHUNK row blocks an item), for forwards whose d scale the backward sums
-# (clip_stats_triton's weighted=False): the fastest of h200_ch (stats_strips_h200.log): 128 x 128
+# (clip_stats_triton's weighted=False): the fastest measured on an H200: 128 x 128
 # with 8 warps 13.70 ms at 65k, 128 x 64 with 4 warps 16.10, 128 x 256 23.6 (spilled), chunks of
-# 16 row blocks 15.14; two programs an SM 14.00; h200_cn (stats_strips_tiles_h200.log): 5 stages,
-# BLOCK_K 128, chunks of 64, 256 x 64 no faster (13.67-16.05 against 13.72 in that run).
+# 16 row blocks 15.14; two programs an SM 14.00; 5 stages, BLOCK_K 128, chunks of 64, 256 x 64
+# no faster (13.67-16.05 against 13.72 measured alongside).
 _TMA_STRIPS = (16, 16, 16, 4, 1, 1, 2) if _INTERPRET else (128, 128, 64, 8, 4, 1, 32)
 _STRIPS = True  # False: the per-tile statistics kernel (with the weighted sums) at every size
 _STRIP_WAVES = 4  # at least this many work items a program: CHUNK shrinks at small B
-# Strips from this many logits (B = 11,585 square) on: below, the per-tile kernel was as fast or
-# faster end to end (h200_cl, queued: 0.22 / 0.80 ms at B = 4k / 8k against 0.24 / 0.81 with the
+# Strips from this many logits (B = 11,585 square) on: below, the per-tile kernel is as fast or
+# faster end to end (H200, queued: 0.22 / 0.80 ms at B = 4k / 8k against 0.24 / 0.81 with the
 # strips; 16k-65k: 3.19 / 12.63 / 48.33 against 3.27 / 12.82 / 50.33).
 _STRIPS_MIN_LOGITS = 1 << 27
 _TMA_MIN_LOGITS = 1 << 23
@@ -1214,7 +1209,7 @@ _BAND_FACTOR = 2  # band budget in units of max(n d, 2^24) elements
 _OVERLAP = False  # two band buffers, a band's Triton kernel beside the next band's GEMM (no gain)
 # a backward reading the kept bf16 bands takes this many forward bands at a time: each band's P^T @ A adds into
 # the fp32 [B, D] sum of dT, re-read and re-written once a band (H200, 32k / 65k: 11.3 -> 10.1 / 42.2 -> 38.7 ms
-# from 1 to 4, the band buffer 0.3 / 0.56 GiB larger; 8 and 16 no faster; h200_fp, h200_fq)
+# from 1 to 4, the band buffer 0.3 / 0.56 GiB larger; 8 and 16 no faster)
 _KEPT_BANDS_FACTOR = 4
 _SIDE: dict = {}
 
@@ -1582,27 +1577,27 @@ def siglip_stats_triton(a, b, scale, bias, diag=0, *, keep_logits="", band=0,
 # The backward's recompute path over blocks of at most _GRAD_BLOCK rows x columns (when the whole
 # block does not fit the band budget): P of one block, then grad_a rows += P @ b_block (fp32 over
 # the column blocks of a row band, unless there is one) and grad_b rows += P^T @ a_band (fp32 over
-# the row bands, unless there is one). Full-width row bands re-read and re-wrote the whole [B, D]
-# fp32 sum of grad_b once per band of ~1,536 rows; blocks of 8,192 rows do it 5x less often with a
-# smaller buffer. H200, bf16, D = 768, the op's gradient pass (bench/bench_blocked_loss.py,
-# bench/results/blocked_loss_h200.log): 9.32 / 37.14 ms at 32k / 65k against 9.69 / 39.98 with
-# full-width bands; 8,192 x 8,192 blocks 8.99 / 35.73 (against 9.33 / 38.27 in that run) but
+# the row bands, unless there is one). Full-width row bands would re-read and re-write the whole
+# [B, D] fp32 sum of grad_b once per band of ~1,536 rows; blocks of 8,192 rows do it 5x less often
+# with a smaller buffer. H200, bf16, D = 768, the op's gradient pass (bench/bench_blocked_loss.py):
+# 9.32 / 37.14 ms at 32k / 65k against 9.69 / 39.98 with full-width bands; 8,192 x 8,192 blocks
+# 8.99 / 35.73 (against 9.33 / 38.27 measured alongside) but
 # 56 MiB more at 65k; the same fp64 error either way (the bf16 rounding of the gradients). A block
 # and its fp32 row sum never take more than a full-width band (_grad_block): the op's peak is
-# then no higher than with bands at any B (bench/diag_loss_memory.py lists what it holds).
+# then no higher than with bands at any B.
 _GRAD_BLOCK = (8192, 4096)
 # Smaller blocks tried in turn where _GRAD_BLOCK does not fit the backward's budget, and that
 # budget for a block and its fp32 row sum in units of max(n d, 2^24) elements of the features'
 # dtype (2: a full-width band's bytes, as band_rows). With 1.5 and 4,096 x 4,096 blocks below
 # B = ~45k (D = 768) the op's peak at 16k / 32k is 116 / 193 MiB (full-width bands of 2,048 rows
-# and 8,192 x 4,096 blocks with 2: 136 / 233 MiB, bench/results/loss_memory_16k_32k_ws_h200.log),
+# and 8,192 x 4,096 blocks with 2: 136 / 233 MiB),
 # for 1-2% more time there (H200, bf16, queued: 3.29 / 12.83 ms against 3.23 / 12.19, the compiled
-# dense loss 3.29 / 13.09; 1,536-row bands 3.42 / 13.57; factor 1, 1,024-row bands at 16k, 3.64;
-# contrastive_loss_h200_ws_variants_queued20.log). 65k is unchanged (8,192 x 4,096, 0.38 GiB).
-# Below _GRAD_FACTOR_MIN_N columns the factor is 2 and _GRAD_BLOCKS unused (full-width bands, as
-# before): at 8k 4,096 x 4,096 blocks
+# dense loss 3.29 / 13.09; 1,536-row bands 3.42 / 13.57; factor 1, 1,024-row bands at 16k, 3.64).
+# 65k keeps _GRAD_BLOCK (8,192 x 4,096, 0.38 GiB).
+# Below _GRAD_FACTOR_MIN_N columns the factor is 2 and _GRAD_BLOCKS unused (full-width bands
+# unless _GRAD_BLOCK fits): at 8k 4,096 x 4,096 blocks
 # took 0.86 ms against 0.80 with 4,096-row bands (the compiled dense loss 0.86; SigLIP 0.71
-# against 0.63), for 0.08 against 0.10 GiB (h200_bk, contrastive_loss_h200_ws_queued20.log).
+# against 0.63), for 0.08 against 0.10 GiB.
 _GRAD_BLOCKS: tuple = ((4096, 4096),)
 _GRAD_FACTOR = 1.5
 _GRAD_FACTOR_MIN_N = 12288
@@ -1610,9 +1605,8 @@ _GRAD_FACTOR_MIN_N = 12288
 # dtype at the end (a single-device call whose outputs are 16-bit): that cast holds N D of the dtype
 # beside the sum, and a block with its fp32 row sum taking no more leaves the call's peak where the
 # cast puts it. From B ~ 104k (D = 768): 8,192 x 8,192 at 131k, 16,384 x 8,192 at 262k, the same
-# peak (0.75 / 1.51 GiB); H200, queued, the blocks before as a variant: CLIP 182 against 188 ms at
-# 131k, 742 against 772 at 262k, SigLIP 150 / 156 and 605 / 639
-# (contrastive_loss_h200_wide_default_queued20.log).
+# peak (0.75 / 1.51 GiB); H200, queued, against the blocks chosen without the cast: CLIP 182
+# against 188 ms at 131k, 742 against 772 at 262k, SigLIP 150 / 156 and 605 / 639.
 _GRAD_BLOCKS_WIDE: tuple = ((16384, 8192), (8192, 8192))
 
 
@@ -1622,16 +1616,15 @@ def _grad_block(m: int, n: int, d: int, band: int, itemsize: int, width: int = 0
     budget (band_rows), full-width bands of ``band`` rows when a band height is forced, else the
     first of _GRAD_BLOCK, _GRAD_BLOCKS whose block and fp32 [rows, D] sum of grad_a take no more
     than _GRAD_FACTOR max(w d, 2^24) elements' bytes (below _GRAD_FACTOR_MIN_N columns: _GRAD_BLOCK
-    within 2 max(w d, 2^24), as before),
+    within 2 max(w d, 2^24)),
     else full-width bands of at most that many bytes; w = max(n, ``width``) from
     _GRAD_FACTOR_MIN_N columns on (else n): a distributed sweep's column block takes the budget
     of the global batch, as disco's one step over all B columns does (below, at
     b = 8,192 of 32,768, 8,192 x 4,096 blocks were no faster than the 4,096-row bands, for 184
-    against 160 MiB, h200_gs). (Capping the rows instead, 5,888 at 8k-16k,
-    measured 1.05 / 1.00x the compiled dense loss against 0.96 / 0.99x with bands,
-    bench/results/contrastive_loss_h200_blocks_capped_queued20.log.) With ``cast`` (grad_b's fp32
-    sum is cast to the features' dtype at the end) first the _GRAD_BLOCKS_WIDE block whose bytes
-    the cast's n d of the dtype covers."""
+    against 160 MiB on an H200). (Capping the rows instead, 5,888 at 8k-16k,
+    measured 1.05 / 1.00x the compiled dense loss against 0.96 / 0.99x with bands.) With ``cast``
+    (grad_b's fp32 sum is cast to the features' dtype at the end) first the _GRAD_BLOCKS_WIDE
+    block whose bytes the cast's n d of the dtype covers."""
     step = _step(m, n, d, False, band)
     if step >= m:
         return m, n
@@ -1641,7 +1634,7 @@ def _grad_block(m: int, n: int, d: int, band: int, itemsize: int, width: int = 0
         rows, cols = min(m, block[0]), min(n, block[1])
         if rows < m and rows * (cols * itemsize + d * 4) <= n * d * itemsize:
             return rows, cols
-    small = n < _GRAD_FACTOR_MIN_N  # (as before: full-width bands unless _GRAD_BLOCK fits)
+    small = n < _GRAD_FACTOR_MIN_N  # (full-width bands unless _GRAD_BLOCK fits)
     w = n if small else max(n, width)
     budget = int((_BAND_FACTOR if small else _GRAD_FACTOR) * max(w * d, 1 << 24)) * itemsize
     for block in (_GRAD_BLOCK,) if small else (_GRAD_BLOCK, *_GRAD_BLOCKS):
@@ -1678,8 +1671,8 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
 
     The views a block needs are made once per row band, column block and block shape, not per
     block: at B = 32,768 (64 blocks) each slice cost ~2.7 us of the host's ~160 us a block, where
-    the GPU takes ~140-150 us (h200_el, bench/diag_block_host.py): the eager call's host had come
-    to pace it on an idle GPU."""
+    the GPU takes ~140-150 us (H200): made per block, they let the eager call's host pace it on
+    an idle GPU."""
     a, b = _prep(a), _prep(b)
     m, d = a.shape
     n = b.shape[0]

@@ -8,14 +8,13 @@ _clip_sums_strip_kernel; :func:`clip_sums`).
 Why: the Triton kernel runs each tile's epilogue (two exponentials per logit, the labels, the
 d-scale shares, the store of P) in the warps that ran the tile's MMA, after it. On an H200 at
 B = 65,536 one 8,192 x 4,096 block took 0.116 ms against 0.076 ms for cuBLAS's GEMM of the same
-logits (bench/diag_gluon_grad.py). Here one loader warp fills a ring of shared-memory stages by
+logits. Here one loader warp fills a ring of shared-memory stages by
 TMA and two consumer warpgroups take alternate tiles, each running its tile's wgmma when its
 turn at the tensor cores comes (a barrier pair: CUTLASS's ping-pong order) and then its
 epilogue, beside the other's MMA: 0.103-0.105 ms for that block, 0.052-0.055 against 0.060 at
-32k, bit for bit the Triton kernel's P, its d scale up to the order of the atomic sums (h200_dh to
-h200_dn).
+32k, bit for bit the Triton kernel's P, its d scale up to the order of the atomic sums.
 
-Design points measured on the way (bench/device/h200_dc.sh to h200_dm.sh):
+Design points, measured on an H200:
 * one ring for both consumers, not a ring each: two rings of 2-3 stages starved the MMA (0.050 ms
   of loads alone for a block cuBLAS computes in 0.040); one ring of 6 stages keeps the MMA-only
   kernel at cuBLAS's time. A consumer waits on the slot of its tile's chunks only when its turn
@@ -30,28 +29,28 @@ Design points measured on the way (bench/device/h200_dc.sh to h200_dm.sh):
 
 The blocks that hold no positive in whole tiles (most of a large backward's) go to a variant with
 128 x 128 tiles a consumer and an epilogue without selects or masks (_clip_grad_ws_kernel with
-PLAIN, GRAD_PLAIN; h200_iw to h200_ja): its MMA alone runs 0.029 against 0.038 ms at 32k (B read once
+PLAIN, GRAD_PLAIN): its MMA alone runs 0.029 against 0.038 ms at 32k (B read once
 for two 64-row wgmmas), and a consumer's epilogue, which binds at that size, is the cheaper one.
 
-The SigLIP block (h200_fz to h200_gd) takes the same loader and ping-pong consumers with SigLIP's
+The SigLIP block takes the same loader and ping-pong consumers with SigLIP's
 epilogue: 0.067 against 0.081 ms for the Triton kernel at 4,096 x 4,096, 0.132 against 0.163 at
-8,192 x 4,096. Built first with the pair losses' atomic before P's store, it took 0.114: the
+8,192 x 4,096. With the pair losses' atomic before P's store it takes 0.114: the
 store's fence (fence.proxy.async) waits for the global atomics issued before it, so every atomic
-now follows the store. Without the pair losses the Triton kernel is as fast and stays. Its blocks
+follows the store. Without the pair losses the Triton kernel is as fast and takes the block. Its blocks
 without positives in whole tiles take the epilogue without the labels' and bounds' selects (GRAD_PLAIN).
 
-The forward's sums (h200_fs to h200_fx): the same loader and ping-pong consumers, a work item being
+The forward's sums: the same loader and ping-pong consumers, a work item being
 a chunk of row tiles of one column block: each consumer adds its tiles' row sums by atomics and
 keeps their column terms in registers until the item's end. With A and B both streamed per tile
-(~290 KB from L2 a tile) it ran 16.8 against 13.6 ms for the Triton strip kernel at 65k, its
-MMA alone no faster (h200_ft; the item order keeps 132 column blocks in flight, so L2 serves
-them poorly, h200_dx). Here the item's column block of B is loaded once into shared memory and
+(~290 KB from L2 a tile) it takes 16.8 against 13.6 ms for the Triton strip kernel at 65k, its
+MMA alone no faster (the item order keeps 132 column blocks in flight, so L2 serves them
+poorly). Here the item's column block of B is loaded once into shared memory and
 stays (BLOCK_N x D, 192 KB at D = 768) while only A streams through a short ring (a third of
 the traffic): 11.3 against 13.6 ms at 65k (582 against 484 TFLOP/s; cuBLAS's GEMM of the same
 logits 10.9), 2.84 against 3.45 at 32k, 0.72 against 0.96 at 16k. Chunks of 32 row tiles are
 fastest (64: 11.7-11.8 ms, 16: 11.8, 8: 13.7; 128: 15.0); a ring of BLOCK_K 32 with 6-8 stages
-was slower (13.6-14.0). Features wider than SUMS_MAX_DIM do not fit and take the Triton kernel.
-Two orders of the work, measured (h200_hs to h200_hx): a long launch loses ~25% (one launch of
+is slower (13.6-14.0). Features wider than SUMS_MAX_DIM do not fit and take the Triton kernel.
+Two orders of the work, measured: a long launch loses ~25% (one launch of
 2^36 logits at 262k: 438-447 TFLOP/s, L2 hit rate 76% against 89% at 65k, warps waiting on L1TEX;
 the same items at 65k x 262k: 547-569), so the sums go in launches of at most SUMS_LAUNCH_LOGITS
 (slabs of rows: 575 at 262k); and a short one gains where each program takes its items' row tiles
@@ -61,11 +60,11 @@ positive among its rows and no bound in it (most of them) takes its tiles' epilo
 select that leaves the positives and bounds out: 650 instead of 1,020 instructions a tile, the sums
 alone 2.50 / 10.96 / 177.6 against 2.78 / 11.30 / 185.5 ms at 32k / 65k / 262k (660 / 602 / 594
 TFLOP/s; cuBLAS's GEMM of the same logits 2.46-2.77 / 10.84 ms), the op 10.57 / 41.27 / 171.6 / 698.0
-against 10.71 / 41.92 / 176.0 / 708.6 ms at 32k-262k (h200_jd).
+against 10.71 / 41.92 / 176.0 / 708.6 ms at 32k-262k.
 
 The gradient kernels launch with programmatic dependent launch (GRAD_PDL): each block's programs
 set up while the GEMM before them drains and wait for it before their first load or store, 1-3%
-of the op's time at 16k-32k (h200_in).
+of the op's time at 16k-32k.
 
 :func:`available` says whether this Triton has what the kernels need (Gluon, Hopper's wgmma and
 TMA); the caller (ops/contrastive_loss_triton.py) takes them only on sm_90 with TMA-aligned blocks
@@ -113,23 +112,23 @@ GRAD_PLAIN = True
 """Whether the gradient blocks with no positive in whole tiles (the op's off-diagonal blocks: 56 of 64
 at B = 32k) take the epilogues without selects and masks. CLIP (clip_grad_block): whole 128 x 128
 tiles, _clip_grad_ws_kernel with PLAIN: each consumer's tile is 128 x 128 (B read from shared memory
-once for two 64-row wgmmas: a third fewer bytes a FLOP than 64 x 128). On an H200 (h200_iz) a 4,096 x
+once for two 64-row wgmmas: a third fewer bytes a FLOP than 64 x 128). On an H200 a 4,096 x
 4,096 block at 32k 0.049 against 0.054 ms (DSCALE 2), 0.042 against 0.050 (DSCALE 1); the op queued
 20 ms, CLIP 11.00 / 42.06 / 172.2 / 700.4 against 11.13 / 43.08 / 179.2 / 731.4 ms at 32k / 65k /
-131k / 262k. The 128 x 128 tiles with the selects and masks were no faster than 64 x 128 (h200_iw,
-h200_ix: their MMA alone 0.029 against 0.038 ms, but the longer epilogue gave it back, and the
+131k / 262k. The 128 x 128 tiles with the selects and masks were no faster than 64 x 128 (their
+MMA alone 0.029 against 0.038 ms, but the longer epilogue gave it back, and the
 d-scale sums spilled). Its d-scale terms' two sides are summed apart (_plain_half): no spill under
 Triton 3.6 (192 bytes in one sum), 8% fewer instructions; the op queued 20 ms 10.57 / 41.27 / 171.6 /
-698.0 against 10.92 / 42.37 / 176.4 / 711.4 ms at 32k / 65k / 131k / 262k (h200_jd). SigLIP
+698.0 against 10.92 / 42.37 / 176.4 / 711.4 ms at 32k / 65k / 131k / 262k. SigLIP
 (siglip_grad_block): whole tiles of its own, the same kernel with the epilogue without the labels'
 and bounds' selects (PLAIN): a third fewer instructions, no spill (176 bytes with the selects); the op
-9.46 / 35.65 / 143.1 / 581.7 against 9.78 / 36.88 / 147.7 / 594.9 ms (h200_jb, h200_jc)."""
+9.46 / 35.65 / 143.1 / 581.7 against 9.78 / 36.88 / 147.7 / 594.9 ms."""
 
 GRAD_PDL = True
 """Whether the gradient kernels launch with programmatic dependent launch: a block's programs start
 while the kernel before it (the previous block's cuBLAS GEMM) drains, set up their shared memory
 and barriers, then wait (griddepcontrol.wait) for it to finish before their first load or store.
-On an H200, queued 20 ms (h200_in): CLIP 2.90 / 11.22 / 43.59 against 2.95 / 11.52 / 43.59 ms at
+On an H200, queued 20 ms: CLIP 2.90 / 11.22 / 43.59 against 2.95 / 11.52 / 43.59 ms at
 16k / 32k / 65k, SigLIP 2.54 / 9.84 against 2.58 / 10.05; loading A and B before the wait as well
 gained nothing more (11.20 ms)."""
 
@@ -143,13 +142,13 @@ or more)."""
 SUMS_LAUNCH_LOGITS = 1 << 33
 """clip_sums: the most logits one launch takes (more: launches over slabs of A's rows). On an H200 the
 kernel holds 566-590 TFLOP/s in launches of up to 2^33 logits and falls to 473 / 438-447 in one launch
-of 2^35 / 2^36 (B = 196k / 262k; h200_hw, h200_hx; cause not found)."""
+of 2^35 / 2^36 (B = 196k / 262k; cause not found)."""
 
 SUMS_ROTATE_ITEMS = 32
 """clip_sums: a launch with at most this many items a program has each program take its items' row
 tiles from its own offset on (_strip_row), not all programs the same tile at once: on an H200 560 ->
 647 / 545 -> 608 / 545 -> 584 TFLOP/s at B = 16k / 24k / 32k (8-31 items a program); no change at
-49k-65k (70-124), slower at 131k (h200_hu to h200_hx)."""
+49k-65k (70-124), slower at 131k."""
 
 
 def available() -> str:
@@ -509,8 +508,8 @@ if not _WHY_NOT:
         _siglip_grad_fused_kernel's epilogue with the pair losses (_siglip_grad_value's arithmetic,
         LOSS, so P is its bit for bit): coef G stored by TMA, then the row sums of G, G S' and the
         pair losses by atomics. No atomic comes before the store's fence, which would wait for it: with the
-        pair losses' atomic before it the 4,096 x 4,096 block took 0.114 against 0.067 ms
-        (h200_gb / h200_gc). PLAIN (a block without positives in whole tiles, plain_block with GRAD_TILES): the
+        pair losses' atomic before it the 4,096 x 4,096 block took 0.114 against 0.067 ms.
+        PLAIN (a block without positives in whole tiles, plain_block with GRAD_TILES): the
         same values without the labels' and the bounds' selects."""
         a_ring, b_ring, c_bufs = rings
         scale_ptr, bias_ptr, coef_ptr, gsum, gwsum, row_loss, diag, flags = scalars
@@ -787,7 +786,7 @@ def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_
     """P = a b^T's gradient block into ``p`` (and d scale as DSCALE says), the arguments as
     _clip_grad_fused_kernel's: a [M, D], b [N, D], p [M, N], 16-bit, rows TMA-aligned.
     ``descriptors``: a dict that keeps the TMA descriptors between calls on the same views (the
-    blocks of one backward: each descriptor cost ~5 us of host time, h200_el); ``pdl``: launched
+    blocks of one backward: each descriptor cost ~5 us of host time); ``pdl``: launched
     with programmatic dependent launch (None: GRAD_PDL). A block without positives in whole tiles
     (:func:`plain_block`, ``plain`` None: GRAD_PLAIN) takes _clip_grad_ws_kernel's PLAIN consumers with
     GRAD_PLAIN_TILES, any other its consumers with ``tiles``."""
@@ -806,7 +805,7 @@ def siglip_grad_block(a, b, p, scale, bias, coef, gsum, gwsum, row_loss, diag: i
     scale, bias, coef fp32 one-element tensors; gsum, gwsum, row_loss fp32 [M]); ``descriptors``,
     ``pdl`` and ``plain`` as :func:`clip_grad_block`'s (a plain block keeps ``tiles``, with the
     epilogue without selects). (Without the losses the Triton kernel is as fast: 0.059 against
-    0.063 ms for a 4,096 x 4,096 block, h200_gc.)"""
+    0.063 ms for a 4,096 x 4,096 block on an H200.)"""
     _launch_grad(_siglip_grad_ws_kernel, a, b, p, (scale, bias, coef, gsum, gwsum, row_loss, diag),
                  sm_count, tiles, descriptors, pdl, COEF_SCALE=coef_scale,
                  PLAIN=plain_block(a.shape[0], b.shape[0], int(diag), plain, tiles))

@@ -3,7 +3,7 @@ forward or backward once per shape and options, then replay it.
 
 Why: below B ~ 16k a call of the op is bound by its host, not the GPU. On an idle H200 (bf16,
 D = 768) a CLIP forward + backward at B = 1,024 took 1.82 ms, of which the GPU worked 0.08 ms
-(the same calls replayed as one graph; bench/diag_loss_graph.py): the rest is Python, the
+(the same calls replayed as one graph): the rest is Python, the
 dispatcher and ~8 kernel launches. A replay is one launch, whatever the number of kernels.
 
 How: :class:`GraphedCall` keeps static copies of the call's tensor inputs, runs the call once
@@ -19,9 +19,9 @@ holds), and each warms up on the caller's stream. A graph's intermediates are de
 replay ends and its static outputs are copied out right after it, so captures can reuse each
 other's blocks as long as their replays do not overlap on the GPU: the cache orders each replay
 after the previous one (a wait on the previous replay's stream when the caller's stream is
-another). Before, each capture had a pool of its own and warmed up on a new side stream, and
-torch keeps a cuBLAS workspace per stream for the life of the process: on an H200 every new
-shape (also each recapture after an eviction) kept ~70 MiB more (bench/diag_graph_memory.py).
+another). A pool per capture, warmed up on a new side stream, would cost more: torch keeps a
+cuBLAS workspace per stream for the life of the process, and on an H200 every new shape (also
+each recapture after an eviction) kept ~70 MiB more that way.
 
 When: the callers (ops/registered.py) replay only up to ``graph_max_batch`` rows (16,384 by
 default, 0: never), only the single-device scheme (collectives stay eager), only on CUDA, only
@@ -29,7 +29,7 @@ outside another capture (inside one, the call is part of the outer graph), and o
 queued on the stream (or for the backward of a replayed forward). Behind queued work (the towers'
 forward, in training) the eager launches hide anyway, and the replay's copies cost GPU time: on an
 H200 at B = 1,024, 0.10 ms a forward + backward replayed against 0.05 eager, both behind 20 ms of
-queued work (bench/results/contrastive_loss_h200_graphs_queued20.log).
+queued work.
 
 The replayed kernels are the eager call's, launched with the same arguments: the same values,
 except for the last bits of the fp32 atomic sums (their order varies from run to run, eager or

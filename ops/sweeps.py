@@ -412,7 +412,7 @@ class Sweep:
         """Raise ValueError on every rank unless every rank holds the same [b, D]. The sizes go
         round on the host (a gloo twin of an NCCL group, :func:`host_group`): reading them
         from the GPU would make the host wait for all queued work at every call (0.4-1.5 ms a
-        call of ring / disco on 2 x H200 at B = 32k-65k, bench/diag_ring_sync.py)."""
+        call of ring / disco on 2 x H200 at B = 32k-65k)."""
         mine = torch.tensor([x.shape[0], x.shape[1]], dtype=torch.int64)
         every = torch.empty(2 * self.world, dtype=torch.int64)
         _all_gather_single(every, mine, group=host_group(self.topo.group))
