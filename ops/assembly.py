@@ -228,14 +228,14 @@ def _dscale_in_backward(img, txt, sw: Sweep, o: Options, keep: bool) -> bool:
 
 SWEEPS_SUM_DSCALE = True
 """False: the distributed sweeps' forwards take the weighted sums (the per-tile statistics
-kernels) for d loss / d s, as the gathered-rows sweep does (bench/diag_rank_compute.py times
+kernels) for d loss / d s, as the gathered-rows sweep does (bench/bench_rank_compute.py times
 both)."""
 
 SWEEP_BLOCKS_GLOBAL = True
 """Whether a sweep's gradient steps size their recompute blocks by the memory budget of the
 global batch (as disco's one step over all B columns, sweeps.DISCO_PIPELINED off, does) rather
 than of the column block in hand: at b = 16,384 a rank then takes 8,192 x 4,096 blocks, not
-4,096 x 4,096 (bench/diag_rank_compute.py times both)."""
+4,096 x 4,096 (bench/bench_rank_compute.py times both)."""
 
 
 def _sweep_width(sw: Sweep, b: int) -> int:

@@ -949,7 +949,7 @@ else:
     _FUSED_GRAD = (128, 256, 64, 8, 8, 3)
 # SigLIP's gradient kernel with the pair losses in its epilogue (pointer loads: blocks below
 # _TMA_MIN_LOGITS on Hopper, every block before it). With _FUSED_GRAD's tiles it spills 4 KB a
-# thread on sm_90 (bench/diag_kernel_resources.py) and took 0.045 / 0.065 ms at B = 1k / 2k on an
+# thread on sm_90 (bench/bench_kernel_resources.py) and took 0.045 / 0.065 ms at B = 1k / 2k on an
 # H200, with these 0.025 / 0.027.
 _FUSED_SIGLIP_GRAD_LOSS = _FUSED_GRAD if _INTERPRET else (128, 128, 64, 8, 8, 3)
 _FUSED_MAX_LOGITS = 1 << 28  # a 16,384 x 16,384 block
@@ -1178,7 +1178,7 @@ _PRO_M, _PRO_D = (16, 16) if _INTERPRET else (32, 128)
 # the shift kernel's rows (and columns) a program, and the tiles (BLOCK_N = BLOCK_K) of its true
 # maxima (loose shifts only, _clip_shift_kernel), one stage: small, so that the rare work of a
 # loose shift spreads over B / 32 programs and the kernel holds 96-152 registers a thread with
-# no spill on sm_90 (64 x 64 tiles: 238-255 and a spill; bench/diag_kernel_resources.py); the
+# no spill on sm_90 (64 x 64 tiles: 238-255 and a spill; bench/bench_kernel_resources.py); the
 # common work is each program's read of the ``parts`` largest norms, ~32 MB of L2 at B = 65k
 _SHIFT_M, _SHIFT_N = (16, 16) if _INTERPRET else (32, 32)
 _SHIFT_TIGHTEN = True

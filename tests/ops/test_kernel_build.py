@@ -2,7 +2,7 @@
 
 The CPU tests run the kernels under the Triton interpreter, which checks their numbers but not
 that the GPU compiler accepts them (a flattened persistent loop once failed there only). Triton
-compiles to a cubin with its own ptxas for any CUDA target, so bench/diag_kernel_resources.py
+compiles to a cubin with its own ptxas for any CUDA target, so bench/bench_kernel_resources.py
 (without TRITON_INTERPRET) builds the SigLIP gradient kernel with the pair losses in its epilogue
 (the forward of a call whose backward follows) for sm_90, with TMA descriptor loads and stores,
 TMA loads with pointer stores, and pointer loads, the CLIP gradient kernel with the op's tiles
@@ -23,11 +23,11 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 
 
 def _resources(tmp_path, match: str, kernel: str) -> list:
-    """diag_kernel_resources.py's rows for the variants whose name contains ``match``, as
+    """bench_kernel_resources.py's rows for the variants whose name contains ``match``, as
     [name, tiles, registers, spill stack, shared, the op's tiles]."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "diag_kernel_resources.py"),
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_kernel_resources.py"),
                           "--arch", "90", "--match", match],
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

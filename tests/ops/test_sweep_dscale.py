@@ -1,7 +1,7 @@
 """The distributed sweeps' d loss / d s summed in their gradient blocks against the forward's
 weighted sums, rank 0 of an N-rank group on one device.
 
-Rank 0 runs the loss assembly through the emulated sweep of bench/diag_rank_compute.py (the real
+Rank 0 runs the loss assembly through the emulated sweep of bench/bench_rank_compute.py (the real
 steps and shapes, the other ranks' column blocks made up front, collectives as local work). Its
 numbers are not the whole batch's, but both ways of taking d loss / d s must give the same ones on
 the same inputs: the forward's weighted sums (the per-tile statistics kernels) and the plain sums
@@ -21,7 +21,7 @@ from infclip.ops import assembly
 from infclip.ops import contrastive_loss_triton as tri
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
-import diag_rank_compute as emulation  # noqa: E402
+import bench_rank_compute as emulation  # noqa: E402
 
 CASES = [(scheme, world, eps) for scheme in ("disco", "ring", "hierarchical_ring")
          for world, eps in ((2, 0.0), (2, 0.1), (4, 0.0))]

@@ -1,6 +1,6 @@
 """One rank's compute in a distributed scheme, emulated on one GPU (no process group).
 
-    python bench/diag_rank_compute.py --worlds 2 4 --batches 32768 65536 131072 --loss clip siglip
+    python bench/bench_rank_compute.py --worlds 2 4 --batches 32768 65536 131072 --loss clip siglip
 
 Rank 0 of an N-rank group runs the loss assembly (ops/assembly.py) through an emulated sweep:
 the same steps, on the same shapes, in the same order as bench_distributed.py's schemes, with

@@ -3,9 +3,9 @@ need not be there: Triton compiles to a cubin with its own ptxas and cuobjdump r
 resources back. A spill stack above a few dozen bytes means the epilogue no longer fits in the
 registers beside the accumulator tile. Runs on a CPU-only machine (CUDA target, default sm_90):
 
-    python bench/diag_kernel_resources.py                  # the tiles the op uses now
-    python bench/diag_kernel_resources.py --tiles "128,64,64,8,8,4"   # other tiles too
-    python bench/diag_kernel_resources.py --match loss=True           # some variants only
+    python bench/bench_kernel_resources.py                  # the tiles the op uses now
+    python bench/bench_kernel_resources.py --tiles "128,64,64,8,8,4"   # other tiles too
+    python bench/bench_kernel_resources.py --match loss=True           # some variants only
 
 (Run without TRITON_INTERPRET: the interpreter's kernels cannot be compiled.) tests/ops/
 test_kernel_build.py runs it: a kernel that no longer compiles for the GPU fails on a CPU machine.
