@@ -297,21 +297,15 @@ def test_resume_with_unequal_loader_workers_is_exact_and_old_checkpoints_load(wo
         assert result.losses[step] == full[step], (step, result.losses[step], full[step])
 
 
-def test_gpu_decode_path_trains_logs_its_time_and_resumes_exactly(world_of_one, digits_shards, tmp_path):
-    """data.decode "gpu" through the whole run (on the CPU its stage decodes with PIL and crops with
-    the kernel under Triton's interpreter): the decode time reaches TensorBoard, and a resume from
-    its checkpoint repeats the uninterrupted run bitwise."""
-    common = {"train.save_every": 2, "data.decode": "gpu", "train_micro_batch_size_per_gpu": 16}
-    full = run_inproc(digits_shards, tmp_path / "full", 4, **common).losses
-    assert sorted(full) == [1, 2, 3, 4] and all(math.isfinite(v) for v in full.values())
-    assert sorted(tb_scalars(tmp_path / "full", "data/gpu_decode_ms")) == [1, 2, 3, 4]
-    assert sorted(tb_scalars(tmp_path / "full", "data/gpu_decode_fraction")) == [1, 2, 3, 4]
-    part = tmp_path / "part"
-    run_inproc(digits_shards, part, 2, **common)
-    result = run_inproc(digits_shards, part, 4, resume="latest", **common)
-    assert sorted(result.losses) == [3, 4]
-    for step in (3, 4):
-        assert result.losses[step] == full[step], (step, result.losses[step], full[step])  # bitwise on CPU
+def test_gpu_decode_path_trains_and_logs_its_time(world_of_one, digits_shards, tmp_path):
+    """data.decode "gpu" through a run (on the CPU its stage decodes with PIL and crops with the
+    kernel under Triton's interpreter): it trains, and the decode time reaches TensorBoard. (Its
+    resume is the loader's: tests/pipeline/test_gpu_decode.py.)"""
+    common = {"data.decode": "gpu", "train_micro_batch_size_per_gpu": 8}
+    full = run_inproc(digits_shards, tmp_path / "full", 2, **common).losses
+    assert sorted(full) == [1, 2] and all(math.isfinite(v) for v in full.values())
+    assert sorted(tb_scalars(tmp_path / "full", "data/gpu_decode_ms")) == [1, 2]
+    assert sorted(tb_scalars(tmp_path / "full", "data/gpu_decode_fraction")) == [1, 2]
 
 
 def test_deepspeed_scheduler_start_warning_is_not_printed(world_of_one, digits_shards, tmp_path):
