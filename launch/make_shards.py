@@ -1,8 +1,9 @@
-"""Write webdataset tar shards (img2dataset layout) from the built-in digits or an image folder.
+"""Write webdataset tar shards (img2dataset layout) from the built-in digits, the rendered scenes or an image folder.
 
     python launch/make_shards.py --digits --out data/digits [--image-size 32 --samples-per-shard 256]
     python launch/make_shards.py --image-dir photos/ --out data/photos [--captions captions.tsv]
-    python launch/make_shards.py --scenes 100000 --out data/scenes [--scene-size 256 --workers 8]
+    python launch/make_shards.py --scenes 100000 --out data/scenes --scene-size 224 --samples-per-shard 1000
+        (what ds_configs/scenes_vitb32.json reads; --scenes counts training pairs, the eval splits come on top)
 
 Thin CLI over :mod:`pipeline.shards`; prints the brace URL(s) to put in the config's ``data``
 section (``train_shards``, ``val_shards``).
