@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from infclip.pipeline.checkpoint import check_tag, latest_tag, safe_load
 from infclip.pipeline.errors import CheckpointError
 from infclip.pipeline.flat_params import expand_flat_entries
+from infclip.pipeline.model import is_hf_clip_folder
 from infclip.pipeline.openclip import OPENCLIP_CONFIG_FILE, OPENCLIP_WEIGHTS_FILE, towers_to_openclip
 
 __all__ = [
@@ -292,11 +293,12 @@ class LoadedModel:
 
 
 def _is_hf_folder(path: Path) -> bool:
-    return (path / "vision").is_dir() and (path / "text").is_dir()
+    """An export: a transformers CLIPModel folder, or the two towers' folders."""
+    return is_hf_clip_folder(str(path)) or ((path / "vision").is_dir() and (path / "text").is_dir())
 
 
 def _folder_tokenizer(path: Path) -> Optional[Path]:
-    """An exported folder's tokenizer: its ``tokenizer/``, or its root (an OpenCLIP export)."""
+    """An exported folder's tokenizer: its root, or the ``tokenizer/`` of an older export."""
     if (path / TOKENIZER_DIR).is_dir():
         return path / TOKENIZER_DIR
     return path if (path / "tokenizer_config.json").is_file() else None
@@ -409,8 +411,8 @@ def image_normalization(run_config: Optional[Mapping[str, Any]]) -> Tuple[Option
 
 def export_hf(checkpoint: PathLike, out_dir: PathLike, tag: Optional[str] = None, *,
               config: Optional[PathLike] = None, tokenizer: Optional[PathLike] = None) -> str:
-    """Write a DeepSpeed checkpoint (or re-write an exported folder) as one folder that
-    transformers loads as a whole and this project as before (``CLIPTowers.save_pretrained``
+    """Write a DeepSpeed checkpoint (or re-write an exported folder) as one folder in
+    transformers' standard layout that this project reads back exactly (``CLIPTowers.save_pretrained``
     with the tokenizer and the run's image normalisation):
 
     - ``config.json`` + ``model.safetensors``: a ``transformers.CLIPModel`` whose
@@ -420,8 +422,9 @@ def export_hf(checkpoint: PathLike, out_dir: PathLike, tag: Optional[str] = None
       post-processor, truncation and padding to the context length) and ``processor_config.json``
       (``CLIPImageProcessor``: the run's image size, the ``data`` section's mean/std), so that
       ``CLIPProcessor.from_pretrained`` and the ``zero-shot-image-classification`` pipeline load it;
-    - ``vision/``, ``text/``, ``logit_params.json`` and ``tokenizer/``: the project's layout
-      (``CLIPTowers.from_pretrained``, ``model.pretrained``, ``--checkpoint``).
+    - in ``config.json``'s ``infclip`` entry, what transformers has no field for (the raw logit
+      scale and bias, ``max_logit_scale``, the model section), so ``CLIPTowers.from_pretrained``,
+      ``model.pretrained`` and ``--checkpoint`` read the folder back exactly.
 
     The mean/std come from the run's config (``config``, or ``config.json`` found beside the
     checkpoint or up to three folders up); CLIP's when there is none. Returns ``out_dir``."""

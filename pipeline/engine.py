@@ -248,8 +248,8 @@ def _gathered(engine: Any):
 def export_final(engine: Any, tokenizer: Any, final_dir: str, image_mean: Any = None, image_std: Any = None) -> str:
     """Write ``final_dir`` from rank 0 (every rank must call: ZeRO-3 gathers the weights) with
     ``CLIPTowers.save_pretrained(final_dir, tokenizer, image_mean, image_std)``: a
-    ``transformers.CLIPModel`` + ``CLIPProcessor`` folder that also keeps the project's
-    ``vision/``, ``text/``, ``logit_params.json`` and ``tokenizer/``. Without ``image_mean`` /
+    ``transformers.CLIPModel`` + ``CLIPProcessor`` folder, which the project loads back exactly
+    (the raw logit scale in the config's ``infclip`` entry). Without ``image_mean`` /
     ``image_std`` they are read from the run's ``config.json`` beside ``final_dir`` (its ``data``
     section; CLIP's when unset). Returns ``final_dir``."""
     rank = world()[0]

@@ -48,7 +48,7 @@ from .patch_dropout import use_patch_dropout
 from .patch_embed import use_patch_gemm
 from .tokenizer import special_token_ids
 
-__all__ = ["CLIPTowers"]
+__all__ = ["CLIPTowers", "is_hf_clip_folder"]
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ def copy_gradients_out_of_graphs(params: typing.Iterable[nn.Parameter]) -> None:
         p.register_hook(torch.clone)
 
 
-def _is_hf_clip_folder(directory: str) -> bool:
+def is_hf_clip_folder(directory: str) -> bool:
     """A saved transformers ``CLIPModel``: ``config.json`` with ``model_type: clip``."""
     try:
         with open(os.path.join(directory, "config.json")) as f:
@@ -563,62 +563,67 @@ class CLIPTowers(nn.Module):
     # ------------------------------------------------------------------ save / load
     def save_pretrained(self, directory: str, tokenizer: Any = None, image_mean: Optional[list] = None,
                         image_std: Optional[list] = None) -> None:
-        """Write one folder that both this project and transformers load:
+        """Write a transformers ``CLIPModel`` folder that this project loads back exactly:
 
-        - ``vision/`` and ``text/`` (each a HF tower folder) and ``logit_params.json`` (the raw
-          logit scale and bias, ``max_logit_scale``, the model section): the project's layout;
-        - at the root, a ``transformers.CLIPModel`` (``config.json``, ``model.safetensors``) with
-          ``logit_scale`` = the log scale training used (``min(logit_scale, log max_logit_scale)``:
-          HF does not clamp) and the text config's BOS/EOS/PAD ids, so HF pools the same EOS token
-          as :meth:`encode_text`. Not written (with a warning) when the EOS id is 2, for which
-          transformers falls back to its legacy argmax pooling;
+        - ``config.json`` + ``model.safetensors`` (one weights file): ``logit_scale`` = the log
+          scale training used (``min(logit_scale, log max_logit_scale)``: HF does not clamp), the
+          text config's BOS/EOS/PAD ids, so HF pools the same EOS token as :meth:`encode_text`;
+          the config's ``infclip`` entry keeps what transformers has no field for (the raw logit
+          scale and bias, ``max_logit_scale``, the model section);
         - with ``tokenizer``: the tokenizer with its CLIP template (``pipeline.tokenizer.with_clip_template``)
-          at the root and in ``tokenizer/``, and a ``CLIPProcessor`` whose image processor resizes
-          the shorter side to ``image_size`` (bicubic), centre-crops, and normalises with
-          ``image_mean`` / ``image_std`` (default CLIP's): ``CLIPProcessor.from_pretrained`` and
-          transformers' ``zero-shot-image-classification`` pipeline then load the folder.
+          and a ``CLIPProcessor`` whose image processor resizes the shorter side to ``image_size``
+          (bicubic), centre-crops, and normalises with ``image_mean`` / ``image_std`` (default
+          CLIP's): ``CLIPProcessor.from_pretrained`` and transformers' ``zero-shot-image-classification``
+          pipeline load the folder.
 
-        The weights are stored twice (towers and CLIPModel). Under ZeRO-3 gather the parameters
-        first (or use the engine's consolidated state dict)."""
+        A tokenizer whose EOS id is 2 cannot be pooled right by transformers (it falls back to its
+        legacy argmax pooling for that id): then the two towers are written as HF tower folders
+        (``vision/``, ``text/``) with ``logit_params.json`` instead, with a warning. Under ZeRO-3
+        gather the parameters first (or use the engine's consolidated state dict)."""
         os.makedirs(directory, exist_ok=True)
-        self.vision.save_pretrained(os.path.join(directory, "vision"))
-        self.text.save_pretrained(os.path.join(directory, "text"))
         meta = {"logit_scale": float(self.logit_scale.detach().float().reshape(-1)[0]),
                 "logit_bias": float(self.logit_bias.detach().float().reshape(-1)[0]),
                 "max_logit_scale": self.max_logit_scale,
                 "model_config": self.cfg.to_dict()}
-        with open(os.path.join(directory, _LOGIT_FILE), "w") as f:
-            json.dump(meta, f, indent=2)
         if self.text.config.eos_token_id == 2:
-            logger.warning("%s: no transformers CLIPModel written at the root: the tokenizer's EOS id is 2, for which "
-                           "transformers' CLIPTextTransformer pools the highest token id instead of the EOS "
-                           "(vision/ and text/ are written)", directory)
+            logger.warning("%s: the tokenizer's EOS id is 2, for which transformers' CLIPTextTransformer pools the "
+                           "highest token id instead of the EOS: the towers are written as vision/ and text/, not as "
+                           "one CLIPModel", directory)
+            self.vision.save_pretrained(os.path.join(directory, "vision"))
+            self.text.save_pretrained(os.path.join(directory, "text"))
+            with open(os.path.join(directory, _LOGIT_FILE), "w") as f:
+                json.dump(meta, f, indent=2)
         else:
-            self.to_hf_clip_model().save_pretrained(directory)
+            hf = self.to_hf_clip_model()
+            hf.config.infclip = meta
+            hf.save_pretrained(directory)
         if tokenizer is not None:
-            import importlib.util
+            self._save_processor(directory, tokenizer, image_mean, image_std)
 
-            import transformers
-            from transformers import CLIPProcessor
+    def _save_processor(self, directory: str, tokenizer: Any, image_mean: Optional[list],
+                        image_std: Optional[list]) -> None:
+        import importlib.util
 
-            from .data import CLIP_MEAN, CLIP_STD
-            from .tokenizer import with_clip_template
+        import transformers
+        from transformers import CLIPProcessor
 
-            # without torchvision transformers 5 falls back to the PIL class with a warning; both
-            # save the same preprocessor_config.json ("CLIPImageProcessor")
-            image_cls = None
-            if importlib.util.find_spec("torchvision") is None:
-                image_cls = getattr(transformers, "CLIPImageProcessorPil", None)
-            image_cls = image_cls or transformers.CLIPImageProcessor
-            tok = with_clip_template(tokenizer, self.context_length)
-            size = self.image_size
-            images = image_cls(
-                do_resize=True, size={"shortest_edge": size}, resample=3, do_center_crop=True,
-                crop_size={"height": size, "width": size}, do_rescale=True, rescale_factor=1 / 255,
-                do_normalize=True, image_mean=list(image_mean or CLIP_MEAN), image_std=list(image_std or CLIP_STD),
-                do_convert_rgb=True)
-            CLIPProcessor(image_processor=images, tokenizer=tok).save_pretrained(directory)
-            tok.save_pretrained(os.path.join(directory, "tokenizer"))
+        from .data import CLIP_MEAN, CLIP_STD
+        from .tokenizer import with_clip_template
+
+        # without torchvision transformers 5 falls back to the PIL class with a warning; both
+        # save the same preprocessor_config.json ("CLIPImageProcessor")
+        image_cls = None
+        if importlib.util.find_spec("torchvision") is None:
+            image_cls = getattr(transformers, "CLIPImageProcessorPil", None)
+        image_cls = image_cls or transformers.CLIPImageProcessor
+        size = self.image_size
+        images = image_cls(
+            do_resize=True, size={"shortest_edge": size}, resample=3, do_center_crop=True,
+            crop_size={"height": size, "width": size}, do_rescale=True, rescale_factor=1 / 255,
+            do_normalize=True, image_mean=list(image_mean or CLIP_MEAN), image_std=list(image_std or CLIP_STD),
+            do_convert_rgb=True)
+        tok = with_clip_template(tokenizer, self.context_length)
+        CLIPProcessor(image_processor=images, tokenizer=tok).save_pretrained(directory)
 
     def to_hf_clip_model(self):
         """A ``transformers.CLIPModel`` (fp32, CPU) holding these towers' weights; its
@@ -640,11 +645,11 @@ class CLIPTowers(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str, cfg: Optional[ModelConfig] = None) -> "CLIPTowers":
-        """Load a folder written by :meth:`save_pretrained` (its ``vision/`` and ``text/``, also
-        from exports older than the root CLIPModel), or a standard transformers CLIP folder (a
-        saved ``CLIPModel``: ``config.json`` with ``model_type: clip`` and its weights), whose
-        ``logit_scale`` is kept. ``cfg`` overrides the stored model section (only its non-size
-        fields matter: checkpointing, logit limits)."""
+        """Load a folder written by :meth:`save_pretrained` or any standard transformers CLIP
+        folder (a saved ``CLIPModel``: ``config.json`` with ``model_type: clip`` and its weights,
+        whose ``logit_scale`` is kept), or the two towers' folders (``vision/``, ``text/``: an EOS
+        id of 2, or an earlier export), or an OpenCLIP file or folder. ``cfg`` overrides the
+        stored model section (only its non-size fields matter: checkpointing, logit limits)."""
         from transformers import CLIPTextModelWithProjection, CLIPVisionModelWithProjection
 
         from .openclip import openclip_folder_weights
@@ -655,7 +660,7 @@ class CLIPTowers(nn.Module):
         if weights is not None:
             return cls.from_openclip(weights, cfg)
         towers = all(os.path.isdir(os.path.join(directory, sub)) for sub in ("vision", "text"))
-        if not towers and _is_hf_clip_folder(directory):
+        if not towers and is_hf_clip_folder(directory):
             return cls._from_hf_clip_folder(directory, cfg)
         for sub in ("vision", "text"):
             if not os.path.isdir(os.path.join(directory, sub)):
@@ -721,15 +726,18 @@ class CLIPTowers(nn.Module):
 
     @classmethod
     def _from_hf_clip_folder(cls, directory: str, cfg: Optional[ModelConfig]) -> "CLIPTowers":
-        """A transformers ``CLIPModel`` folder split into the two towers; the logit scale comes from
-        ``logit_params.json`` when there (this project's export), else from the CLIPModel."""
+        """A transformers ``CLIPModel`` folder split into the two towers; the raw logit scale and
+        the model section come from the config's ``infclip`` entry (this project's export; or an
+        older export's ``logit_params.json``), else the scale from the CLIPModel."""
         from transformers import (AutoTokenizer, CLIPModel, CLIPTextModelWithProjection,
                                   CLIPVisionModelWithProjection)
 
         attn = {"attn_implementation": (cfg or ModelConfig()).attn_implementation}
         hf = _hf_load(CLIPModel, directory, **attn)
         meta_path = os.path.join(directory, _LOGIT_FILE)
-        if os.path.exists(meta_path):
+        if isinstance(getattr(hf.config, "infclip", None), dict):  # this project's export
+            meta = dict(hf.config.infclip)
+        elif os.path.exists(meta_path):  # an export of the two-layout folder
             with open(meta_path) as f:
                 meta = json.load(f)
         else:

@@ -86,8 +86,8 @@ def test_zero_checkpoint_round_trip(stage, flat, tmp_path, tokenizer, tokenizer_
         from infclip.pipeline.tokenizer import tokenize
 
         out = export_hf(run / "ckpt", tmp_path / "hf")
-        vision = CLIPVisionModelWithProjection.from_pretrained(f"{out}/vision").eval()
-        text = CLIPTextModelWithProjection.from_pretrained(f"{out}/text").eval()
+        vision = CLIPVisionModelWithProjection.from_pretrained(out).eval()  # each tower from the CLIPModel folder
+        text = CLIPTextModelWithProjection.from_pretrained(out).eval()
         g = torch.Generator().manual_seed(7)
         pixels = torch.randn(3, 3, 16, 16, generator=g)
         ids, mask = tokenize(loaded.tokenizer, ["a photo of the number five", "seven", "the digit nine written"], 12)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -92,13 +93,17 @@ def test_export_final_and_export_hf_load_in_transformers(flat, tmp_path, tokeniz
     exported = export_hf(run, tmp_path / "hf")  # from the checkpoint
     _check_transformers_folder(exported, trained, tokenizer)
 
-    # the project's own layout is still there: CLIPTowers, model.pretrained and --checkpoint read it
+    # transformers' layout only (one weights file, one tokenizer, the raw scale in the config),
+    # which CLIPTowers, model.pretrained and --checkpoint read back exactly
     pixels = torch.randn(2, 3, 16, 16)
     for folder in (final, exported):
+        names = set(os.listdir(folder))
+        assert {"config.json", "model.safetensors", "tokenizer.json"} <= names
+        assert not names & {"vision", "text", "tokenizer", "logit_params.json"}, names
         again = load_model(folder)
         assert again.model.logit_scale.item() == trained.logit_scale.item()
         torch.testing.assert_close(again.model.encode_image(pixels), trained.encode_image(pixels))
-        tok_ids, _ = tokenize(again.tokenizer, TEXTS, 12)  # tokenizer/ has the template: tokenize() unchanged
+        tok_ids, _ = tokenize(again.tokenizer, TEXTS, 12)  # the saved template: tokenize() unchanged
         assert torch.equal(tok_ids, tokenize(tokenizer, TEXTS, 12)[0])
 
 
@@ -108,13 +113,13 @@ def test_saved_tokenizer_adds_bos_eos_and_pads_by_itself(tmp_path, tokenizer):
     from transformers import AutoTokenizer
 
     make_model(tokenizer).save_pretrained(str(tmp_path), tokenizer=tokenizer)
+    assert not (tmp_path / "tokenizer").exists()  # one tokenizer, at the root
     ids, mask = tokenize(tokenizer, TEXTS, 12)
-    for folder in (tmp_path, tmp_path / "tokenizer"):
-        raw = Tokenizer.from_file(str(folder / "tokenizer.json")).encode_batch(TEXTS)
-        assert [e.ids for e in raw] == ids.tolist() and [e.attention_mask for e in raw] == mask.tolist()
-        auto = AutoTokenizer.from_pretrained(str(folder))
-        assert auto(["seven"])["input_ids"][0] == ids[1, : int(mask[1].sum())].tolist()
-        assert auto.model_max_length == 12
+    raw = Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode_batch(TEXTS)
+    assert [e.ids for e in raw] == ids.tolist() and [e.attention_mask for e in raw] == mask.tolist()
+    auto = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert auto(["seven"])["input_ids"][0] == ids[1, : int(mask[1].sum())].tolist()
+    assert auto.model_max_length == 12
 
 
 def test_hf_clip_folder_as_pretrained(tmp_path, tokenizer):
@@ -173,9 +178,11 @@ def test_export_hf_upgrades_an_older_export(tmp_path, tokenizer):
 
     model = make_model(tokenizer)
     old = tmp_path / "old"
-    model.save_pretrained(str(old))
-    for name in ("config.json", "model.safetensors"):
-        (old / name).unlink()
+    model.vision.save_pretrained(str(old / "vision"))
+    model.text.save_pretrained(str(old / "text"))
+    (old / "logit_params.json").write_text(json.dumps({
+        "logit_scale": model.logit_scale.item(), "logit_bias": model.logit_bias.item(),
+        "max_logit_scale": model.max_logit_scale, "model_config": model.cfg.to_dict()}))
     tokenizer.save_pretrained(str(old / "tokenizer"))
     spec = json.loads((old / "tokenizer" / "tokenizer.json").read_text())
     spec.update(post_processor=None, truncation=None, padding=None)  # as train_bpe_tokenizer used to save it

@@ -78,29 +78,39 @@ def test_gradient_checkpointing_same_grads():
 
 
 def test_save_and_load_round_trip(tmp_path):
-    from transformers import CLIPTextModelWithProjection, CLIPVisionModelWithProjection
+    """One transformers CLIPModel folder (one weights file, the raw logit scale in its config)
+    that loads back exactly, that transformers loads as a CLIPModel, and that a run starts from;
+    with an EOS id of 2 (which transformers pools by argmax) the two towers' folders instead."""
+    from transformers import CLIPModel, CLIPVisionModelWithProjection
 
     torch.manual_seed(0)
     model = CLIPTowers(cfg(), eos_token_id=1, pad_token_id=0, bos_token_id=2).eval()
     with torch.no_grad():
         model.logit_scale.fill_(3.0)
     model.save_pretrained(str(tmp_path))
-    assert os.path.isfile(tmp_path / "vision" / "config.json")
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors"]
     loaded = CLIPTowers.from_pretrained(str(tmp_path)).eval()
     pv, ids, mask = inputs()
     torch.testing.assert_close(loaded.encode_image(pv), model.encode_image(pv))
     torch.testing.assert_close(loaded.encode_text(ids, mask), model.encode_text(ids, mask))
     assert loaded.logit_scale.item() == 3.0 and loaded.text.config.eos_token_id == 1
-    # each folder is a plain HF model on its own
-    hf_vision = CLIPVisionModelWithProjection.from_pretrained(str(tmp_path / "vision"))
-    torch.testing.assert_close(torch.nn.functional.normalize(hf_vision(pixel_values=pv).image_embeds, dim=-1),
-                               model.encode_image(pv))
-    assert CLIPTextModelWithProjection.from_pretrained(str(tmp_path / "text")).config.vocab_size == 40
-    # and a run can start from it
-    again = CLIPTowers.from_config(cfg(pretrained=str(tmp_path)))
+    hf = CLIPModel.from_pretrained(str(tmp_path)).eval()
+    img = hf.visual_projection(hf.vision_model(pixel_values=pv).pooler_output)
+    torch.testing.assert_close(torch.nn.functional.normalize(img, dim=-1), model.encode_image(pv))
+    again = CLIPTowers.from_config(cfg(pretrained=str(tmp_path)))  # a run can start from it
     torch.testing.assert_close(again.encode_image(pv), model.encode_image(pv))
     with pytest.raises(FileNotFoundError, match="vision"):
-        CLIPTowers.from_pretrained(str(tmp_path / "vision"))
+        CLIPTowers.from_pretrained(str(tmp_path / "missing"))
+
+    legacy = tmp_path / "eos2"
+    model2 = CLIPTowers(cfg(), eos_token_id=2, pad_token_id=0, bos_token_id=1).eval()
+    model2.save_pretrained(str(legacy))
+    assert sorted(os.listdir(legacy)) == ["logit_params.json", "text", "vision"]
+    hf_vision = CLIPVisionModelWithProjection.from_pretrained(str(legacy / "vision"))
+    torch.testing.assert_close(torch.nn.functional.normalize(hf_vision(pixel_values=pv).image_embeds, dim=-1),
+                               model2.encode_image(pv))
+    torch.testing.assert_close(CLIPTowers.from_pretrained(str(legacy)).eval().encode_text(ids, mask),
+                               model2.encode_text(ids, mask))
 
 
 def test_a_loaded_model_takes_its_towers_sizes(tmp_path):
