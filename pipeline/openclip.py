@@ -72,6 +72,12 @@ _TAKEN = {
                  "output_tokens", "final_ln_after_pool", "hf_model_pretrained", "hf_proj_type", "hf_pooler_type"},
 }
 _CUSTOM_BLOCK = "custom attention blocks"
+_BLOCK_REFUSED = {  # either tower's transformer blocks: only CLIP's plain pre-LN block is expressed
+    "act_kwargs": ((None, {}), "activation arguments"), "norm_kwargs": ((None, {}), "LayerNorm arguments"),
+    "block_type": ((None, "default"), _CUSTOM_BLOCK), "qk_norm": ((False,), "q/k normalisation"),
+    "scaled_cosine_attn": ((False,), "scaled cosine attention"), "scale_heads": ((False,), "head scales"),
+    "scale_attn_inner": ((False,), _CUSTOM_BLOCK), "scale_attn": ((False,), _CUSTOM_BLOCK),
+    "scale_fc": ((False,), _CUSTOM_BLOCK)}
 _REFUSED = {
     "model": {"multimodal_cfg": ((None,), "a CoCa model (multimodal text decoder)")},
     "vision_cfg": {
@@ -80,22 +86,14 @@ _REFUSED = {
         "no_ln_pre": ((False,), "an image tower without its pre-LayerNorm"),
         "pool_type": (("tok",), "image pooling other than the class token"),
         "pos_embed_type": (("learnable",), "fixed sin-cos position embeddings"),
-        "act_kwargs": ((None, {}), "activation arguments"), "norm_kwargs": ((None, {}), "LayerNorm arguments"),
-        "block_type": ((None, "default"), _CUSTOM_BLOCK), "qk_norm": ((False,), "q/k normalisation"),
-        "scaled_cosine_attn": ((False,), "scaled cosine attention"), "scale_heads": ((False,), "head scales"),
-        "scale_attn_inner": ((False,), _CUSTOM_BLOCK), "scale_attn": ((False,), _CUSTOM_BLOCK),
-        "scale_fc": ((False,), _CUSTOM_BLOCK)},
+        **_BLOCK_REFUSED},
     "text_cfg": {
         "hf_model_name": ((None,), "an HF transformers text tower (the text tower is CLIP's)"),
         "embed_cls": ((False,), "a text class token (CoCa)"),
         "no_causal_mask": ((False,), "a bidirectional text tower (it is causal)"),
         "proj_bias": ((False,), "a text projection bias"),
         "proj_type": (("linear",), "a text tower without projection"),
-        "act_kwargs": ((None, {}), "activation arguments"), "norm_kwargs": ((None, {}), "LayerNorm arguments"),
-        "block_type": ((None, "default"), _CUSTOM_BLOCK), "qk_norm": ((False,), "q/k normalisation"),
-        "scaled_cosine_attn": ((False,), "scaled cosine attention"), "scale_heads": ((False,), "head scales"),
-        "scale_attn_inner": ((False,), _CUSTOM_BLOCK), "scale_attn": ((False,), _CUSTOM_BLOCK),
-        "scale_fc": ((False,), _CUSTOM_BLOCK)},
+        **_BLOCK_REFUSED},
 }
 
 
