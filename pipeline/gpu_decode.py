@@ -159,14 +159,11 @@ class DecodeStage:
         out = torch.empty(len(dest) + cpu_pixels.shape[0], 3, size, size, dtype=self.dtype, device=self.device)
         files = list(torch.split(data, (offsets[1:] - offsets[:-1]).tolist()))
         images = self._decode(files, names)
-        good = [i for i, im in enumerate(images) if im is not None]
-        if len(good) < len(images):
-            keep = torch.tensor(good, dtype=torch.long)
-            images, boxes, sizes = [images[i] for i in good], boxes[keep], sizes[keep]
-            failed = sorted(set(range(len(dest))) - set(good))
-            bad, dest = dest[failed].tolist(), dest[keep]
-        else:
-            bad = []
+        failed = [i for i, im in enumerate(images) if im is None]
+        bad = dest[failed].tolist()  # their rows in the batch
+        if failed:
+            keep = torch.tensor([i for i, im in enumerate(images) if im is not None], dtype=torch.long)
+            images, boxes, sizes, dest = [images[i] for i in keep.tolist()], boxes[keep], sizes[keep], dest[keep]
         resized_crop_normalize(images, boxes, out, dest, self.mean, self.std, sizes)
         if cpu_pixels.shape[0]:
             out[cpu_dest.to(self.device)] = normalize_pixels(cpu_pixels.to(self.device, non_blocking=True),
