@@ -283,30 +283,44 @@ def _wait_for_tag(ckpt, step, procs, timeout=240):
         time.sleep(0.02)
 
 
-def test_sigint_saves_and_exits_0_without_a_traceback_and_a_restart_is_refused(digits_shards, tmp_path):
-    """Ctrl-C on a launched run: one line, exit code 0, a complete checkpoint of the step it was
-    in; the same command again (no --resume) is refused in one line, the folder untouched."""
-    from .test_launch import _env, _one_line_error, _sets
+def _stop_a_launched_run(digits_shards, tmp_path, name, steps, extra, group):
+    """``launch/pretrain.py`` on the tiny config, stopped by signal ``name`` (to its whole process
+    group with ``group``) once its step 2 is saved: exit code 0, no traceback, one stop line, a
+    complete checkpoint of the step it names. Returns (command, run folder, stderr, that step)."""
+    from .test_launch import _env, _sets
     from .test_train import LAUNCH, TINY, base_overrides
 
     out = tmp_path / "run"
     cmd = [sys.executable, LAUNCH, "--ds_config", TINY,
-           *_sets(base_overrides(digits_shards, out, 200, **{"train.save_every": 2}))]
+           *_sets(base_overrides(digits_shards, out, steps, **{"train.save_every": 2, **extra}))]
     proc = subprocess.Popen(cmd, cwd=str(tmp_path), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, start_new_session=group)
     try:
         _wait_for_tag(out / "ckpt", 2, [proc])
-        proc.send_signal(signal.SIGINT)
+        if group:
+            os.killpg(proc.pid, getattr(signal, name))
+        else:
+            proc.send_signal(getattr(signal, name))
         _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 0, err[-3000:]
-    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
-    stops = [line for line in err.splitlines() if "stopped by SIGINT after step" in line]
+    assert "Traceback" not in err, err[-3000:]
+    stops = [line for line in err.splitlines() if f"stopped by {name} after step" in line]
     assert len(stops) == 1 and "continue with --resume latest" in stops[0], err[-3000:]
     step = int(stops[0].split("after step ")[1].split(",")[0])
-    assert read_latest(out / "ckpt") == f"global_step{step}" and step < 200
+    assert read_latest(out / "ckpt") == f"global_step{step}" and step < steps
     check_tag(out / "ckpt" / f"global_step{step}")
+    return cmd, out, err, step
+
+
+def test_sigint_saves_and_exits_0_without_a_traceback_and_a_restart_is_refused(digits_shards, tmp_path):
+    """Ctrl-C on a launched run: one line, exit code 0, a complete checkpoint of the step it was
+    in; the same command again (no --resume) is refused in one line, the folder untouched."""
+    from .test_launch import _env, _one_line_error
+
+    cmd, out, err, step = _stop_a_launched_run(digits_shards, tmp_path, "SIGINT", 200, {}, group=False)
+    assert "KeyboardInterrupt" not in err, err[-3000:]
     before = _contents(out / "ckpt")
     again = subprocess.run(cmd, cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300)
     line = _one_line_error(again, "pretrain.py")
@@ -317,27 +331,8 @@ def test_sigint_saves_and_exits_0_without_a_traceback_and_a_restart_is_refused(d
 def test_sigterm_to_the_process_group_stops_with_a_checkpoint_under_loader_workers(digits_shards, tmp_path):
     """SIGTERM to the run's whole process group (as SLURM sends it), loader workers included:
     the workers do not die under the run; it saves, says so in one line and exits 0."""
-    from .test_launch import _env, _sets
-    from .test_train import LAUNCH, TINY, base_overrides
-
-    out = tmp_path / "run"
-    cmd = [sys.executable, LAUNCH, "--ds_config", TINY,
-           *_sets(base_overrides(digits_shards, out, 400, **{"train.save_every": 2, "data.workers": 2}))]
-    proc = subprocess.Popen(cmd, cwd=str(tmp_path), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        _wait_for_tag(out / "ckpt", 2, [proc])
-        os.killpg(proc.pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err[-3000:]
-    assert "Traceback" not in err and "killed by signal" not in err, err[-3000:]
-    stops = [line for line in err.splitlines() if "stopped by SIGTERM after step" in line]
-    assert len(stops) == 1, err[-3000:]
-    step = int(stops[0].split("after step ")[1].split(",")[0])
-    assert read_latest(out / "ckpt") == f"global_step{step}"
-    check_tag(out / "ckpt" / f"global_step{step}")
+    _, _, err, _ = _stop_a_launched_run(digits_shards, tmp_path, "SIGTERM", 400, {"data.workers": 2}, group=True)
+    assert "killed by signal" not in err, err[-3000:]
 
 
 def _two_ranks(cmd, cwd, port):
