@@ -409,6 +409,18 @@ def image_normalization(run_config: Optional[Mapping[str, Any]]) -> Tuple[Option
     return data.get("image_mean"), data.get("image_std")
 
 
+def _load_for_export(checkpoint: PathLike, tag: Optional[str], config: Optional[PathLike],
+                     tokenizer: Optional[PathLike]) -> Tuple[LoadedModel, Dict[str, Any]]:
+    """The model to export and its run's raw config (``config``, the one the load found, or the
+    ``config.json`` beside the checkpoint or up to three folders up; ``{}`` when there is none)."""
+    loaded = load_model(checkpoint, tag, config=config, tokenizer=tokenizer)
+    run_cfg = loaded.run_config
+    if run_cfg is None:
+        found, _ = find_run_files(checkpoint)
+        run_cfg = json.loads(found.read_text()) if found is not None else {}
+    return loaded, run_cfg
+
+
 def export_hf(checkpoint: PathLike, out_dir: PathLike, tag: Optional[str] = None, *,
               config: Optional[PathLike] = None, tokenizer: Optional[PathLike] = None) -> str:
     """Write a DeepSpeed checkpoint (or re-write an exported folder) as one folder in
@@ -428,11 +440,7 @@ def export_hf(checkpoint: PathLike, out_dir: PathLike, tag: Optional[str] = None
 
     The mean/std come from the run's config (``config``, or ``config.json`` found beside the
     checkpoint or up to three folders up); CLIP's when there is none. Returns ``out_dir``."""
-    loaded = load_model(checkpoint, tag, config=config, tokenizer=tokenizer)
-    run_cfg = loaded.run_config
-    if run_cfg is None:
-        found, _ = find_run_files(checkpoint)
-        run_cfg = json.loads(found.read_text()) if found is not None else None
+    loaded, run_cfg = _load_for_export(checkpoint, tag, config, tokenizer)
     mean, std = image_normalization(run_cfg)
     out = Path(out_dir)
     loaded.model.save_pretrained(str(out), tokenizer=loaded.tokenizer, image_mean=mean, image_std=std)
@@ -463,11 +471,7 @@ def export_openclip(checkpoint: PathLike, out_dir: PathLike, tag: Optional[str] 
     from infclip.pipeline.data import CLIP_MEAN, CLIP_STD
     from infclip.pipeline.tokenizer import with_clip_template
 
-    loaded = load_model(checkpoint, tag, config=config, tokenizer=tokenizer)
-    run_cfg = loaded.run_config
-    if run_cfg is None:
-        found, _ = find_run_files(checkpoint)
-        run_cfg = json.loads(found.read_text()) if found is not None else {}
+    loaded, run_cfg = _load_for_export(checkpoint, tag, config, tokenizer)
     mean, std = image_normalization(run_cfg)
     siglip = ((run_cfg.get("contrastive_loss") or {}).get("loss")) == "siglip"
     state, model_cfg = towers_to_openclip(loaded.model, logit_bias=siglip)
