@@ -90,6 +90,13 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int) -> dict:
     from infclip.pipeline.run_state import RunState
 
     state = RunState()
+    loaders: list = []
+
+    def tracked(epoch, start):
+        loader = build(epoch, start)
+        loaders.append(loader)
+        return loader
+
     tcfg = run_cfg.train
     log = TrainLogger(None, total_steps=warmup + steps, start_step=0, micro_batch=run_cfg.micro_batch_size,
                       workers=run_cfg.data.workers)
@@ -104,7 +111,7 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int) -> dict:
         micro(**kw)
 
     log.micro_step = watched
-    loop = TrainLoop(te, Batches(build, state, None), state, tcfg, log, EvalSchedule(None, log), checkpoints=None)
+    loop = TrainLoop(te, Batches(tracked, state, None), state, tcfg, log, EvalSchedule(None, log), checkpoints=None)
     tcfg.steps = warmup
     loop.run()
     torch.cuda.synchronize()
@@ -114,11 +121,17 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int) -> dict:
     loop.run()
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
+    stage = getattr(loaders[-1], "stage", None) if loaders else None
+    host = dict(stage.host_s) if stage is not None else None
     samples = steps * run_cfg.micro_batch_size * te.engine.gradient_accumulation_steps() * te.dp_world
     timed = decode_ms[-steps * te.engine.gradient_accumulation_steps():] if decode_ms else []
     return {"samples_per_s": samples / elapsed, "step_ms": 1e3 * elapsed / steps,
             "wait_fraction": (waits[0] - waits0) / elapsed,
-            "gpu_decode_ms": sum(float(t) for t in timed) / len(timed) if timed else None}
+            "gpu_decode_ms": sum(float(t) for t in timed) / len(timed) if timed else None,
+            # the decode thread over the whole phase (warm-up included): per batch, its wait for the
+            # previous batch's GPU work and its own host time
+            "decode_wait_ms": 1e3 * host["waiting"] / max(host["batches"], 1) if host else None,
+            "decode_host_ms": 1e3 * host["queueing"] / max(host["batches"], 1) if host else None}
 
 
 def main(argv=None) -> int:
@@ -127,13 +140,16 @@ def main(argv=None) -> int:
     p.add_argument("--micro_batch", type=int, default=None, help="default: the preset's")
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
-                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; cpu, gpu, or gpu@SHARE for data.gpu_decode_share)")
+                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; cpu or gpu[/DECODER][@SHARE]: "
+                        "data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
     p.add_argument("--shards", type=int, default=32)
     p.add_argument("--per_shard", type=int, default=500)
     p.add_argument("--warmup", type=int, default=15)
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--switch_intervals", type=float, nargs="+", default=[None],
+                   help="run the streamed phases once per interpreter switch interval (sys.setswitchinterval, s)")
     p.add_argument("--dir", default=None, help="where the image sets are written (kept for reuse)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "stream.jsonl"))
     args = p.parse_args(argv)
@@ -165,7 +181,8 @@ def main(argv=None) -> int:
     def loader(urls, decode, crop):
         cfg = run_cfg.data
         decode, _, share = decode.partition("@")  # gpu@0.5: data.gpu_decode_share 0.5
-        cfg.decode, cfg.crop_scale = decode, list(crop)
+        decode, _, decoder = decode.partition("/")  # gpu/torchvision: data.gpu_decoder
+        cfg.decode, cfg.crop_scale, cfg.gpu_decoder = decode, list(crop), decoder or "auto"
         cfg.gpu_decode_share = float(share) if share else default_share
         return lambda epoch, start: build_train_loader(
             cfg, tokenizer, image_size=te.image_size, context_length=te.context_length,
@@ -177,21 +194,28 @@ def main(argv=None) -> int:
     base = {"bench": "stream", "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "preset": args.preset, "micro_batch": run_cfg.micro_batch_size, "workers": run_cfg.data.workers,
             "cpu_count": os.cpu_count(), "device": torch.cuda.get_device_name(), "steps": args.steps}
-    phases = ["synthetic", *args.sets, "synthetic"]
+    phases = ["synthetic", *[(s, i) for i in args.switch_intervals for s in args.sets], "synthetic"]
     rows = []
+    default_interval = sys.getswitchinterval()
     for phase in phases:
+        phase, interval = phase if isinstance(phase, tuple) else (phase, None)
+        sys.setswitchinterval(interval or default_interval)
         if phase == "synthetic":
             build = lambda epoch, start: synthetic  # noqa: E731
         else:
             name, decode = phase.split(":")
             crop = [1.0, 1.0] if name.startswith("scenes") else args.crop_scale
             build = loader(sets[name], decode, crop)
-        row = {**base, "phase": phase, "gpu_decode_share": run_cfg.data.gpu_decode_share if ":gpu" in phase else None,
+        gpu = ":gpu" in phase
+        row = {**base, "phase": phase, "gpu_decode_share": run_cfg.data.gpu_decode_share if gpu else None,
+               "gpu_decoder": run_cfg.data.gpu_decoder if gpu else None, "switch_interval": sys.getswitchinterval(),
                **run_phase(te, run_cfg, build, args.warmup, args.steps)}
         rows.append(row)
-        print(f"{phase:>14}: {row['samples_per_s']:8.0f} samples/s, step {row['step_ms']:6.1f} ms, "
-              f"waiting {row['wait_fraction']:.1%}" + (f", decode {row['gpu_decode_ms']:.1f} ms a batch"
-                                                       if row["gpu_decode_ms"] else ""), flush=True)
+        print(f"{phase:>14} (switch {1e3 * row['switch_interval']:.2g} ms): {row['samples_per_s']:8.0f} samples/s, "
+              f"step {row['step_ms']:6.1f} ms, waiting {row['wait_fraction']:.1%}"
+              + (f", decode {row['gpu_decode_ms']:.1f} ms a batch on the GPU, thread waits "
+                 f"{row['decode_wait_ms']:.1f} ms + queues {row['decode_host_ms']:.1f} ms" if row["gpu_decode_ms"] else ""),
+              flush=True)
     anchor = (rows[0]["samples_per_s"] + rows[-1]["samples_per_s"]) / 2
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "a") as f:

@@ -35,13 +35,14 @@ import io
 import logging
 import queue
 import threading
+import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
 from PIL import Image
 
-from .image_ops import normalize_pixels, resized_crop_normalize
+from .image_ops import normalize_pixels, resized_crop_normalize, resized_crop_normalize_flat
 
 __all__ = ["DecodeStage", "cuda_decode_available", "pack_jpegs", "pil_decode", "prefetched"]
 
@@ -109,22 +110,41 @@ class DecodeStage:
         dtype: the pixels' dtype (the model's input dtype).
         mean, std: per-channel normalisation of levels / 255.
         decode_fn: ``(list of uint8 [n] CPU tensors, device) -> list of uint8 [3, H, W]`` on the
-            device; default nvJPEG on CUDA, PIL elsewhere.
+            device; default torchvision's nvJPEG on CUDA, PIL elsewhere. The per-file path: the
+            batch's when there is no direct decoder, and every file's when the batched call fails.
+        decoder: on CUDA, ``"nvjpeg"`` (the library directly, :mod:`pipeline.nvjpeg`; an error if
+            it cannot be loaded), ``"torchvision"`` (``decode_fn`` only) or ``"auto"`` (nvjpeg
+            when it loads).
     """
 
     def __init__(self, device: torch.device, dtype: torch.dtype, mean: Sequence[float], std: Sequence[float],
-                 decode_fn: Optional[Callable[[List[torch.Tensor], torch.device], List[torch.Tensor]]] = None) -> None:
+                 decode_fn: Optional[Callable[[List[torch.Tensor], torch.device], List[torch.Tensor]]] = None,
+                 decoder: str = "auto") -> None:
         self.device, self.dtype = torch.device(device), dtype
         self.mean, self.std = list(mean), list(std)
         cuda = self.device.type == "cuda"
         self.decode_fn = decode_fn or (_nvjpeg_decode if cuda else
                                        (lambda files, dev: [pil_decode(f).to(dev) for f in files]))
+        self.nvjpeg = None
+        if cuda and decoder != "torchvision":
+            from .nvjpeg import load_decoder
+
+            with torch.cuda.device(self.device):
+                self.nvjpeg, why = load_decoder()
+            if self.nvjpeg is None:
+                if decoder == "nvjpeg":
+                    raise RuntimeError(f"data.gpu_decoder 'nvjpeg': the library cannot be used ({why})")
+                logger.info("nvJPEG cannot be called directly (%s): decoding through torchvision", why)
         # high priority: the crop's blocks go ahead of the step's queued ones, so a batch is ready
         # sooner and the next decode, which waits for it, starts sooner (the GPU time is the same)
         self.stream = torch.cuda.Stream(self.device, priority=-1) if cuda else None
         self._last: Any = None  # the side stream's event after the previous batch
-        self.fallbacks = {"cpu_decode": 0, "bad_image": 0}
-        """JPEGs decoded by PIL after the GPU decoder rejected them, and those nobody could decode."""
+        self.fallbacks = {"cpu_decode": 0, "bad_image": 0, "batch_retry": 0}
+        """JPEGs decoded by PIL after the GPU decoder rejected them, those nobody could decode, and
+        batches the direct decoder's batched call failed on (decoded file by file instead)."""
+        self.host_s = {"waiting": 0.0, "queueing": 0.0, "batches": 0}
+        """The decode thread's wall time: waiting for the previous batch's GPU work, and queueing
+        this one's (header checks, launches: the host side of a batch), and the batch count."""
 
     def __call__(self, batch: Dict[str, Any]) -> Dict[str, Any]:
         """The batch with ``pixel_values`` [B, 3, S, S] in ``dtype`` on the device, tokens moved
@@ -132,8 +152,10 @@ class DecodeStage:
         ``ready`` (the event the consumer's stream must wait on)."""
         if self.stream is None:
             return self._finish(batch)
+        t0 = time.perf_counter()
         if self._last is not None:
             self._last.synchronize()
+        t1 = time.perf_counter()
         with torch.cuda.stream(self.stream):
             # blocking: the thread sleeps in its waits instead of spinning on a core the step may need
             start, end = (torch.cuda.Event(enable_timing=True, blocking=True) for _ in range(2))
@@ -142,6 +164,9 @@ class DecodeStage:
             end.record()
         out["decode_ms"] = _Elapsed(start, end)
         out["ready"] = self._last = end
+        self.host_s["waiting"] += t1 - t0
+        self.host_s["queueing"] += time.perf_counter() - t1
+        self.host_s["batches"] += 1
         return out
 
     def _finish(self, batch: Dict[str, Any]) -> Dict[str, Any]:
@@ -157,14 +182,16 @@ class DecodeStage:
         cpu_pixels = batch.pop("pixel_values")
         size = cpu_pixels.shape[-1]
         out = torch.empty(len(dest) + cpu_pixels.shape[0], 3, size, size, dtype=self.dtype, device=self.device)
-        files = list(torch.split(data, (offsets[1:] - offsets[:-1]).tolist()))
-        images = self._decode(files, names)
-        failed = [i for i, im in enumerate(images) if im is None]
-        bad = dest[failed].tolist()  # their rows in the batch
-        if failed:
-            keep = torch.tensor([i for i, im in enumerate(images) if im is not None], dtype=torch.long)
-            images, boxes, sizes, dest = [images[i] for i in keep.tolist()], boxes[keep], sizes[keep], dest[keep]
-        resized_crop_normalize(images, boxes, out, dest, self.mean, self.std, sizes)
+        bad: List[int] = []
+        if not self._decode_batched(data, offsets, sizes, boxes, out, dest):
+            files = list(torch.split(data, (offsets[1:] - offsets[:-1]).tolist()))
+            images = self._decode(files, names)
+            failed = [i for i, im in enumerate(images) if im is None]
+            bad = dest[failed].tolist()  # their rows in the batch
+            if failed:
+                keep = torch.tensor([i for i, im in enumerate(images) if im is not None], dtype=torch.long)
+                images, boxes, sizes, dest = [images[i] for i in keep.tolist()], boxes[keep], sizes[keep], dest[keep]
+            resized_crop_normalize(images, boxes, out, dest, self.mean, self.std, sizes)
         if cpu_pixels.shape[0]:
             out[cpu_dest.to(self.device)] = normalize_pixels(cpu_pixels.to(self.device, non_blocking=True),
                                                              self.mean, self.std, self.dtype)
@@ -175,6 +202,24 @@ class DecodeStage:
         batch["pixel_values"] = out
         batch["decode_ms"] = _Elapsed(None, None)
         return batch
+
+    def _decode_batched(self, data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor,
+                        out: torch.Tensor, dest: torch.Tensor) -> bool:
+        """The batch's JPEGs decoded by the direct nvJPEG call into one buffer and cropped into
+        ``out``; False (nothing written) when there is no direct decoder or the call fails."""
+        if self.nvjpeg is None or not len(dest):
+            return False
+        from .nvjpeg import NvJpegError
+
+        try:
+            flat, starts = self.nvjpeg.decode(data, offsets, sizes, self.stream)
+        except NvJpegError as exc:
+            self.fallbacks["batch_retry"] += 1
+            if self.fallbacks["batch_retry"] <= 5:
+                logger.warning("nvJPEG's batched decode failed (%s); decoding the batch file by file", exc)
+            return False
+        resized_crop_normalize_flat(flat, starts, sizes, boxes, out, dest, self.mean, self.std)
+        return True
 
     def _decode(self, files: List[torch.Tensor], names: List[str]) -> List[Optional[torch.Tensor]]:
         """Every file decoded on the device, or None where neither the decoder nor PIL can."""

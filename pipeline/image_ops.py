@@ -31,7 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["normalize_pixels", "resized_crop_normalize", "resized_crop_normalize_reference", "taps_for"]
+__all__ = ["normalize_pixels", "resized_crop_normalize", "resized_crop_normalize_flat", "resized_crop_normalize_reference",
+           "taps_for"]
 
 _BLOCK = 256
 
@@ -152,17 +153,27 @@ def resized_crop_normalize(images: Sequence[torch.Tensor], boxes: Any, out: torc
     size = out.shape[-1]
     if out.dim() != 4 or out.shape[1] != 3 or out.shape[2] != size or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous [B, 3, S, S] tensor, got {tuple(out.shape)}")
+    numel = 3 * sizes[:, 0] * sizes[:, 1]
+    flat = torch.cat([im.view(-1) for im in images])
+    if flat.dtype != torch.uint8 or flat.numel() != int(numel.sum()):
+        raise ValueError("images must be uint8 [3, H, W] tensors of the given sizes")
+    return resized_crop_normalize_flat(flat, torch.cumsum(numel, 0) - numel, sizes, boxes, out, dest, mean, std)
+
+
+def resized_crop_normalize_flat(flat: torch.Tensor, starts: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor,
+                                out: torch.Tensor, dest: torch.Tensor, mean: Sequence[float], std: Sequence[float]
+                                ) -> torch.Tensor:
+    """:func:`resized_crop_normalize` on images already laid in one buffer: image ``k``'s uint8
+    [3, H_k, W_k] planes start at ``flat[starts[k]]`` (int64 [n] on the CPU); ``sizes``, ``boxes``
+    and ``dest`` as there (int64 CPU tensors)."""
+    size = out.shape[-1]
     W, H = sizes.unbind(1)
     x, y, w, h = boxes.unbind(1)
     outside = (x < 0) | (y < 0) | (w < 1) | (h < 1) | (x + w > W) | (y + h > H)
     if bool(outside.any()):
         k = int(outside.nonzero()[0])
         raise ValueError(f"image {k}: box {tuple(boxes[k].tolist())} outside its {int(W[k])} x {int(H[k])} pixels")
-    numel = 3 * W * H
-    flat = torch.cat([im.view(-1) for im in images])
-    if flat.dtype != torch.uint8 or flat.numel() != int(numel.sum()):
-        raise ValueError("images must be uint8 [3, H, W] tensors of the given sizes")
-    meta = torch.stack([torch.cumsum(numel, 0) - numel, H, W, x, y, w, h, dest], 1)
+    meta = torch.stack([starts, H, W, x, y, w, h, dest], 1)
     taps = taps_for(torch.maximum(w, h), size)
     m = torch.tensor(list(mean), dtype=torch.float32, device=out.device)
     s = torch.tensor(list(std), dtype=torch.float32, device=out.device)

@@ -64,7 +64,8 @@ def _mixed_shards(out, n: int = 24, per_shard: int = 6) -> str:
 
 def _loader(url, tok, decode, device="cpu", **kw):
     cfg = DataConfig(train_shards=url, workers=kw.pop("workers", 2), shuffle_buffer=8, seed=5, decode=decode,
-                     crop_scale=[0.4, 1.0], gpu_decode_share=kw.pop("share", 1.0))
+                     crop_scale=[0.4, 1.0], gpu_decode_share=kw.pop("share", 1.0),
+                     gpu_decoder=kw.pop("decoder", "auto"))
     return build_train_loader(cfg, tok, image_size=16, context_length=16, batch_size=4,
                               device=torch.device(device), **kw)
 
@@ -199,6 +200,17 @@ def test_decode_setting_is_checked():
     with pytest.raises(ConfigError, match="needs a training device"):
         decode_on_gpu(cfg, None)
     assert decode_on_gpu(DataConfig(train_shards="x.tar"), torch.device("cpu")) is False  # auto on the CPU
+    with pytest.raises(ConfigError, match="'gpu_decoder' must be"):
+        DataConfig(train_shards="x.tar", gpu_decoder="dali")
+
+
+def test_the_direct_decoder_says_why_it_cannot_load():
+    from infclip.pipeline.nvjpeg import load_decoder
+
+    decoder, why = load_decoder()
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine: the GPU tests load it")
+    assert decoder is None and why == "no CUDA device"
 
 
 @pytest.mark.gpu
@@ -214,7 +226,22 @@ def test_nvjpeg_path_matches_the_cpu_path_on_the_gpu(tmp_path, tok):
         diffs.append((_levels(a["pixel_values"]) - _levels(b["pixel_values"])).abs().flatten())
     d = torch.cat(diffs)
     assert d.mean() < 1.5 and torch.quantile(d, 0.999) <= 12, (d.mean(), d.max())
-    assert gpu.stage.fallbacks == {"cpu_decode": 0, "bad_image": 0}
+    assert gpu.stage.fallbacks == {"cpu_decode": 0, "bad_image": 0, "batch_retry": 0}
+
+
+@pytest.mark.gpu
+def test_direct_nvjpeg_call_gives_torchvisions_batches(tmp_path, tok):
+    """data.gpu_decoder "nvjpeg" (ctypes, hardware backend, one buffer) and "torchvision": the same
+    library decodes, so the batches are equal, pixel for pixel."""
+    url = _mixed_shards(tmp_path / "mixed", n=48, per_shard=12)
+    direct = _loader(url, tok, "gpu", device="cuda", decoder="nvjpeg")
+    tv = _loader(url, tok, "gpu", device="cuda", decoder="torchvision")
+    got = list(zip(direct, tv))
+    assert direct.stage.nvjpeg is not None and tv.stage.nvjpeg is None and len(got) == 4
+    for a, b in got:
+        assert torch.equal(a["input_ids"], b["input_ids"])
+        assert torch.equal(a["pixel_values"], b["pixel_values"])
+    assert direct.stage.fallbacks == {"cpu_decode": 0, "bad_image": 0, "batch_retry": 0}
 
 
 @pytest.mark.gpu
