@@ -131,7 +131,8 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int) -> dict:
             # the decode thread over the whole phase (warm-up included): per batch, its wait for the
             # previous batch's GPU work and its own host time
             "decode_wait_ms": 1e3 * host["waiting"] / max(host["batches"], 1) if host else None,
-            "decode_host_ms": 1e3 * host["queueing"] / max(host["batches"], 1) if host else None}
+            "decode_host_ms": 1e3 * host["queueing"] / max(host["batches"], 1) if host else None,
+            "decode_in_nvjpeg_ms": 1e3 * host["in_nvjpeg"] / max(host["batches"], 1) if host else None}
 
 
 def main(argv=None) -> int:
@@ -214,7 +215,8 @@ def main(argv=None) -> int:
         print(f"{phase:>14} (switch {1e3 * row['switch_interval']:.2g} ms): {row['samples_per_s']:8.0f} samples/s, "
               f"step {row['step_ms']:6.1f} ms, waiting {row['wait_fraction']:.1%}"
               + (f", decode {row['gpu_decode_ms']:.1f} ms a batch on the GPU, thread waits "
-                 f"{row['decode_wait_ms']:.1f} ms + queues {row['decode_host_ms']:.1f} ms" if row["gpu_decode_ms"] else ""),
+                 f"{row['decode_wait_ms']:.1f} ms + queues {row['decode_host_ms']:.1f} ms "
+                 f"({row['decode_in_nvjpeg_ms']:.1f} in the nvJPEG call)" if row["gpu_decode_ms"] else ""),
               flush=True)
     anchor = (rows[0]["samples_per_s"] + rows[-1]["samples_per_s"]) / 2
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

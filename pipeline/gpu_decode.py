@@ -142,9 +142,10 @@ class DecodeStage:
         self.fallbacks = {"cpu_decode": 0, "bad_image": 0, "batch_retry": 0}
         """JPEGs decoded by PIL after the GPU decoder rejected them, those nobody could decode, and
         batches the direct decoder's batched call failed on (decoded file by file instead)."""
-        self.host_s = {"waiting": 0.0, "queueing": 0.0, "batches": 0}
-        """The decode thread's wall time: waiting for the previous batch's GPU work, and queueing
-        this one's (header checks, launches: the host side of a batch), and the batch count."""
+        self.host_s = {"waiting": 0.0, "queueing": 0.0, "in_nvjpeg": 0.0, "batches": 0}
+        """The decode thread's wall time: waiting for the previous batch's GPU work, queueing this
+        one's (the host side of a batch: the decode call, the crop's launches, the copies), the
+        part of that spent inside the direct nvJPEG call, and the batch count."""
 
     def __call__(self, batch: Dict[str, Any]) -> Dict[str, Any]:
         """The batch with ``pixel_values`` [B, 3, S, S] in ``dtype`` on the device, tokens moved
@@ -212,7 +213,9 @@ class DecodeStage:
         from .nvjpeg import NvJpegError
 
         try:
+            t0 = time.perf_counter()
             flat, starts = self.nvjpeg.decode(data, offsets, sizes, self.stream)
+            self.host_s["in_nvjpeg"] += time.perf_counter() - t0
         except NvJpegError as exc:
             self.fallbacks["batch_retry"] += 1
             if self.fallbacks["batch_retry"] <= 5:
