@@ -73,7 +73,6 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "nvjpegJpegStateCreate": [vp, p(vp)],
         "nvjpegDecodeBatchedInitialize": [vp, vp, i, i, i],
         "nvjpegDecodeBatched": [vp, vp, p(vp), p(sz), p(_Image), vp],
-        "nvjpegGetImageInfo": [vp, ctypes.c_char_p, sz, p(i), p(i), p(i), p(i)],
     }
     for name, args in sigs.items():
         fn = getattr(lib, name)
@@ -104,14 +103,6 @@ class NvJpeg:
     def _check(status: int, what: str) -> None:
         if status != 0:
             raise NvJpegError(f"{what} failed with nvJPEG status {status}")
-
-    def image_size(self, data: bytes) -> Tuple[int, int, int]:
-        """(width, height, components) from a JPEG's header."""
-        comps, sub = ctypes.c_int(), ctypes.c_int()
-        widths, heights = (ctypes.c_int * _MAX_COMPONENT)(), (ctypes.c_int * _MAX_COMPONENT)()
-        self._check(self._lib.nvjpegGetImageInfo(self.handle, data, len(data), ctypes.byref(comps),
-                                                 ctypes.byref(sub), widths, heights), "nvjpegGetImageInfo")
-        return widths[0], heights[0], comps.value
 
     def decode(self, data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, stream: Optional[torch.cuda.Stream] = None
                ) -> Tuple[torch.Tensor, torch.Tensor]:
