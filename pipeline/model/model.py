@@ -18,9 +18,9 @@ Under ZeRO-3, call the model through its ``forward`` (the DeepSpeed engine's ``_
 the logit parameters, which live on this top module, are gathered; ``encode_image`` and
 ``encode_text`` are for an unwrapped model (evaluation).
 
-The ``model`` section and what it costs (activations, FLOPs) are :mod:`pipeline.model_config`;
+The ``model`` section and what it costs (activations, FLOPs) are :mod:`pipeline.model.config`;
 how the towers' parameters are grouped for the optimizer and for ZeRO-3 is
-:mod:`pipeline.param_layout`.
+:mod:`pipeline.model.param_layout`.
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ from torch import Tensor, nn
 
 from infclip.ops.config import ConfigError
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 from .flat_params import BindingForward, bind_in_checkpoint, bind_in_forward, bind_views, flatten_block
 from .layer_stack import layer_stacks, stack_forward
-from .model_config import ModelConfig, TextTowerConfig, VisionTowerConfig, activation_bytes, ds_param_dtype
+from .config import ModelConfig, TextTowerConfig, VisionTowerConfig, activation_bytes, ds_param_dtype
 from .param_layout import encoder_layers
 from .patch_dropout import use_patch_dropout
 from .patch_embed import use_patch_gemm
-from .tokenizer import special_token_ids
+from ..data.tokenizer import special_token_ids
 
 __all__ = ["CLIPTowers", "is_hf_clip_folder"]
 
@@ -197,7 +197,7 @@ def _compiled_while_training(module: nn.Module, fn: typing.Callable, compile_fn:
 
 def _token_ids(tokenizer: Any) -> dict:
     """The text config's EOS, PAD and BOS ids as the rows are tokenized
-    (``pipeline.tokenizer.special_token_ids``: PAD falls back to EOS, no BOS where BOS is EOS);
+    (``pipeline.data.tokenizer.special_token_ids``: PAD falls back to EOS, no BOS where BOS is EOS);
     none without a tokenizer."""
     if tokenizer is None:
         return {}
@@ -312,7 +312,7 @@ class CLIPTowers(nn.Module):
     def bind_flat_views_in_forward(self) -> None:
         """Under ZeRO-3, once ``deepspeed.initialize`` has partitioned the parameters and put its
         hooks on the blocks: each flat block binds its views in its own forward, after DeepSpeed's
-        gather (``pipeline.flat_params.bind_in_forward``); a layer stack (``zero3_leaf_layers:
+        gather (``pipeline.model.flat_params.bind_in_forward``); a layer stack (``zero3_leaf_layers:
         "stack"``) binds all of its blocks' views in its forward. No-op without flat parameters."""
         bind_in_forward(self._flat_blocks, layer_stacks(self))
 
@@ -339,7 +339,7 @@ class CLIPTowers(nn.Module):
         """Apply ``lock_image`` / ``lock_text`` (LiT): ``requires_grad=False`` on the locked
         tower's parameters except its last ``lock_*_unlocked_blocks`` blocks and the modules after
         them (post/final LN, projection). Call before building the optimizer
-        (``pipeline.param_layout.param_groups`` skips frozen parameters). Returns the names of the
+        (``pipeline.model.param_layout.param_groups`` skips frozen parameters). Returns the names of the
         frozen parameters."""
         frozen = []
         for name, tower, lock, keep in (("image", self.vision, self.cfg.lock_image, self.cfg.lock_image_unlocked_blocks),
@@ -483,7 +483,7 @@ class CLIPTowers(nn.Module):
 
     def route_towers(self) -> list[nn.Module]:
         """Make each tower module's call compute its features (ZeRO-3 with whole towers as units,
-        ``pipeline/tower_unit.py``): ``vision(pixel_values)`` and ``text(input_ids,
+        ``pipeline/engine/tower_unit.py``): ``vision(pixel_values)`` and ``text(input_ids,
         attention_mask)``, positional, return the normalised features, and this model calls the
         towers that way. Module names and state dicts are untouched. Returns the two towers."""
         self.vision.forward = self._image_tower
@@ -570,7 +570,7 @@ class CLIPTowers(nn.Module):
           text config's BOS/EOS/PAD ids, so HF pools the same EOS token as :meth:`encode_text`;
           the config's ``infclip`` entry keeps what transformers has no field for (the raw logit
           scale and bias, ``max_logit_scale``, the model section);
-        - with ``tokenizer``: the tokenizer with its CLIP template (``pipeline.tokenizer.with_clip_template``)
+        - with ``tokenizer``: the tokenizer with its CLIP template (``pipeline.data.tokenizer.with_clip_template``)
           and a ``CLIPProcessor`` whose image processor resizes the shorter side to ``image_size``
           (bicubic), centre-crops, and normalises with ``image_mean`` / ``image_std`` (default
           CLIP's): ``CLIPProcessor.from_pretrained`` and transformers' ``zero-shot-image-classification``
@@ -607,8 +607,8 @@ class CLIPTowers(nn.Module):
         import transformers
         from transformers import CLIPProcessor
 
-        from .data import CLIP_MEAN, CLIP_STD
-        from .tokenizer import with_clip_template
+        from ..data.loader import CLIP_MEAN, CLIP_STD
+        from ..data.tokenizer import with_clip_template
 
         # without torchvision transformers 5 falls back to the PIL class with a warning; both
         # save the same preprocessor_config.json ("CLIPImageProcessor")
@@ -692,7 +692,7 @@ class CLIPTowers(nn.Module):
 
     @classmethod
     def from_openclip(cls, path: str, cfg: Optional[ModelConfig] = None, tokenizer: Any = None) -> "CLIPTowers":
-        """An OpenCLIP state dict file converted to the HF towers (:mod:`pipeline.openclip`); sizes
+        """An OpenCLIP state dict file converted to the HF towers (:mod:`pipeline.model.openclip`); sizes
         from its shapes, head widths, activation and text pooling from its OpenCLIP config
         (``cfg.openclip_config``, or ``open_clip_config.json`` beside it; else
         ``cfg.openclip_head_width`` and ``cfg.hidden_act``, required then), logit scale (and bias)

@@ -26,14 +26,14 @@ partitioned flat tensor is never bound (:func:`bind_views` skips it). The price:
 views it saved for backward, so a block's gathered parameters stay in memory from its forward to
 its backward (as under ZeRO-2; gradients and optimizer states stay partitioned), and ZeRO-3's
 re-gather for the backward is not used. With each tower's stack of blocks as ZeRO-3's unit
-(``pipeline/layer_stack.py``) the stack binds all of its blocks' views in its forward; a
+(``pipeline/model/layer_stack.py``) the stack binds all of its blocks' views in its forward; a
 checkpointed block's recomputation binds its own (:class:`BindingCheckpoint`). The towers must
 be built whole (``model.zero3_init`` false) and partitioned by ``deepspeed.initialize``.
 
 Whole towers (``model.flat_parameters: "tower"``): :func:`flatten_block` applied to each tower
 instead of each block (its embeddings, layer norms and projection included): ViT-B/32 has 6
 tensors. Under ZeRO-3 the tower is the unit that gathers them (``zero3_leaf_layers: "tower"``,
-pipeline/tower_unit.py) and binds their views in its forward (:class:`BindingForward` on the
+pipeline/engine/tower_unit.py) and binds their views in its forward (:class:`BindingForward` on the
 tower), so that everything inside is one compiled graph, CUDA graphs included. Gradient
 checkpointing is refused: transformers' (reentrant) recomputation of a block would add into the
 tower's flat gradient once per block. The state-dict hook writes a tower's keys, buffers included,
@@ -100,7 +100,7 @@ def flatten_block(block: nn.Module) -> int:
             flat[offset:offset + p.numel()] = p.detach().reshape(-1)
             del module._parameters[attr]
         param = nn.Parameter(flat)
-        param.infclip_weight_decay = name == MATRICES  # read by pipeline.param_layout.param_groups
+        param.infclip_weight_decay = name == MATRICES  # read by pipeline.model.param_layout.param_groups
         block.register_parameter(name, param)
         layout[name] = [_Member(module, attr, f"{path}.{attr}" if path else attr, offset, tuple(p.shape))
                         for (path, module, attr, p), offset in zip(members, offsets)]
@@ -163,7 +163,7 @@ def bind_views(blocks: List[nn.Module]) -> None:
 
 
 class BindingForward:
-    """The ``forward`` of a flat block (or of a stack of them, ``pipeline.layer_stack``) under
+    """The ``forward`` of a flat block (or of a stack of them, ``pipeline.model.layer_stack``) under
     ZeRO-3: binds the views of ``blocks`` to the flat tensors DeepSpeed's forward pre-hook has
     just gathered, runs ``inner`` (the module's own forward, possibly compiled), and drops the
     views, so that no module attribute keeps a gathered tensor alive after the forward. Binding

@@ -1,11 +1,11 @@
 """The training loop: micro-batches through the engine, the step's checks, and when to log, eval, save.
 
 Design: :class:`TrainLoop` runs optimizer steps of ``gradient_accumulation_steps`` micro-batches
-from :class:`Batches` through :func:`pipeline.step.forward_backward`, and at step boundaries asks
-the :class:`~pipeline.metrics.TrainLogger`, the :class:`EvalSchedule` and the
-:class:`~pipeline.run_state.Checkpointer`. Nothing in the step waits for the device:
+from :class:`Batches` through :func:`pipeline.train.step.forward_backward`, and at step boundaries asks
+the :class:`~pipeline.train.metrics.TrainLogger`, the :class:`EvalSchedule` and the
+:class:`~pipeline.train.run_state.Checkpointer`. Nothing in the step waits for the device:
 
-- every micro-step's loss goes to :class:`pipeline.step.LossGuard` (on a GPU checked one
+- every micro-step's loss goes to :class:`pipeline.train.step.LossGuard` (on a GPU checked one
   micro-step late, from a pinned copy; on the CPU at once);
 - every step's global gradient norm goes to :class:`GradNormWatch`, which notes on the device the
   first step whose norm is NaN/inf: DeepSpeed's own norm from ``engine.step()``
@@ -20,13 +20,13 @@ step, so nothing computed after it is ever written. Limit: the run itself goes o
 such point (at most ``train.log_every`` steps).
 
 At log steps the loss, logit scale and learning rate, read to the host for the log anyway, also go
-to :class:`~pipeline.collapse.CollapseWatch` (a loss stuck at chance level with the scale frozen:
+to :class:`~pipeline.train.collapse.CollapseWatch` (a loss stuck at chance level with the scale frozen:
 one warning, ``train/collapsed``). With ``train.on_collapse: "stop"`` every rank takes rank 0's
 verdict (one broadcast over a CPU group per log step, so no rank waits in a collective for a rank
 that stopped) and raises :class:`~pipeline.errors.TrainingCollapseError` before that step's
 evaluation or checkpoint.
 
-Pre-emption: before each step the loop asks :class:`~pipeline.signals.StopSignals` whether any rank
+Pre-emption: before each step the loop asks :class:`~pipeline.train.signals.StopSignals` whether any rank
 received a stop signal (one all-reduce over the CPU group); if so, every rank leaves the loop there
 and saves a checkpoint of the last finished step (unless that step's checkpoint was just written).
 """
@@ -42,11 +42,11 @@ import torch
 import torch.distributed as dist
 
 from .collapse import CollapseWatch, effective_window
-from .config import TrainConfig
-from .engine import TrainEngine
-from .errors import NONFINITE_ADVICE, DataError, NonFiniteGradError, NonFiniteLossError, TrainingCollapseError
+from ..config import TrainConfig
+from ..engine.engine import TrainEngine
+from ..errors import NONFINITE_ADVICE, DataError, NonFiniteGradError, NonFiniteLossError, TrainingCollapseError
 from .metrics import TrainLogger
-from .dist import barrier, cpu_group, world
+from ..engine.dist import barrier, cpu_group, world
 from .run_state import Checkpointer, RunState
 from .signals import StopSignals
 from .step import LossGuard, forward_backward
@@ -68,7 +68,7 @@ class Batches:
     worker whose data ran out and goes on with the others). The skips a loader counts after its
     last batch are added when its stream ends.
 
-    ``state.data_position`` follows the loader's :meth:`~pipeline.data.ShardLoader.position` after
+    ``state.data_position`` follows the loader's :meth:`~pipeline.data.loader.ShardLoader.position` after
     every batch taken (None for loaders without one, and at an epoch's start); a state resumed
     with one is handed to the new loader's ``seek``, so a resume is exact also when the loader's
     workers hold unequal data. A state without one (an old checkpoint) resumes at the balanced

@@ -5,10 +5,10 @@ Design: :func:`param_groups` splits decayed matrices from undecayed 1-D paramete
 group's odd-sized parameters last, so that DeepSpeed's flat buffers keep every tower weight
 16-byte aligned (:func:`misaligned_parameters` checks). :func:`mark_zero3_leaf_layers` flags
 ZeRO-3's leaf modules (``model.zero3_leaf_layers``): each transformer block, each tower's stack
-of blocks (:mod:`pipeline.layer_stack`) or each whole tower (:mod:`pipeline.tower_unit`). Both
+of blocks (:mod:`pipeline.model.layer_stack`) or each whole tower (:mod:`pipeline.engine.tower_unit`). Both
 read only the model object (its modules and parameters; for whole towers its ``cfg`` and
-:meth:`~pipeline.model.CLIPTowers.route_towers`), so this module does not import
-:mod:`pipeline.model`, which imports it.
+:meth:`~pipeline.model.model.CLIPTowers.route_towers`), so this module does not import
+:mod:`pipeline.model.model`, which imports it.
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ def mark_zero3_leaf_layers(model: nn.Module, unit: typing.Union[bool, str] = Tru
     """Flag DeepSpeed ZeRO-3 leaf modules in ``model``, whose parameters are gathered and
     released as one unit (call before ``deepspeed.initialize``): each HF transformer block
     (``*EncoderLayer``), with ``unit="stack"`` each encoder's whole stack of blocks, routed
-    through :func:`pipeline.layer_stack.route_through_stack`, with ``unit="tower"`` each tower of
+    through :func:`pipeline.model.layer_stack.route_through_stack`, with ``unit="tower"`` each tower of
     a :class:`CLIPTowers` (:meth:`CLIPTowers.route_towers`; its stacks routed too, for one graph
-    each; after ``deepspeed.initialize`` call :func:`pipeline.tower_unit.reduce_when_accumulated`).
+    each; after ``deepspeed.initialize`` call :func:`pipeline.engine.tower_unit.reduce_when_accumulated`).
     Returns how many were flagged."""
     from deepspeed.utils import set_z3_leaf_module
 

@@ -1,6 +1,6 @@
 """Batched resized crop + normalisation of decoded images of any sizes: one Triton kernel a batch.
 
-Design: the training crop of the GPU decode path (:mod:`pipeline.gpu_decode`). The decoder gives
+Design: the training crop of the GPU decode path (:mod:`pipeline.data.gpu_decode`). The decoder gives
 one uint8 [3, H_i, W_i] tensor an image, every image its own size, and each image has its own
 crop box; a per-image ``interpolate`` would cost the host a few launches an image (thousands a
 batch). The images are laid end to end in one flat buffer and a single kernel resamples every

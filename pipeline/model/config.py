@@ -7,7 +7,7 @@ run's config without building a model. The costs are computed from the section a
 built: :func:`activation_bytes` decides ``gradient_checkpointing: "auto"``, :func:`forward_flops`
 gives the MFU (formula in docs/mfu.md). :func:`ds_param_dtype` is the parameter dtype a DeepSpeed
 config implies. This module imports neither transformers nor DeepSpeed; the towers themselves are
-:mod:`pipeline.model`.
+:mod:`pipeline.model.model`.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class ModelConfig:
     pretrained: Optional[str] = None
     """Local folder written by CLIPTowers.save_pretrained (or a training run's export, or any
     transformers CLIPModel folder), an OpenCLIP state dict file (``.pt``/``.bin`` read
-    weights-only, or ``.safetensors``; see :mod:`pipeline.openclip`), or an OpenCLIP model folder
+    weights-only, or ``.safetensors``; see :mod:`pipeline.model.openclip`), or an OpenCLIP model folder
     (``open_clip_config.json`` beside its weights: hf-hub's layout, and ``--export-openclip``'s) to
     start from; the tower sizes above are then ignored."""
     hidden_act: Optional[typing.Literal["gelu", "quick_gelu"]] = None
@@ -175,25 +175,25 @@ class ModelConfig:
     """ZeRO-3 only: the unit whose parameters DeepSpeed gathers at once (its "leaf modules").
     ``true``: each transformer block (one fetch per block instead of one per Linear/LayerNorm; one
     block's weights live at a time). ``"stack"``: each tower's whole stack of blocks
-    (``pipeline/layer_stack.py``): two fetches per step and, compiled, one graph per tower instead
+    (``pipeline/model/layer_stack.py``): two fetches per step and, compiled, one graph per tower instead
     of one per block, at the cost of a tower's weights live during its forward. ``"tower"``: each
-    whole tower (``pipeline/tower_unit.py``): DeepSpeed's hooks on 3 modules instead of 20, a
+    whole tower (``pipeline/engine/tower_unit.py``): DeepSpeed's hooks on 3 modules instead of 20, a
     tower's weights gathered from its forward to the optimizer step. ``"stack"`` and ``"tower"``
     not with locked towers. ``false``: DeepSpeed's per-module fetch."""
     patch_embedding: typing.Literal["gemm", "conv"] = "gemm"
     """The image tower's patch embedding: ``"gemm"`` cuts the image into its patches and multiplies
-    them by the kernel (``pipeline/patch_embed.py``; same weights, same results), ``"conv"`` keeps
+    them by the kernel (``pipeline/model/patch_embed.py``; same weights, same results), ``"conv"`` keeps
     transformers' strided convolution, which cuDNN runs with slow generic kernels (on an H200,
     ViT-B/32: 12% of the step's GPU time at micro-batch 256 and 1,024)."""
     patch_dropout: float = 0.0
     """Share of each image's patch tokens the image tower drops in training (FLIP; OpenCLIP's
     ``patch_dropout``): a random subset per image, the class token always kept
-    (``pipeline/patch_dropout.py``). Evaluation and exports see every patch. 0.5 halves the image
+    (``pipeline/model/patch_dropout.py``). Evaluation and exports see every patch. 0.5 halves the image
     tower's tokens; in [0, 1)."""
     flat_parameters: typing.Union[bool, typing.Literal["tower"]] = False
     """``true``: hold each transformer block's weights in two parameter tensors (matrices,
     vectors) instead of 16: DeepSpeed's per-tensor host work in every step shrinks with the count
-    (ViT-B/32: 399 -> 63 tensors; ``pipeline/flat_params.py``). ``"tower"``: each whole tower's
+    (ViT-B/32: 399 -> 63 tensors; ``pipeline/model/flat_params.py``). ``"tower"``: each whole tower's
     weights in two (ViT-B/32: 399 -> 6 tensors); under ZeRO-3 only with ``zero3_leaf_layers:
     "tower"`` (the unit that gathers them), where each tower then compiles to one graph, CUDA
     graphs included; not with gradient checkpointing. Checkpoints and exports keep the usual

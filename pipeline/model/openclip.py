@@ -1,4 +1,4 @@
-"""OpenCLIP checkpoints <-> the HF CLIP towers of :class:`~pipeline.model.CLIPTowers`.
+"""OpenCLIP checkpoints <-> the HF CLIP towers of :class:`~pipeline.model.model.CLIPTowers`.
 
 In: an OpenCLIP state dict (``visual.conv1.weight``, ``visual.transformer.resblocks.N.attn.in_proj_weight``,
 ``token_embedding.weight``, ``text_projection``, ``logit_scale``, ...; also a training checkpoint's
@@ -409,7 +409,7 @@ def _mlp_ratio(width: int, mlp: int) -> float:
 
 def towers_to_openclip(model: Any, *, logit_bias: bool = False) -> tuple[dict[str, Tensor], dict]:
     """``(state_dict, model_cfg)`` of an OpenCLIP ``CLIP`` with ``model``'s features (a
-    :class:`~pipeline.model.CLIPTowers`, fp32 on the CPU): fused q/k/v, [width, embed]
+    :class:`~pipeline.model.model.CLIPTowers`, fp32 on the CPU): fused q/k/v, [width, embed]
     projections, ``logit_scale`` the log of the multiplier training used (clamped to
     ``max_logit_scale``), text pooled at the tokenizer's EOS (``pool_type: "eos"``). With
     ``logit_bias`` (a SigLIP run) the bias and ``init_logit_bias`` are written too."""

@@ -33,7 +33,7 @@ handle). A first attempt at skipping that wait (the partition is already on the 
 was copied) measured slower on an H200 (ViT-B/32 ZeRO-3 with flat parameters: 1,565 samples/s
 without the waits against 2,061 with them, same process): the fetch then waited on the host for
 its own fetch events (at most two unfinished), which trail the queue once ``wait`` does not
-synchronise. ``pipeline.zero3_step`` now skips the wait and lifts that cap on one rank.
+synchronise. ``pipeline.engine.zero3_step`` now skips the wait and lifts that cap on one rank.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ every rank; partitioned at construction under ZeRO-3 with ``model.zero3_init``),
 ``deepspeed.initialize`` with the user's DeepSpeed keys unchanged (weight decay off for 1-D
 parameters unless ``train.weight_decay_1d``), and wraps the contrastive loss over DeepSpeed's
 data-parallel group. The ZeRO-1/2 optimizer step is kept free of host waits
-(:mod:`pipeline.zero_step`), ZeRO-3's step does less Python (:mod:`pipeline.zero3_step`).
+(:mod:`pipeline.engine.zero_step`), ZeRO-3's step does less Python (:mod:`pipeline.engine.zero3_step`).
 DeepSpeed rejects a bad key inside its own sections with a pydantic error several screens long;
 it is turned into one :class:`~ops.config.ConfigError` naming the file.
 """
@@ -26,10 +26,10 @@ import torch.distributed as dist
 from infclip.ops import ContrastiveLoss
 from infclip.ops.config import ConfigError
 
-from .config import RunConfig
+from ..config import RunConfig
 from .dist import barrier, world
-from .model import CLIPTowers
-from .param_layout import mark_zero3_leaf_layers, misaligned_parameters, param_groups
+from ..model.model import CLIPTowers
+from ..model.param_layout import mark_zero3_leaf_layers, misaligned_parameters, param_groups
 from .tower_unit import reduce_when_accumulated
 from .zero3_step import lighten_zero3
 from .zero_step import keep_step_on_device
@@ -38,7 +38,7 @@ __all__ = ["TrainEngine", "build_engine", "contrastive_batch", "export_final", "
 
 ZERO3_KEPT_WAITS = ("fetch", "norm")
 """DeepSpeed's ZeRO-3 host waits the training engine keeps, unless the towers are flat
-(:func:`zero3_kept_waits`). Removing them (pipeline.zero3_step, exact) measured no faster on one
+(:func:`zero3_kept_waits`). Removing them (pipeline.engine.zero3_step, exact) measured no faster on one
 H200 with flat blocks (ViT-B/32, micro-batch 256, one process: 3,436-3,460 samples/s without them
 against 3,841 with them): that step is bound by the host's own per-step
 work. ``()`` removes them."""
@@ -60,7 +60,7 @@ class TrainEngine:
     """A DeepSpeed engine and how the loop feeds it."""
 
     engine: Any
-    """``deepspeed.DeepSpeedEngine`` wrapping :class:`~pipeline.model.CLIPTowers`."""
+    """``deepspeed.DeepSpeedEngine`` wrapping :class:`~pipeline.model.model.CLIPTowers`."""
     loss_fn: Callable
     """``loss_fn(img, txt, scale, bias) -> loss`` over the data-parallel group."""
     image_size: int
@@ -163,7 +163,7 @@ def with_engine_defaults(ds_config: dict, compiled: bool) -> dict:
     * ``timers.throughput.enabled`` defaults to false: DeepSpeed's throughput timer (on by default,
       ``synchronized``) calls ``torch.cuda.synchronize()`` at the start of every forward and the
       end of every step, so the GPU's queue runs dry twice a step (the run's samples/s are
-      measured by ``pipeline.metrics`` without a wait).
+      measured by ``pipeline.train.metrics`` without a wait).
     * Under ZeRO-3 with compiled towers, ``zero_optimization.memory_efficient_linear`` defaults to
       false: DeepSpeed's replacement linear checks each weight's ``ds_id`` in its backward, and
       torch.compile guards on that integer, so every block compiled a graph of its own until
@@ -196,14 +196,14 @@ def build_engine(run_cfg: RunConfig, tokenizer: Any) -> TrainEngine:
         image_size, context_length = model.image_size, model.context_length
     if zero3 and model_cfg.zero3_leaf_layers:
         mark_zero3_leaf_layers(model, model_cfg.zero3_leaf_layers)
-    # DeepSpeed's `tensorboard` section only says where the run's one writer (pipeline.metrics)
+    # DeepSpeed's `tensorboard` section only says where the run's one writer (pipeline.train.metrics)
     # writes: DeepSpeed's own monitor would log the same quantities again under other names
     engine_config = with_engine_defaults({k: v for k, v in ds_config.items() if k != "tensorboard"},
                                           model_cfg.compile is not False)
     engine = _initialize(model, param_groups(model, tcfg.weight_decay_1d), engine_config, str(run_cfg.source))
     keep_step_on_device(engine)  # ZeRO-1/2 with bf16: no host waits in the step; ZeRO-0: one overflow read
     if zero3:
-        # less of DeepSpeed's per-step Python (pipeline.zero3_step); its host waits kept but with flat towers
+        # less of DeepSpeed's per-step Python (pipeline.engine.zero3_step); its host waits kept but with flat towers
         lighten_zero3(engine, keep_waits=zero3_kept_waits(model_cfg))
         engine.module.bind_flat_views_in_forward()  # after DeepSpeed's hooks: views of the gathered tensors
         reduce_when_accumulated(engine)  # "tower" units: their gradients reduced once accumulated

@@ -29,7 +29,7 @@ import time
 from typing import Optional
 
 from .checkpoint import LATEST, list_tags, newest_checkpoint
-from .errors import CheckpointError, RunFolderError
+from ..errors import CheckpointError, RunFolderError
 
 __all__ = ["RunLock", "claim_run_folder", "LOCK_NAME"]
 

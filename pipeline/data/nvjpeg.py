@@ -1,6 +1,6 @@
 """nvJPEG's batched decoder, called directly: JPEG files in host memory -> planar RGB in one device buffer.
 
-Design: the GPU decode stage (:mod:`pipeline.gpu_decode`) needs a batch of JPEGs decoded while a
+Design: the GPU decode stage (:mod:`pipeline.data.gpu_decode`) needs a batch of JPEGs decoded while a
 training step runs on the same GPU. ``torchvision.io.decode_jpeg`` runs nvJPEG on a stream of
 its own at normal priority, allocates one tensor an image and returns only after a stream sync;
 under a step's kernels its per-image work queues behind the step's blocks, so a batch's decode

@@ -36,7 +36,7 @@ __all__ = ["StackForward", "layer_stacks", "route_through_stack", "stack_forward
 class StackForward:
     """``encoder.layers.forward``: the encoder's own forward with its tensor arguments passed
     positionally (so that module hooks see them), returning the last hidden state. ``inner`` is
-    the encoder's class forward bound to it; :meth:`pipeline.model.CLIPTowers._compile` replaces
+    the encoder's class forward bound to it; :meth:`pipeline.model.model.CLIPTowers._compile` replaces
     it by a compiled one."""
 
     def __init__(self, encoder: nn.Module) -> None:
@@ -75,7 +75,7 @@ def layer_stacks(model: nn.Module) -> List[nn.Module]:
 
 def stack_forward(layers: nn.Module) -> Optional[StackForward]:
     """The :class:`StackForward` of a routed ``layers`` module (possibly inside a flat-parameter
-    binding, ``pipeline.flat_params.BindingForward``), else None."""
+    binding, ``pipeline.model.flat_params.BindingForward``), else None."""
     fn = layers.__dict__.get("forward")
     while fn is not None and not isinstance(fn, StackForward):
         fn = getattr(fn, "inner", None)

@@ -16,7 +16,7 @@ launcher and torchrun 30 s): the step in progress and the save must fit in it.
 
 Forked processes inherit the handlers; there they do nothing. DataLoader workers replace them
 (torch's worker handler ends a worker on a SIGTERM from anyone but its parent), so the loader
-ignores these signals in its workers (``pipeline.data``): a signal sent to the whole process group
+ignores these signals in its workers (``pipeline.data.loader``): a signal sent to the whole process group
 (SLURM does; so does Ctrl-C in a terminal) does not kill a worker under the stopping run, which ends
 its workers itself. Handlers can only be installed from the main thread; elsewhere (a run
 started from a thread) the signals keep their previous handling, named in a warning.
@@ -34,8 +34,8 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .config import STOP_SIGNALS
-from .dist import cpu_group, world
+from ..config import STOP_SIGNALS
+from ..engine.dist import cpu_group, world
 
 __all__ = ["StopSignals", "STOP_SIGNALS", "REPEAT_S"]
 

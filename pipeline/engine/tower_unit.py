@@ -2,13 +2,13 @@
 hooks on three modules (the model and its two towers) instead of twenty, one parameter fetch per
 tower and step.
 
-Why: with each tower's stack of blocks as the unit (``"stack"``, pipeline/layer_stack.py) ZeRO-3
+Why: with each tower's stack of blocks as the unit (``"stack"``, pipeline/model/layer_stack.py) ZeRO-3
 still hooks every module outside the stacks (the tower wrappers, embeddings, layer norms,
 projections: 18 of the 20 hooked modules), each with a fetch before and a release after its
 forward and again around its backward. On an H200 (ViT-B/32, micro-batch 256) that step is bound
 by the host at 0.55-0.62x ZeRO-2.
 
-How: :meth:`pipeline.model.CLIPTowers.route_towers` gives each tower module (transformers'
+How: :meth:`pipeline.model.model.CLIPTowers.route_towers` gives each tower module (transformers'
 ``CLIP*ModelWithProjection``) a forward of its own that computes the project's features from
 positional tensors (pixel values; token ids and mask), so that the model's call of a tower is a
 call of the unit. Inside a unit DeepSpeed puts no hooks; the layer stacks still run as one

@@ -82,7 +82,7 @@ class TrainLogger:
                  skipped_samples: int, skipped_steps: int, device: torch.device,
                  collapsed: Optional[bool] = None) -> None:
         """Write the step's scalars and the progress line; start a new window. ``collapsed``: the
-        :class:`~pipeline.collapse.CollapseWatch` verdict (``train/collapsed`` 0/1; None: not watched)."""
+        :class:`~pipeline.train.collapse.CollapseWatch` verdict (``train/collapsed`` 0/1; None: not watched)."""
         w = self.window
         elapsed = max(time.perf_counter() - w["t"], 1e-9)
         samples_per_s = w["samples"] / elapsed

@@ -1,22 +1,22 @@
 """Training: one function, :func:`train`, that puts the run's components together.
 
 Design: each job has its own component, readable alone:
-- :mod:`pipeline.dist`: the process group, and "rank 0 first" (:func:`~pipeline.dist.rank_zero_first`)
+- :mod:`pipeline.engine.dist`: the process group, and "rank 0 first" (:func:`~pipeline.engine.dist.rank_zero_first`)
   for what rank 0 writes and the others reuse (digits shards, the BPE tokenizer);
-- :mod:`pipeline.engine`: the towers inside ``deepspeed.initialize`` with the user's DeepSpeed keys
+- :mod:`pipeline.engine.engine`: the towers inside ``deepspeed.initialize`` with the user's DeepSpeed keys
   unchanged (optimizer, scheduler, precision, ZeRO stage, clipping), and the loss over its
   data-parallel group; the final HF export;
-- :mod:`pipeline.run_state`: the run's position and its checkpoints (save, resume weights-only,
+- :mod:`pipeline.train.run_state`: the run's position and its checkpoints (save, resume weights-only,
   refuse a resume whose data setup changed);
-- :mod:`pipeline.metrics`: TensorBoard scalars and the progress line;
-- :mod:`pipeline.loop`: the micro-batch loop (:func:`pipeline.step.forward_backward`), the
+- :mod:`pipeline.train.metrics`: TensorBoard scalars and the progress line;
+- :mod:`pipeline.train.loop`: the micro-batch loop (:func:`pipeline.train.step.forward_backward`), the
   non-finite loss and gradient checks, and when to log, evaluate and save.
 
 Resume restores the engine state, the step, the epoch and batch position of the data stream (with
 every rank's loader position: the batches each of its loader workers delivered, so the resume is
 exact also when the workers hold unequal data) and every rank's RNG, so a resumed run repeats the
 uninterrupted run's losses (bitwise on CPU). Limit: the data position is exact only when the
-stream is deterministic for (epoch, rank, position), which ``pipeline.data`` guarantees for the
+stream is deterministic for (epoch, rank, position), which ``pipeline.data.loader`` guarantees for the
 same data setup; a resume with another one is refused (:class:`~pipeline.errors.ResumeMismatchError`).
 Checkpoints written before the loader position was kept resume at the balanced split of the batch
 index (exact while every loader worker had data to that point).
@@ -32,11 +32,10 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from .config import RunConfig, TrainConfig, schedule_warnings
-from .dist import init_distributed, rank_zero_first, single_process_env, world
-from .engine import build_engine, export_final
-from .engine import param_groups as _param_groups  # noqa: F401  (tests/pipeline/test_zero3_init.py imports it here)
-from .errors import NonFiniteGradError, NonFiniteLossError
+from ..config import RunConfig, TrainConfig, schedule_warnings
+from ..engine.dist import init_distributed, rank_zero_first, single_process_env, world
+from ..engine.engine import build_engine, export_final
+from ..errors import NonFiniteGradError, NonFiniteLossError
 from .loop import Batches, EvalSchedule, TrainLoop
 from .metrics import TrainLogger
 from .run_folder import claim_run_folder
@@ -65,8 +64,8 @@ class TrainResult:
 
 def _prepare_data(run_cfg: RunConfig, rank: int, context_length: int):
     """The training shards (digits generated if asked) and the tokenizer (trained if needed)."""
-    from .data import prepare_shards
-    from .tokenizer import ensure_tokenizer
+    from ..data.loader import prepare_shards
+    from ..data.tokenizer import ensure_tokenizer
 
     out_dir = run_cfg.train.output_dir
     if rank == 0:
@@ -85,12 +84,12 @@ def train(run_cfg: RunConfig, *, resume: Optional[str] = None,
     Args:
         run_cfg: from :func:`pipeline.config.load_config`.
         resume: None (fresh run), ``"latest"`` (the run's newest checkpoint, or fresh if none),
-            or a checkpoint path (see :func:`pipeline.checkpoint.resolve_resume`).
+            or a checkpoint path (see :func:`pipeline.train.checkpoint.resolve_resume`).
         evaluator: ``callable(model, step) -> {name: value}`` with attributes ``every`` (steps;
-            0: never periodically) and ``at_end`` (see :class:`pipeline.loop.EvalSchedule`);
+            0: never periodically) and ``at_end`` (see :class:`pipeline.train.loop.EvalSchedule`);
             ``launch/pretrain.py`` builds it from the config's ``eval`` section.
         overwrite: a fresh run may replace the checkpoints of an earlier run in
-            ``train.output_dir`` (see :mod:`pipeline.run_folder`); without it that is refused.
+            ``train.output_dir`` (see :mod:`pipeline.train.run_folder`); without it that is refused.
     Returns:
         :class:`TrainResult`.
     Raises:
@@ -118,8 +117,8 @@ def train(run_cfg: RunConfig, *, resume: Optional[str] = None,
 
 
 def _train(run_cfg: RunConfig, resume: Optional[str], evaluator: Any, stop: StopSignals) -> TrainResult:
-    from .data import build_train_loader
-    from .data_cache import DeviceCache
+    from ..data.loader import build_train_loader
+    from ..data.device_cache import DeviceCache
 
     tcfg = run_cfg.train
     rank, _ = world()

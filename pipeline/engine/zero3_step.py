@@ -75,7 +75,7 @@ Host waits (each drains the GPU's queue, so the host's work after it is idle GPU
   longer synchronises, that would drain the queue instead. With every parameter its own
   one-rank partition a fetch allocates nothing, so that cap is lifted for the engine's
   coordinator (kept with several ranks). An earlier attempt that skipped the waits without
-  lifting the cap measured slower (``pipeline.zero_step``'s docstring).
+  lifting the cap measured slower (``pipeline.engine.zero_step``'s docstring).
 * The gradient norm (``get_grad_norm_direct``) marks a non-finite norm with
   ``torch.tensor(-1.0, device=...)``: a copy from pageable host memory, which waits for the
   stream. The engine's optimizer gets the same method (DeepSpeed 0.19.8's source, checked by

@@ -6,7 +6,7 @@ as the JPEG files laid end to end in one uint8 tensor (a tenth of the bytes of t
 crops, through shared memory). In the training process a background thread takes each batch as
 the DataLoader hands it over and, on a CUDA side stream, decodes its JPEGs with nvJPEG
 (``torchvision.io.decode_jpeg(..., device="cuda")``, one batched call), resizes every box with
-one kernel (:func:`pipeline.image_ops.resized_crop_normalize`) and copies the tokens; the step
+one kernel (:func:`pipeline.data.image_ops.resized_crop_normalize`) and copies the tokens; the step
 waits on the batch's event, not on the host, so decode overlaps the previous step. A thread,
 because ``decode_jpeg`` returns only when its batch is decoded: in the training thread that wait
 is the step's (measured: 78% of the synthetic step against 88% from the thread, ViT-B/32 at
@@ -112,7 +112,7 @@ class DecodeStage:
         decode_fn: ``(list of uint8 [n] CPU tensors, device) -> list of uint8 [3, H, W]`` on the
             device; default torchvision's nvJPEG on CUDA, PIL elsewhere. The per-file path: the
             batch's when there is no direct decoder, and every file's when the batched call fails.
-        decoder: on CUDA, ``"nvjpeg"`` (the library directly, :mod:`pipeline.nvjpeg`; an error if
+        decoder: on CUDA, ``"nvjpeg"`` (the library directly, :mod:`pipeline.data.nvjpeg`; an error if
             it cannot be loaded), ``"torchvision"`` (``decode_fn`` only) or ``"auto"`` (nvjpeg
             when it loads).
     """

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from infclip.ops.config import ConfigError
 from infclip.ops.sweeps import host_group
 
-from .errors import PeerFailedError
+from ..errors import PeerFailedError
 
 __all__ = ["world", "cpu_group", "barrier", "rank_zero_first", "init_distributed", "single_process_env",
            "check_hostfile", "stale_extension_locks", "exit_process", "PeerFailedError"]

@@ -3,7 +3,7 @@
 Design: the towers run forward, the loss runs on detached feature leaves (so it is timed on its
 own) and its feature gradients go back through the towers with a linear surrogate via
 ``engine.backward``; with a chunk size below the micro-batch the chunked backbone runs instead
-(:mod:`pipeline.chunked`). Nothing here waits for the GPU: :class:`LossGuard` checks each loss is
+(:mod:`pipeline.train.chunked`). Nothing here waits for the GPU: :class:`LossGuard` checks each loss is
 finite one micro-step later, so the host stays ahead of the device (a wait per micro-step left the
 GPU idle while DeepSpeed's optimizer step was being launched).
 """
@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .chunked import chunked_forward_backward
-from .errors import NONFINITE_ADVICE, NonFiniteLossError
+from ..errors import NONFINITE_ADVICE, NonFiniteLossError
 
 __all__ = ["OpTimer", "LossGuard", "forward_backward"]
 
@@ -109,7 +109,7 @@ def forward_backward(engine: Any, pixel_values: torch.Tensor, input_ids: torch.T
     """One micro-batch's forward and backward through a DeepSpeed engine (no optimizer step).
 
     ``pixel_values`` [B,3,H,W], ``input_ids``/``attention_mask`` [B,L]; ``loss_fn(img, txt, scale,
-    bias)``. With ``chunk_size`` < B the chunked backbone runs (:mod:`pipeline.chunked`), else one
+    bias)``. With ``chunk_size`` < B the chunked backbone runs (:mod:`pipeline.train.chunked`), else one
     forward, the loss on detached feature leaves (timed alone), and one surrogate backward.
     Returns ``(loss 0-dim detached, loss-op ms, logit scale multiplier)``; the last two are read
     with ``float()`` (on a GPU the plain step leaves them on the device, so that nothing here

@@ -8,7 +8,7 @@ the window collapsed when, over all of them,
 - CLIP: the loss stays within ``train.collapse_loss_tolerance`` (relative) of ln B, the loss of
   uniform logits: what collapsed features give (every logit equal, whatever the scale), and what a
   batch of identical captions gives. B is the contrastive batch one loss sees
-  (:attr:`pipeline.engine.TrainEngine.contrastive_batch`: the micro-batch times the data-parallel
+  (:attr:`pipeline.engine.engine.TrainEngine.contrastive_batch`: the micro-batch times the data-parallel
   world under a distributed scheme, the micro-batch alone with ``distributed: "none"``); label
   smoothing leaves the level at ln B;
 - SigLIP (no softmax, so no ln B): the loss is flat (its spread within the tolerance, relative) and

@@ -47,8 +47,8 @@ from typing import Any, Iterator, List, Optional, Union
 import numpy as np
 import torch
 
-from .dist import barrier, world
-from .errors import CheckpointError
+from ..engine.dist import barrier, world
+from ..errors import CheckpointError
 
 __all__ = ["capture_rng_state", "restore_rng_state", "save_checkpoint", "load_checkpoint", "resolve_resume",
            "read_latest", "latest_tag", "newest_checkpoint", "list_tags", "tag_for_step", "check_tag", "is_complete",

@@ -23,7 +23,7 @@ skipped and counted: each batch carries ``num_skipped`` (skips in its worker sin
 ``loader.skipped_by_reason``. When a worker's stream runs out it sends one last record (not a
 batch) with the skips after its last batch, which the loader counts and drops; so a stream that
 gives no batch at all still says why (:meth:`ShardLoader.no_batch_reason`, which
-:class:`pipeline.loop.Batches` raises with). Not reported: the skips among samples read ahead
+:class:`pipeline.train.loop.Batches` raises with). Not reported: the skips among samples read ahead
 (shuffle buffer) when an epoch capped by ``samples_per_epoch`` ends.
 
 Determinism and resume: every random choice is seeded from (seed, epoch, rank, logical worker)
@@ -35,7 +35,7 @@ every worker can make, also when the workers hold unequal data (shard counts tha
 shards of unequal size, a shard that cannot be read). Without ``resampled``, a rank never runs
 more workers than it has shards. A resume needs the loader's :meth:`ShardLoader.position` (the
 batches each logical worker delivered this epoch, and the worker the round-robin goes on with;
-the run's checkpoint keeps it, :class:`pipeline.run_state.RunState`): each logical worker skips
+the run's checkpoint keeps it, :class:`pipeline.train.run_state.RunState`): each logical worker skips
 the raw samples of its own delivered batches (no image decode; the skips among them are not
 counted again: the run that made those batches reported them), and DataLoader worker d plays
 logical worker (d + next_worker) mod W, so the round-robin goes on where it stood; a worker whose
@@ -46,7 +46,7 @@ every worker had data to that point. Exact when the config (workers, buffer, bat
 seed, shards) is the same; a corrupt image inside the skipped prefix shifts the resumed stream by
 one sample (skipping does not decode). With ``samples_per_epoch`` a rank stops after its
 ``batches_per_epoch`` batches (fewer when all its workers run out before). Ranks may get
-different numbers of batches per epoch (:class:`pipeline.loop.Batches` ends the epoch for all
+different numbers of batches per epoch (:class:`pipeline.train.loop.Batches` ends the epoch for all
 when one runs out: a shard count not divisible by the world size is warned about).
 """
 
@@ -150,7 +150,7 @@ class DataConfig:
     decode: str = "auto"
     """Where training JPEGs are decoded: ``"cpu"`` (PIL in the loader workers), ``"gpu"`` (nvJPEG
     on the training GPU, the crop and normalisation there too, overlapped with the step; the
-    workers only read, parse headers and tokenise: ``pipeline.gpu_decode``; needs the ``gpu``
+    workers only read, parse headers and tokenise: ``pipeline.data.gpu_decode``; needs the ``gpu``
     extra, torchvision) or ``"auto"``: the GPU when training on CUDA and torchvision is there,
     else the CPU. Other image formats are decoded in the workers either way. Eval is on the CPU."""
     gpu_decode_share: float = 1.0
@@ -161,11 +161,11 @@ class DataConfig:
     gpu_decoder: str = "auto"
     """With GPU decoding, how nvJPEG is called: ``"nvjpeg"`` (the library directly: its hardware
     backend where the GPU has JPEG engines, on the decode stage's high-priority stream, into one
-    buffer: ``pipeline.nvjpeg``), ``"torchvision"`` (``torchvision.io.decode_jpeg``) or
+    buffer: ``pipeline.data.nvjpeg``), ``"torchvision"`` (``torchvision.io.decode_jpeg``) or
     ``"auto"``: nvjpeg when the library loads, else torchvision."""
     device_cache: bool = False
     """Decode every training sample once into device memory and serve batches from there
-    (``pipeline.data_cache``): for data sets that fit (at most half the free memory), when the
+    (``pipeline.data.device_cache``): for data sets that fit (at most half the free memory), when the
     loader cannot keep up with a small model. Needs ``crop_scale`` [1, 1]; ignores ``resampled``
     (an epoch is a seeded permutation of the cached set)."""
     generate_digits: bool = False
@@ -377,7 +377,7 @@ class _StreamSpec:
     """Resume: the logical worker the round-robin goes on with (DataLoader worker 0 plays it);
     None: ``start_batch mod W``."""
     gpu_decode: bool = False
-    """Training: JPEGs leave the workers undecoded, with their crop boxes (``pipeline.gpu_decode``)."""
+    """Training: JPEGs leave the workers undecoded, with their crop boxes (``pipeline.data.gpu_decode``)."""
     gpu_share: float = 1.0
     """With ``gpu_decode``: the share of JPEGs sent undecoded (by a hash of shard name and key)."""
 
@@ -476,7 +476,7 @@ def _full_resolution_box(box: Sequence[int], drafted: Sequence[int], full: Seque
 def _pixels(items: List[Dict[str, Any]], size: int) -> Dict[str, Any]:
     """A batch's images: ``pixel_values`` stacked; or, where some are JPEGs left for the GPU
     (a tuple (x, y, w, h, W, H) instead of pixels: the box and the image's size), those packed
-    (``pipeline.gpu_decode.JPEG_KEYS``) and the rest as uint8 rows of ``pixel_values`` at
+    (``pipeline.data.gpu_decode.JPEG_KEYS``) and the rest as uint8 rows of ``pixel_values`` at
     ``cpu_dest``."""
     jpeg = [i for i, it in enumerate(items) if it["jpeg"] is not None]
     if not jpeg:
@@ -503,7 +503,7 @@ def _tar_samples(url: str, on_error: Callable[[str], None]) -> Iterator[Dict[str
     A shard that cannot be read calls ``on_error`` once, naming it, and ends there; the samples
     before the damage are kept and the one it cut short is marked ``__cut__``. Damage includes a
     shard cut short at a header or member boundary, which tarfile's stream mode reads as a quiet
-    end (:func:`pipeline.shards.tar_members`, which the tokenizer's caption pass reads with too).
+    end (:func:`pipeline.data.shards.tar_members`, which the tokenizer's caption pass reads with too).
     A second member of the same name in a sample is ignored with a warning (once a shard): the
     sample is used, nothing is skipped.
     """
@@ -757,7 +757,7 @@ class ShardLoader:
         self.dataloader, self._spec = dataloader, spec
         self.normalize = normalize
         self.stage = stage
-        """The GPU decode stage (:class:`pipeline.gpu_decode.DecodeStage`), run a batch or two
+        """The GPU decode stage (:class:`pipeline.data.gpu_decode.DecodeStage`), run a batch or two
         ahead by a background thread; None: batches as the workers send them."""
         self.batches_per_epoch = batches_per_epoch
         self.epoch, self.start_batch, self.batch_size = spec.epoch, spec.start_batch, spec.batch_size
@@ -965,13 +965,13 @@ def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_l
 
     Args:
         cfg: the ``data`` section.
-        tokenizer: from :func:`pipeline.tokenizer.ensure_tokenizer` (used in the workers).
+        tokenizer: from :func:`pipeline.data.tokenizer.ensure_tokenizer` (used in the workers).
         image_size: the vision tower's input side; context_length: the text tower's length.
         batch_size: micro batch per rank (DeepSpeed's ``train_micro_batch_size_per_gpu``);
             partial batches are dropped.
         rank, world_size: data-parallel position (shards split by rank, then by worker; a shard
             count not divisible by ``world_size`` is warned about once on rank 0: the ranks
-            with one shard more leave its samples unread each epoch, see :class:`pipeline.loop.Batches`).
+            with one shard more leave its samples unread each epoch, see :class:`pipeline.train.loop.Batches`).
         epoch: selects the shard order, buffer and crop seeds (a new loader per epoch).
         seed: overrides ``cfg.seed`` when given.
         start_batch: resume: skip this many batches of this (epoch, rank) stream (exact under

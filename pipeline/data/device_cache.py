@@ -30,7 +30,7 @@ import torch
 
 from infclip.ops.config import ConfigError
 
-from .data import DataConfig, _make_loader, _seed, _stream_spec, normalize_pixels
+from .loader import DataConfig, _make_loader, _seed, _stream_spec, normalize_pixels
 
 __all__ = ["DeviceCache", "CachedLoader"]
 
@@ -129,7 +129,7 @@ class DeviceCache:
 
 class CachedLoader:
     """Batches of one rank for one epoch, indexed out of a :class:`DeviceCache`: the same keys
-    as :class:`pipeline.data.ShardLoader` (``num_skipped`` and ``worker_s`` are 0)."""
+    as :class:`pipeline.data.loader.ShardLoader` (``num_skipped`` and ``worker_s`` are 0)."""
 
     def __init__(self, cache: DeviceCache, *, batch_size: int, rank: int, world_size: int, epoch: int,
                  start_batch: int, dtype: torch.dtype) -> None:

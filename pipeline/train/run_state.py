@@ -3,7 +3,7 @@
 Design: :class:`RunState` is what the loop advances and what a checkpoint's client state holds.
 The data position is counted in micro-batches of one rank's stream, a stream fixed by the
 micro-batch, the data-parallel world size, the shard list, the data seed, the loader's logical
-worker count and the shuffle settings (:mod:`pipeline.data`). A checkpoint records those as its
+worker count and the shuffle settings (:mod:`pipeline.data.loader`). A checkpoint records those as its
 *data setup*; :meth:`Checkpointer.resume` compares it with the current one and raises
 :class:`~pipeline.errors.ResumeMismatchError` listing each change (old -> new) instead of
 continuing at the stored batch index in other units. Shards are compared by file name (the crops
@@ -22,9 +22,9 @@ from typing import Any, Optional, Sequence
 import torch.distributed as dist
 
 from .checkpoint import load_checkpoint, read_latest, resolve_resume, save_checkpoint
-from .config import RunConfig
-from .dist import cpu_group, world
-from .errors import CheckpointError, ResumeMismatchError
+from ..config import RunConfig
+from ..engine.dist import cpu_group, world
+from ..errors import CheckpointError, ResumeMismatchError
 
 __all__ = ["RunState", "Checkpointer", "data_setup"]
 
@@ -42,7 +42,7 @@ class RunState:
     skipped_samples: int = 0
     """Broken samples the loader skipped so far (all epochs)."""
     data_position: Optional[dict] = None
-    """This rank's loader position in the epoch (:meth:`pipeline.data.ShardLoader.position`: the
+    """This rank's loader position in the epoch (:meth:`pipeline.data.loader.ShardLoader.position`: the
     batches each logical loader worker delivered, and the worker the round-robin goes on with),
     which makes a resume exact when the workers hold unequal data. None: at the epoch's start,
     for loaders without one (the device cache), and in checkpoints written before it was kept:
@@ -107,7 +107,7 @@ class Checkpointer:
                              data_position=_own_position(client.get("data_positions")))
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{where}: the client state has no usable run position ({exc!r}); "
-                                  "was it written by pipeline.train?") from None
+                                  "was it written by pipeline.train.train?") from None
         logger.info("resumed from %s at step %d (epoch %d, batch %d)", where, state.step, state.epoch,
                     state.batch_in_epoch)
         return state
