@@ -3,7 +3,7 @@
 Design: writes real img2dataset-layout JPEG shards on local disk (``--size`` px pictures with
 smooth colour fields and shapes, baseline JPEG of quality 90, with ``--mixed`` every fifth
 progressive and every tenth greyscale), trains the project's BPE
-tokenizer on their captions, then times ``pipeline.data.loader.build_train_loader`` at several worker
+tokenizer on their captions, then times ``pipeline.data.build.build_train_loader`` at several worker
 counts, for each ``--decode``: ``cpu`` (decode + random resized crop to 224 + tokenise in the
 DataLoader workers, uint8 to the GPU and normalised there) or ``gpu`` (the workers read, parse
 headers and tokenise; nvJPEG decode, crop and normalisation on the GPU: ``pipeline.data.gpu_decode``).
@@ -82,7 +82,9 @@ def write_jpeg_shards(out_dir: str, shards: int, per_shard: int, size: int = 256
 
 
 def measure(url: str, tokenizer, workers: int, batch: int, batches: int, decode: str = "cpu") -> dict:
-    from infclip.pipeline.data.loader import DataConfig, build_train_loader, measure_loader_throughput
+    from infclip.pipeline.data.build import build_train_loader
+    from infclip.pipeline.data.config import DataConfig
+    from infclip.pipeline.data.loader import measure_loader_throughput
 
     cfg = DataConfig(train_shards=url, resampled=True, samples_per_epoch=10**9, workers=workers,
                      shuffle_buffer=1000, prefetch_factor=4, decode=decode)
@@ -118,7 +120,7 @@ def main(argv=None) -> int:
     url = write_jpeg_shards(os.path.join(work, f"shards{args.size}{'mixed' if args.mixed else ''}"), args.shards,
                             args.per_shard, size=args.size, mixed=args.mixed)
     made = args.shards * args.per_shard / (time.perf_counter() - t0)
-    from infclip.pipeline.data.loader import expand_urls
+    from infclip.pipeline.data.shard_urls import expand_urls
 
     sizes = [os.path.getsize(u) for u in expand_urls(url)]
     tokenizer = train_bpe_tokenizer(iter_shard_captions(expand_urls(url)), os.path.join(work, "tok"), vocab_size=512)

@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     p.add_argument("--dir", default=None, help="where the image sets are written (kept for reuse)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "stream.jsonl"))
     args = p.parse_args(argv)
-    from infclip.pipeline.data.loader import build_train_loader
+    from infclip.pipeline.data.build import build_train_loader
     from infclip.pipeline.engine.dist import init_distributed, single_process_env
     from infclip.pipeline.engine.engine import build_engine
     from infclip.pipeline.data.tokenizer import iter_shard_captions, train_bpe_tokenizer

@@ -468,7 +468,7 @@ def export_openclip(checkpoint: PathLike, out_dir: PathLike, tag: Optional[str] 
     The folder is also a ``model.pretrained`` and a ``--checkpoint`` here. Returns ``out_dir``."""
     from safetensors.torch import save_file
 
-    from infclip.pipeline.data.loader import CLIP_MEAN, CLIP_STD
+    from infclip.pipeline.data.config import CLIP_MEAN, CLIP_STD
     from infclip.pipeline.data.tokenizer import with_clip_template
 
     loaded, run_cfg = _load_for_export(checkpoint, tag, config, tokenizer)

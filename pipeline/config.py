@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Iterable, List, Literal, Mapping, Optiona
 
 from infclip.ops.config import ConfigError, ContrastiveLossConfig, parse_section, require_at_least
 
+from .data.config import DataConfig
 from .model.config import ModelConfig, ds_param_dtype
 
 if TYPE_CHECKING:
@@ -156,8 +157,7 @@ class RunConfig:
     ds_config: dict
     """DeepSpeed's keys only, as written (handed to ``deepspeed.initialize``)."""
     model: ModelConfig
-    data: Any
-    """``pipeline.data.loader.DataConfig``."""
+    data: DataConfig
     contrastive_loss: ContrastiveLossConfig
     train: TrainConfig
     eval: Optional[dict]
@@ -342,8 +342,6 @@ def apply_overrides(raw: dict, overrides: Iterable[str], source: Optional[str] =
 def load_config(path: Optional[str] = None, overrides: Iterable[str] = (), *,
                 data: Optional[Mapping[str, Any]] = None) -> RunConfig:
     """Read ``path`` (or take ``data``, a dict), apply overrides, validate, parse the sections."""
-    from .data.loader import DataConfig  # the data section's dataclass lives beside its loader
-
     source = os.fspath(path) if path is not None else "<dict>"
     if data is None:
         if path is None:

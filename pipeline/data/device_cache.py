@@ -30,7 +30,10 @@ import torch
 
 from infclip.ops.config import ConfigError
 
-from .loader import DataConfig, _make_loader, _seed, _stream_spec, normalize_pixels
+from .config import DataConfig
+from .image_ops import normalize_pixels
+from .loader import make_loader
+from .spec import stable_seed, stream_spec
 
 __all__ = ["DeviceCache", "CachedLoader"]
 
@@ -92,12 +95,12 @@ class DeviceCache:
         t0 = time.perf_counter()
         # the defaults' ordered pass (last batch kept, crop_scale [1, 1]: the centre square), as uint8 (``train``)
         workers = min(cfg.workers, len(shards))  # a worker without a shard would start only to end
-        spec = _stream_spec(
+        spec = stream_spec(
             shards, tokenizer, image_size=image_size, context_length=context_length, batch_size=_READ_BATCH,
             workers=workers, image_keys=cfg.image_keys(), caption_key=cfg.caption_key, mean=cfg.image_mean,
             std=cfg.image_std, train=True, seed=cfg.seed)
         parts: Dict[str, List[torch.Tensor]] = {"pixel_values": [], "input_ids": [], "attention_mask": []}
-        reader = _make_loader(spec, workers, cfg.prefetch_factor)
+        reader = make_loader(spec, workers, cfg.prefetch_factor)
         for batch in reader:
             for name, chunks in parts.items():
                 chunks.append(batch[name])
@@ -146,7 +149,7 @@ class CachedLoader:
 
     def order(self) -> torch.Tensor:
         """This epoch's permutation of the cached rows (the same on every rank)."""
-        gen = torch.Generator().manual_seed(_seed("device_cache", self.cache.cfg.seed, self.epoch) % 2**63)
+        gen = torch.Generator().manual_seed(stable_seed("device_cache", self.cache.cfg.seed, self.epoch) % 2**63)
         return torch.randperm(len(self.cache), generator=gen)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:

@@ -392,10 +392,10 @@ def ensure_tokenizer(data_cfg, shards: Optional[Sequence[str]], out_dir: Union[s
     """The run's tokenizer: the configured folder, an earlier run's copy, or a freshly trained BPE.
 
     Args:
-        data_cfg: :class:`pipeline.data.loader.DataConfig` (uses ``tokenizer``, ``vocab_size``,
+        data_cfg: :class:`pipeline.data.config.DataConfig` (uses ``tokenizer``, ``vocab_size``,
             ``tokenizer_train_captions``, ``caption_key``).
         shards: the training shards' URLs, expanded and present (e.g.
-            :func:`pipeline.data.loader.prepare_shards`'s list), whose captions train the BPE; needed
+            :func:`pipeline.data.shard_urls.prepare_shards`'s list), whose captions train the BPE; needed
             only when there is no tokenizer to load.
         out_dir: the tokenizer folder inside the run directory (e.g. ``run_dir/tokenizer``).
             When ``data_cfg.tokenizer`` is null and it already holds a tokenizer (a resumed
@@ -419,7 +419,7 @@ def ensure_tokenizer(data_cfg, shards: Optional[Sequence[str]], out_dir: Union[s
         return load_tokenizer(out_dir)
     if isinstance(shards, str):
         raise TypeError(f"ensure_tokenizer takes the training shards as a list of URLs, got the string {shards!r} "
-                        "(pipeline.data.loader.expand_urls expands a brace pattern)")
+                        "(pipeline.data.shard_urls.expand_urls expands a brace pattern)")
     if not shards:
         raise ConfigError(f"no tokenizer to train: data.tokenizer is unset, {out_dir} holds none, and no "
                           "training shards were given")

@@ -607,7 +607,7 @@ class CLIPTowers(nn.Module):
         import transformers
         from transformers import CLIPProcessor
 
-        from ..data.loader import CLIP_MEAN, CLIP_STD
+        from ..data.config import CLIP_MEAN, CLIP_STD
         from ..data.tokenizer import with_clip_template
 
         # without torchvision transformers 5 falls back to the PIL class with a warning; both

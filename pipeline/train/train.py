@@ -64,7 +64,7 @@ class TrainResult:
 
 def _prepare_data(run_cfg: RunConfig, rank: int, context_length: int):
     """The training shards (digits generated if asked) and the tokenizer (trained if needed)."""
-    from ..data.loader import prepare_shards
+    from ..data.shard_urls import prepare_shards
     from ..data.tokenizer import ensure_tokenizer
 
     out_dir = run_cfg.train.output_dir
@@ -117,7 +117,7 @@ def train(run_cfg: RunConfig, *, resume: Optional[str] = None,
 
 
 def _train(run_cfg: RunConfig, resume: Optional[str], evaluator: Any, stop: StopSignals) -> TrainResult:
-    from ..data.loader import build_train_loader
+    from ..data.build import build_train_loader
     from ..data.device_cache import DeviceCache
 
     tcfg = run_cfg.train

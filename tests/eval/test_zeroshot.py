@@ -13,7 +13,8 @@ from infclip.eval.config import EvalConfig
 from infclip.eval.templates import DEFAULT_TEMPLATES, load_classnames, load_templates
 from infclip.eval.zeroshot import ImageFolderData, build_classifier, image_folder_samples
 from infclip.ops.config import ConfigError
-from infclip.pipeline.data.loader import CLIP_MEAN, CLIP_STD, build_eval_loader
+from infclip.pipeline.data.build import build_eval_loader
+from infclip.pipeline.data.config import CLIP_MEAN, CLIP_STD
 from infclip.pipeline.data.shards import DIGITS_CLASSNAMES
 
 from tests._ranks import run_two_ranks

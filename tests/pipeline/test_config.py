@@ -141,7 +141,7 @@ def test_docs_config_reference_lists_every_key_with_its_default():
 
     from infclip.eval.config import EvalConfig
     from infclip.ops.config import ContrastiveLossConfig
-    from infclip.pipeline.data.loader import DataConfig
+    from infclip.pipeline.data.config import DataConfig
     from infclip.pipeline.model.config import ModelConfig, TextTowerConfig, VisionTowerConfig
     from infclip.pipeline.train.train import TrainConfig
 

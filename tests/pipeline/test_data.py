@@ -16,8 +16,10 @@ import torch
 from PIL import Image
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.data.loader import (CLIP_MEAN, CLIP_STD, DataConfig, build_eval_loader, build_train_loader, expand_urls,
-                           measure_loader_throughput, prepare_shards)
+from infclip.pipeline.data.build import build_eval_loader, build_train_loader
+from infclip.pipeline.data.config import CLIP_MEAN, CLIP_STD, DataConfig
+from infclip.pipeline.data.loader import measure_loader_throughput
+from infclip.pipeline.data.shard_urls import expand_urls, prepare_shards
 from infclip.pipeline.data.shards import EncodedImage, brace_url, folder_samples, write_shards
 from infclip.pipeline.data.tokenizer import load_tokenizer
 
@@ -187,7 +189,7 @@ def test_a_duplicate_member_is_ignored_with_one_warning_and_skips_nothing(tmp_pa
             _add(tar, f"{i:09d}.txt", f"caption {i}".encode())
             if i in (1, 3):
                 _add(tar, f"{i:09d}.txt", b"a second caption")
-    with caplog.at_level("WARNING", logger="infclip.pipeline.data.loader"):
+    with caplog.at_level("WARNING", logger="infclip.pipeline.data"):
         loader = build_eval_loader(str(path), tok, image_size=8, context_length=16, batch_size=10)
         (batch,) = list(loader)
     assert _ids(batch) == [0, 1, 2, 3] and batch["caption"] == [f"caption {i}" for i in range(4)]
@@ -322,7 +324,7 @@ def test_a_shard_cut_short_is_one_counted_tar_error(tmp_path, tok, caplog, cut):
                 "end_blocks": (list(range(10)), end)}[cut]
     path = tmp_path / "cut-000000.tar"
     path.write_bytes(raw[:at])
-    caplog.set_level("WARNING", logger="infclip.pipeline.data.loader")
+    caplog.set_level("WARNING", logger="infclip.pipeline.data")
     ev = build_eval_loader(str(path), tok, image_size=8, context_length=16, batch_size=100)
     assert [int(k) for b in ev for k in b["key"]] == keep
     assert ev.skipped_by_reason == {"tar_error": 1}
@@ -359,10 +361,10 @@ def test_shards_not_dividing_over_ranks_warn_once_on_rank_0(tmp_path, tok, caplo
     """3 shards on 2 ranks: every epoch ends when the rank with 1 shard runs out, so the other
     rank's second shard goes unread; rank 0 says so once (not every epoch), and not when the
     shards divide or are resampled."""
-    from infclip.pipeline.data import loader as data
+    from infclip.pipeline.data import build as data
 
     url = _solid_shards(tmp_path, n_shards=3, per_shard=6)
-    caplog.set_level("WARNING", logger="infclip.pipeline.data.loader")
+    caplog.set_level("WARNING", logger="infclip.pipeline.data")
     data._WARNED.clear()
     lengths = [[len(list(_train(_cfg(url), tok, rank=r, world_size=2, epoch=e))) for r in range(2)] for e in range(2)]
     assert lengths == [[4, 2], [4, 2]]  # what the warning is about
@@ -396,10 +398,10 @@ def _sized_shards(out: Path, sizes) -> list:
 def test_more_workers_than_shards_resume_exactly_and_fill_the_epoch(tmp_path, tok, caplog):
     """4 workers for 3 shards: the loader runs 3 (a worker without a shard broke the round-robin
     that resume relies on, and its quota of a samples_per_epoch epoch went unfilled)."""
-    from infclip.pipeline.data import loader as data
+    from infclip.pipeline.data import build as data
 
     paths = _sized_shards(tmp_path, [6, 6, 6])
-    caplog.set_level("WARNING", logger="infclip.pipeline.data.loader")
+    caplog.set_level("WARNING", logger="infclip.pipeline.data")
     data._WARNED.clear()  # the warnings come once per process
     cfg = _cfg(paths, workers=4, shuffle_buffer=0, shard_shuffle=False)
     full = [_ids(b) for b in _train(cfg, tok)]
@@ -416,10 +418,10 @@ def test_workers_with_unequal_data_deliver_every_batch_and_resume_exactly(tmp_pa
     data ran out and goes on with the others, so every full batch is read; the loader's position
     after each batch resumes exactly the rest of the uninterrupted epoch (more in
     test_data_unequal.py); nothing is lost, so there is no warning about it."""
-    from infclip.pipeline.data import loader as data
+    from infclip.pipeline.data import build as data
 
     paths = _sized_shards(tmp_path, [6, 6, 6, 6, 3])
-    caplog.set_level("WARNING", logger="infclip.pipeline.data.loader")
+    caplog.set_level("WARNING", logger="infclip.pipeline.data")
     data._WARNED.clear()  # the warnings come once per process
     cfg = _cfg(paths, workers=3, shuffle_buffer=0, shard_shuffle=False)
     # worker 0: shards 0 and 3 (4 batches), worker 1: shards 1 and 4 (3), worker 2: shard 2 (2)
@@ -584,7 +586,7 @@ def test_same_shards_in_another_folder_give_the_same_batches(digits_shards, tok,
 def test_training_crops_travel_as_uint8_and_are_normalised_where_asked(digits_shards, tok):
     """The workers send uint8 crops; the loader normalises them (on the CPU by default, or in the
     model's dtype on the device it is given): the same values either way, up to that dtype."""
-    from infclip.pipeline.data.loader import normalize_pixels
+    from infclip.pipeline.data.image_ops import normalize_pixels
 
     cfg = DataConfig.from_dict({"train_shards": digits_shards["train"], "workers": 1, "shuffle_buffer": 8})
     kw = dict(image_size=16, context_length=16, batch_size=8)
@@ -598,18 +600,18 @@ def test_training_crops_travel_as_uint8_and_are_normalised_where_asked(digits_sh
 
 
 def test_uint8_training_crop_matches_a_reference_resize_of_the_same_box():
-    """The vectorised uint8 crop is the box _crop_box draws, resized bilinearly: within two grey
+    """The vectorised uint8 crop is the box crop_box draws, resized bilinearly: within two grey
     levels of PIL's bilinear resize of that box on a smooth image."""
     import random
 
     import numpy as np
 
-    from infclip.pipeline.data.loader import _crop_box, _resized_box_uint8
+    from infclip.pipeline.data.transforms import _resized_box_uint8, crop_box
 
     yy, xx = np.mgrid[0:96, 0:80]
     arr = np.stack([xx * 3, yy * 2, (xx + yy)], axis=-1).clip(0, 255).astype(np.uint8)
     img = Image.fromarray(arr, "RGB")
-    x, y, w, h = _crop_box(80, 96, [0.5, 0.9], random.Random(7))
+    x, y, w, h = crop_box(80, 96, [0.5, 0.9], random.Random(7))
     got = _resized_box_uint8(img, (x, y, w, h), 32)
     ref = np.asarray(img.resize((32, 32), Image.BILINEAR, box=(x, y, x + w, y + h)), dtype=np.float32)
     assert got.dtype == torch.uint8 and got.shape == (3, 32, 32)

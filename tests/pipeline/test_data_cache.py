@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.data.loader import DataConfig, build_train_loader, expand_urls
+from infclip.pipeline.data.build import build_train_loader
+from infclip.pipeline.data.config import DataConfig
+from infclip.pipeline.data.shard_urls import expand_urls
 from infclip.pipeline.data.device_cache import DeviceCache
 from infclip.pipeline.data.tokenizer import load_tokenizer
 

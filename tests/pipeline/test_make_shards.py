@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from infclip.pipeline.data.loader import build_eval_loader, expand_urls
+from infclip.pipeline.data.build import build_eval_loader
+from infclip.pipeline.data.shard_urls import expand_urls
 from infclip.pipeline.data.shards import DIGITS_CLASSNAMES
 from infclip.pipeline.data.tokenizer import load_tokenizer
 

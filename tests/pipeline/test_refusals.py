@@ -79,7 +79,7 @@ def test_a_huge_image_is_skipped_before_decoding(tmp_path, digits_shards):
     """A 12000 x 12000 PNG of a few hundred KB (144 Mpx: 430 MB once decoded as RGB) is skipped
     from its header and counted as too_many_pixels; the other samples come through (the training
     loader decodes through the same function)."""
-    from infclip.pipeline.data.loader import build_eval_loader
+    from infclip.pipeline.data.build import build_eval_loader
     from infclip.pipeline.data.tokenizer import load_tokenizer
 
     path = tmp_path / "big-000000.tar"

@@ -19,7 +19,9 @@ from PIL import Image
 
 from infclip.eval.templates import fill_template, load_classnames, load_templates
 from infclip.pipeline.data import scenes
-from infclip.pipeline.data.loader import DataConfig, build_eval_loader, build_train_loader, expand_urls
+from infclip.pipeline.data.build import build_eval_loader, build_train_loader
+from infclip.pipeline.data.config import DataConfig
+from infclip.pipeline.data.shard_urls import expand_urls
 from infclip.pipeline.data.scenes import (COLOURS, HELD_OUT_COLOUR_SHAPE, HELD_OUT_COUNT_SHAPE, SHAPES, Group, Scene, caption,
                              is_held_out, parse_caption, sample_scene, write_scenes)
 from infclip.pipeline.data.tokenizer import train_bpe_tokenizer

@@ -9,7 +9,8 @@ import torch
 from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.data.loader import DataConfig, expand_urls
+from infclip.pipeline.data.config import DataConfig
+from infclip.pipeline.data.shard_urls import expand_urls
 from infclip.pipeline.data.tokenizer import (EOS_TOKEN, ensure_tokenizer, load_tokenizer, special_token_ids, tokenize,
                                 train_bpe_tokenizer)
 
@@ -106,7 +107,7 @@ def test_broken_shards_are_skipped_and_named(digits_shards, tmp_path, caplog):
     import logging
     import shutil
 
-    from infclip.pipeline.data.loader import expand_urls
+    from infclip.pipeline.data.shard_urls import expand_urls
     from infclip.pipeline.data.tokenizer import iter_shard_captions
 
     good = expand_urls(digits_shards["train"])[:2]
@@ -138,7 +139,7 @@ def test_gzipped_shards_are_whole_unless_cut(digits_shards, tmp_path):
     short (the gzip stream itself cut), broken. Both the loader and this pass use one check."""
     import gzip
 
-    from infclip.pipeline.data.loader import expand_urls
+    from infclip.pipeline.data.shard_urls import expand_urls
     from infclip.pipeline.data.tokenizer import iter_shard_captions
 
     tar = open(expand_urls(digits_shards["train"])[0], "rb").read()
