@@ -50,7 +50,7 @@ __all__ = ["ShardLoader", "make_loader", "measure_loader_throughput"]
 
 
 class ShardLoader:
-    """Iterable over batches (a DataLoader over :class:`ShardStream`) that sums skip counts.
+    """Iterable over batches (a DataLoader over :class:`~pipeline.data.stream.ShardStream`) that sums skip counts.
 
     Each batch is a dict: ``pixel_values`` [B, 3, H, W] normalised (float32 on the CPU, or, for a
     training loader given a device, the model's dtype on that device: the workers send uint8

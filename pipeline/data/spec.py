@@ -55,7 +55,7 @@ class StreamSpec:
     (CLIP_benchmark's: image + ``.cls`` only) set False and get an empty caption."""
     worker_start: Optional[List[int]] = None
     """Resume: batches each logical worker already delivered this epoch (it skips their samples);
-    None: the balanced split of ``start_batch`` (see :meth:`ShardLoader.seek`)."""
+    None: the balanced split of ``start_batch`` (see :meth:`pipeline.data.loader.ShardLoader.seek`)."""
     first_worker: Optional[int] = None
     """Resume: the logical worker the round-robin goes on with (DataLoader worker 0 plays it);
     None: ``start_batch mod W``."""
