@@ -109,8 +109,8 @@ def towers_ms(flat, zero: int, steps: int, device: torch.device, width: int, lea
     from infclip.pipeline.engine.tower_unit import reduce_when_accumulated
     from infclip.pipeline.engine.zero3_step import lighten_zero3, restore_deepspeed_zero3
 
-    from infclip.pipeline.model.model import CLIPTowers
     from infclip.pipeline.model.config import ModelConfig
+    from infclip.pipeline.model.model import CLIPTowers
     from infclip.pipeline.model.param_layout import mark_zero3_leaf_layers, param_groups
 
     heads = max(1, width // 64)

@@ -154,9 +154,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "stream.jsonl"))
     args = p.parse_args(argv)
     from infclip.pipeline.data.build import build_train_loader
+    from infclip.pipeline.data.tokenizer import iter_shard_captions, train_bpe_tokenizer
     from infclip.pipeline.engine.dist import init_distributed, single_process_env
     from infclip.pipeline.engine.engine import build_engine
-    from infclip.pipeline.data.tokenizer import iter_shard_captions, train_bpe_tokenizer
 
     single_process_env()
     work = args.dir or tempfile.mkdtemp(prefix="bench_stream_")

@@ -36,11 +36,11 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from infclip.pipeline.train.checkpoint import check_tag, latest_tag, safe_load
 from infclip.pipeline.errors import CheckpointError
 from infclip.pipeline.model.flat_params import expand_flat_entries
 from infclip.pipeline.model.model import is_hf_clip_folder
 from infclip.pipeline.model.openclip import OPENCLIP_CONFIG_FILE, OPENCLIP_WEIGHTS_FILE, towers_to_openclip
+from infclip.pipeline.train.checkpoint import check_tag, latest_tag, safe_load
 
 __all__ = [
     "LoadedModel",
@@ -347,9 +347,9 @@ def load_model(path: PathLike, tag: Optional[str] = None, *, config: Optional[Pa
             the run config's ``data.tokenizer``).
         device: where the model goes after loading on the CPU.
     """
-    from infclip.pipeline.model.model import CLIPTowers
-    from infclip.pipeline.model.config import ModelConfig
     from infclip.pipeline.data.tokenizer import load_tokenizer
+    from infclip.pipeline.model.config import ModelConfig
+    from infclip.pipeline.model.model import CLIPTowers
 
     path = Path(path)
     if not path.exists():

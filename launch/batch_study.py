@@ -46,8 +46,8 @@ import torch  # noqa: E402
 from infclip.eval.config import EvalConfig  # noqa: E402
 from infclip.eval.evaluator import Evaluator  # noqa: E402
 from infclip.pipeline.config import load_config  # noqa: E402
-from infclip.pipeline.data.shard_urls import expand_urls  # noqa: E402
 from infclip.pipeline.data.scenes import ZEROSHOT_SPLITS, write_scenes  # noqa: E402
+from infclip.pipeline.data.shard_urls import expand_urls  # noqa: E402
 from infclip.pipeline.data.tokenizer import ensure_tokenizer, iter_shard_captions  # noqa: E402
 from infclip.pipeline.train.train import single_process_env, train  # noqa: E402
 

@@ -16,8 +16,8 @@ import logging
 import sys
 from typing import List, Optional
 
-from infclip.pipeline.data.shards import brace_url, folder_samples, write_digits_shards, write_shards
 from infclip.pipeline.data.scenes import write_scenes
+from infclip.pipeline.data.shards import brace_url, folder_samples, write_digits_shards, write_shards
 
 
 def main(argv: Optional[List[str]] = None) -> dict:

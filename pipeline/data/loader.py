@@ -240,15 +240,17 @@ def _ignore_stop_signals(worker_id: int) -> None:
 
 
 def make_loader(spec: StreamSpec, workers: int, prefetch_factor: int,
-                 normalize: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-                 stage: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None) -> ShardLoader:
+                normalize: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+                stage: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None) -> ShardLoader:
+    """The loader of ``spec``'s stream: a DataLoader of ``workers`` processes (0: in this one) over
+    :class:`~pipeline.data.stream.ShardStream`, its workers deaf to the stop signals; ``normalize`` and
+    ``stage`` as :class:`ShardLoader` takes them."""
     kwargs: Dict[str, Any] = {}
     if workers > 0:
         kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=False, worker_init_fn=_ignore_stop_signals)
     dl = torch.utils.data.DataLoader(ShardStream(spec), batch_size=None, num_workers=workers,
                                      pin_memory=torch.cuda.is_available(), **kwargs)
     return ShardLoader(dl, spec, batches_per_epoch=spec.batches_per_rank, normalize=normalize, stage=stage)
-
 
 
 def measure_loader_throughput(loader: Iterable[Dict[str, Any]], num_batches: int, warmup: int = 1) -> float:

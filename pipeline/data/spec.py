@@ -73,12 +73,12 @@ class StreamSpec:
 
 
 def stream_spec(urls: Sequence[str], tokenizer: Any, *, image_size: int, context_length: int, batch_size: int,
-                 workers: int, image_keys: List[str], caption_key: str, mean: Sequence[float],
-                 std: Sequence[float], rank: int = 0, world_size: int = 1, train: bool = False, seed: int = 0,
-                 epoch: int = 0, shard_shuffle: bool = False, shuffle_buffer: int = 0, resampled: bool = False,
-                 batches_per_rank: Optional[int] = None, start_batch: int = 0,
-                 crop_scale: Sequence[float] = (1.0, 1.0), drop_last: bool = False, with_labels: bool = False,
-                 require_caption: bool = True) -> StreamSpec:
+                workers: int, image_keys: List[str], caption_key: str, mean: Sequence[float],
+                std: Sequence[float], rank: int = 0, world_size: int = 1, train: bool = False, seed: int = 0,
+                epoch: int = 0, shard_shuffle: bool = False, shuffle_buffer: int = 0, resampled: bool = False,
+                batches_per_rank: Optional[int] = None, start_batch: int = 0,
+                crop_scale: Sequence[float] = (1.0, 1.0), drop_last: bool = False, with_labels: bool = False,
+                require_caption: bool = True) -> StreamSpec:
     """The spec of one stream, for the training and eval loaders and the device cache. The
     defaults are one ordered pass over ``urls`` (no shard shuffle, buffer or resampling, the
     centre square, the last partial batch kept); ``train`` sends uint8 crops seeded by ``seed``

@@ -49,7 +49,7 @@ def _center_crop_resize(img: Image.Image, size: int) -> Image.Image:
 
 
 def crop_box(w: int, h: int, scale: Sequence[float], rng: random.Random,
-              ratio: Sequence[float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
+             ratio: Sequence[float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
     """(left, top, width, height) of a random area fraction in ``scale`` with aspect ratio in
     ``ratio`` (10 tries), else the largest centred square."""
     area = w * h

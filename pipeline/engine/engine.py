@@ -27,9 +27,9 @@ from infclip.ops import ContrastiveLoss
 from infclip.ops.config import ConfigError
 
 from ..config import RunConfig
-from .dist import barrier, world
 from ..model.model import CLIPTowers
 from ..model.param_layout import mark_zero3_leaf_layers, misaligned_parameters, param_groups
+from .dist import barrier, world
 from .tower_unit import reduce_when_accumulated
 from .zero3_step import lighten_zero3
 from .zero_step import keep_step_on_device

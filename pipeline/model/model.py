@@ -39,14 +39,14 @@ from torch import Tensor, nn
 
 from infclip.ops.config import ConfigError
 
+from ..data.tokenizer import special_token_ids
 from ..errors import CheckpointError
+from .config import ModelConfig, TextTowerConfig, VisionTowerConfig, activation_bytes, ds_param_dtype
 from .flat_params import BindingForward, bind_in_checkpoint, bind_in_forward, bind_views, flatten_block
 from .layer_stack import layer_stacks, stack_forward
-from .config import ModelConfig, TextTowerConfig, VisionTowerConfig, activation_bytes, ds_param_dtype
 from .param_layout import encoder_layers
 from .patch_dropout import use_patch_dropout
 from .patch_embed import use_patch_gemm
-from ..data.tokenizer import special_token_ids
 
 __all__ = ["CLIPTowers", "is_hf_clip_folder"]
 

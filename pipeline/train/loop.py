@@ -41,12 +41,12 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from .collapse import CollapseWatch, effective_window
 from ..config import TrainConfig
+from ..engine.dist import barrier, cpu_group, world
 from ..engine.engine import TrainEngine
 from ..errors import NONFINITE_ADVICE, DataError, NonFiniteGradError, NonFiniteLossError, TrainingCollapseError
+from .collapse import CollapseWatch, effective_window
 from .metrics import TrainLogger
-from ..engine.dist import barrier, cpu_group, world
 from .run_state import Checkpointer, RunState
 from .signals import StopSignals
 from .step import LossGuard, forward_backward

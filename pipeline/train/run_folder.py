@@ -28,8 +28,8 @@ import socket
 import time
 from typing import Optional
 
-from .checkpoint import LATEST, list_tags, newest_checkpoint
 from ..errors import CheckpointError, RunFolderError
+from .checkpoint import LATEST, list_tags, newest_checkpoint
 
 __all__ = ["RunLock", "claim_run_folder", "LOCK_NAME"]
 

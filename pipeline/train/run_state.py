@@ -21,10 +21,10 @@ from typing import Any, Optional, Sequence
 
 import torch.distributed as dist
 
-from .checkpoint import load_checkpoint, read_latest, resolve_resume, save_checkpoint
 from ..config import RunConfig
 from ..engine.dist import cpu_group, world
 from ..errors import CheckpointError, ResumeMismatchError
+from .checkpoint import load_checkpoint, read_latest, resolve_resume, save_checkpoint
 
 __all__ = ["RunState", "Checkpointer", "data_setup"]
 

@@ -16,8 +16,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .chunked import chunked_forward_backward
 from ..errors import NONFINITE_ADVICE, NonFiniteLossError
+from .chunked import chunked_forward_backward
 
 __all__ = ["OpTimer", "LossGuard", "forward_backward"]
 

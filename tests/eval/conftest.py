@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from infclip.pipeline.model.model import CLIPTowers
-from infclip.pipeline.model.config import ModelConfig
 from infclip.pipeline.data.shards import DIGITS_CLASSNAMES, digits_samples, write_shards
 from infclip.pipeline.data.tokenizer import train_bpe_tokenizer
+from infclip.pipeline.model.config import ModelConfig
+from infclip.pipeline.model.model import CLIPTowers
 
 TINY_MODEL = {
     "embed_dim": 16,

@@ -14,10 +14,10 @@ import torch
 from PIL import Image
 
 from infclip.eval.checkpoint import export_hf, load_model
-from infclip.pipeline.engine.engine import export_final
-from infclip.pipeline.model.model import CLIPTowers
-from infclip.pipeline.model.config import ModelConfig
 from infclip.pipeline.data.tokenizer import tokenize
+from infclip.pipeline.engine.engine import export_final
+from infclip.pipeline.model.config import ModelConfig
+from infclip.pipeline.model.model import CLIPTowers
 
 from .conftest import TINY_MODEL, make_model, write_run_files
 from .test_checkpoint import _train_and_save

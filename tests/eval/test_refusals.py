@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from infclip.pipeline.errors import UserErrorExit
 from infclip.pipeline.data.shards import DIGITS_CLASSNAMES
+from infclip.pipeline.errors import UserErrorExit
 
 from .conftest import make_model
 

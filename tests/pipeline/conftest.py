@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from infclip.pipeline.data.shard_urls import expand_urls
 from infclip.pipeline.data.shards import write_digits_shards
 from infclip.pipeline.data.tokenizer import iter_shard_captions, train_bpe_tokenizer
-from infclip.pipeline.data.shard_urls import expand_urls
 
 
 @pytest.fixture(scope="session")

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from infclip.ops import ContrastiveLoss, ContrastiveLossConfig
-from infclip.pipeline.train.chunked import chunked_forward_backward
-from infclip.pipeline.model.model import CLIPTowers
 from infclip.pipeline.model.config import ModelConfig
+from infclip.pipeline.model.model import CLIPTowers
 from infclip.pipeline.model.param_layout import mark_zero3_leaf_layers
+from infclip.pipeline.train.chunked import chunked_forward_backward
 
 B, CHUNK = 10, 4  # uneven last chunk (4, 4, 2)
 

@@ -18,11 +18,11 @@ import sys
 import pytest
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.train.checkpoint import list_tags
-from infclip.pipeline.train.collapse import CollapseWatch, chance_loss
 from infclip.pipeline.config import TrainConfig
 from infclip.pipeline.engine.engine import contrastive_batch
 from infclip.pipeline.errors import USER_ERRORS, TrainingCollapseError
+from infclip.pipeline.train.checkpoint import list_tags
+from infclip.pipeline.train.collapse import CollapseWatch, chance_loss
 
 from .test_train import ROOT, free_port, run_inproc, tb_scalars, world_of_one  # noqa: F401  (fixture)
 

@@ -17,10 +17,10 @@ import torch.nn.functional as F
 
 from infclip.pipeline.engine.dist import single_process_env
 from infclip.pipeline.engine.engine import with_engine_defaults
+from infclip.pipeline.engine.zero_step import keep_step_on_device
 from infclip.pipeline.model.model import CLIPTowers
 from infclip.pipeline.model.param_layout import param_groups
 from infclip.pipeline.train.step import forward_backward
-from infclip.pipeline.engine.zero_step import keep_step_on_device
 
 from .test_model_speed import cfg
 

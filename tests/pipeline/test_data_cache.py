@@ -8,8 +8,8 @@ import torch
 from infclip.ops.config import ConfigError
 from infclip.pipeline.data.build import build_train_loader
 from infclip.pipeline.data.config import DataConfig
-from infclip.pipeline.data.shard_urls import expand_urls
 from infclip.pipeline.data.device_cache import DeviceCache
+from infclip.pipeline.data.shard_urls import expand_urls
 from infclip.pipeline.data.tokenizer import load_tokenizer
 
 from .test_train import run_inproc, world_of_one  # noqa: F401  (fixture)

@@ -7,8 +7,8 @@ import math
 
 import torch
 
-from infclip.pipeline.model.model import CLIPTowers
 from infclip.pipeline.data.tokenizer import load_tokenizer
+from infclip.pipeline.model.model import CLIPTowers
 from tests.pipeline.test_train import run_inproc, world_of_one  # noqa: F401 (fixture)
 
 

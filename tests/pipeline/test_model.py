@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.model.model import CLIPTowers
 from infclip.pipeline.model.config import ModelConfig
+from infclip.pipeline.model.model import CLIPTowers
 
 
 def cfg(**over) -> ModelConfig:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infclip.pipeline.model.model import CLIPTowers
 from infclip.pipeline.model.config import ModelConfig, activation_bytes, forward_flops
+from infclip.pipeline.model.model import CLIPTowers
 from infclip.pipeline.model.param_layout import misaligned_parameters, param_groups
 
 

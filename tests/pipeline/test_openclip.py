@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.model.model import CLIPTowers
 from infclip.pipeline.model.config import ModelConfig
+from infclip.pipeline.model.model import CLIPTowers
 
 HEAD_WIDTH = 8
 

@@ -106,8 +106,8 @@ def test_no_patch_dropout_leaves_the_module_alone():
 
 
 def _towers(patch_dropout: float, patch_embedding: str = "gemm", **over):
-    from infclip.pipeline.model.model import CLIPTowers
     from infclip.pipeline.model.config import ModelConfig
+    from infclip.pipeline.model.model import CLIPTowers
 
     cfg = ModelConfig.from_dict({
         "embed_dim": 12, "patch_dropout": patch_dropout, "compile": False, "patch_embedding": patch_embedding, **over,

@@ -21,9 +21,9 @@ import sys
 
 import pytest
 
-from infclip.pipeline.train.checkpoint import (MANIFEST, check_tag, latest_tag, list_tags, newest_checkpoint, read_latest,
-                                         resolve_resume)
 from infclip.pipeline.errors import CheckpointError, RunFolderError
+from infclip.pipeline.train.checkpoint import (MANIFEST, check_tag, latest_tag, list_tags, newest_checkpoint,
+                                               read_latest, resolve_resume)
 from infclip.pipeline.train.run_folder import LOCK_NAME, RunLock
 from infclip.pipeline.train.run_state import Checkpointer, RunState
 

@@ -21,9 +21,9 @@ from infclip.eval.templates import fill_template, load_classnames, load_template
 from infclip.pipeline.data import scenes
 from infclip.pipeline.data.build import build_eval_loader, build_train_loader
 from infclip.pipeline.data.config import DataConfig
+from infclip.pipeline.data.scenes import (COLOURS, HELD_OUT_COLOUR_SHAPE, HELD_OUT_COUNT_SHAPE, SHAPES, Group, Scene,
+                                          caption, is_held_out, parse_caption, sample_scene, write_scenes)
 from infclip.pipeline.data.shard_urls import expand_urls
-from infclip.pipeline.data.scenes import (COLOURS, HELD_OUT_COLOUR_SHAPE, HELD_OUT_COUNT_SHAPE, SHAPES, Group, Scene, caption,
-                             is_held_out, parse_caption, sample_scene, write_scenes)
 from infclip.pipeline.data.tokenizer import train_bpe_tokenizer
 
 SIZE = 128  # px: small shapes have a 6-8 px circumradius, enough for the pixel checks

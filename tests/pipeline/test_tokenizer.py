@@ -12,7 +12,7 @@ from infclip.ops.config import ConfigError
 from infclip.pipeline.data.config import DataConfig
 from infclip.pipeline.data.shard_urls import expand_urls
 from infclip.pipeline.data.tokenizer import (EOS_TOKEN, ensure_tokenizer, load_tokenizer, special_token_ids, tokenize,
-                                train_bpe_tokenizer)
+                                             train_bpe_tokenizer)
 
 CORPUS = [f"a photo of the number {w}" for w in ("one", "two", "three", "seven")] * 5 + [
     "the digit seven written by hand", "a handwritten 7", "a small grey image of a nine"]
@@ -258,8 +258,8 @@ def test_bos_equal_to_eos_gets_no_bos(tmp_path, caplog):
     from infclip.pipeline.data.tokenizer import with_clip_template  # the HF-way call agrees
     hf = with_clip_template(tok, L)(texts, padding="max_length", truncation=True, return_tensors="pt")
     assert torch.equal(hf["input_ids"], ids) and torch.equal(hf["attention_mask"], mask)
-    from infclip.pipeline.model.model import CLIPTowers  # the towers' text config takes the rows' ids
     from infclip.pipeline.model.config import ModelConfig
+    from infclip.pipeline.model.model import CLIPTowers  # the towers' text config takes the rows' ids
 
     torch.manual_seed(0)
     towers = CLIPTowers.from_config(ModelConfig.from_dict({

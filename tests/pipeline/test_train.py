@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.train.checkpoint import list_tags, read_latest
 from infclip.pipeline.config import load_config
+from infclip.pipeline.train.checkpoint import list_tags, read_latest
 from infclip.pipeline.train.train import NonFiniteLossError, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

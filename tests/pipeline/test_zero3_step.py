@@ -15,10 +15,10 @@ import sys
 import pytest
 import torch
 
-from infclip.pipeline.model.param_layout import mark_zero3_leaf_layers, param_groups
 from infclip.pipeline.engine import zero3_step
 from infclip.pipeline.engine.zero3_step import (_CACHE, cached_iter_params, cuda_current_stream, identity_bound_apply,
-                                         lighten_zero3, modules_preorder, restore_deepspeed_zero3)
+                                                lighten_zero3, modules_preorder, restore_deepspeed_zero3)
+from infclip.pipeline.model.param_layout import mark_zero3_leaf_layers, param_groups
 
 from tests._ranks import run_two_ranks
 

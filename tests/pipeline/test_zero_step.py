@@ -12,8 +12,8 @@ import types
 import pytest
 import torch
 
-from infclip.pipeline.model.param_layout import param_groups
 from infclip.pipeline.engine.zero_step import clip_scale, keep_step_on_device, mask_nonfinite_, restore_deepspeed_mask
+from infclip.pipeline.model.param_layout import param_groups
 
 from .test_flat_params import loss_of, pair
 
