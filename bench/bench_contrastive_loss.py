@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from infclip.ops import contrastive_loss  # noqa: E402
-from infclip.pipeline.step import OpTimer  # noqa: E402  (CUDA events, read without a device-wide sync)
+from infclip.pipeline.train.step import OpTimer  # noqa: E402  (CUDA events, read without a device-wide sync)
 from gpu_queue import queue_gpu_work, use_gemms  # noqa: E402  (bench/, on sys.path as the script's folder)
 
 

@@ -3,10 +3,10 @@
 Design: writes real img2dataset-layout JPEG shards on local disk (``--size`` px pictures with
 smooth colour fields and shapes, baseline JPEG of quality 90, with ``--mixed`` every fifth
 progressive and every tenth greyscale), trains the project's BPE
-tokenizer on their captions, then times ``pipeline.data.build_train_loader`` at several worker
+tokenizer on their captions, then times ``pipeline.data.build.build_train_loader`` at several worker
 counts, for each ``--decode``: ``cpu`` (decode + random resized crop to 224 + tokenise in the
 DataLoader workers, uint8 to the GPU and normalised there) or ``gpu`` (the workers read, parse
-headers and tokenise; nvJPEG decode, crop and normalisation on the GPU: ``pipeline.gpu_decode``).
+headers and tokenise; nvJPEG decode, crop and normalisation on the GPU: ``pipeline.data.gpu_decode``).
 Each row gives images/s in all and per worker, so the number of cores a GPU needs follows:
 (samples/s of the training step) / (images/s per worker). One JSONL row per (decode, worker
 count) in bench/results/data.jsonl.
@@ -67,7 +67,7 @@ def write_jpeg_shards(out_dir: str, shards: int, per_shard: int, size: int = 256
     """``shards`` tar files of ``per_shard`` JPEG + caption pairs under ``out_dir`` (named from
     ``first_shard`` on, so several processes can fill one folder; ``mixed``: see
     :func:`jpeg_bytes`); returns the brace URL."""
-    from infclip.pipeline.shards import brace_url, write_shards
+    from infclip.pipeline.data.shards import brace_url, write_shards
 
     rng = np.random.default_rng(seed)
 
@@ -82,7 +82,9 @@ def write_jpeg_shards(out_dir: str, shards: int, per_shard: int, size: int = 256
 
 
 def measure(url: str, tokenizer, workers: int, batch: int, batches: int, decode: str = "cpu") -> dict:
-    from infclip.pipeline.data import DataConfig, build_train_loader, measure_loader_throughput
+    from infclip.pipeline.data.build import build_train_loader
+    from infclip.pipeline.data.config import DataConfig
+    from infclip.pipeline.data.loader import measure_loader_throughput
 
     cfg = DataConfig(train_shards=url, resampled=True, samples_per_epoch=10**9, workers=workers,
                      shuffle_buffer=1000, prefetch_factor=4, decode=decode)
@@ -111,14 +113,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "data.jsonl"))
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    from infclip.pipeline.tokenizer import iter_shard_captions, train_bpe_tokenizer
+    from infclip.pipeline.data.tokenizer import iter_shard_captions, train_bpe_tokenizer
 
     work = args.dir or tempfile.mkdtemp(prefix="bench_data_")
     t0 = time.perf_counter()
     url = write_jpeg_shards(os.path.join(work, f"shards{args.size}{'mixed' if args.mixed else ''}"), args.shards,
                             args.per_shard, size=args.size, mixed=args.mixed)
     made = args.shards * args.per_shard / (time.perf_counter() - t0)
-    from infclip.pipeline.data import expand_urls
+    from infclip.pipeline.data.shard_urls import expand_urls
 
     sizes = [os.path.getsize(u) for u in expand_urls(url)]
     tokenizer = train_bpe_tokenizer(iter_shard_captions(expand_urls(url)), os.path.join(work, "tok"), vocab_size=512)

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from infclip.ops import contrastive_loss  # noqa: E402
 from infclip.ops import sweeps  # noqa: E402
 from infclip.ops.sweeps import SCHEMES, make_sweep  # noqa: E402
-from infclip.pipeline.step import OpTimer  # noqa: E402  (CUDA events on a GPU, the wall clock on CPU)
+from infclip.pipeline.train.step import OpTimer  # noqa: E402  (CUDA events on a GPU, the wall clock on CPU)
 from gpu_queue import queue_gpu_work  # noqa: E402  (bench/, on sys.path as the script's folder)
 
 GPU_BATCHES = (32768, 65536, 131072, 262144, 524288)

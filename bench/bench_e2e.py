@@ -1,6 +1,6 @@
 """End to end from JPEG shards on disk against the same step on synthetic batches (one GPU).
 
-Design: writes rendered-scene shards (256 px JPEGs, pipeline.scenes) to local disk, then runs,
+Design: writes rendered-scene shards (256 px JPEGs, pipeline.data.scenes) to local disk, then runs,
 each in its own process on the same GPU: (1) ``bench/bench_pipeline.py`` throughput of the preset
 on synthetic batches already on the device, (2) ``launch/pretrain.py`` with the same preset
 reading the shards (decode, random crop to 224 and tokenising in DataLoader workers; uint8 to the
@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench_pipeline import ZERO3_STEP_WAITS  # noqa: E402  (bench/, on sys.path as the script's folder)
 from infclip.pipeline.config import load_config  # noqa: E402
-from infclip.pipeline.engine import zero3_kept_waits  # noqa: E402
+from infclip.pipeline.engine.engine import zero3_kept_waits  # noqa: E402
 
 
 def run(cmd: list, log: str) -> None:

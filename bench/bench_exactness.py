@@ -53,7 +53,7 @@ def run_variants(args) -> None:
 
     from infclip.eval import build_evaluator
     from infclip.pipeline.config import load_config
-    from infclip.pipeline.train import single_process_env, train
+    from infclip.pipeline.train.train import single_process_env, train
 
     single_process_env()
     logging.basicConfig(level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,

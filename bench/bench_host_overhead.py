@@ -104,14 +104,14 @@ def towers_ms(flat, zero: int, steps: int, device: torch.device, width: int, lea
     without ``model.flat_parameters`` (True: per block, "tower": per tower), through the DeepSpeed
     step on 2 rows: (tensors, ms).
     Under ZeRO-3, ``leaf`` is ``model.zero3_leaf_layers`` (True: each block, "stack": each
-    tower's stack of blocks, "tower": each tower, False: none), and ``lighten`` applies ``pipeline.zero3_step``
+    tower's stack of blocks, "tower": each tower, False: none), and ``lighten`` applies ``pipeline.engine.zero3_step``
     (False: DeepSpeed's ZeRO-3 step as written, restored if an earlier engine replaced it)."""
-    from infclip.pipeline.tower_unit import reduce_when_accumulated
-    from infclip.pipeline.zero3_step import lighten_zero3, restore_deepspeed_zero3
+    from infclip.pipeline.engine.tower_unit import reduce_when_accumulated
+    from infclip.pipeline.engine.zero3_step import lighten_zero3, restore_deepspeed_zero3
 
-    from infclip.pipeline.model import CLIPTowers
-    from infclip.pipeline.model_config import ModelConfig
-    from infclip.pipeline.param_layout import mark_zero3_leaf_layers, param_groups
+    from infclip.pipeline.model.config import ModelConfig
+    from infclip.pipeline.model.model import CLIPTowers
+    from infclip.pipeline.model.param_layout import mark_zero3_leaf_layers, param_groups
 
     heads = max(1, width // 64)
     cfg = ModelConfig.from_dict({
@@ -133,7 +133,7 @@ def towers_ms(flat, zero: int, steps: int, device: torch.device, width: int, lea
     def after_init(engine):
         engine.module.bind_flat_views_in_forward()
         if lighten and not lighten_zero3(engine):
-            raise RuntimeError("pipeline.zero3_step refused this engine (debug log says why)")
+            raise RuntimeError("pipeline.engine.zero3_step refused this engine (debug log says why)")
         if zero == 3:
             reduce_when_accumulated(engine)  # (tower units only)
 
@@ -156,10 +156,10 @@ def main(argv=None) -> int:
                    default=[True, "stack"], choices=[False, True, "stack", "tower"],
                    help="--towers at ZeRO-3: model.zero3_leaf_layers values (1: blocks, stack, tower, 0: none)")
     p.add_argument("--lighten", type=int, nargs="+", default=[0], choices=[0, 1],
-                   help="--towers at ZeRO-3: without (0) / with (1) pipeline.zero3_step, one row each in this "
+                   help="--towers at ZeRO-3: without (0) / with (1) pipeline.engine.zero3_step, one row each in this "
                         "order (e.g. 0 1 0 1: compared within one process)")
     args = p.parse_args(argv)
-    from infclip.pipeline.train import single_process_env
+    from infclip.pipeline.train.train import single_process_env
 
     single_process_env()
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)

@@ -1,7 +1,7 @@
 """End-to-end step time of the pipeline on one GPU: towers + loss + DeepSpeed, synthetic batches.
 
 Design: the batches are random tensors already on the GPU, so data loading is not measured;
-each step is exactly what ``pipeline.train`` runs (``pipeline.step.forward_backward`` then
+each step is exactly what ``pipeline.train.train`` runs (``pipeline.train.step.forward_backward`` then
 ``engine.step()``). Two studies, one JSONL row per measurement in bench/results/pipeline.jsonl:
 
   throughput  ViT-B/32 (or --throughput_model) at micro-batch 256, bf16, ZeRO-2 and ZeRO-3, the
@@ -13,7 +13,7 @@ each step is exactly what ``pipeline.train`` runs (``pipeline.step.forward_backw
               PyTorch loop a user writes: transformers' CLIPModel with its own loss, autocast
               bf16, fused AdamW, no DeepSpeed, no checkpointing; compiled with torch.compile) and
               "hf_plain" (that CLIPModel under the pipeline's DeepSpeed config). Every row has
-              samples/s and MFU = 3 x forward FLOPs per sample (pipeline.model_config.forward_flops,
+              samples/s and MFU = 3 x forward FLOPs per sample (pipeline.model.config.forward_flops,
               docs/mfu.md) x samples/s / the bf16 matmul rate measured in the same run.
   max_batch   the chunked backbone (GradCache) at per-GPU batches 8192 ... 65536 for ViT-B/32
               and ViT-L/14, chunk 256: one warm-up step at two chunks, then one timed step per
@@ -88,7 +88,7 @@ def synthetic_batch(n: int, cfg, device, dtype):
 
 def model_config(preset: str, grad_ckpt="auto", compile="auto", compile_mode="default", flat=False,
                  patch_embedding: str = "gemm", patch_dropout: float = 0.0):
-    from infclip.pipeline.model_config import ModelConfig
+    from infclip.pipeline.model.config import ModelConfig
 
     return ModelConfig.from_dict({**PRESETS[preset], "gradient_checkpointing": grad_ckpt, "compile": compile,
                                   "compile_mode": compile_mode, "flat_parameters": flat,
@@ -103,9 +103,9 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
     import deepspeed
 
     from infclip.ops import ContrastiveLoss, ContrastiveLossConfig
-    from infclip.pipeline.engine import with_engine_defaults
-    from infclip.pipeline.model import CLIPTowers
-    from infclip.pipeline.param_layout import mark_zero3_leaf_layers, misaligned_parameters, param_groups
+    from infclip.pipeline.engine.engine import with_engine_defaults
+    from infclip.pipeline.model.model import CLIPTowers
+    from infclip.pipeline.model.param_layout import mark_zero3_leaf_layers, misaligned_parameters, param_groups
 
     deepcompile = deepcompile if zero == 3 and impl != PLAIN else ""
     cfg = model_config(preset, grad_ckpt, False if deepcompile else compile, compile_mode, flat if impl != PLAIN else False,
@@ -135,8 +135,8 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
 
         # "basic": only the gathers and releases in the graph, not the profiled prefetch passes at step 5
         engine.compile(schedule=[(0, [zero3_compile.add_z3_gather_release])] if deepcompile == "basic" else None)
-    from infclip.pipeline.zero3_step import lighten_zero3, restore_deepspeed_zero3
-    from infclip.pipeline.zero_step import keep_step_on_device, restore_deepspeed_mask
+    from infclip.pipeline.engine.zero3_step import lighten_zero3, restore_deepspeed_zero3
+    from infclip.pipeline.engine.zero_step import keep_step_on_device, restore_deepspeed_mask
 
     if on_device_step and zero == 3:
         keep = ZERO3_STEP_WAITS[int(on_device_step)]
@@ -150,7 +150,7 @@ def build(preset: str, zero: int, micro: int, grad_ckpt, impl: str, zero_extra=N
         restore_deepspeed_mask()
         restore_deepspeed_zero3()
     if zero == 3 and impl != PLAIN:
-        from infclip.pipeline.tower_unit import reduce_when_accumulated
+        from infclip.pipeline.engine.tower_unit import reduce_when_accumulated
 
         engine.module.bind_flat_views_in_forward()
         reduce_when_accumulated(engine)  # (tower units only)
@@ -172,7 +172,7 @@ def plain_hf_clip(cfg, grad_ckpt: bool):
     script gets, measured in the same run as the pipeline."""
     from transformers import CLIPConfig, CLIPModel
 
-    from infclip.pipeline.model import _hf_configs, _set_checkpointing
+    from infclip.pipeline.model.model import _hf_configs, _set_checkpointing
 
     vision, text = _hf_configs(cfg, cfg.text.vocab_size, {"eos_token_id": EOS, "pad_token_id": PAD,
                                                           "bos_token_id": BOS})
@@ -236,7 +236,7 @@ def matmul_tflops() -> float:
 
 def mfu(row: dict, args) -> None:
     """Add model FLOPs per sample and MFU to a row with samples_per_s."""
-    from infclip.pipeline.model_config import forward_flops
+    from infclip.pipeline.model.config import forward_flops
 
     flops = 3 * forward_flops(model_config(row["model"], patch_dropout=row.get("patch_dropout") or 0.0))
     row["model_gflop_per_sample"] = flops / 1e9
@@ -254,8 +254,8 @@ def release(engine) -> None:
 
 
 def timed_steps(engine, loss_fn, batch, steps: int, chunk):
-    """``steps`` training steps as pipeline.train runs them (the loss checked by a LossGuard)."""
-    from infclip.pipeline.step import LossGuard, forward_backward
+    """``steps`` training steps as pipeline.train.train runs them (the loss checked by a LossGuard)."""
+    from infclip.pipeline.train.step import LossGuard, forward_backward
 
     torch.cuda.synchronize()
     guard = LossGuard(engine.device)
@@ -529,9 +529,9 @@ def main(argv=None) -> int:
                    choices=[False, True, "tower"], help="model.flat_parameters of the pipeline rows: 0 1 tower "
                    "runs all three (tower: whole towers, with --grad_ckpt off)")
     p.add_argument("--on_device_step", type=int, nargs="+", default=[1], choices=[0, 1, 2, 3],
-                   help="ZeRO-0/1/2 rows: the optimizer step without host waits (pipeline.zero_step, as "
-                   "pipeline.train builds it) or as DeepSpeed wrote it (0); ZeRO-3 rows: the step with less "
-                   "of DeepSpeed's Python and host waits (pipeline.zero3_step) or as written (0), lightened with "
+                   help="ZeRO-0/1/2 rows: the optimizer step without host waits (pipeline.engine.zero_step, as "
+                   "pipeline.train.train builds it) or as DeepSpeed wrote it (0); ZeRO-3 rows: the step with less "
+                   "of DeepSpeed's Python and host waits (pipeline.engine.zero3_step) or as written (0), lightened with "
                    "DeepSpeed's host waits kept (2: fetch, norm and epilogue; 3: fetch only); 0 1 runs both "
                    "(ZeRO-0/1/2 rows: one per distinct on/off)")
     p.add_argument("--patch_dropout", type=float, nargs="+", default=[0.0],
@@ -574,7 +574,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_pipeline needs a CUDA GPU", file=sys.stderr)
         return 2
-    from infclip.pipeline.train import single_process_env
+    from infclip.pipeline.train.train import single_process_env
 
     single_process_env()
     import deepspeed

@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from infclip.ops import assembly, contrastive_loss, sweeps  # noqa: E402
 from infclip.ops.sweeps import Gathered, HierarchicalRing, Local, Ring  # noqa: E402
-from infclip.pipeline.step import OpTimer  # noqa: E402
+from infclip.pipeline.train.step import OpTimer  # noqa: E402
 from gpu_queue import queue_gpu_work  # noqa: E402
 
 SCHEMES = {"disco": Gathered, "ring": Ring, "hierarchical_ring": HierarchicalRing}

@@ -1,7 +1,7 @@
 """A preset's training step streamed from JPEG shards against the same step on batches already on the GPU.
 
 Design: one process, one DeepSpeed engine built from the preset (compiled once), the project's
-own training loop (:class:`pipeline.loop.TrainLoop`) run phase after phase on the same engine:
+own training loop (:class:`pipeline.train.loop.TrainLoop`) run phase after phase on the same engine:
 ``synthetic`` (one real batch kept on the device and fed again every micro-step: the step with
 no data cost at all, the anchor), then the shard loader on each image set and decode mode asked
 for, then ``synthetic`` again (the anchor's drift over the call). Each phase runs ``--warmup``
@@ -85,9 +85,9 @@ class _Synthetic:
 
 def run_phase(te, run_cfg, build, warmup: int, steps: int) -> dict:
     """``warmup`` + ``steps`` steps of the training loop on ``build``'s batches; the timed ones' rate."""
-    from infclip.pipeline.loop import Batches, EvalSchedule, TrainLoop
-    from infclip.pipeline.metrics import TrainLogger
-    from infclip.pipeline.run_state import RunState
+    from infclip.pipeline.train.loop import Batches, EvalSchedule, TrainLoop
+    from infclip.pipeline.train.metrics import TrainLogger
+    from infclip.pipeline.train.run_state import RunState
 
     state = RunState()
     loaders: list = []
@@ -154,10 +154,10 @@ def main(argv=None) -> int:
     p.add_argument("--dir", default=None, help="where the image sets are written (kept for reuse)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "stream.jsonl"))
     args = p.parse_args(argv)
-    from infclip.pipeline.data import build_train_loader
-    from infclip.pipeline.dist import init_distributed, single_process_env
-    from infclip.pipeline.engine import build_engine
-    from infclip.pipeline.tokenizer import iter_shard_captions, train_bpe_tokenizer
+    from infclip.pipeline.data.build import build_train_loader
+    from infclip.pipeline.data.tokenizer import iter_shard_captions, train_bpe_tokenizer
+    from infclip.pipeline.engine.dist import init_distributed, single_process_env
+    from infclip.pipeline.engine.engine import build_engine
 
     single_process_env()
     work = args.dir or tempfile.mkdtemp(prefix="bench_stream_")

@@ -2,7 +2,7 @@
 
 Imports point one way: ``eval`` uses ``pipeline`` (model, data, tokenizer) and ``ops.config``;
 ``pipeline`` never imports ``eval`` (``launch/pretrain.py`` hands :func:`build_evaluator`'s
-result to ``pipeline.train.train``).
+result to ``pipeline.train.train.train``).
 """
 
 from .clip_benchmark import clip_benchmark_section

@@ -3,10 +3,10 @@ fp32 on the CPU, or an exported HF folder; and exporting a checkpoint as one fol
 transformers loads as a ``CLIPModel`` / ``CLIPProcessor`` / zero-shot pipeline.
 
 Design: DeepSpeed's own ``zero_to_fp32`` unpickles every file with ``weights_only=False``; this
-module reads the same files with ``pipeline.checkpoint.safe_load`` (``torch.load(weights_only=True)``
+module reads the same files with ``pipeline.train.checkpoint.safe_load`` (``torch.load(weights_only=True)``
 allowing only the plain DeepSpeed record types its optimizer files hold: the ZeRO stage enum, the
 loss-scaler records, the fragment address tuple), after checking the tag against the manifest
-``pipeline.checkpoint`` writes (a half-written tag is named, with its missing or empty files), and
+``pipeline.train.checkpoint`` writes (a half-written tag is named, with its missing or empty files), and
 rebuilds the full fp32 weights itself:
 - ZeRO 0: the module weights in ``mp_rank_00_model_states.pt`` (in the training dtype: with bf16
   or fp16 and no ZeRO, DeepSpeed does not record which master tensor belongs to which name, so
@@ -36,11 +36,11 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from infclip.pipeline.checkpoint import check_tag, latest_tag, safe_load
 from infclip.pipeline.errors import CheckpointError
-from infclip.pipeline.flat_params import expand_flat_entries
-from infclip.pipeline.model import is_hf_clip_folder
-from infclip.pipeline.openclip import OPENCLIP_CONFIG_FILE, OPENCLIP_WEIGHTS_FILE, towers_to_openclip
+from infclip.pipeline.model.flat_params import expand_flat_entries
+from infclip.pipeline.model.model import is_hf_clip_folder
+from infclip.pipeline.model.openclip import OPENCLIP_CONFIG_FILE, OPENCLIP_WEIGHTS_FILE, towers_to_openclip
+from infclip.pipeline.train.checkpoint import check_tag, latest_tag, safe_load
 
 __all__ = [
     "LoadedModel",
@@ -63,13 +63,13 @@ CONFIG_NAMES = ("run_config.json", "config.json")
 TOKENIZER_DIR = "tokenizer"
 """Folder name searched for the run's tokenizer."""
 RUN_CKPT_DIR = "ckpt"
-"""Where ``pipeline.train`` puts DeepSpeed checkpoints inside the run folder."""
+"""Where ``pipeline.train.train`` puts DeepSpeed checkpoints inside the run folder."""
 
 
 # --------------------------------------------------------------------------------- safe loading
 
 def _load(path: Path) -> Dict[str, Any]:
-    """``pipeline.checkpoint.safe_load``: weights-only, DeepSpeed's record types allowed; a
+    """``pipeline.train.checkpoint.safe_load``: weights-only, DeepSpeed's record types allowed; a
     missing, empty, truncated or refused file is a CheckpointError naming it."""
     return safe_load(path, map_location="cpu")
 
@@ -81,7 +81,7 @@ def find_tag_dir(checkpoint: PathLike, tag: Optional[str] = None) -> Path:
 
     ``checkpoint`` is the folder given to ``engine.save_checkpoint`` (with ``tag`` or its
     ``latest`` file naming the sub-folder), a tag folder itself, or a training run folder
-    (``pipeline.train`` keeps its checkpoints in ``<run>/ckpt``).
+    (``pipeline.train.train`` keeps its checkpoints in ``<run>/ckpt``).
     """
     path = Path(checkpoint)
     if not path.is_dir():
@@ -107,7 +107,7 @@ def find_tag_dir(checkpoint: PathLike, tag: Optional[str] = None) -> Path:
                                 f"'latest' file (pass the folder given to save_checkpoint, or a tag)")
     if not any(tag_dir.glob("*_model_states.pt")):
         raise CheckpointError(f"{tag_dir} holds no '*_model_states.pt' file")
-    # written by pipeline.checkpoint: its manifest must be there and match; other writers (a bare
+    # written by pipeline.train.checkpoint: its manifest must be there and match; other writers (a bare
     # engine.save_checkpoint) have none, and their files are only checked to be non-empty
     named = latest_tag(tag_dir.parent)[0] == tag_dir.name
     check_tag(tag_dir, legacy_ok=named or not (tag_dir / "rng_rank0.pt").exists())
@@ -281,7 +281,7 @@ class LoadedModel:
     """A model ready for evaluation and what came with it."""
 
     model: Any
-    """``pipeline.model.CLIPTowers`` in eval mode, fp32."""
+    """``pipeline.model.model.CLIPTowers`` in eval mode, fp32."""
     tokenizer: Any
     """The run's HF tokenizer."""
     source: str
@@ -347,9 +347,9 @@ def load_model(path: PathLike, tag: Optional[str] = None, *, config: Optional[Pa
             the run config's ``data.tokenizer``).
         device: where the model goes after loading on the CPU.
     """
-    from infclip.pipeline.model import CLIPTowers
-    from infclip.pipeline.model_config import ModelConfig
-    from infclip.pipeline.tokenizer import load_tokenizer
+    from infclip.pipeline.data.tokenizer import load_tokenizer
+    from infclip.pipeline.model.config import ModelConfig
+    from infclip.pipeline.model.model import CLIPTowers
 
     path = Path(path)
     if not path.exists():
@@ -455,7 +455,7 @@ def export_openclip(checkpoint: PathLike, out_dir: PathLike, tag: Optional[str] 
     and ``open_clip.get_tokenizer("local-dir:OUT")`` load:
 
     - ``open_clip_model.safetensors``: an OpenCLIP ``CLIP`` state dict whose ``encode_image`` /
-      ``encode_text`` equal the project's (:func:`pipeline.openclip.towers_to_openclip`; text pooled
+      ``encode_text`` equal the project's (:func:`pipeline.model.openclip.towers_to_openclip`; text pooled
       at the tokenizer's EOS, ``pool_type: "eos"``), with the run's logit scale (and bias, for a
       SigLIP run);
     - ``open_clip_config.json``: ``model_cfg`` (sizes, head widths, QuickGELU) and ``preprocess_cfg``
@@ -468,8 +468,8 @@ def export_openclip(checkpoint: PathLike, out_dir: PathLike, tag: Optional[str] 
     The folder is also a ``model.pretrained`` and a ``--checkpoint`` here. Returns ``out_dir``."""
     from safetensors.torch import save_file
 
-    from infclip.pipeline.data import CLIP_MEAN, CLIP_STD
-    from infclip.pipeline.tokenizer import with_clip_template
+    from infclip.pipeline.data.config import CLIP_MEAN, CLIP_STD
+    from infclip.pipeline.data.tokenizer import with_clip_template
 
     loaded, run_cfg = _load_for_export(checkpoint, tag, config, tokenizer)
     mean, std = image_normalization(run_cfg)

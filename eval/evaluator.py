@@ -3,12 +3,12 @@
 Design: :class:`Evaluator` holds everything resolved from the ``eval`` section once (class
 names, templates, data sources, preprocessing, where reports go) and is called as
 ``evaluator(model, step) -> {"zeroshot/top1": ..., "retrieval/i2t_r1": ...}``, the contract of
-``pipeline.train.train`` (called on every rank, the unwrapped module in eval mode under
+``pipeline.train.train.train`` (called on every rank, the unwrapped module in eval mode under
 no_grad; the loop logs the values to TensorBoard). Each call writes ``<out_dir>/eval_step<N>.json``
 and the confusion PNG from rank 0 and logs the table. The tokenizer may be given or loaded on
 the first call from a folder, because a training run creates its tokenizer only once it starts.
 
-Limit: the model must be a ``pipeline.model.CLIPTowers`` (called through ``forward`` with
+Limit: the model must be a ``pipeline.model.model.CLIPTowers`` (called through ``forward`` with
 ``pixel_values`` or ``input_ids``; ``image_size``, ``context_length``, ``embed_dim``); a DeepSpeed
 engine is unwrapped to its ``module``.
 """
@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import torch
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.data import CLIP_MEAN, CLIP_STD
+from infclip.pipeline.data.config import CLIP_MEAN, CLIP_STD
 
 from .config import EvalConfig
 from .distributed import RankSync
@@ -58,7 +58,7 @@ class Evaluator:
                  image_key: str = "jpg;png;webp;jpeg", caption_key: str = "txt",
                  out_dir: Optional[str] = None, workers: int = 0,
                  shards: Optional[Union[str, List[str]]] = None, classnames: Optional[Sequence[str]] = None) -> None:
-        from infclip.pipeline.data import check_shards_exist, expand_urls
+        from infclip.pipeline.data.shard_urls import check_shards_exist, expand_urls
 
         if not cfg.enabled:
             raise ConfigError("the eval section names no data: set 'shards' or 'images' (zero-shot) "
@@ -102,7 +102,7 @@ class Evaluator:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from infclip.pipeline.tokenizer import load_tokenizer
+            from infclip.pipeline.data.tokenizer import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.tokenizer_dir)
         return self._tokenizer
@@ -156,7 +156,7 @@ class Evaluator:
 
     # ------------------------------------------------------------------------------ parts
     def _zeroshot(self, model, sync: RankSync, device, dtype):
-        from infclip.pipeline.data import build_eval_loader
+        from infclip.pipeline.data.build import build_eval_loader
 
         classifier = build_classifier(model, self.tokenizer, self.classnames, self.templates,
                                       int(model.context_length), self.cfg.batch_size, device)
@@ -180,7 +180,7 @@ class Evaluator:
         return metrics, counts.confusion
 
     def _retrieval(self, model, sync: RankSync, device, dtype) -> Dict[str, float]:
-        from infclip.pipeline.data import build_eval_loader
+        from infclip.pipeline.data.build import build_eval_loader
 
         batches = build_eval_loader(self.cfg.retrieval_shards, self.tokenizer, image_size=int(model.image_size),
                                     context_length=int(model.context_length), batch_size=self.cfg.batch_size,
@@ -219,8 +219,8 @@ def build_evaluator(eval_section: Optional[Union[Mapping[str, Any], EvalConfig]]
     if cfg.use_val_shards:
         if run_cfg is None or not run_cfg.data.val_shards:
             raise ConfigError(f"{source or 'config'}: 'eval.use_val_shards' is set but 'data.val_shards' is not")
-        from infclip.pipeline.data import prepare_shards
-        from infclip.pipeline.shards import DIGITS_CLASSNAMES
+        from infclip.pipeline.data.shard_urls import prepare_shards
+        from infclip.pipeline.data.shards import DIGITS_CLASSNAMES
 
         kwargs["shards"] = prepare_shards(run_cfg.data, "val")  # writes the digits split if asked to
         if not cfg.classnames:

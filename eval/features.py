@@ -1,4 +1,4 @@
-"""Image and text features of a ``pipeline.model.CLIPTowers`` for evaluation.
+"""Image and text features of a ``pipeline.model.model.CLIPTowers`` for evaluation.
 
 Design: features are taken through the model's ``forward`` (``model(pixel_values=...)``,
 ``model(input_ids=..., attention_mask=...)``), not ``encode_image`` / ``encode_text``. Under

@@ -192,13 +192,13 @@ def encode_pairs(model, batches: Iterable[Dict], sync: "RankSync", *, device: to
     fp32 on ``device``; ``text_image`` holds each caption's image index among this rank's images.
 
     ``batches`` yield ``pixel_values`` [B,3,H,W], ``input_ids`` / ``attention_mask`` [B,L] (as
-    ``pipeline.data.build_eval_loader`` does). With ``multi_caption`` (and a ``tokenizer``), the
+    ``pipeline.data.build.build_eval_loader`` does). With ``multi_caption`` (and a ``tokenizer``), the
     non-blank lines of each image's ``caption`` are tokenized and encoded as separate rows
     (one text forward per batch either way); otherwise one caption per image. All ranks run the
     same number of forwards (see :class:`eval.distributed.RankSync`); a rank stops taking data
     after ``max_samples`` images.
     """
-    from infclip.pipeline.tokenizer import tokenize
+    from infclip.pipeline.data.tokenizer import tokenize
 
     imgs: List[Tensor] = []
     txts: List[Tensor] = []

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.data import eval_pixels
+from infclip.pipeline.data.transforms import eval_pixels
 from infclip.pipeline.errors import DataError
 
 from .features import idle_forward, image_features, text_features
@@ -140,11 +140,11 @@ def build_classifier(model, tokenizer, classnames: Sequence[str], templates: Seq
     """Class embeddings [C, E] (fp32, unit rows) from prompt ensembling.
 
     Args:
-        model: ``pipeline.model.CLIPTowers`` (called as ``model(input_ids=, attention_mask=)``).
-        tokenizer: a HF tokenizer; texts are tokenized with ``pipeline.tokenizer.tokenize``.
+        model: ``pipeline.model.model.CLIPTowers`` (called as ``model(input_ids=, attention_mask=)``).
+        tokenizer: a HF tokenizer; texts are tokenized with ``pipeline.data.tokenizer.tokenize``.
         classnames: C names; templates: T strings with ``{}``.
     """
-    from infclip.pipeline.tokenizer import tokenize
+    from infclip.pipeline.data.tokenizer import tokenize
 
     templates = check_templates(templates)
     if not classnames:
@@ -196,7 +196,7 @@ UNREADABLE = -2
 
 class ImageFolderData(torch.utils.data.Dataset):
     """Images of a class-per-folder tree, preprocessed by the eval loader's own function
-    (``pipeline.data.eval_pixels``). Items: ``(pixels [3,S,S], label)``; an image that cannot be
+    (``pipeline.data.transforms.eval_pixels``). Items: ``(pixels [3,S,S], label)``; an image that cannot be
     read is named in a warning and given as zeros with label :data:`UNREADABLE`."""
 
     def __init__(self, samples: Sequence[Tuple[Path, int]], image_size: int, mean: Sequence[float],

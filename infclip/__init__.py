@@ -25,8 +25,8 @@ if not os.path.isdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "o
 from .ops import ContrastiveLoss, ContrastiveLossConfig, contrastive_loss  # noqa: E402
 
 _LAZY = {
-    "CLIPTowers": "infclip.pipeline.model", "ModelConfig": "infclip.pipeline.model_config",
-    "load_config": "infclip.pipeline.config", "train": "infclip.pipeline.train",
+    "CLIPTowers": "infclip.pipeline.model.model", "ModelConfig": "infclip.pipeline.model.config",
+    "load_config": "infclip.pipeline.config", "train": "infclip.pipeline.train.train",
     "load_model": "infclip.eval", "build_evaluator": "infclip.eval", "export_hf": "infclip.eval",
     "export_openclip": "infclip.eval",
 }

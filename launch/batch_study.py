@@ -9,7 +9,7 @@
     # mean +- std per batch size: the table in docs/batch_study.md and the plot docs/batch_study.png
     python launch/batch_study.py --report
 
-Design: every run is the project's own training (:func:`pipeline.train.train`, a DeepSpeed engine,
+Design: every run is the project's own training (:func:`pipeline.train.train.train`, a DeepSpeed engine,
 the tiled loss, the chunked backbone above ``--chunk`` rows) from one config, changed only where the
 study says: the global batch B, the steps (``--samples`` // B), the learning rate (``--lr-rule``
 from ``--base-lr`` at ``--base-batch``, capped at ``--max-lr``), the warm-up (``--warmup`` of the
@@ -46,10 +46,10 @@ import torch  # noqa: E402
 from infclip.eval.config import EvalConfig  # noqa: E402
 from infclip.eval.evaluator import Evaluator  # noqa: E402
 from infclip.pipeline.config import load_config  # noqa: E402
-from infclip.pipeline.data import expand_urls  # noqa: E402
-from infclip.pipeline.scenes import ZEROSHOT_SPLITS, write_scenes  # noqa: E402
-from infclip.pipeline.tokenizer import ensure_tokenizer, iter_shard_captions  # noqa: E402
-from infclip.pipeline.train import single_process_env, train  # noqa: E402
+from infclip.pipeline.data.scenes import ZEROSHOT_SPLITS, write_scenes  # noqa: E402
+from infclip.pipeline.data.shard_urls import expand_urls  # noqa: E402
+from infclip.pipeline.data.tokenizer import ensure_tokenizer, iter_shard_captions  # noqa: E402
+from infclip.pipeline.train.train import single_process_env, train  # noqa: E402
 
 logger = logging.getLogger("batch_study")
 
@@ -136,7 +136,7 @@ def false_negative_share(captions: Sequence[str], batch: int, draws: int = 8, se
 
 
 class StudyEval:
-    """The study's evaluation, run by :func:`pipeline.train.train` after the last step: the six
+    """The study's evaluation, run by :func:`pipeline.train.train.train` after the last step: the six
     held-out zero-shot splits (and the ``_seen`` ones with ``seen``) and retrieval, as ``{split/metric: value}`` (top-1 and R@k in percent, median ranks)."""
 
     every = 0

@@ -5,7 +5,7 @@
     python launch/make_shards.py --scenes 100000 --out data/scenes --scene-size 224 --samples-per-shard 1000
         (what ds_configs/scenes_vitb32.json reads; --scenes counts training pairs, the eval splits come on top)
 
-Thin CLI over :mod:`pipeline.shards`; prints the brace URL(s) to put in the config's ``data``
+Thin CLI over :mod:`pipeline.data.shards`; prints the brace URL(s) to put in the config's ``data``
 section (``train_shards``, ``val_shards``).
 """
 
@@ -16,8 +16,8 @@ import logging
 import sys
 from typing import List, Optional
 
-from infclip.pipeline.shards import brace_url, folder_samples, write_digits_shards, write_shards
-from infclip.pipeline.scenes import write_scenes
+from infclip.pipeline.data.scenes import write_scenes
+from infclip.pipeline.data.shards import brace_url, folder_samples, write_digits_shards, write_shards
 
 
 def main(argv: Optional[List[str]] = None) -> dict:

@@ -4,7 +4,7 @@ The BPE that OpenCLIP's models were trained with (``bpe_simple_vocab_16e6.txt.gz
 open_clip_torch, or ``--bpe FILE``), with OpenCLIP's rows (ids equal to ``open_clip.tokenize``'s):
 a folder for ``data.tokenizer``, ``--tokenizer`` or transformers' ``AutoTokenizer``. A run can also
 name it directly with ``data.tokenizer: "openclip"`` (written to the run's ``tokenizer/``).
-Thin CLI over :func:`pipeline.tokenizer.build_openclip_tokenizer`.
+Thin CLI over :func:`pipeline.data.tokenizer.build_openclip_tokenizer`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from infclip.pipeline.tokenizer import build_openclip_tokenizer  # noqa: E402
+from infclip.pipeline.data.tokenizer import build_openclip_tokenizer  # noqa: E402
 
 
 def main(argv: Optional[List[str]] = None) -> int:

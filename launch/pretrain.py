@@ -13,7 +13,7 @@ run folder in use or holding another run, a changed setup on resume, a diverged 
 process with one line ``pretrain.py: error: ...`` and exit code 2; ``--debug`` shows its traceback.
 Anything else is a bug and keeps its traceback (as does a user error under ``--debug``: exit code
 1). A run that finished, or stopped on a user error, leaves through
-:func:`pipeline.dist.exit_process`: without the interpreter's finalization, where gloo's threads
+:func:`pipeline.engine.dist.exit_process`: without the interpreter's finalization, where gloo's threads
 could turn its exit code into an abort.
 """
 
@@ -28,9 +28,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from infclip.pipeline.config import load_config  # noqa: E402
-from infclip.pipeline.dist import check_hostfile, exit_process  # noqa: E402
+from infclip.pipeline.engine.dist import check_hostfile, exit_process  # noqa: E402
 from infclip.pipeline.errors import UserErrorExit, exit_on_user_error  # noqa: E402
-from infclip.pipeline.train import single_process_env, train  # noqa: E402
+from infclip.pipeline.train.train import single_process_env, train  # noqa: E402
 
 
 def _evaluator(run_cfg, source):

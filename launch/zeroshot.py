@@ -92,7 +92,7 @@ def _run(args) -> int:
         cfg = EvalConfig.from_dict(section, source="command line")
         evaluator = Evaluator(cfg, tokenizer=loaded.tokenizer, workers=args.workers)
         if loaded.run_config and loaded.run_config.get("data"):
-            from infclip.pipeline.data import DataConfig  # the run's preprocessing, parsed like training did
+            from infclip.pipeline.data.config import DataConfig  # the run's preprocessing, parsed like training did
 
             data = DataConfig.from_dict(loaded.run_config["data"], source=loaded.info.get("config"))
             evaluator.image_mean, evaluator.image_std = list(data.image_mean), list(data.image_std)

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Iterable, List, Literal, Mapping, Optiona
 
 from infclip.ops.config import ConfigError, ContrastiveLossConfig, parse_section, require_at_least
 
-from .model_config import ModelConfig, ds_param_dtype
+from .data.config import DataConfig
+from .model.config import ModelConfig, ds_param_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -63,7 +64,7 @@ DEEPSPEED_TOP_LEVEL_KEYS = frozenset({
     "compile", "weight_quantization",
 })
 
-#: The signals ``train.save_on_signal`` may name (pipeline.signals).
+#: The signals ``train.save_on_signal`` may name (pipeline.train.signals).
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP")
 
 #: The project's own top-level sections.
@@ -95,7 +96,7 @@ class TrainConfig:
     output_dir: str = "runs/default"
     """Run directory: ckpt/ (DeepSpeed checkpoints), tb/ (TensorBoard), tokenizer/, final/. It belongs to
     one run: run.lock while it runs; a start without --resume over its checkpoints is refused
-    (pipeline.run_folder)."""
+    (pipeline.train.run_folder)."""
     seed: int = 0
     """Seed of the model init (same on all ranks) and of each rank's dropout stream (seed + rank);
     in [0, 2**32)."""
@@ -111,7 +112,7 @@ class TrainConfig:
     over at least log_every; a run shorter than two windows over half its length, at least 10;
     0: off): the loss at chance level (CLIP: ln B of the contrastive
     batch) and the logit scale frozen across the window is named in one warning and logged as
-    train/collapsed (pipeline.collapse)."""
+    train/collapsed (pipeline.train.collapse)."""
     collapse_loss_tolerance: float = 0.01
     """Collapse: how close to chance level the loss must stay, relative (CLIP: |loss - ln B| <= this
     x ln B; SigLIP: the loss's spread over the window, relative)."""
@@ -127,7 +128,7 @@ class TrainConfig:
     the time limit; SIGINT: Ctrl-C, without a traceback). Every rank stops after the same step,
     also when one rank got the signal first; a second signal stops at once, without a checkpoint.
     Any of SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP; [] keeps the signals' usual effect
-    (pipeline.signals)."""
+    (pipeline.train.signals)."""
 
     def __post_init__(self) -> None:
         require_at_least(self, 1, "steps", "log_every")
@@ -156,8 +157,7 @@ class RunConfig:
     ds_config: dict
     """DeepSpeed's keys only, as written (handed to ``deepspeed.initialize``)."""
     model: ModelConfig
-    data: Any
-    """``pipeline.data.DataConfig``."""
+    data: DataConfig
     contrastive_loss: ContrastiveLossConfig
     train: TrainConfig
     eval: Optional[dict]
@@ -342,8 +342,6 @@ def apply_overrides(raw: dict, overrides: Iterable[str], source: Optional[str] =
 def load_config(path: Optional[str] = None, overrides: Iterable[str] = (), *,
                 data: Optional[Mapping[str, Any]] = None) -> RunConfig:
     """Read ``path`` (or take ``data``, a dict), apply overrides, validate, parse the sections."""
-    from .data import DataConfig  # the data section's dataclass lives beside its loader
-
     source = os.fspath(path) if path is not None else "<dict>"
     if data is None:
         if path is None:

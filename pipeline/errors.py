@@ -60,7 +60,7 @@ class NonFiniteGradError(NonFiniteError):
 
 class TrainingCollapseError(RuntimeError):
     """With ``train.on_collapse: "stop"``: the loss stayed at chance level with the logit scale
-    frozen for a whole window (:mod:`pipeline.collapse`); the message names the step and the
+    frozen for a whole window (:mod:`pipeline.train.collapse`); the message names the step and the
     usual causes. Raised at that log step, so nothing after it is evaluated or saved."""
 
 

@@ -1,5 +1,5 @@
 """launch/batch_study.py: the plan's arithmetic, and a real (tiny, CPU) study end to end: scenes
-written, every run trained through pipeline.train with the device cache, evaluated, reported."""
+written, every run trained through pipeline.train.train with the device cache, evaluated, reported."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_false_negative_share_counts_rows_whose_caption_repeats():
 
 @pytest.fixture(scope="module")
 def tiny_study(tmp_path_factory):
-    import infclip.pipeline.train  # noqa: F401  (DeepSpeed before the study sets its env)
+    import infclip.pipeline.train.train  # noqa: F401  (DeepSpeed before the study sets its env)
 
     tmp = tmp_path_factory.mktemp("study")
     out = tmp / "results"

@@ -15,10 +15,10 @@ def test_import_infclip_gives_the_api_and_no_generic_top_level_modules():
     would load a second copy of the op under another name (and register it twice)."""
     code = (
         "import sys, runpy\n"
-        "import infclip, infclip.pipeline.train, infclip.eval, infclip.pipeline.scenes\n"
+        "import infclip, infclip.pipeline.train.train, infclip.eval, infclip.pipeline.data.scenes\n"
         "from infclip import contrastive_loss, ContrastiveLoss, CLIPTowers, load_config, train, export_hf\n"
         "assert contrastive_loss.__module__ == 'infclip.ops.contrastive_loss', contrastive_loss.__module__\n"
-        "assert CLIPTowers.__module__ == 'infclip.pipeline.model'\n"
+        "assert CLIPTowers.__module__ == 'infclip.pipeline.model.model'\n"
         "for launcher in ('pretrain', 'zeroshot', 'make_shards', 'openclip_tokenizer'):\n"
         "    runpy.run_path(f'launch/{launcher}.py', run_name='not_main')\n"
         "generic = sorted(m for m in sys.modules if m.split('.')[0] in ('ops', 'pipeline', 'eval'))\n"
@@ -31,6 +31,9 @@ def test_import_infclip_gives_the_api_and_no_generic_top_level_modules():
 
 
 LAYERS = ("ops", "pipeline", "eval", "launch")  # each imports only from its own layer and those before
+# inside pipeline/, the same rule: errors.py, data/, model/, config.py (the run's file, over the model and
+# data sections), engine/, train/
+PIPELINE_LAYERS = ("errors", "data", "model", "config", "engine", "train")
 
 
 def _project_imports() -> dict:
@@ -75,14 +78,20 @@ def _project_imports() -> dict:
 
 
 def test_imports_point_one_way_and_never_in_a_circle():
-    """launch -> eval -> pipeline -> ops: no module imports from a later layer, and no chain of
-    imports, lazy ones inside functions included, leads back to where it started (a circle forces
-    an import inside a function and an order of first use)."""
+    """launch -> eval -> pipeline -> ops, and inside pipeline train -> engine -> config -> model ->
+    data -> errors: no module imports from a later layer, and no chain of imports, lazy ones inside
+    functions included, leads back to where it started (a circle forces an import inside a function
+    and an order of first use)."""
     graph = _project_imports()
     assert len(graph) > 40 and graph["ops.assembly"], "the import graph was not read"
     upward = sorted((m, t) for m, ts in graph.items() for t in ts
                     if LAYERS.index(t.split(".")[0]) > LAYERS.index(m.split(".")[0]))
     assert not upward, f"imports against the layers: {upward}"
+    inside = {m: m.split(".")[1] for m in graph if m.startswith("pipeline.")}
+    assert set(inside.values()) == set(PIPELINE_LAYERS), sorted(set(inside.values()))
+    upward = sorted((m, t) for m, ts in graph.items() if m in inside for t in ts if t in inside
+                    and PIPELINE_LAYERS.index(inside[t]) > PIPELINE_LAYERS.index(inside[m]))
+    assert not upward, f"imports against pipeline's layers: {upward}"
     done, path = set(), []
 
     def visit(module):

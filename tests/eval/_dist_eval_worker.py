@@ -16,10 +16,10 @@ def main(tokenizer_dir: str, shards: str, out: str, zero_stage: str) -> None:
 
     from infclip.eval.config import EvalConfig
     from infclip.eval.evaluator import Evaluator
-    from infclip.pipeline.model import CLIPTowers
-    from infclip.pipeline.model_config import ModelConfig
-    from infclip.pipeline.shards import DIGITS_CLASSNAMES
-    from infclip.pipeline.tokenizer import load_tokenizer
+    from infclip.pipeline.data.shards import DIGITS_CLASSNAMES
+    from infclip.pipeline.data.tokenizer import load_tokenizer
+    from infclip.pipeline.model.config import ModelConfig
+    from infclip.pipeline.model.model import CLIPTowers
     from tests.eval.conftest import TINY_MODEL
 
     deepspeed.init_distributed(dist_backend="gloo")

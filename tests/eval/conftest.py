@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from infclip.pipeline.model import CLIPTowers
-from infclip.pipeline.model_config import ModelConfig
-from infclip.pipeline.shards import DIGITS_CLASSNAMES, digits_samples, write_shards
-from infclip.pipeline.tokenizer import train_bpe_tokenizer
+from infclip.pipeline.data.shards import DIGITS_CLASSNAMES, digits_samples, write_shards
+from infclip.pipeline.data.tokenizer import train_bpe_tokenizer
+from infclip.pipeline.model.config import ModelConfig
+from infclip.pipeline.model.model import CLIPTowers
 
 TINY_MODEL = {
     "embed_dim": 16,
@@ -38,7 +38,7 @@ def tokenizer_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tokenizer(tokenizer_dir):
-    from infclip.pipeline.tokenizer import load_tokenizer
+    from infclip.pipeline.data.tokenizer import load_tokenizer
 
     return load_tokenizer(tokenizer_dir)
 
@@ -55,7 +55,7 @@ def digits_test(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval_digits")
     samples = list(digits_samples("test", seed=0, image_size=16))
     paths = write_shards(samples, root / "shards", samples_per_shard=128, image_format="png")
-    from infclip.pipeline.shards import brace_url
+    from infclip.pipeline.data.shards import brace_url
 
     images = root / "images"
     for i, (img, _caption, meta) in enumerate(samples):
@@ -73,14 +73,14 @@ def single_rank_env():
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        from infclip.pipeline.train import single_process_env
+        from infclip.pipeline.train.train import single_process_env
 
         single_process_env()
     yield
 
 
 def write_run_files(run_dir: Path, tokenizer_dir: Path, model_section: dict) -> None:
-    """What pipeline.train leaves beside its checkpoints: config.json and tokenizer/."""
+    """What pipeline.train.train leaves beside its checkpoints: config.json and tokenizer/."""
     import shutil
 
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from .conftest import TINY_MODEL, make_model, write_run_files
 def _train_and_save(model, stage: int, ckpt_dir, tokenizer, steps: int = 2):
     """A real engine on one gloo rank: a few AdamW steps (weights move off init), then save."""
     import deepspeed
-    from infclip.pipeline.tokenizer import tokenize
+    from infclip.pipeline.data.tokenizer import tokenize
 
     cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
@@ -33,7 +33,7 @@ def _train_and_save(model, stage: int, ckpt_dir, tokenizer, steps: int = 2):
 
 
 def _features(model, tokenizer):
-    from infclip.pipeline.tokenizer import tokenize
+    from infclip.pipeline.data.tokenizer import tokenize
 
     g = torch.Generator().manual_seed(7)
     pixels = torch.randn(3, 3, 16, 16, generator=g)
@@ -83,7 +83,7 @@ def test_zero_checkpoint_round_trip(stage, flat, tmp_path, tokenizer, tokenizer_
 
     if stage != 3:  # HF export: transformers loads each tower on its own and gives the same features
         from transformers import CLIPTextModelWithProjection, CLIPVisionModelWithProjection
-        from infclip.pipeline.tokenizer import tokenize
+        from infclip.pipeline.data.tokenizer import tokenize
 
         out = export_hf(run / "ckpt", tmp_path / "hf")
         vision = CLIPVisionModelWithProjection.from_pretrained(out).eval()  # each tower from the CLIPModel folder

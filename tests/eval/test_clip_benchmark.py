@@ -18,8 +18,9 @@ import torch.nn.functional as F
 from PIL import Image
 
 from infclip.eval.clip_benchmark import clip_benchmark_section
-from infclip.pipeline.data import CLIP_MEAN, CLIP_STD, build_eval_loader
-from infclip.pipeline.tokenizer import tokenize
+from infclip.pipeline.data.build import build_eval_loader
+from infclip.pipeline.data.config import CLIP_MEAN, CLIP_STD
+from infclip.pipeline.data.tokenizer import tokenize
 
 from .conftest import make_model
 

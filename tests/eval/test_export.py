@@ -14,10 +14,10 @@ import torch
 from PIL import Image
 
 from infclip.eval.checkpoint import export_hf, load_model
-from infclip.pipeline.engine import export_final
-from infclip.pipeline.model import CLIPTowers
-from infclip.pipeline.model_config import ModelConfig
-from infclip.pipeline.tokenizer import tokenize
+from infclip.pipeline.data.tokenizer import tokenize
+from infclip.pipeline.engine.engine import export_final
+from infclip.pipeline.model.config import ModelConfig
+from infclip.pipeline.model.model import CLIPTowers
 
 from .conftest import TINY_MODEL, make_model, write_run_files
 from .test_checkpoint import _train_and_save
@@ -163,7 +163,7 @@ def test_eos_id_2_writes_no_clip_model(tmp_path, caplog):
     """With EOS id 2 transformers would pool argmax(ids): no root CLIPModel, the towers still load."""
     cfg = ModelConfig.from_dict(TINY_MODEL)
     model = CLIPTowers(cfg, vocab_size=40, eos_token_id=2, pad_token_id=0, bos_token_id=1).eval()
-    with caplog.at_level(logging.WARNING, logger="infclip.pipeline.model"):
+    with caplog.at_level(logging.WARNING, logger="infclip.pipeline.model.model"):
         model.save_pretrained(str(tmp_path))
     assert "EOS id is 2" in caplog.text and not (tmp_path / "config.json").exists()
     assert CLIPTowers.from_pretrained(str(tmp_path)).eos_token_id == 2

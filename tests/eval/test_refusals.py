@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
+from infclip.pipeline.data.shards import DIGITS_CLASSNAMES
 from infclip.pipeline.errors import UserErrorExit
-from infclip.pipeline.shards import DIGITS_CLASSNAMES
 
 from .conftest import make_model
 
@@ -68,7 +68,7 @@ def test_zeroshot_user_errors_are_one_line(hf_folder, digits_test, tmp_path, cap
 def _unlabelled_shards(tmp_path):
     from PIL import Image
 
-    from infclip.pipeline.shards import brace_url, write_shards
+    from infclip.pipeline.data.shards import brace_url, write_shards
 
     samples = ((Image.new("RGB", (16, 16), (i, 0, 0)), f"a caption {i}", None) for i in range(4))
     return brace_url(write_shards(samples, tmp_path / "unlabelled", samples_per_shard=4, image_format="png"))

@@ -19,7 +19,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# None of these is a training caption (pipeline.shards.DIGITS_CAPTION_TEMPLATES).
+# None of these is a training caption (pipeline.data.shards.DIGITS_CAPTION_TEMPLATES).
 HELD_OUT_TEMPLATES = ["a drawing of a {}.", "a photo showing the number {}.", "this image is a {}.",
                       "a low resolution {}.", "the numeral {} in grey.", "a picture of the digit {}.",
                       "an example of the number {}.", "a sketch of a {}.", "a close-up of a handwritten {}.",

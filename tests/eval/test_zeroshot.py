@@ -13,8 +13,9 @@ from infclip.eval.config import EvalConfig
 from infclip.eval.templates import DEFAULT_TEMPLATES, load_classnames, load_templates
 from infclip.eval.zeroshot import ImageFolderData, build_classifier, image_folder_samples
 from infclip.ops.config import ConfigError
-from infclip.pipeline.data import CLIP_MEAN, CLIP_STD, build_eval_loader
-from infclip.pipeline.shards import DIGITS_CLASSNAMES
+from infclip.pipeline.data.build import build_eval_loader
+from infclip.pipeline.data.config import CLIP_MEAN, CLIP_STD
+from infclip.pipeline.data.shards import DIGITS_CLASSNAMES
 
 from tests._ranks import run_two_ranks
 
@@ -79,7 +80,7 @@ def test_folder_and_shards_preprocess_identically(digits_test, tokenizer):
 
 
 def test_classifier_is_mean_of_normalised_template_features(tokenizer):
-    from infclip.pipeline.tokenizer import tokenize
+    from infclip.pipeline.data.tokenizer import tokenize
 
     model = make_model(tokenizer)
     templates = ["a photo of the number {}", "the digit {}"]

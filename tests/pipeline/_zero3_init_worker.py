@@ -29,8 +29,8 @@ def main(out: str) -> None:
     import torch.distributed as dist
     from transformers import CLIPVisionModelWithProjection
 
-    from infclip.pipeline.model import CLIPTowers, _hf_configs, _new_tower
-    from infclip.pipeline.train import _param_groups
+    from infclip.pipeline.model.model import CLIPTowers, _hf_configs, _new_tower
+    from infclip.pipeline.model.param_layout import param_groups as _param_groups
     from tests.pipeline.test_chunked import batch, tiny_model
 
     deepspeed.init_distributed(dist_backend="gloo")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from infclip.pipeline.shards import write_digits_shards
-from infclip.pipeline.tokenizer import iter_shard_captions, train_bpe_tokenizer
-from infclip.pipeline.data import expand_urls
+from infclip.pipeline.data.shard_urls import expand_urls
+from infclip.pipeline.data.shards import write_digits_shards
+from infclip.pipeline.data.tokenizer import iter_shard_captions, train_bpe_tokenizer
 
 
 @pytest.fixture(scope="session")

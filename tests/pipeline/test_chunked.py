@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from infclip.ops import ContrastiveLoss, ContrastiveLossConfig
-from infclip.pipeline.chunked import chunked_forward_backward
-from infclip.pipeline.model import CLIPTowers
-from infclip.pipeline.model_config import ModelConfig
-from infclip.pipeline.param_layout import mark_zero3_leaf_layers
+from infclip.pipeline.model.config import ModelConfig
+from infclip.pipeline.model.model import CLIPTowers
+from infclip.pipeline.model.param_layout import mark_zero3_leaf_layers
+from infclip.pipeline.train.chunked import chunked_forward_backward
 
 B, CHUNK = 10, 4  # uneven last chunk (4, 4, 2)
 
@@ -128,7 +128,7 @@ def dist_world_of_one():
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        from infclip.pipeline.train import single_process_env
+        from infclip.pipeline.train.train import single_process_env
 
         single_process_env()
         deepspeed.init_distributed(dist_backend="gloo")
@@ -199,7 +199,7 @@ def test_zero3_leaf_layers_match_zero0(dist_world_of_one, grad_ckpt, unit):
     (the second runs on DeepSpeed's recorded prefetch trace)."""
     import deepspeed
 
-    from infclip.pipeline.tower_unit import reduce_when_accumulated
+    from infclip.pipeline.engine.tower_unit import reduce_when_accumulated
 
     pv, ids, mask = batch()
     loss_fn = make_loss("clip")

@@ -18,17 +18,17 @@ import sys
 import pytest
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.checkpoint import list_tags
-from infclip.pipeline.collapse import CollapseWatch, chance_loss
 from infclip.pipeline.config import TrainConfig
-from infclip.pipeline.engine import contrastive_batch
+from infclip.pipeline.engine.engine import contrastive_batch
 from infclip.pipeline.errors import USER_ERRORS, TrainingCollapseError
+from infclip.pipeline.train.checkpoint import list_tags
+from infclip.pipeline.train.collapse import CollapseWatch, chance_loss
 
 from .test_train import ROOT, free_port, run_inproc, tb_scalars, world_of_one  # noqa: F401  (fixture)
 
 B = 1024
 LN_B = math.log(B)
-WATCH_LOGGER = "infclip.pipeline.collapse"
+WATCH_LOGGER = "infclip.pipeline.train.collapse"
 
 
 def feed(watch, losses, scales, every=10):
@@ -63,7 +63,7 @@ def test_collapse_detected_at_the_first_whole_window(caplog):
 
 
 def test_short_runs_are_judged_over_half_their_length():
-    from infclip.pipeline.collapse import effective_window
+    from infclip.pipeline.train.collapse import effective_window
 
     assert effective_window(100, 3000) == 100
     assert effective_window(100, 32) == 16  # the study's 65,536 batch: 32 steps
@@ -183,8 +183,8 @@ def test_contrastive_batch_is_global_under_a_distributed_scheme():
 
 _VERDICT_WORKER = """
 import os, torch.distributed as dist
-from infclip.pipeline.dist import cpu_group
-from infclip.pipeline.loop import _rank0_verdict
+from infclip.pipeline.engine.dist import cpu_group
+from infclip.pipeline.train.loop import _rank0_verdict
 dist.init_process_group("gloo")
 rank, group = dist.get_rank(), cpu_group()
 print("verdicts", [_rank0_verdict(flag, group) for flag in ((rank == 0), (rank == 1), True, False)], flush=True)

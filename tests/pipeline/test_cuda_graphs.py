@@ -1,8 +1,8 @@
 """The towers replayed as CUDA graphs (``model.compile_mode: "reduce-overhead"``) in DeepSpeed
-engines, driven as a training run drives them (``pipeline.step.forward_backward``, then
+engines, driven as a training run drives them (``pipeline.train.step.forward_backward``, then
 ``engine.step()``): gradients accumulated over micro-steps at ZeRO-0, 1 and 2, with plain and with
 flat blocks, against the same engines with the towers compiled without CUDA graphs. Without
-``pipeline.model.copy_gradients_out_of_graphs`` the second micro-step's backward fails there
+``pipeline.model.model.copy_gradients_out_of_graphs`` the second micro-step's backward fails there
 ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run": autograd
 had kept the first backward's gradients in the graphs' memory). GPU only:
 ``pytest -m gpu tests/pipeline/test_cuda_graphs.py``."""
@@ -15,12 +15,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from infclip.pipeline.dist import single_process_env
-from infclip.pipeline.engine import with_engine_defaults
-from infclip.pipeline.model import CLIPTowers
-from infclip.pipeline.param_layout import param_groups
-from infclip.pipeline.step import forward_backward
-from infclip.pipeline.zero_step import keep_step_on_device
+from infclip.pipeline.engine.dist import single_process_env
+from infclip.pipeline.engine.engine import with_engine_defaults
+from infclip.pipeline.engine.zero_step import keep_step_on_device
+from infclip.pipeline.model.model import CLIPTowers
+from infclip.pipeline.model.param_layout import param_groups
+from infclip.pipeline.train.step import forward_backward
 
 from .test_model_speed import cfg
 

@@ -16,10 +16,12 @@ import torch
 from PIL import Image
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.data import (CLIP_MEAN, CLIP_STD, DataConfig, build_eval_loader, build_train_loader, expand_urls,
-                           measure_loader_throughput, prepare_shards)
-from infclip.pipeline.shards import EncodedImage, brace_url, folder_samples, write_shards
-from infclip.pipeline.tokenizer import load_tokenizer
+from infclip.pipeline.data.build import build_eval_loader, build_train_loader
+from infclip.pipeline.data.config import CLIP_MEAN, CLIP_STD, DataConfig
+from infclip.pipeline.data.loader import measure_loader_throughput
+from infclip.pipeline.data.shard_urls import expand_urls, prepare_shards
+from infclip.pipeline.data.shards import EncodedImage, brace_url, folder_samples, write_shards
+from infclip.pipeline.data.tokenizer import load_tokenizer
 
 MEAN = torch.tensor(CLIP_MEAN).view(1, 3)
 STD = torch.tensor(CLIP_STD).view(1, 3)
@@ -211,8 +213,8 @@ def test_resume_does_not_count_the_replayed_skips_again(tmp_path, tok):
     """A resumed worker re-reads the samples of the batches it already made; the skips among them
     were counted by the run that made those batches, so the run's total stays that of the
     uninterrupted run however often it resumes."""
-    from infclip.pipeline.loop import Batches
-    from infclip.pipeline.run_state import RunState
+    from infclip.pipeline.train.loop import Batches
+    from infclip.pipeline.train.run_state import RunState
 
     path = tmp_path / "cap-000000.tar"
     with tarfile.open(path, "w") as tar:
@@ -248,8 +250,8 @@ def test_resume_does_not_count_the_replayed_skips_again(tmp_path, tok):
 def test_skips_after_the_last_batch_are_counted(tmp_path, tok):
     """The skips a worker meets after its last full batch reach the loader's stats (and the
     run's total) when its stream ends; the records that carry them are not batches."""
-    from infclip.pipeline.loop import Batches
-    from infclip.pipeline.run_state import RunState
+    from infclip.pipeline.train.loop import Batches
+    from infclip.pipeline.train.run_state import RunState
 
     path = tmp_path / "tail-000000.tar"
     with tarfile.open(path, "w") as tar:
@@ -275,8 +277,8 @@ def test_an_epoch_without_a_batch_is_an_error_naming_the_epoch_and_cause(tmp_pat
     """No batch at all in an epoch (every sample skipped, or too few for one batch) raises on the
     first ``next()`` naming epoch 0 and the skip counts by reason, also with ``max_epochs`` 1
     (where the run would otherwise end at step 0 and export an untrained model)."""
-    from infclip.pipeline.loop import Batches
-    from infclip.pipeline.run_state import RunState
+    from infclip.pipeline.train.loop import Batches
+    from infclip.pipeline.train.run_state import RunState
 
     url = _solid_shards(tmp_path, n_shards=2, per_shard=10)
     kw, want = {
@@ -340,8 +342,8 @@ def test_a_shard_cut_short_is_one_counted_tar_error(tmp_path, tok, caplog, cut):
 def test_resume_at_the_end_of_an_epoch_goes_on_with_the_next(tmp_path, tok):
     """A run resumed where an epoch ended (its stream gives no batch from there) is no error: the
     next epoch starts; only an epoch read from its start must give a batch."""
-    from infclip.pipeline.loop import Batches
-    from infclip.pipeline.run_state import RunState
+    from infclip.pipeline.train.loop import Batches
+    from infclip.pipeline.train.run_state import RunState
 
     cfg = _cfg(_solid_shards(tmp_path, n_shards=1, per_shard=6), shuffle_buffer=0)
 
@@ -359,7 +361,7 @@ def test_shards_not_dividing_over_ranks_warn_once_on_rank_0(tmp_path, tok, caplo
     """3 shards on 2 ranks: every epoch ends when the rank with 1 shard runs out, so the other
     rank's second shard goes unread; rank 0 says so once (not every epoch), and not when the
     shards divide or are resampled."""
-    from infclip.pipeline import data
+    from infclip.pipeline.data import build as data
 
     url = _solid_shards(tmp_path, n_shards=3, per_shard=6)
     caplog.set_level("WARNING", logger="infclip.pipeline.data")
@@ -396,7 +398,7 @@ def _sized_shards(out: Path, sizes) -> list:
 def test_more_workers_than_shards_resume_exactly_and_fill_the_epoch(tmp_path, tok, caplog):
     """4 workers for 3 shards: the loader runs 3 (a worker without a shard broke the round-robin
     that resume relies on, and its quota of a samples_per_epoch epoch went unfilled)."""
-    from infclip.pipeline import data
+    from infclip.pipeline.data import build as data
 
     paths = _sized_shards(tmp_path, [6, 6, 6])
     caplog.set_level("WARNING", logger="infclip.pipeline.data")
@@ -416,7 +418,7 @@ def test_workers_with_unequal_data_deliver_every_batch_and_resume_exactly(tmp_pa
     data ran out and goes on with the others, so every full batch is read; the loader's position
     after each batch resumes exactly the rest of the uninterrupted epoch (more in
     test_data_unequal.py); nothing is lost, so there is no warning about it."""
-    from infclip.pipeline import data
+    from infclip.pipeline.data import build as data
 
     paths = _sized_shards(tmp_path, [6, 6, 6, 6, 3])
     caplog.set_level("WARNING", logger="infclip.pipeline.data")
@@ -584,7 +586,7 @@ def test_same_shards_in_another_folder_give_the_same_batches(digits_shards, tok,
 def test_training_crops_travel_as_uint8_and_are_normalised_where_asked(digits_shards, tok):
     """The workers send uint8 crops; the loader normalises them (on the CPU by default, or in the
     model's dtype on the device it is given): the same values either way, up to that dtype."""
-    from infclip.pipeline.data import normalize_pixels
+    from infclip.pipeline.data.image_ops import normalize_pixels
 
     cfg = DataConfig.from_dict({"train_shards": digits_shards["train"], "workers": 1, "shuffle_buffer": 8})
     kw = dict(image_size=16, context_length=16, batch_size=8)
@@ -598,18 +600,18 @@ def test_training_crops_travel_as_uint8_and_are_normalised_where_asked(digits_sh
 
 
 def test_uint8_training_crop_matches_a_reference_resize_of_the_same_box():
-    """The vectorised uint8 crop is the box _crop_box draws, resized bilinearly: within two grey
+    """The vectorised uint8 crop is the box crop_box draws, resized bilinearly: within two grey
     levels of PIL's bilinear resize of that box on a smooth image."""
     import random
 
     import numpy as np
 
-    from infclip.pipeline.data import _crop_box, _resized_box_uint8
+    from infclip.pipeline.data.transforms import _resized_box_uint8, crop_box
 
     yy, xx = np.mgrid[0:96, 0:80]
     arr = np.stack([xx * 3, yy * 2, (xx + yy)], axis=-1).clip(0, 255).astype(np.uint8)
     img = Image.fromarray(arr, "RGB")
-    x, y, w, h = _crop_box(80, 96, [0.5, 0.9], random.Random(7))
+    x, y, w, h = crop_box(80, 96, [0.5, 0.9], random.Random(7))
     got = _resized_box_uint8(img, (x, y, w, h), 32)
     ref = np.asarray(img.resize((32, 32), Image.BILINEAR, box=(x, y, x + w, y + h)), dtype=np.float32)
     assert got.dtype == torch.uint8 and got.shape == (3, 32, 32)

@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.data import DataConfig, build_train_loader, expand_urls
-from infclip.pipeline.data_cache import DeviceCache
-from infclip.pipeline.tokenizer import load_tokenizer
+from infclip.pipeline.data.build import build_train_loader
+from infclip.pipeline.data.config import DataConfig
+from infclip.pipeline.data.device_cache import DeviceCache
+from infclip.pipeline.data.shard_urls import expand_urls
+from infclip.pipeline.data.tokenizer import load_tokenizer
 
 from .test_train import run_inproc, world_of_one  # noqa: F401  (fixture)
 
@@ -148,7 +150,7 @@ def test_nothing_usable_names_the_loaders_skip_counts(tmp_path, digits_shards, c
             _add(tar, f"{i:09d}.png", _png(i))
             if i < 5:  # 5, 6, 7: no caption, after the last usable sample
                 _add(tar, f"{i:09d}.txt", b"a caption")
-    caplog.set_level("INFO", logger="infclip.pipeline.data_cache")
+    caplog.set_level("INFO", logger="infclip.pipeline.data.device_cache")
     cfg = DataConfig(train_shards=[str(tail)], crop_scale=[1.0, 1.0], device_cache=True, workers=1)
     cache = DeviceCache.load(cfg, tok, [str(tail)], image_size=8, context_length=CTX, device=torch.device("cpu"))
     assert len(cache) == 5

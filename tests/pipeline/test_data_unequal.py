@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from infclip.pipeline.loop import Batches
-from infclip.pipeline.run_state import RunState, _own_position
-from infclip.pipeline.tokenizer import load_tokenizer
+from infclip.pipeline.data.tokenizer import load_tokenizer
+from infclip.pipeline.train.loop import Batches
+from infclip.pipeline.train.run_state import RunState, _own_position
 
 from .test_data import _add, _cfg, _ids, _png, _sized_shards, _train
 

@@ -7,8 +7,8 @@ import math
 
 import torch
 
-from infclip.pipeline.model import CLIPTowers
-from infclip.pipeline.tokenizer import load_tokenizer
+from infclip.pipeline.data.tokenizer import load_tokenizer
+from infclip.pipeline.model.model import CLIPTowers
 from tests.pipeline.test_train import run_inproc, world_of_one  # noqa: F401 (fixture)
 
 
@@ -70,7 +70,7 @@ def test_finetune_eval_export_from_an_openclip_model(world_of_one, digits_shards
     import json
 
     from infclip.eval.checkpoint import load_model
-    from infclip.pipeline.tokenizer import tokenize
+    from infclip.pipeline.data.tokenizer import tokenize
     from tests._openclip import import_open_clip
     from tests.pipeline.test_openclip import _openclip_model, _reduced
     from launch.zeroshot import main as zeroshot_main

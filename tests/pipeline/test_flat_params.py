@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.flat_params import ALIGN, expand_flat_entries, flat_blocks
-from infclip.pipeline.model import CLIPTowers
-from infclip.pipeline.param_layout import param_groups
+from infclip.pipeline.model.flat_params import ALIGN, expand_flat_entries, flat_blocks
+from infclip.pipeline.model.model import CLIPTowers
+from infclip.pipeline.model.param_layout import param_groups
 
 from .test_model_speed import batch, cfg
 
@@ -105,8 +105,8 @@ def test_state_dict_loads_both_ways_and_follows_new_tensors(flat):
 @pytest.mark.parametrize("flat", [True, "tower"])
 def test_deepspeed_zero2_trains_the_flat_model_as_the_plain_one(flat):
     deepspeed = pytest.importorskip("deepspeed")
-    from infclip.pipeline.param_layout import misaligned_parameters
-    from infclip.pipeline.train import single_process_env
+    from infclip.pipeline.model.param_layout import misaligned_parameters
+    from infclip.pipeline.train.train import single_process_env
 
     single_process_env()
     ds = {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 1.0,
@@ -206,7 +206,7 @@ def _zero3_run(model, steps=4, leaf=True):
     gathered state dict with the unflattened names."""
     import deepspeed
 
-    from infclip.pipeline.param_layout import mark_zero3_leaf_layers
+    from infclip.pipeline.model.param_layout import mark_zero3_leaf_layers
 
     ds = {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 1.0,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "torch_adam": True}},
@@ -215,7 +215,7 @@ def _zero3_run(model, steps=4, leaf=True):
         mark_zero3_leaf_layers(model, leaf)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
     engine.module.bind_flat_views_in_forward()
-    from infclip.pipeline.tower_unit import reduce_when_accumulated
+    from infclip.pipeline.engine.tower_unit import reduce_when_accumulated
 
     assert len(reduce_when_accumulated(engine)) == (2 if leaf == "tower" else 0)
     losses = []
@@ -246,7 +246,7 @@ def test_deepspeed_zero3_trains_the_flat_model_as_the_plain_one(leaf, ckpt, flat
     checkpointed blocks, a block's recomputation in backward (outside its stack's forward) binds
     its own views."""
     pytest.importorskip("deepspeed")
-    from infclip.pipeline.train import single_process_env
+    from infclip.pipeline.train.train import single_process_env
 
     single_process_env()
     (want_losses, want), (got_losses, got) = (_zero3_run(m, leaf=leaf)
@@ -263,7 +263,7 @@ def test_zero3_flat_towers_compile_whole_and_keep_their_graphs():
     (the binding of the gathered tensors' views outside it), kept across steps, and training
     matches the plain model's."""
     pytest.importorskip("deepspeed")
-    from infclip.pipeline.train import single_process_env
+    from infclip.pipeline.train.train import single_process_env
 
     single_process_env()
     plain, _ = pair()
@@ -285,7 +285,7 @@ def test_blocks_binding_in_forward_finish_their_gradients_before_the_input_hook(
     """Where ZeRO-3 reduces a leaf block's gradients (a full backward hook: it fires with the
     gradient of the block's inputs), the flat tensors' gradients must already be accumulated.
     Views bound in a forward pre-hook would come after it; bound inside the forward, before."""
-    from infclip.pipeline.flat_params import BindingForward, bind_in_forward
+    from infclip.pipeline.model.flat_params import BindingForward, bind_in_forward
 
     _, flat = pair()
     blocks, flat._flat_blocks = flat._flat_blocks, []  # as under ZeRO-3: no binding at the top
@@ -309,8 +309,8 @@ def test_a_layer_stack_finishes_every_blocks_gradients_before_its_input_hook():
     (its full backward hook sees the hidden states) and binds all of its blocks' views in its
     forward: every flat tensor of the stack has its gradient before the hook on the stack's
     inputs fires, and no view outlives the forward."""
-    from infclip.pipeline.flat_params import bind_in_forward
-    from infclip.pipeline.layer_stack import layer_stacks, route_through_stack
+    from infclip.pipeline.model.flat_params import bind_in_forward
+    from infclip.pipeline.model.layer_stack import layer_stacks, route_through_stack
 
     _, flat = pair()
     blocks, flat._flat_blocks = flat._flat_blocks, []
@@ -340,9 +340,9 @@ def test_zero3_binds_each_block_once_a_forward(leaf, monkeypatch):
     pytest.importorskip("deepspeed")
     import deepspeed
 
-    from infclip.pipeline import flat_params
-    from infclip.pipeline.param_layout import mark_zero3_leaf_layers
-    from infclip.pipeline.train import single_process_env
+    from infclip.pipeline.model import flat_params
+    from infclip.pipeline.model.param_layout import mark_zero3_leaf_layers
+    from infclip.pipeline.train.train import single_process_env
 
     single_process_env()
     _, model = pair()
@@ -352,7 +352,7 @@ def test_zero3_binds_each_block_once_a_forward(leaf, monkeypatch):
           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 10**4}}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
     engine.module.bind_flat_views_in_forward()
-    from infclip.pipeline.tower_unit import reduce_when_accumulated
+    from infclip.pipeline.engine.tower_unit import reduce_when_accumulated
 
     reduce_when_accumulated(engine)
     blocks = engine.module._flat_blocks

@@ -17,10 +17,11 @@ import torch
 from PIL import Image
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.data import CLIP_MEAN, CLIP_STD, DataConfig, build_train_loader
-from infclip.pipeline.image_ops import resized_crop_normalize, resized_crop_normalize_reference
-from infclip.pipeline.shards import brace_url, write_shards
-from infclip.pipeline.tokenizer import load_tokenizer
+from infclip.pipeline.data.build import build_train_loader
+from infclip.pipeline.data.config import CLIP_MEAN, CLIP_STD, DataConfig
+from infclip.pipeline.data.image_ops import resized_crop_normalize, resized_crop_normalize_reference
+from infclip.pipeline.data.shards import brace_url, write_shards
+from infclip.pipeline.data.tokenizer import load_tokenizer
 
 LEVEL = 1 / 255 / min(CLIP_STD)  # one uint8 level, normalised, at its largest
 
@@ -128,7 +129,9 @@ def test_workers_send_jpeg_files_and_decode_the_rest(tmp_path, tok):
     grey and CMYK JPEGs and PNGs as uint8 crops; every row of the batch exactly once."""
     import random
 
-    from infclip.pipeline.data import _crop_box, _full_resolution_box, _seed, _shard_name
+    from infclip.pipeline.data.jpeg_boxes import full_resolution_box
+    from infclip.pipeline.data.spec import stable_seed
+    from infclip.pipeline.data.transforms import crop_box, shard_name
 
     url = _mixed_shards(tmp_path / "mixed", n=12, per_shard=12)
     loader = _loader(url, tok, "gpu", workers=0)
@@ -147,8 +150,8 @@ def test_workers_send_jpeg_files_and_decode_the_rest(tmp_path, tok):
             assert img.format == "JPEG" and img.mode == "RGB" and not img.info.get("progressive")
             full = img.size
             img.draft("RGB", (need, need))
-            rng = random.Random(_seed("crop", spec.seed, spec.epoch, _shard_name(url), key))
-            want = _full_resolution_box(_crop_box(*img.size, spec.crop_scale, rng), img.size, full)
+            rng = random.Random(stable_seed("crop", spec.seed, spec.epoch, shard_name(url), key))
+            want = full_resolution_box(crop_box(*img.size, spec.crop_scale, rng), img.size, full)
         x, y, w, h = record["jpeg_boxes"][k].tolist()
         assert (x, y, w, h) == want
         assert 0 <= x and 0 <= y and w >= 1 and h >= 1 and x + w <= full[0] and y + h <= full[1]
@@ -195,7 +198,7 @@ def test_decode_setting_is_checked():
     with pytest.raises(ConfigError, match="'decode'"):
         DataConfig(train_shards="x.tar", decode="nvjpeg")
     cfg = DataConfig(train_shards="x.tar", decode="gpu")
-    from infclip.pipeline.data import decode_on_gpu
+    from infclip.pipeline.data.build import decode_on_gpu
 
     with pytest.raises(ConfigError, match="needs a training device"):
         decode_on_gpu(cfg, None)
@@ -205,7 +208,7 @@ def test_decode_setting_is_checked():
 
 
 def test_the_direct_decoder_says_why_it_cannot_load():
-    from infclip.pipeline.nvjpeg import load_decoder
+    from infclip.pipeline.data.nvjpeg import load_decoder
 
     decoder, why = load_decoder()
     if torch.cuda.is_available():

@@ -14,9 +14,9 @@ import torch
 
 from infclip.eval.checkpoint import load_model
 from infclip.ops import ContrastiveLoss
-from infclip.pipeline.checkpoint import MANIFEST, check_tag, list_tags, read_latest
 from infclip.pipeline.errors import CheckpointError, NonFiniteGradError, ResumeMismatchError
-from infclip.pipeline.run_state import Checkpointer
+from infclip.pipeline.train.checkpoint import MANIFEST, check_tag, list_tags, read_latest
+from infclip.pipeline.train.run_state import Checkpointer
 
 from .test_train import run_inproc, tb_scalars, world_of_one  # noqa: F401  (fixture)
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from infclip.pipeline.checkpoint import read_latest
+from infclip.pipeline.train.checkpoint import read_latest
 
 from .test_train import LAUNCH, ROOT, TINY, base_overrides, free_port, tb_scalars
 
@@ -37,7 +37,7 @@ def _sets(overrides):
 _EXIT_RANK = """
 import atexit, ctypes, datetime, logging, logging.handlers, sys
 import torch, torch.distributed as dist
-from infclip.pipeline.dist import exit_process
+from infclip.pipeline.engine.dist import exit_process
 rank, port, log_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                         timeout=datetime.timedelta(seconds=60))
@@ -56,7 +56,7 @@ exit_process(3 + rank)
 
 
 def test_exit_process_leaves_with_its_code_after_flushing_logs_and_stdout(tmp_path):
-    """pipeline.dist.exit_process, as launch/pretrain.py leaves: two gloo ranks after an all-reduce
+    """pipeline.engine.dist.exit_process, as launch/pretrain.py leaves: two gloo ranks after an all-reduce
     (the group's worker threads alive) each end with the code given, after their atexit handlers,
     and what they had buffered (a log record in a MemoryHandler, text in Python's block-buffered
     stdout and in C's) is written first.

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline import engine as engine_mod
-from infclip.pipeline.model import CLIPTowers
-from infclip.pipeline.model_config import ModelConfig
-from infclip.pipeline.param_layout import param_groups
+from infclip.pipeline.engine import engine as engine_mod
+from infclip.pipeline.model.config import ModelConfig
+from infclip.pipeline.model.model import CLIPTowers
+from infclip.pipeline.model.param_layout import param_groups
 from tests.pipeline.test_chunked import tiny_model
 from tests.pipeline.test_train import run_inproc, world_of_one  # noqa: F401 (fixture)
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from infclip.pipeline.data import build_eval_loader, expand_urls
-from infclip.pipeline.shards import DIGITS_CLASSNAMES
-from infclip.pipeline.tokenizer import load_tokenizer
+from infclip.pipeline.data.build import build_eval_loader
+from infclip.pipeline.data.shard_urls import expand_urls
+from infclip.pipeline.data.shards import DIGITS_CLASSNAMES
+from infclip.pipeline.data.tokenizer import load_tokenizer
 
 _SPEC = importlib.util.spec_from_file_location(
     "make_shards_cli", Path(__file__).resolve().parents[2] / "launch" / "make_shards.py")

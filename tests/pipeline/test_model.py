@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.model import CLIPTowers
-from infclip.pipeline.model_config import ModelConfig
+from infclip.pipeline.model.config import ModelConfig
+from infclip.pipeline.model.model import CLIPTowers
 
 
 def cfg(**over) -> ModelConfig:
@@ -116,7 +116,7 @@ def test_save_and_load_round_trip(tmp_path):
 def test_a_loaded_model_takes_its_towers_sizes(tmp_path):
     """A pretrained start ignores the section's sizes: the model's config then holds the loaded
     towers' own, so the activation estimate, the kept patches and the FLOPs are theirs."""
-    from infclip.pipeline.model_config import activation_bytes, forward_flops
+    from infclip.pipeline.model.config import activation_bytes, forward_flops
 
     torch.manual_seed(0)
     saved = cfg(vision={"image_size": 24, "patch_size": 4, "hidden_size": 16, "layers": 2, "heads": 2,

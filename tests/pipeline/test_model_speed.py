@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infclip.pipeline.model import CLIPTowers
-from infclip.pipeline.model_config import ModelConfig, activation_bytes, forward_flops
-from infclip.pipeline.param_layout import misaligned_parameters, param_groups
+from infclip.pipeline.model.config import ModelConfig, activation_bytes, forward_flops
+from infclip.pipeline.model.model import CLIPTowers
+from infclip.pipeline.model.param_layout import misaligned_parameters, param_groups
 
 
 def cfg(**over) -> ModelConfig:
@@ -139,7 +139,7 @@ def test_param_groups_keep_tower_weights_aligned_in_deepspeed(tmp_path):
     scale and bias first, every tower weight starts 4 bytes off 16-byte alignment (slow cuBLAS
     and elementwise kernels on a GPU); param_groups puts them last."""
     deepspeed = pytest.importorskip("deepspeed")
-    from infclip.pipeline.train import single_process_env
+    from infclip.pipeline.train.train import single_process_env
 
     single_process_env()
     ds = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True, "check_grad_overflow": False},
@@ -191,9 +191,9 @@ def test_zero3_runs_every_block_compiled(flat, unit):
     deepspeed = pytest.importorskip("deepspeed")
     import torch._dynamo
 
-    from infclip.pipeline.engine import with_engine_defaults
-    from infclip.pipeline.param_layout import mark_zero3_leaf_layers
-    from infclip.pipeline.train import single_process_env
+    from infclip.pipeline.engine.engine import with_engine_defaults
+    from infclip.pipeline.model.param_layout import mark_zero3_leaf_layers
+    from infclip.pipeline.train.train import single_process_env
 
     single_process_env()
     if "infclip_aot_counting" not in torch._dynamo.list_backends(exclude_tags=()):
@@ -231,7 +231,7 @@ def test_zero3_runs_every_block_compiled(flat, unit):
 
 
 def test_engine_defaults_keep_what_the_config_sets():
-    from infclip.pipeline.engine import with_engine_defaults
+    from infclip.pipeline.engine.engine import with_engine_defaults
 
     off = {"throughput": {"enabled": False}}
     z3 = {"zero_optimization": {"stage": 3}}
@@ -307,8 +307,8 @@ def test_zero3_stacks_take_cuda_graphs_only_with_flat_blocks(monkeypatch, flat):
     flat blocks (their views are plain graph inputs, copied in at each replay) and falls back to
     "default" for stacks whose own parameters would be static inputs moved by every gather."""
     deepspeed = pytest.importorskip("deepspeed")
-    from infclip.pipeline.param_layout import mark_zero3_leaf_layers
-    from infclip.pipeline.train import single_process_env
+    from infclip.pipeline.model.param_layout import mark_zero3_leaf_layers
+    from infclip.pipeline.train.train import single_process_env
 
     single_process_env()
     model = CLIPTowers(cfg(compile_mode="reduce-overhead", flat_parameters=flat), eos_token_id=1, pad_token_id=0)

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.model import CLIPTowers
-from infclip.pipeline.model_config import ModelConfig
+from infclip.pipeline.model.config import ModelConfig
+from infclip.pipeline.model.model import CLIPTowers
 
 HEAD_WIDTH = 8
 
@@ -113,9 +113,9 @@ def openclip_file(tmp_path):
 
 
 def test_openclip_text_config_takes_the_tokenizers_ids_or_openais():
-    """With a tokenizer's ids (``pipeline.tokenizer.special_token_ids``) the text config has them,
+    """With a tokenizer's ids (``pipeline.data.tokenizer.special_token_ids``) the text config has them,
     a missing BOS as none (not transformers' 49406); without a tokenizer, OpenAI's EOS (the last id)."""
-    from infclip.pipeline.openclip import openclip_hf_configs
+    from infclip.pipeline.model.openclip import openclip_hf_configs
 
     sd = _openclip_state_dict()
     _, text, _ = openclip_hf_configs(sd, "quick_gelu", HEAD_WIDTH,
@@ -291,7 +291,7 @@ def test_per_tower_head_widths_inline(tmp_path):
 def test_openclip_configs_the_towers_cannot_express_are_named():
     """Every config OpenCLIP ships is either imported or refused with the key and what is missing;
     all its plain ViT configs are imported."""
-    from infclip.pipeline.openclip import openclip_spec
+    from infclip.pipeline.model.openclip import openclip_spec
     from tests._openclip import import_open_clip
 
     open_clip = import_open_clip()

@@ -1,11 +1,11 @@
-"""Patch dropout (pipeline/patch_dropout.py): which tokens are kept, how many, how uniformly."""
+"""Patch dropout (pipeline/model/patch_dropout.py): which tokens are kept, how many, how uniformly."""
 
 from fractions import Fraction
 
 import pytest
 import torch
 
-from infclip.pipeline.patch_dropout import drop_patches, kept_patches, use_patch_dropout
+from infclip.pipeline.model.patch_dropout import drop_patches, kept_patches, use_patch_dropout
 
 
 @pytest.mark.parametrize("patches", [1, 7, 49, 100, 196, 256])
@@ -106,8 +106,8 @@ def test_no_patch_dropout_leaves_the_module_alone():
 
 
 def _towers(patch_dropout: float, patch_embedding: str = "gemm", **over):
-    from infclip.pipeline.model import CLIPTowers
-    from infclip.pipeline.model_config import ModelConfig
+    from infclip.pipeline.model.config import ModelConfig
+    from infclip.pipeline.model.model import CLIPTowers
 
     cfg = ModelConfig.from_dict({
         "embed_dim": 12, "patch_dropout": patch_dropout, "compile": False, "patch_embedding": patch_embedding, **over,
@@ -146,7 +146,7 @@ def test_the_image_tower_runs_the_kept_tokens_in_training_and_every_patch_in_eva
 @pytest.mark.parametrize("value", [1.0, -0.5])
 def test_a_patch_dropout_outside_0_1_is_a_config_error_naming_the_key(value):
     from infclip.ops.config import ConfigError
-    from infclip.pipeline.model_config import ModelConfig
+    from infclip.pipeline.model.config import ModelConfig
 
     with pytest.raises(ConfigError, match="'patch_dropout' must be in \\[0, 1\\)"):
         ModelConfig.from_dict({"patch_dropout": value})
@@ -195,8 +195,8 @@ def test_cuda_graph_replays_draw_new_subsets_each_step_and_the_same_from_a_seed(
     """drop_patches and a layer after it compiled with CUDA graphs ("reduce-overhead"), trained a
     step at a time: the replays draw new subsets, the same seed the same ones. The layer's
     gradients accumulate over the steps out of the graphs' memory
-    (``pipeline.model.copy_gradients_out_of_graphs``, as the towers' do)."""
-    from infclip.pipeline.model import copy_gradients_out_of_graphs
+    (``pipeline.model.model.copy_gradients_out_of_graphs``, as the towers' do)."""
+    from infclip.pipeline.model.model import copy_gradients_out_of_graphs
 
     torch.manual_seed(0)
     layer = torch.nn.Linear(16, 4).cuda()

@@ -1,10 +1,10 @@
-"""The patch embedding as one GEMM (pipeline/patch_embed.py) against torch's convolution."""
+"""The patch embedding as one GEMM (pipeline/model/patch_embed.py) against torch's convolution."""
 
 import pytest
 import torch
 from torch import nn
 
-from infclip.pipeline.patch_embed import patch_gemm, use_patch_gemm
+from infclip.pipeline.model.patch_embed import patch_gemm, use_patch_gemm
 
 
 @pytest.mark.parametrize("channels, size, patch, out, bias", [
@@ -40,7 +40,7 @@ def test_only_non_overlapping_convolutions_are_replaced():
 
 
 def _towers(patch_embedding: str, **over):
-    from infclip.pipeline.model import CLIPTowers
+    from infclip.pipeline.model.model import CLIPTowers
 
     from .test_model_speed import cfg
 

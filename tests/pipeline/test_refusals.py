@@ -2,7 +2,7 @@
 step (exit code 2 through launch/), or a warning that names what it saw.
 
 Config checks and data pieces run without training; DeepSpeed's optimizer and scheduler errors
-and the data errors go through :func:`pipeline.train.train` on a gloo world of one, and through
+and the data errors go through :func:`pipeline.train.train.train` on a gloo world of one, and through
 :func:`pipeline.errors.exit_on_user_error` as launch/ reports them.
 """
 
@@ -79,8 +79,8 @@ def test_a_huge_image_is_skipped_before_decoding(tmp_path, digits_shards):
     """A 12000 x 12000 PNG of a few hundred KB (144 Mpx: 430 MB once decoded as RGB) is skipped
     from its header and counted as too_many_pixels; the other samples come through (the training
     loader decodes through the same function)."""
-    from infclip.pipeline.data import build_eval_loader
-    from infclip.pipeline.tokenizer import load_tokenizer
+    from infclip.pipeline.data.build import build_eval_loader
+    from infclip.pipeline.data.tokenizer import load_tokenizer
 
     path = tmp_path / "big-000000.tar"
     with tarfile.open(path, "w") as tar:
@@ -98,7 +98,7 @@ def test_a_huge_image_is_skipped_before_decoding(tmp_path, digits_shards):
 
 
 def test_tokenizer_pass_skips_a_huge_caption_member(tmp_path, caplog):
-    from infclip.pipeline.tokenizer import MAX_CAPTION_BYTES, iter_shard_captions
+    from infclip.pipeline.data.tokenizer import MAX_CAPTION_BYTES, iter_shard_captions
 
     path = tmp_path / "captions-000000.tar.gz"
     with tarfile.open(path, "w:gz") as tar:
@@ -113,7 +113,7 @@ def test_tokenizer_pass_skips_a_huge_caption_member(tmp_path, caplog):
 
 
 def test_make_shards_refuses_a_file_that_is_not_an_image(tmp_path):
-    from infclip.pipeline.shards import folder_samples
+    from infclip.pipeline.data.shards import folder_samples
 
     Image.new("RGB", (4, 4)).save(tmp_path / "a.jpg")
     (tmp_path / "b.jpg").write_text("not an image at all")
@@ -143,7 +143,7 @@ def test_pickled_weights_in_a_model_folder_are_refused_naming_the_file(tmp_path)
     import torch
 
     from infclip.pipeline.errors import CheckpointError
-    from infclip.pipeline.model import CLIPTowers
+    from infclip.pipeline.model.model import CLIPTowers
 
     from .test_chunked import tiny_model
 

@@ -21,11 +21,11 @@ import sys
 
 import pytest
 
-from infclip.pipeline.checkpoint import (MANIFEST, check_tag, latest_tag, list_tags, newest_checkpoint, read_latest,
-                                         resolve_resume)
 from infclip.pipeline.errors import CheckpointError, RunFolderError
-from infclip.pipeline.run_folder import LOCK_NAME, RunLock
-from infclip.pipeline.run_state import Checkpointer, RunState
+from infclip.pipeline.train.checkpoint import (MANIFEST, check_tag, latest_tag, list_tags, newest_checkpoint,
+                                               read_latest, resolve_resume)
+from infclip.pipeline.train.run_folder import LOCK_NAME, RunLock
+from infclip.pipeline.train.run_state import Checkpointer, RunState
 
 from .test_train import run_inproc, world_of_one  # noqa: F401  (fixture)
 
@@ -62,7 +62,7 @@ def test_fresh_start_over_a_runs_checkpoints_is_refused(full_run, digits_shards,
     assert _contents(ckpt) == before and not (tmp_path / "run" / LOCK_NAME).exists()
     with pytest.raises(RunFolderError, match="--overwrite would delete the checkpoints --resume latest continues"):
         from infclip.pipeline.config import load_config
-        from infclip.pipeline.train import train
+        from infclip.pipeline.train.train import train
 
         from .test_train import TINY, base_overrides
         train(load_config(TINY, base_overrides(digits_shards, tmp_path / "run", 2)), resume="latest", overwrite=True)
@@ -71,7 +71,7 @@ def test_fresh_start_over_a_runs_checkpoints_is_refused(full_run, digits_shards,
     (tmp_path / "run" / "tb" / "events.out.tfevents.old").write_text("")
     (tmp_path / "run" / "notes.txt").write_text("mine")
     from infclip.pipeline.config import load_config
-    from infclip.pipeline.train import train
+    from infclip.pipeline.train.train import train
 
     from .test_train import TINY, base_overrides
     cfg = load_config(TINY, base_overrides(digits_shards, tmp_path / "run", 2, **COMMON))
@@ -170,7 +170,7 @@ def test_second_live_run_and_unusable_folders_are_refused(digits_shards, tmp_pat
     out.mkdir()
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        from infclip.pipeline.run_folder import _start_time
+        from infclip.pipeline.train.run_folder import _start_time
 
         (out / LOCK_NAME).write_text(json.dumps({"host": socket.gethostname(), "pid": live.pid,
                                                  "start": _start_time(live.pid), "since": "now"}))
@@ -223,7 +223,7 @@ class _SignalAt:
 
 def test_signal_stops_with_a_checkpoint_and_the_resume_is_bitwise(full_run, digits_shards, tmp_path):
     from infclip.pipeline.config import load_config
-    from infclip.pipeline.train import train
+    from infclip.pipeline.train.train import train
 
     from .test_train import TINY, base_overrides
 
@@ -243,7 +243,7 @@ def test_signal_stops_with_a_checkpoint_and_the_resume_is_bitwise(full_run, digi
 
 _TWO_SIGNALS = """
 import os, signal, sys, time
-from infclip.pipeline.signals import StopSignals
+from infclip.pipeline.train.signals import StopSignals
 with StopSignals(["SIGTERM", "SIGINT"]) as stop:
     worker = os.fork()
     if worker == 0:  # a forked loader worker: the signal is the main process's business

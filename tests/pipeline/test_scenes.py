@@ -18,11 +18,13 @@ import torch
 from PIL import Image
 
 from infclip.eval.templates import fill_template, load_classnames, load_templates
-from infclip.pipeline import scenes
-from infclip.pipeline.data import DataConfig, build_eval_loader, build_train_loader, expand_urls
-from infclip.pipeline.scenes import (COLOURS, HELD_OUT_COLOUR_SHAPE, HELD_OUT_COUNT_SHAPE, SHAPES, Group, Scene, caption,
-                             is_held_out, parse_caption, sample_scene, write_scenes)
-from infclip.pipeline.tokenizer import train_bpe_tokenizer
+from infclip.pipeline.data import scenes
+from infclip.pipeline.data.build import build_eval_loader, build_train_loader
+from infclip.pipeline.data.config import DataConfig
+from infclip.pipeline.data.scenes import (COLOURS, HELD_OUT_COLOUR_SHAPE, HELD_OUT_COUNT_SHAPE, SHAPES, Group, Scene,
+                                          caption, is_held_out, parse_caption, sample_scene, write_scenes)
+from infclip.pipeline.data.shard_urls import expand_urls
+from infclip.pipeline.data.tokenizer import train_bpe_tokenizer
 
 SIZE = 128  # px: small shapes have a 6-8 px circumradius, enough for the pixel checks
 KW = dict(seed=3, image_size=SIZE, samples_per_shard=64)
@@ -241,7 +243,7 @@ def test_shards_load_through_the_data_pipeline(made, tmp_path):
     captions = [text for _, _, text, _ in _read(urls["train"]["url"])]
     tok_dir = tmp_path / "tok"
     train_bpe_tokenizer(captions, tok_dir, vocab_size=300, context_length=24)
-    from infclip.pipeline.tokenizer import load_tokenizer
+    from infclip.pipeline.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tok_dir)
     batches = list(build_eval_loader(urls["zeroshot_colour"]["url"], tok, image_size=64, context_length=24,
@@ -296,7 +298,7 @@ def test_presets_name_the_shards_make_shards_writes(name, train, sps, n_eval, n_
 
 def test_crowded_scenes_always_fit():
     """Four large shapes on each side of a cut: a layout is found at the smallest side, 64 px."""
-    from infclip.pipeline.scenes import render_scene
+    from infclip.pipeline.data.scenes import render_scene
 
     crowded = Scene((Group(4, "large", "red", "circle"), Group(4, "large", "blue", "square")), "above")
     for i in range(20):

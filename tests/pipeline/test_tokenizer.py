@@ -9,9 +9,10 @@ import torch
 from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.data import DataConfig, expand_urls
-from infclip.pipeline.tokenizer import (EOS_TOKEN, ensure_tokenizer, load_tokenizer, special_token_ids, tokenize,
-                                train_bpe_tokenizer)
+from infclip.pipeline.data.config import DataConfig
+from infclip.pipeline.data.shard_urls import expand_urls
+from infclip.pipeline.data.tokenizer import (EOS_TOKEN, ensure_tokenizer, load_tokenizer, special_token_ids, tokenize,
+                                             train_bpe_tokenizer)
 
 CORPUS = [f"a photo of the number {w}" for w in ("one", "two", "three", "seven")] * 5 + [
     "the digit seven written by hand", "a handwritten 7", "a small grey image of a nine"]
@@ -106,8 +107,8 @@ def test_broken_shards_are_skipped_and_named(digits_shards, tmp_path, caplog):
     import logging
     import shutil
 
-    from infclip.pipeline.data import expand_urls
-    from infclip.pipeline.tokenizer import iter_shard_captions
+    from infclip.pipeline.data.shard_urls import expand_urls
+    from infclip.pipeline.data.tokenizer import iter_shard_captions
 
     good = expand_urls(digits_shards["train"])[:2]
     empty, cut, not_tar = tmp_path / "empty.tar", tmp_path / "cut.tar", tmp_path / "not_tar.tar"
@@ -118,7 +119,7 @@ def test_broken_shards_are_skipped_and_named(digits_shards, tmp_path, caplog):
     shutil.copy(good[1], tmp_path / "good.tar")
     urls = [str(empty), str(cut), str(not_tar), str(tmp_path / "good.tar")]
     broken: list = []
-    with caplog.at_level(logging.WARNING, logger="infclip.pipeline.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="infclip.pipeline.data.tokenizer"):
         captions = list(iter_shard_captions(urls, broken=broken))
     assert broken == [str(empty), str(cut), str(not_tar)]
     assert len(captions) > 200  # the good shard's 200 plus what the cut one held before the cut
@@ -138,8 +139,8 @@ def test_gzipped_shards_are_whole_unless_cut(digits_shards, tmp_path):
     short (the gzip stream itself cut), broken. Both the loader and this pass use one check."""
     import gzip
 
-    from infclip.pipeline.data import expand_urls
-    from infclip.pipeline.tokenizer import iter_shard_captions
+    from infclip.pipeline.data.shard_urls import expand_urls
+    from infclip.pipeline.data.tokenizer import iter_shard_captions
 
     tar = open(expand_urls(digits_shards["train"])[0], "rb").read()
     whole, cut = tmp_path / "whole.tar.gz", tmp_path / "cut.tar.gz"
@@ -209,7 +210,7 @@ def test_clip_tokenizer_caption_spelling_eos_stays_text(caplog):
     assert clip.decode(ids[0, 1:mask[0].sum() - 1].tolist()).replace(" ", "") == SPELLED[0].replace(" ", "")
     partial = CLIPTokenizer(vocab={w: i for i, w in enumerate([w for w in words if w[0] != "z"]
                                                               + ["<|startoftext|>", "<|endoftext|>"])}, merges=[])
-    with caplog.at_level(logging.WARNING, logger="infclip.pipeline.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="infclip.pipeline.data.tokenizer"):
         ids, mask = tokenize(partial, ["a zebra", "a zebra"], 16)
     _assert_one_eos_at_the_end(ids, mask, special_token_ids(partial))
     assert mask.sum(1).tolist() == [7, 7]  # BOS, "a", "e b r a", EOS: the z's unk (its EOS id) dropped
@@ -238,7 +239,7 @@ def test_bos_equal_to_eos_gets_no_bos(tmp_path, caplog):
     import logging
 
     folder = _gpt2_like(tmp_path)
-    with caplog.at_level(logging.INFO, logger="infclip.pipeline.tokenizer"):
+    with caplog.at_level(logging.INFO, logger="infclip.pipeline.data.tokenizer"):
         tok = load_tokenizer(folder)
     assert tok.bos_token_id == tok.eos_token_id == len(tok) - 1 and tok.pad_token_id is None
     assert sum("BOS is its EOS" in r.getMessage() for r in caplog.records) == 1
@@ -254,11 +255,11 @@ def test_bos_equal_to_eos_gets_no_bos(tmp_path, caplog):
     assert ids[0, :lengths[0] - 1].tolist() == tok("seven", add_special_tokens=False)["input_ids"]
     for row, n in enumerate(lengths):
         assert (ids[row, n:] == sp["pad_token_id"]).all() and (mask[row, n:] == 0).all()
-    from infclip.pipeline.tokenizer import with_clip_template  # the HF-way call agrees
+    from infclip.pipeline.data.tokenizer import with_clip_template  # the HF-way call agrees
     hf = with_clip_template(tok, L)(texts, padding="max_length", truncation=True, return_tensors="pt")
     assert torch.equal(hf["input_ids"], ids) and torch.equal(hf["attention_mask"], mask)
-    from infclip.pipeline.model import CLIPTowers  # the towers' text config takes the rows' ids
-    from infclip.pipeline.model_config import ModelConfig
+    from infclip.pipeline.model.config import ModelConfig
+    from infclip.pipeline.model.model import CLIPTowers  # the towers' text config takes the rows' ids
 
     torch.manual_seed(0)
     towers = CLIPTowers.from_config(ModelConfig.from_dict({

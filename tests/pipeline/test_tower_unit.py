@@ -1,4 +1,4 @@
-"""The tower unit's gradient reduction trigger (pipeline/tower_unit.py) on a plain module: it runs
+"""The tower unit's gradient reduction trigger (pipeline/engine/tower_unit.py) on a plain module: it runs
 once per backward, after the last parameter gradient has accumulated, and refuses backwards that
 would leave a tower's gradients unreduced. Its use on real ZeRO-3 engines (gradients equal to
 ZeRO-0's, with and without checkpointing) is in tests/pipeline/test_chunked.py."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from infclip.pipeline.tower_unit import TowerReduction
+from infclip.pipeline.engine.tower_unit import TowerReduction
 
 
 def _tower():
@@ -75,7 +75,7 @@ def test_parameter_accumulated_twice_in_one_backward_is_refused():
 
 def test_config_names_the_unit_and_refuses_locked_towers():
     from infclip.ops.config import ConfigError
-    from infclip.pipeline.model_config import ModelConfig
+    from infclip.pipeline.model.config import ModelConfig
 
     assert ModelConfig.from_dict({"zero3_leaf_layers": "tower"}).zero3_leaf_layers == "tower"
     with pytest.raises(ConfigError, match=r"'zero3_leaf_layers' must be true or false or one of \['stack', 'tower'\], got 'towers'"):

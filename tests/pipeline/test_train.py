@@ -1,7 +1,7 @@
 """End to end: real DeepSpeed launches on CPU (gloo), TensorBoard read back, checkpoints, resume.
 
 The 2-process tests start ``deepspeed --num_gpus 2 launch/pretrain.py`` (two CPU ranks) on
-real digits shards; the single-process tests call :func:`pipeline.train.train` in this process
+real digits shards; the single-process tests call :func:`pipeline.train.train.train` in this process
 (a gloo world of one) to keep the suite fast.
 """
 
@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from infclip.ops.config import ConfigError
-from infclip.pipeline.checkpoint import list_tags, read_latest
 from infclip.pipeline.config import load_config
-from infclip.pipeline.train import NonFiniteLossError, train
+from infclip.pipeline.train.checkpoint import list_tags, read_latest
+from infclip.pipeline.train.train import NonFiniteLossError, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "ds_configs", "tiny_cpu.json")
@@ -144,7 +144,7 @@ def test_two_process_zero3_chunked_ring_follows_zero0(zero0_run, digits_shards, 
         assert abs(losses[step] - z0[step]) < 1e-4, (step, losses[step], z0[step])
     assert losses[2] != losses[1]  # the weights moved
     assert read_latest(str(out / "ckpt")) == f"global_step{steps}"
-    from infclip.pipeline.model import CLIPTowers  # the export (gathered from ZeRO-3 partitions) loads
+    from infclip.pipeline.model.model import CLIPTowers  # the export (gathered from ZeRO-3 partitions) loads
     model = CLIPTowers.from_pretrained(str(out / "final"))
     assert model.embed_dim == 64 and os.path.isfile(out / "final" / "tokenizer.json")
     assert all(p.numel() > 0 for p in model.parameters())
@@ -264,7 +264,7 @@ def test_resume_with_unequal_loader_workers_is_exact_and_old_checkpoints_load(wo
     balanced split, exact where every worker still had data."""
     import json as _json
 
-    from infclip.pipeline.checkpoint import MANIFEST, safe_load
+    from infclip.pipeline.train.checkpoint import MANIFEST, safe_load
 
     from .test_data import _sized_shards
 

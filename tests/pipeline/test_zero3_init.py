@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from infclip.pipeline.model import CLIPTowers, _hf_configs, _new_tower
-from infclip.pipeline.train import _param_groups
+from infclip.pipeline.model.model import CLIPTowers, _hf_configs, _new_tower
+from infclip.pipeline.model.param_layout import param_groups as _param_groups
 from tests._ranks import run_two_ranks
 from tests.pipeline._zero3_init_worker import checksum as _checksum
 from tests.pipeline.test_chunked import tiny_model

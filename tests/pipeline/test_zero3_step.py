@@ -1,4 +1,4 @@
-"""ZeRO-3's step with less host work (``pipeline.zero3_step``): real DeepSpeed ZeRO-3 engines
+"""ZeRO-3's step with less host work (``pipeline.engine.zero3_step``): real DeepSpeed ZeRO-3 engines
 (CPU, gloo; CUDA where there is one) train to the same bits with and without it (fp32 and bf16,
 flat parameters with a leaf per layer stack and plain parameters with a leaf per block, gradient
 clipping on and off, a non-finite gradient on the way, and two ranks), the cached parameter lists
@@ -15,10 +15,10 @@ import sys
 import pytest
 import torch
 
-from infclip.pipeline.param_layout import mark_zero3_leaf_layers, param_groups
-from infclip.pipeline import zero3_step
-from infclip.pipeline.zero3_step import (_CACHE, cached_iter_params, cuda_current_stream, identity_bound_apply,
-                                         lighten_zero3, modules_preorder, restore_deepspeed_zero3)
+from infclip.pipeline.engine import zero3_step
+from infclip.pipeline.engine.zero3_step import (_CACHE, cached_iter_params, cuda_current_stream, identity_bound_apply,
+                                                lighten_zero3, modules_preorder, restore_deepspeed_zero3)
+from infclip.pipeline.model.param_layout import mark_zero3_leaf_layers, param_groups
 
 from tests._ranks import run_two_ranks
 
@@ -38,7 +38,7 @@ REPLACED = [(partitioned_param_coordinator, "iter_params"), (parameter_offload, 
 @pytest.fixture(autouse=True)
 def deepspeed_as_written():
     """Each test starts and ends with DeepSpeed's own functions (the replacements are process-wide)."""
-    from infclip.pipeline.train import single_process_env
+    from infclip.pipeline.train.train import single_process_env
 
     single_process_env()
     restore_deepspeed_zero3()
@@ -232,7 +232,7 @@ def test_autograd_functions_skip_only_an_identity_binding(monkeypatch, caplog):
     classes = [LinearFunctionForZeroStage3, *hooked]
     try:
         monkeypatch.setattr(zero3_step, "_FUNCTION_APPLY_SHA", set())
-        with caplog.at_level(logging.DEBUG, logger="infclip.pipeline.zero3_step"):
+        with caplog.at_level(logging.DEBUG, logger="infclip.pipeline.engine.zero3_step"):
             assert lighten_zero3(engine)  # the other replacements still go in
         assert "Function.apply is not the one" in caplog.text
         assert not any("apply" in vars(c) for c in classes)
@@ -303,7 +303,7 @@ def test_forward_prologue_walks_the_modules_deepspeed_walks(monkeypatch):
 
 
 def test_print_rank_0_prints_what_deepspeeds_does(capsys):
-    from infclip.pipeline.zero3_step import print_rank_0_if_forced
+    from infclip.pipeline.engine.zero3_step import print_rank_0_if_forced
 
     print_rank_0_if_forced("quiet")
     print_rank_0_if_forced("forced", force=True)
@@ -321,7 +321,7 @@ def test_refused_when_a_replaced_function_changed(where, name, monkeypatch, capl
     monkeypatch.setattr(where, name, lambda message, *args, extra=None, **kwargs: None)
     before = {(m.__name__, n): getattr(m, n) for m, n in REPLACED}
     try:
-        with caplog.at_level(logging.DEBUG, logger="infclip.pipeline.zero3_step"):
+        with caplog.at_level(logging.DEBUG, logger="infclip.pipeline.engine.zero3_step"):
             assert lighten_zero3(engine) is False
         assert {(m.__name__, n): getattr(m, n) for m, n in REPLACED} == before
         assert not any(_CACHE in vars(m) for m in engine.module.modules())
@@ -335,7 +335,7 @@ def test_refused_for_other_zero_stages(caplog):
     ds = {**_config(torch.float32, 0.0), "zero_optimization": {"stage": 2}}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
     try:
-        with caplog.at_level(logging.DEBUG, logger="infclip.pipeline.zero3_step"):
+        with caplog.at_level(logging.DEBUG, logger="infclip.pipeline.engine.zero3_step"):
             assert lighten_zero3(engine) is False
         assert partitioned_param_coordinator.iter_params is not cached_iter_params
         assert "not ZeRO-3's" in caplog.text

@@ -1,4 +1,4 @@
-"""The host waits ``pipeline.zero3_step`` removes from DeepSpeed's ZeRO-3 step, and the one the
+"""The host waits ``pipeline.engine.zero3_step`` removes from DeepSpeed's ZeRO-3 step, and the one the
 text tower had (``CLIPTowers._text_attention_mask``): on real ZeRO-3 engines (CPU, gloo) with an
 accelerator made to synchronise as CUDA's does (a counting stream), DeepSpeed's step waits at
 every one-rank fetch, in the gradient epilogue and for the norm's -1, the lightened step at none
@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from infclip.pipeline import zero3_step
-from infclip.pipeline.zero3_step import lighten_zero3, restore_deepspeed_zero3, wait_unless_copied
+from infclip.pipeline.engine import zero3_step
+from infclip.pipeline.engine.zero3_step import lighten_zero3, restore_deepspeed_zero3, wait_unless_copied
 
 from .test_model_speed import batch, cfg
 from .test_zero3_step import _assert_same, _config, _engine, _loss, _models, _state
@@ -213,7 +213,7 @@ def test_refused_where_deepspeeds_source_differs(what, monkeypatch, caplog, cuda
     engine = _engine(model, _config(torch.float32, 1.0), "stack", False)
     _on_stream(engine, cuda_like)
     try:
-        with caplog.at_level(logging.DEBUG, logger="infclip.pipeline.zero3_step"):
+        with caplog.at_level(logging.DEBUG, logger="infclip.pipeline.engine.zero3_step"):
             assert lighten_zero3(engine)
         assert "is not the one this module reproduces" in caplog.text
         if what == "handle":
@@ -263,7 +263,7 @@ def test_overlap_comm_epilogue_still_synchronises(cuda_like):
 
 # --- the text tower's mask -------------------------------------------------------------------
 def _towers():
-    from infclip.pipeline.model import CLIPTowers
+    from infclip.pipeline.model.model import CLIPTowers
 
     torch.manual_seed(0)
     return CLIPTowers(cfg(), eos_token_id=1, pad_token_id=0).train()
@@ -313,7 +313,7 @@ def test_text_forward_reads_nothing_from_the_device(monkeypatch):
 
 
 def test_other_attention_implementations_get_the_2d_mask():
-    from infclip.pipeline.model import CLIPTowers
+    from infclip.pipeline.model.model import CLIPTowers
 
     model = CLIPTowers(cfg(attn_implementation="eager"), eos_token_id=1, pad_token_id=0)
     _, _, mask = batch()

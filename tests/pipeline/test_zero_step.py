@@ -1,8 +1,8 @@
-"""The training step without host waits. ``pipeline.zero_step``: the replaced pieces give
+"""The training step without host waits. ``pipeline.engine.zero_step``: the replaced pieces give
 DeepSpeed's own values (norms finite, infinite, NaN and DeepSpeed's -1 sentinel), a real ZeRO-2
 engine trains to the same bits with and without them (gradient clipping active), ZeRO-0's
 overflow check read once gives DeepSpeed's answer and the same training (a NaN step skipped
-alike), and the optimizers it must not touch are left alone. ``pipeline.engine.with_engine_defaults``: DeepSpeed's
+alike), and the optimizers it must not touch are left alone. ``pipeline.engine.engine.with_engine_defaults``: DeepSpeed's
 throughput timer no longer synchronises the device each step."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import types
 import pytest
 import torch
 
-from infclip.pipeline.param_layout import param_groups
-from infclip.pipeline.zero_step import clip_scale, keep_step_on_device, mask_nonfinite_, restore_deepspeed_mask
+from infclip.pipeline.engine.zero_step import clip_scale, keep_step_on_device, mask_nonfinite_, restore_deepspeed_mask
+from infclip.pipeline.model.param_layout import param_groups
 
 from .test_flat_params import loss_of, pair
 
@@ -38,7 +38,7 @@ def test_mask_gives_deepspeeds_values():
 def test_clip_gives_deepspeeds_gradients(clip_grad, loss_scale):
     """DeepSpeed's own ``unscale_and_clip_grads`` (its host ``if``) against the device-only one,
     bit for bit, on a flat gradient and on a list of sub-partitions."""
-    from infclip.pipeline.zero_step import _unscale_and_clip_grads
+    from infclip.pipeline.engine.zero_step import _unscale_and_clip_grads
 
     torch.manual_seed(0)
     grads = torch.randn(37) * 3
@@ -81,7 +81,7 @@ def _train(model, ds, on_device: bool, steps: int = 4):
 def test_zero_engine_trains_to_the_same_bits(stage, monkeypatch):
     from deepspeed.runtime.zero import stage_1_and_2
 
-    from infclip.pipeline.train import single_process_env
+    from infclip.pipeline.train.train import single_process_env
 
     single_process_env()
     # DeepSpeed's own mask for the reference run (an engine built earlier in this process may
@@ -106,7 +106,7 @@ def test_every_engine_of_a_process_keeps_its_step_on_the_device():
     """The replacement is process-wide in DeepSpeed's ZeRO-1/2 module: a second engine built
     after the first had its step replaced must be accepted too (it was refused, running
     DeepSpeed's host waits, in every same-process comparison after the first engine)."""
-    from infclip.pipeline.train import single_process_env
+    from infclip.pipeline.train.train import single_process_env
 
     single_process_env()
     restore_deepspeed_mask()
@@ -127,7 +127,7 @@ def test_one_overflow_read_gives_deepspeeds_answer():
     finite, hold a NaN or an infinity in the first or the last tensor, or are missing."""
     from deepspeed.runtime.utils import CheckOverflow
 
-    from infclip.pipeline.zero_step import _has_overflow_serial
+    from infclip.pipeline.engine.zero_step import _has_overflow_serial
 
     torch.manual_seed(0)
     for bad, where in [(None, 0), (float("nan"), 0), (float("inf"), 2), (float("-inf"), 1)]:
@@ -161,7 +161,7 @@ def _train_zero0(model, ds, on_device: bool, nan_step: int):
 def test_zero0_bf16_engine_trains_to_the_same_bits():
     """ZeRO-0 with bf16 weights (DeepSpeed's FP16 optimizer wrapper) with its overflow check read
     once: the same losses and weights as DeepSpeed's per-tensor reads, the NaN step skipped alike."""
-    from infclip.pipeline.train import single_process_env
+    from infclip.pipeline.train.train import single_process_env
 
     single_process_env()
     ds = {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 1.0, "bf16": {"enabled": True},
@@ -181,7 +181,7 @@ def test_zero0_bf16_engine_trains_to_the_same_bits():
 
 
 def test_left_alone_where_the_host_must_decide():
-    from infclip.pipeline.train import single_process_env
+    from infclip.pipeline.train.train import single_process_env
 
     single_process_env()
     ds = {"train_micro_batch_size_per_gpu": 3,
@@ -204,8 +204,8 @@ def test_engine_defaults_take_deepspeeds_timer_waits_out_of_the_step(monkeypatch
     engine's defaults turn it off (counted through the accelerator DeepSpeed calls)."""
     from deepspeed.accelerator import get_accelerator
 
-    from infclip.pipeline.engine import with_engine_defaults
-    from infclip.pipeline.train import single_process_env
+    from infclip.pipeline.engine.engine import with_engine_defaults
+    from infclip.pipeline.train.train import single_process_env
 
     single_process_env()
     accel = get_accelerator()

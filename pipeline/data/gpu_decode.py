@@ -1,0 +1,312 @@
+"""The GPU decode stage of the training loader: JPEG bytes in, normalised crops on the device out.
+
+Design: with ``data.decode`` "gpu" (``"auto"`` on CUDA) the loader workers only read tar members,
+parse each JPEG's header (size, mode) to draw its crop box, and tokenise; a batch leaves them
+as the JPEG files laid end to end in one uint8 tensor (a tenth of the bytes of the decoded
+crops, through shared memory). In the training process a background thread takes each batch as
+the DataLoader hands it over and, on a CUDA side stream, decodes its JPEGs with nvJPEG
+(``torchvision.io.decode_jpeg(..., device="cuda")``, one batched call), resizes every box with
+one kernel (:func:`pipeline.data.image_ops.resized_crop_normalize`) and copies the tokens; the step
+waits on the batch's event, not on the host, so decode overlaps the previous step. A thread,
+because ``decode_jpeg`` returns only when its batch is decoded: in the training thread that wait
+is the step's (measured: 78% of the synthetic step against 88% from the thread, ViT-B/32 at
+micro-batch 256); the thread holds the interpreter lock only for a few tensor calls a batch. Members that
+are not baseline-decodable JPEGs for nvJPEG (PNG, WebP, CMYK) are decoded and cropped in the
+workers as on the CPU path and ride along as uint8 rows.
+
+A JPEG that nvJPEG rejects (the batch call raises) is retried alone; one that still fails is
+decoded by PIL here; one that PIL cannot decode either is counted as ``bad_image`` (the workers
+only read headers, so a broken body is found here) and its row takes the batch's first good
+sample, so the batch keeps its size and every rank its share of the global batch.
+
+Stream safety: torchvision's decoder allocates its outputs on the caller's current stream and
+writes them on a stream of its own; the stage makes the side stream current and waits for the
+side stream's previous batch before each decode, so no block the decoder is handed is still
+read by queued work. The batch's tensors are consumed on the training stream, which waits on
+the batch's event and marks them used there (``record_stream``).
+
+The same stage runs on the CPU with a PIL decoder (``decode_fn``): what the tests exercise
+without a GPU (packing, boxes, fallbacks, order, the kernel under Triton's interpreter).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .image_ops import normalize_pixels, resized_crop_normalize, resized_crop_normalize_flat
+
+__all__ = ["DecodeStage", "cuda_decode_available", "pack_jpegs", "pil_decode", "prefetched"]
+
+logger = logging.getLogger(__name__)
+
+JPEG_KEYS = ("jpeg_bytes", "jpeg_offsets", "jpeg_boxes", "jpeg_sizes", "jpeg_dest", "jpeg_names", "cpu_dest")
+"""A worker's GPU-decode batch: the JPEG files end to end (uint8), offsets [n + 1], boxes [n, 4]
+(x, y, w, h in the decoded image's pixels), the images' (W, H) [n, 2] from their headers, their
+rows in the batch, their names (``url:key``), and the rows of ``pixel_values`` (uint8 crops
+decoded in the worker) in the batch."""
+
+
+def cuda_decode_available() -> Optional[str]:
+    """None when nvJPEG decoding through torchvision works here, else why not (one phrase)."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    try:
+        from torchvision.io import decode_jpeg  # noqa: F401
+    except Exception as exc:  # ImportError, or torchvision built for another torch (RuntimeError)
+        return f"torchvision cannot be imported ({type(exc).__name__}: {str(exc)[:120]}); install the 'gpu' extra"
+    return None
+
+
+def pack_jpegs(files: Sequence[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
+    """JPEG files -> (uint8 [total] end to end, int64 offsets [n + 1])."""
+    lengths = np.fromiter((len(f) for f in files), dtype=np.int64, count=len(files))
+    offsets = np.zeros(len(files) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    data = np.frombuffer(b"".join(files), dtype=np.uint8) if files else np.zeros(0, dtype=np.uint8)
+    return torch.from_numpy(data.copy()), torch.from_numpy(offsets)
+
+
+def pil_decode(data: torch.Tensor) -> torch.Tensor:
+    """One encoded image (uint8 [n] on the CPU) -> uint8 [3, H, W] RGB on the CPU, decoded by PIL."""
+    with Image.open(io.BytesIO(data.numpy().tobytes())) as img:
+        rgb = np.asarray(img.convert("RGB"), dtype=np.uint8)
+    return torch.from_numpy(rgb.copy()).permute(2, 0, 1).contiguous()
+
+
+def _nvjpeg_decode(files: List[torch.Tensor], device: torch.device) -> List[torch.Tensor]:
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    return decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
+
+
+class _Elapsed:
+    """GPU milliseconds between two recorded events, read (``float``) only when asked: at log steps,
+    long after the work ended, so reading them never waits."""
+
+    def __init__(self, start: Any, end: Any) -> None:
+        self.start, self.end = start, end
+
+    def __float__(self) -> float:
+        if self.start is None:
+            return 0.0
+        self.end.synchronize()
+        return float(self.start.elapsed_time(self.end))
+
+
+class DecodeStage:
+    """Turns a worker's GPU-decode batch into a training batch on ``device`` (see module docstring).
+
+    Args:
+        device: where the batches land; CUDA uses nvJPEG on a side stream, the CPU ``decode_fn``.
+        dtype: the pixels' dtype (the model's input dtype).
+        mean, std: per-channel normalisation of levels / 255.
+        decode_fn: ``(list of uint8 [n] CPU tensors, device) -> list of uint8 [3, H, W]`` on the
+            device; default torchvision's nvJPEG on CUDA, PIL elsewhere. The per-file path: the
+            batch's when there is no direct decoder, and every file's when the batched call fails.
+        decoder: on CUDA, ``"nvjpeg"`` (the library directly, :mod:`pipeline.data.nvjpeg`; an error if
+            it cannot be loaded), ``"torchvision"`` (``decode_fn`` only) or ``"auto"`` (nvjpeg
+            when it loads).
+    """
+
+    def __init__(self, device: torch.device, dtype: torch.dtype, mean: Sequence[float], std: Sequence[float],
+                 decode_fn: Optional[Callable[[List[torch.Tensor], torch.device], List[torch.Tensor]]] = None,
+                 decoder: str = "auto") -> None:
+        self.device, self.dtype = torch.device(device), dtype
+        self.mean, self.std = list(mean), list(std)
+        cuda = self.device.type == "cuda"
+        self.decode_fn = decode_fn or (_nvjpeg_decode if cuda else
+                                       (lambda files, dev: [pil_decode(f).to(dev) for f in files]))
+        self.nvjpeg = None
+        if cuda and decoder != "torchvision":
+            from .nvjpeg import load_decoder
+
+            with torch.cuda.device(self.device):
+                self.nvjpeg, why = load_decoder()
+            if self.nvjpeg is None:
+                if decoder == "nvjpeg":
+                    raise RuntimeError(f"data.gpu_decoder 'nvjpeg': the library cannot be used ({why})")
+                logger.info("nvJPEG cannot be called directly (%s): decoding through torchvision", why)
+        # high priority: the crop's blocks go ahead of the step's queued ones, so a batch is ready
+        # sooner and the next decode, which waits for it, starts sooner (the GPU time is the same)
+        self.stream = torch.cuda.Stream(self.device, priority=-1) if cuda else None
+        self._last: Any = None  # the side stream's event after the previous batch
+        self.fallbacks = {"cpu_decode": 0, "bad_image": 0, "batch_retry": 0}
+        """JPEGs decoded by PIL after the GPU decoder rejected them, those nobody could decode, and
+        batches the direct decoder's batched call failed on (decoded file by file instead)."""
+        self.host_s = {"waiting": 0.0, "queueing": 0.0, "in_nvjpeg": 0.0, "batches": 0}
+        """The decode thread's wall time: waiting for the previous batch's GPU work, queueing this
+        one's (the host side of a batch: the decode call, the crop's launches, the copies), the
+        part of that spent inside the direct nvJPEG call, and the batch count."""
+
+    def __call__(self, batch: Dict[str, Any]) -> Dict[str, Any]:
+        """The batch with ``pixel_values`` [B, 3, S, S] in ``dtype`` on the device, tokens moved
+        there, ``decode_ms`` (GPU time of decode + crop) and, when it waits on the device,
+        ``ready`` (the event the consumer's stream must wait on)."""
+        if self.stream is None:
+            return self._finish(batch)
+        t0 = time.perf_counter()
+        if self._last is not None:
+            self._last.synchronize()
+        t1 = time.perf_counter()
+        with torch.cuda.stream(self.stream):
+            # blocking: the thread sleeps in its waits instead of spinning on a core the step may need
+            start, end = (torch.cuda.Event(enable_timing=True, blocking=True) for _ in range(2))
+            start.record()
+            out = self._finish(batch)
+            end.record()
+        out["decode_ms"] = _Elapsed(start, end)
+        out["ready"] = self._last = end
+        self.host_s["waiting"] += t1 - t0
+        self.host_s["queueing"] += time.perf_counter() - t1
+        self.host_s["batches"] += 1
+        return out
+
+    def _finish(self, batch: Dict[str, Any]) -> Dict[str, Any]:
+        if "jpeg_bytes" not in batch:  # every image of the batch was decoded in a worker
+            pixels = batch["pixel_values"].to(self.device, non_blocking=True)
+            batch["pixel_values"] = normalize_pixels(pixels, self.mean, self.std, self.dtype)
+            for key in ("input_ids", "attention_mask"):
+                batch[key] = batch[key].to(self.device, non_blocking=True)
+            return batch
+        data, offsets = batch.pop("jpeg_bytes"), batch.pop("jpeg_offsets")
+        boxes, sizes, dest = batch.pop("jpeg_boxes"), batch.pop("jpeg_sizes"), batch.pop("jpeg_dest")
+        names, cpu_dest = batch.pop("jpeg_names"), batch.pop("cpu_dest")
+        cpu_pixels = batch.pop("pixel_values")
+        size = cpu_pixels.shape[-1]
+        out = torch.empty(len(dest) + cpu_pixels.shape[0], 3, size, size, dtype=self.dtype, device=self.device)
+        bad: List[int] = []
+        if not self._decode_batched(data, offsets, sizes, boxes, out, dest):
+            files = list(torch.split(data, (offsets[1:] - offsets[:-1]).tolist()))
+            images = self._decode(files, names)
+            failed = [i for i, im in enumerate(images) if im is None]
+            bad = dest[failed].tolist()  # their rows in the batch
+            if failed:
+                keep = torch.tensor([i for i, im in enumerate(images) if im is not None], dtype=torch.long)
+                images, boxes, sizes, dest = [images[i] for i in keep.tolist()], boxes[keep], sizes[keep], dest[keep]
+            resized_crop_normalize(images, boxes, out, dest, self.mean, self.std, sizes)
+        if cpu_pixels.shape[0]:
+            out[cpu_dest.to(self.device)] = normalize_pixels(cpu_pixels.to(self.device, non_blocking=True),
+                                                             self.mean, self.std, self.dtype)
+        for key in ("input_ids", "attention_mask"):
+            batch[key] = batch[key].to(self.device, non_blocking=True)
+        if bad:
+            self._stand_in(batch, out, bad)
+        batch["pixel_values"] = out
+        batch["decode_ms"] = _Elapsed(None, None)
+        return batch
+
+    def _decode_batched(self, data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor,
+                        out: torch.Tensor, dest: torch.Tensor) -> bool:
+        """The batch's JPEGs decoded by the direct nvJPEG call into one buffer and cropped into
+        ``out``; False (nothing written) when there is no direct decoder or the call fails."""
+        if self.nvjpeg is None or not len(dest):
+            return False
+        from .nvjpeg import NvJpegError
+
+        try:
+            t0 = time.perf_counter()
+            flat, starts = self.nvjpeg.decode(data, offsets, sizes, self.stream)
+            self.host_s["in_nvjpeg"] += time.perf_counter() - t0
+        except NvJpegError as exc:
+            self.fallbacks["batch_retry"] += 1
+            if self.fallbacks["batch_retry"] <= 5:
+                logger.warning("nvJPEG's batched decode failed (%s); decoding the batch file by file", exc)
+            return False
+        resized_crop_normalize_flat(flat, starts, sizes, boxes, out, dest, self.mean, self.std)
+        return True
+
+    def _decode(self, files: List[torch.Tensor], names: List[str]) -> List[Optional[torch.Tensor]]:
+        """Every file decoded on the device, or None where neither the decoder nor PIL can."""
+        if not files:
+            return []
+        try:
+            return list(self.decode_fn(files, self.device))
+        except Exception:  # one file the batched call rejects fails the call: find it alone
+            pass
+        images: List[Optional[torch.Tensor]] = []
+        for f, name in zip(files, names):
+            try:
+                images.append(self.decode_fn([f], self.device)[0])
+                continue
+            except Exception as exc:
+                gpu_error = exc
+            try:
+                images.append(pil_decode(f).to(self.device))
+                self.fallbacks["cpu_decode"] += 1
+                if self.fallbacks["cpu_decode"] <= 5:
+                    logger.warning("%s: the GPU decoder failed (%s); decoded on the CPU", name,
+                                   str(gpu_error).strip()[:160])
+            except Exception as exc:
+                images.append(None)
+                self.fallbacks["bad_image"] += 1
+                if self.fallbacks["bad_image"] <= 5:
+                    logger.warning("skipping bad_image: %s: %r (its row repeats the batch's first good sample)",
+                                   name, exc)
+        return images
+
+    @staticmethod
+    def _stand_in(batch: Dict[str, Any], out: torch.Tensor, bad: List[int]) -> None:
+        """Rows ``bad`` (images nobody could decode) take the batch's first good sample."""
+        failed = set(bad)
+        good = next((r for r in range(out.shape[0]) if r not in failed), None)
+        if good is None:
+            raise RuntimeError(f"no image of a batch of {out.shape[0]} could be decoded")
+        idx = torch.tensor(bad, device=out.device)
+        out[idx] = out[good]
+        for key in ("input_ids", "attention_mask"):
+            batch[key][idx] = batch[key][good]
+        batch["num_skipped"] = batch["num_skipped"] + len(bad)
+        skips = dict(batch.get("_skips") or {})
+        skips["bad_image"] = skips.get("bad_image", 0) + len(bad)
+        batch["_skips"] = skips
+
+
+def prefetched(records: Iterable[Dict[str, Any]], finish: Callable[[Dict[str, Any]], Dict[str, Any]],
+               is_batch: Callable[[Dict[str, Any]], bool], depth: int = 2) -> Iterator[Dict[str, Any]]:
+    """``records`` with ``finish`` applied to the batches among them, run by a background thread
+    up to ``depth`` batches ahead, in order. An error in the thread is raised here; closing the
+    generator (or leaving it early) stops the thread."""
+    q: "queue.Queue" = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    _END = object()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for record in records:
+                if not put(finish(record) if is_batch(record) else record):
+                    return
+            put(_END)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            put(exc)
+
+    thread = threading.Thread(target=work, name="infclip-decode", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=30)

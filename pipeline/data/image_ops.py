@@ -1,0 +1,203 @@
+"""Batched resized crop + normalisation of decoded images of any sizes: one Triton kernel a batch.
+
+Design: the training crop of the GPU decode path (:mod:`pipeline.data.gpu_decode`). The decoder gives
+one uint8 [3, H_i, W_i] tensor an image, every image its own size, and each image has its own
+crop box; a per-image ``interpolate`` would cost the host a few launches an image (thousands a
+batch). The images are laid end to end in one flat buffer and a single kernel resamples every
+(image, output pixel) pair from its box straight into the batch, rounds to uint8 levels as the
+CPU path does, and normalises into the model's dtype.
+
+The filter is torch's antialiased bilinear one (``interpolate(mode="bilinear", antialias=True,
+align_corners=False)``, PIL's triangle filter): along each axis, with ``scale = box side / size``
+and ``support = max(scale, 1)``, output pixel ``i`` has centre ``c = scale (i + 0.5)`` and reads
+input pixels ``j`` in ``[floor(c - support + 0.5), floor(c + support + 0.5))`` (clipped to the
+box) with weights ``max(0, 1 - |j - c + 0.5| / max(scale, 1))``, normalised to sum 1. The two
+axes' weights multiply (the filter is separable), so the kernel's value equals the two passes'
+up to fp32 rounding. The CPU path resizes uint8 with torch's fixed-point filter, which rounds
+between its two passes: the two paths' levels differ by at most one or two (the CPU tests
+compare against the float reference below, exactly, and against the CPU path's own crop).
+
+Limit: the kernel loops over a square of taps per output pixel (``taps`` per axis, from the
+image's downscale), so its cost grows with the square of the downscale factor;
+images are grouped by the taps they need, one launch a group, so one huge photo does not slow
+the rest of the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["normalize_pixels", "resized_crop_normalize", "resized_crop_normalize_flat", "resized_crop_normalize_reference",
+           "taps_for"]
+
+_BLOCK = 256
+
+
+@triton.jit
+def _axis_range(i, scale, side):
+    """Along one axis: the filter's centre, first input index, end index and inverse width for
+    output positions ``i`` of a box of ``side`` input pixels resized by ``scale`` (box / output)."""
+    support = tl.maximum(scale, 1.0)
+    centre = scale * (i.to(tl.float32) + 0.5)
+    lo = tl.maximum(tl.floor(centre - support + 0.5), 0.0).to(tl.int32)
+    hi = tl.minimum(tl.floor(centre + support + 0.5).to(tl.int32), side)
+    return centre, lo, hi, 1.0 / support
+
+
+@triton.jit
+def _resized_crop_kernel(src_ptr, meta_ptr, out_ptr, mean_ptr, std_ptr, S: tl.constexpr, TAPS: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    """out[dest, c, oy, ox] = ((round(sum_{y,x} wy wx src[c, by + y, bx + x]) / 255) - mean_c) / std_c
+    for one image's BLOCK output pixels; meta row: (offset, H, W, bx, by, bw, bh, dest)."""
+    img = tl.program_id(0)
+    row = meta_ptr + img * 8
+    base = tl.load(row)
+    H = tl.load(row + 1).to(tl.int32)
+    W = tl.load(row + 2).to(tl.int32)
+    bx = tl.load(row + 3).to(tl.int32)
+    by = tl.load(row + 4).to(tl.int32)
+    bw = tl.load(row + 5).to(tl.int32)
+    bh = tl.load(row + 6).to(tl.int32)
+    dest = tl.load(row + 7)
+    idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = idx < S * S
+    oy = idx // S
+    ox = idx % S
+    cy, ylo, yhi, inv_y = _axis_range(oy, bh.to(tl.float32) / S, bh)
+    cx, xlo, xhi, inv_x = _axis_range(ox, bw.to(tl.float32) / S, bw)
+    plane = H.to(tl.int64) * W
+    acc0 = tl.zeros([BLOCK], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK], dtype=tl.float32)
+    wy_sum = tl.zeros([BLOCK], dtype=tl.float32)
+    wx_sum = tl.zeros([BLOCK], dtype=tl.float32)
+    for tx in range(TAPS):
+        x = xlo + tx
+        wx = tl.maximum(1.0 - tl.abs((x.to(tl.float32) - cx + 0.5) * inv_x), 0.0)
+        wx_sum += tl.where(x < xhi, wx, 0.0)
+    for ty in range(TAPS):
+        y = ylo + ty
+        wy = tl.maximum(1.0 - tl.abs((y.to(tl.float32) - cy + 0.5) * inv_y), 0.0)
+        y_ok = y < yhi
+        wy_sum += tl.where(y_ok, wy, 0.0)
+        line = base + (by + y).to(tl.int64) * W + bx
+        for tx in range(TAPS):
+            x = xlo + tx
+            wx = tl.maximum(1.0 - tl.abs((x.to(tl.float32) - cx + 0.5) * inv_x), 0.0)
+            ok = inside & y_ok & (x < xhi)
+            w = tl.where(ok, wy * wx, 0.0)
+            ptr = src_ptr + line + x
+            acc0 += w * tl.load(ptr, mask=ok, other=0).to(tl.float32)
+            acc1 += w * tl.load(ptr + plane, mask=ok, other=0).to(tl.float32)
+            acc2 += w * tl.load(ptr + 2 * plane, mask=ok, other=0).to(tl.float32)
+    norm = 1.0 / tl.maximum(wy_sum * wx_sum, 1e-30)  # lanes past the image's last pixel sum to 0
+    out = out_ptr + dest * (3 * S * S) + idx
+    _store_level(out, acc0 * norm, mean_ptr, std_ptr, 0, S, inside)
+    _store_level(out, acc1 * norm, mean_ptr, std_ptr, 1, S, inside)
+    _store_level(out, acc2 * norm, mean_ptr, std_ptr, 2, S, inside)
+
+
+@triton.jit
+def _store_level(out, value, mean_ptr, std_ptr, c: tl.constexpr, S: tl.constexpr, mask):
+    """Round ``value`` to a uint8 level (as the CPU path's uint8 crop is), normalise, store channel c."""
+    level = tl.minimum(tl.maximum(tl.floor(value + 0.5), 0.0), 255.0)
+    normed = (level / 255.0 - tl.load(mean_ptr + c)) / tl.load(std_ptr + c)
+    tl.store(out + c * S * S, normed.to(out.dtype.element_ty), mask=mask)
+
+
+def normalize_pixels(pixels: torch.Tensor, mean: Sequence[float], std: Sequence[float],
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 [B, 3, H, W] (on any device) -> ``dtype`` (x / 255 - mean) / std, computed in fp32."""
+    m = torch.tensor(mean, dtype=torch.float32, device=pixels.device).view(1, 3, 1, 1)
+    sd = torch.tensor(std, dtype=torch.float32, device=pixels.device).view(1, 3, 1, 1)
+    return pixels.float().div_(255.0).sub_(m).div_(sd).to(dtype)
+
+
+def taps_for(sides: torch.Tensor, size: int) -> torch.Tensor:
+    """Input pixels the filter can span along an axis of ``sides`` pixels resized to ``size``
+    (a kernel is compiled per value: a handful, for the downscales a data set has)."""
+    return (torch.ceil(2 * torch.clamp(sides.double() / size, min=1.0)) + 1).long()
+
+
+def resized_crop_normalize(images: Sequence[torch.Tensor], boxes: Any, out: torch.Tensor, dest: Any,
+                           mean: Sequence[float], std: Sequence[float], sizes: Optional[torch.Tensor] = None
+                           ) -> torch.Tensor:
+    """Write image ``k``'s box ``boxes[k]`` = (x, y, w, h), resized to ``out``'s side, rounded to
+    uint8 levels and normalised, into ``out[dest[k]]``.
+
+    Args:
+        images: uint8 [3, H_k, W_k] tensors on ``out``'s device (contiguous), any sizes.
+        boxes: int64 [n, 4] (or n 4-sequences): per image (x, y, w, h) inside it (w, h >= 1).
+        out: [B, 3, S, S] float tensor (any float dtype) on the images' device; written in place.
+        dest: int64 [n] (or n ints): per image, its row of ``out``.
+        mean, std: per-channel normalisation of levels / 255.
+        sizes: int64 [n, 2], each image's (W, H) when known (else read from the images); the
+            bookkeeping is a few tensor operations whatever n, no Python loop over the images.
+    Returns:
+        ``out``.
+    """
+    n = len(images)
+    if n == 0:
+        return out
+    boxes = torch.as_tensor(boxes, dtype=torch.int64).reshape(-1, 4)
+    dest = torch.as_tensor(dest, dtype=torch.int64).reshape(-1)
+    if sizes is None:
+        sizes = torch.tensor([[im.shape[-1], im.shape[-2]] for im in images], dtype=torch.int64)
+    if boxes.shape[0] != n or dest.shape[0] != n or sizes.shape != (n, 2):
+        raise ValueError(f"{n} images need as many boxes, destinations and sizes, got {boxes.shape[0]}, "
+                         f"{dest.shape[0]} and {tuple(sizes.shape)}")
+    size = out.shape[-1]
+    if out.dim() != 4 or out.shape[1] != 3 or out.shape[2] != size or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [B, 3, S, S] tensor, got {tuple(out.shape)}")
+    numel = 3 * sizes[:, 0] * sizes[:, 1]
+    flat = torch.cat([im.view(-1) for im in images])
+    if flat.dtype != torch.uint8 or flat.numel() != int(numel.sum()):
+        raise ValueError("images must be uint8 [3, H, W] tensors of the given sizes")
+    return resized_crop_normalize_flat(flat, torch.cumsum(numel, 0) - numel, sizes, boxes, out, dest, mean, std)
+
+
+def resized_crop_normalize_flat(flat: torch.Tensor, starts: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor,
+                                out: torch.Tensor, dest: torch.Tensor, mean: Sequence[float], std: Sequence[float]
+                                ) -> torch.Tensor:
+    """:func:`resized_crop_normalize` on images already laid in one buffer: image ``k``'s uint8
+    [3, H_k, W_k] planes start at ``flat[starts[k]]`` (int64 [n] on the CPU); ``sizes``, ``boxes``
+    and ``dest`` as there (int64 CPU tensors)."""
+    size = out.shape[-1]
+    W, H = sizes.unbind(1)
+    x, y, w, h = boxes.unbind(1)
+    outside = (x < 0) | (y < 0) | (w < 1) | (h < 1) | (x + w > W) | (y + h > H)
+    if bool(outside.any()):
+        k = int(outside.nonzero()[0])
+        raise ValueError(f"image {k}: box {tuple(boxes[k].tolist())} outside its {int(W[k])} x {int(H[k])} pixels")
+    meta = torch.stack([starts, H, W, x, y, w, h, dest], 1)
+    taps = taps_for(torch.maximum(w, h), size)
+    m = torch.tensor(list(mean), dtype=torch.float32, device=out.device)
+    s = torch.tensor(list(std), dtype=torch.float32, device=out.device)
+    for t in taps.unique().tolist():
+        members = taps == t
+        part = meta if bool(members.all()) else meta[members]
+        grid = (part.shape[0], triton.cdiv(size * size, _BLOCK))
+        _resized_crop_kernel[grid](flat, part.to(out.device, non_blocking=True), out, m, s, S=size, TAPS=t,
+                                   BLOCK=_BLOCK)
+    return out
+
+
+def resized_crop_normalize_reference(images: Sequence[torch.Tensor], boxes: Sequence[Sequence[int]], size: int,
+                                     mean: Sequence[float], std: Sequence[float],
+                                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The same in plain torch, one image at a time: fp32 ``interpolate`` (bilinear, antialias),
+    rounded to levels, normalised. [n, 3, size, size] in ``dtype``."""
+    m = torch.tensor(list(mean), dtype=torch.float32).view(3, 1, 1)
+    s = torch.tensor(list(std), dtype=torch.float32).view(3, 1, 1)
+    outs = []
+    for im, (x, y, w, h) in zip(images, boxes):
+        crop = im[:, y:y + h, x:x + w].float().cpu()[None]
+        resized = torch.nn.functional.interpolate(crop, size=(size, size), mode="bilinear", antialias=True,
+                                                  align_corners=False)[0]
+        level = resized.add(0.5).floor_().clamp_(0, 255)
+        outs.append(((level / 255.0 - m) / s).to(dtype))
+    return torch.stack(outs) if outs else torch.empty(0, 3, size, size, dtype=dtype)

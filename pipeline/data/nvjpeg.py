@@ -1,0 +1,158 @@
+"""nvJPEG's batched decoder, called directly: JPEG files in host memory -> planar RGB in one device buffer.
+
+Design: the GPU decode stage (:mod:`pipeline.data.gpu_decode`) needs a batch of JPEGs decoded while a
+training step runs on the same GPU. ``torchvision.io.decode_jpeg`` runs nvJPEG on a stream of
+its own at normal priority, allocates one tensor an image and returns only after a stream sync;
+under a step's kernels its per-image work queues behind the step's blocks, so a batch's decode
+takes several times as long as on an idle GPU. Here the same library (the one torchvision
+loads) decodes with its hardware backend (the GPU's JPEG engines, where the GPU has them; the
+default backend elsewhere), on the caller's stream (the stage's high-priority one), straight
+into one flat uint8 buffer laid out as the crop kernel reads it (image ``k``'s [3, H_k, W_k]
+planes at ``offsets[k]``), and the host does not wait. ctypes, not a compiled extension: the
+calls are few (one or two a batch) and nothing is built at install time.
+
+The library is found where torchvision's wheel puts it (the ``nvidia`` packages beside torch, or
+``torchvision.libs``), or by the system's loader; :func:`load_decoder` says in one phrase why
+when it cannot be used, and the stage then keeps torchvision's decoder.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import sys
+from typing import List, Optional, Tuple
+
+import torch
+
+__all__ = ["NvJpeg", "NvJpegError", "load_decoder"]
+
+_BACKEND_DEFAULT, _BACKEND_HARDWARE = 0, 3
+_OUTPUT_RGB = 3
+_STATUS_ARCH_MISMATCH = 7
+_MAX_COMPONENT = 4
+
+
+class _Image(ctypes.Structure):
+    """nvjpegImage_t: a plane pointer and pitch per component."""
+
+    _fields_ = [("channel", ctypes.c_void_p * _MAX_COMPONENT), ("pitch", ctypes.c_size_t * _MAX_COMPONENT)]
+
+
+class NvJpegError(RuntimeError):
+    """An nvJPEG call returned an error status."""
+
+
+def _library_paths() -> List[str]:
+    """Candidate libnvjpeg files: one already loaded in this process first (torchvision's), then
+    the pip packages' folders, then the system's loader."""
+    found: List[str] = []
+    try:
+        with open("/proc/self/maps") as maps:
+            found += sorted({line.split()[-1] for line in maps if "libnvjpeg" in line and "/" in line})
+    except OSError:
+        pass
+    for site in sys.path:
+        for pattern in ("nvidia/*/lib/libnvjpeg.so*", "nvidia/nvjpeg/lib/libnvjpeg.so*", "torchvision.libs/libnvjpeg*.so*",
+                        "torch/lib/libnvjpeg*.so*"):
+            found += sorted(glob.glob(os.path.join(site, pattern)))
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    found += sorted(glob.glob(os.path.join(cuda_home, "lib64", "libnvjpeg.so*")))
+    system = ctypes.util.find_library("nvjpeg")
+    if system:
+        found.append(system)
+    return list(dict.fromkeys(found))
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    p, vp, i, sz = ctypes.POINTER, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+    sigs = {
+        "nvjpegCreateEx": [i, vp, vp, ctypes.c_uint, p(vp)],
+        "nvjpegJpegStateCreate": [vp, p(vp)],
+        "nvjpegDecodeBatchedInitialize": [vp, vp, i, i, i],
+        "nvjpegDecodeBatched": [vp, vp, p(vp), p(sz), p(_Image), vp],
+    }
+    for name, args in sigs.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, ctypes.c_int
+    return lib
+
+
+class NvJpeg:
+    """One nvJPEG handle and batched-decode state on the current CUDA device (one thread uses it).
+
+    Args:
+        lib: the loaded library (:func:`load_decoder` finds it).
+    """
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._lib = _bind(lib)
+        self.handle, self.state = ctypes.c_void_p(), ctypes.c_void_p()
+        status = lib.nvjpegCreateEx(_BACKEND_HARDWARE, None, None, 0, ctypes.byref(self.handle))
+        self.hardware = status == 0
+        if status == _STATUS_ARCH_MISMATCH:  # no JPEG engines on this GPU
+            status = lib.nvjpegCreateEx(_BACKEND_DEFAULT, None, None, 0, ctypes.byref(self.handle))
+        self._check(status, "nvjpegCreateEx")
+        self._check(lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state)), "nvjpegJpegStateCreate")
+        self._batch = 0
+        self._inflight: Tuple = ()  # the host bytes and pointer arrays of the batch the GPU may still read
+
+    @staticmethod
+    def _check(status: int, what: str) -> None:
+        if status != 0:
+            raise NvJpegError(f"{what} failed with nvJPEG status {status}")
+
+    def decode(self, data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, stream: Optional[torch.cuda.Stream] = None
+               ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Decode JPEG files laid end to end.
+
+        Args:
+            data: uint8 [total] on the CPU (contiguous), the files end to end.
+            offsets: int64 [n + 1], file ``k`` is ``data[offsets[k]:offsets[k + 1]]``.
+            sizes: int64 [n, 2], each file's (W, H) from its header.
+            stream: where the GPU work is queued (default: the current stream); the host returns
+                without waiting, and ``data`` must not change until the stream has passed this work.
+        Returns:
+            (flat uint8 buffer on the current device, int64 [n] offsets of each image's RGB planes).
+        """
+        n = offsets.numel() - 1
+        stream = stream or torch.cuda.current_stream()
+        W, H = sizes[:, 0].to(torch.int64), sizes[:, 1].to(torch.int64)
+        plane = W * H
+        starts = torch.cumsum(3 * plane, 0) - 3 * plane
+        with torch.cuda.stream(stream):
+            flat = torch.empty(int((3 * plane).sum()), dtype=torch.uint8, device=torch.cuda.current_device())
+        base, host = flat.data_ptr(), data.data_ptr()
+        offs = offsets.tolist()
+        pointers = (ctypes.c_void_p * n)(*[host + o for o in offs[:-1]])
+        lengths = (ctypes.c_size_t * n)(*[b - a for a, b in zip(offs[:-1], offs[1:])])
+        images = (_Image * n)()
+        for k, (s, p, w) in enumerate(zip(starts.tolist(), plane.tolist(), W.tolist())):
+            images[k].channel[0], images[k].channel[1], images[k].channel[2] = base + s, base + s + p, base + s + 2 * p
+            images[k].pitch[0] = images[k].pitch[1] = images[k].pitch[2] = w
+        if n != self._batch:
+            self._check(self._lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, _OUTPUT_RGB),
+                        "nvjpegDecodeBatchedInitialize")
+            self._batch = n
+        status = self._lib.nvjpegDecodeBatched(self.handle, self.state, pointers, lengths, images,
+                                               ctypes.c_void_p(stream.cuda_stream))
+        if status != 0:
+            self._batch = 0  # a failed batch needs the state initialised again
+            self._check(status, "nvjpegDecodeBatched")
+        self._inflight = (data, pointers, lengths, images)
+        return flat, starts
+
+
+def load_decoder() -> Tuple[Optional[NvJpeg], Optional[str]]:
+    """(a decoder, None), or (None, why not in one phrase)."""
+    if not torch.cuda.is_available():
+        return None, "no CUDA device"
+    errors = []
+    for path in _library_paths():
+        try:
+            return NvJpeg(ctypes.CDLL(path)), None
+        except (OSError, AttributeError, NvJpegError) as exc:
+            errors.append(f"{os.path.basename(path)}: {exc}")
+    return None, "; ".join(errors) or "libnvjpeg not found"
