@@ -36,7 +36,7 @@ term E_i[S'] - S'_ii likewise comes from sums weighted by (S' - S'_ii). Limit: t
 |s| max|I| max|T| must be at most LOGIT_BOUND_LIMIT (2^20; above it the loss is NaN): each LSE is
 one fp32 number of the logits' magnitude, so the gradients carry ~|S| 2^-24 in their exponents.
 
-The files: ops/blocks.py (primitives), ops/contrastive_loss_triton.py (kernels), ops/sweeps.py
+The files: ops/blocks.py (primitives), ops/contrastive_loss_triton.py (kernel launchers; the kernels in ops/kernels_*.py), ops/sweeps.py
 (which blocks meet and how partials travel: one class per scheme, one device included),
 ops/assembly.py (the loss written once against a sweep), ops/registered.py (the one op,
 ``infclip::contrastive_loss``, for every scheme). This file: the reference and the public API. Implementations (same numbers within the tolerances of tests/ops): ``naive`` (one tile: the

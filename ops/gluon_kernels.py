@@ -1,6 +1,6 @@
 """Warp-specialised Hopper kernels in Gluon (Triton's lower-level language). One role: the loss's
 GEMM-bound passes with their work split between warps: the CLIP backward's gradient block P (as
-ops/contrastive_loss_triton._clip_grad_fused_kernel computes it; :func:`clip_grad_block`), the
+ops/kernels_clip_grad._clip_grad_fused_kernel computes it; :func:`clip_grad_block`), the
 SigLIP gradient block with its pair losses (as _siglip_grad_fused_kernel with LOSS;
 :func:`siglip_grad_block`) and the CLIP forward's plain sums by column strips (as
 _clip_sums_strip_kernel; :func:`clip_sums`).
@@ -484,7 +484,7 @@ if not _WHY_NOT:
 
     @gluon.jit
     def _log1p_unit(u):
-        """log(1 + u) for 0 <= u <= 1: contrastive_loss_triton._log1p_unit's polynomial, the same
+        """log(1 + u) for 0 <= u <= 1: kernels_common._log1p_unit's polynomial, the same
         FMAs in the same order."""
         p = 0.005253457929939032 * u - 0.02958850748836994
         p = p * u + 0.07836166769266129

@@ -150,7 +150,7 @@ def test_gluon_log1p_is_the_triton_kernels_polynomial():
     same pair losses; a coefficient changed in one file only fails here."""
     import inspect
 
-    from infclip.ops import contrastive_loss_triton, gluon_kernels
+    from infclip.ops import gluon_kernels, kernels_common
 
     if gluon_kernels.available():
         pytest.skip(f"this Triton has no Gluon for Hopper: {gluon_kernels.available()}")
@@ -159,6 +159,6 @@ def test_gluon_log1p_is_the_triton_kernels_polynomial():
         lines = inspect.getsource(jitted.fn).split('"""')[-1].splitlines()
         return [line.strip() for line in lines if line.strip()]
 
-    triton_body = body(contrastive_loss_triton._log1p_unit)
+    triton_body = body(kernels_common._log1p_unit)
     assert len(triton_body) == 8 and triton_body[0].startswith("p = 0.00525")
     assert body(gluon_kernels._log1p_unit) == triton_body
