@@ -19,7 +19,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from infclip.ops import contrastive_loss, sweeps
+from infclip.ops import contrastive_loss, process_groups
 from infclip.ops.contrastive_loss import distributed_contrastive_loss
 
 WORLD = 4
@@ -192,7 +192,7 @@ def _run_case(spec, rank, world, group, extra):
     if spec["group"]:
         group = extra["interleaved"][rank % 2] if interleaved else extra["copy"]
     if spec["group"] == "copy":  # every rank at once: the sub-groups are made anew from gathered layouts
-        sweeps._SUBGROUPS.clear()
+        process_groups._SUBGROUPS.clear()
     pos = members.index(rank)
     dtype = DTYPES[spec["dtype"]]
     img_all, txt_all = global_batch(len(members) * LOCAL_B, dtype, overflow=spec["overflow"],
