@@ -1,4 +1,11 @@
-"""Triton kernels for the contrastive losses (CLIP InfoNCE and SigLIP) on cuBLAS logit bands.
+"""Host side of the Triton contrastive losses (CLIP InfoNCE and SigLIP) on cuBLAS logit bands:
+the dispatch rules (which kernel takes a block), the launchers and the public entry points.
+
+Files: the kernels are in ops/kernels_clip_fwd.py (CLIP prologue, shifts, statistics, epilogue),
+ops/kernels_clip_grad.py (CLIP gradient block), ops/kernels_siglip.py (SigLIP statistics,
+gradient block, finish) and ops/kernels_common.py (tile helpers, the gradients' scaling); the
+knobs, tiles and memory rules' constants in ops/tuning.py (TUNING, read at each call); the
+warp-specialised Hopper kernels in ops/gluon_kernels.py.
 
 Design. The matrix work goes to cuBLAS; Triton only does what cuBLAS cannot, reading each
 element of S once per direction. For a band of R rows of A (all of A when the whole R x N matrix
@@ -11,7 +18,7 @@ the features' dtype (bf16 logits, as autocast rounds them), then:
   backward (_clip_grad_kernel / _siglip_grad_kernel): recomputes the block with one GEMM (or
            reads the kept whole matrix), writes P = coef (exp(S - r) + exp(S - c) - labels)
            (SigLIP: coef G) in the features' dtype, and two GEMMs give P @ Bm and P^T @ A_band.
-           Where the whole matrix does not fit the band budget its blocks are _GRAD_BLOCK rows x
+           Where the whole matrix does not fit the band budget its blocks are TUNING.grad_block rows x
            columns (not full-width bands): the fp32 sums of both GEMMs then take few, long
            accumulations (_grad_bands).
   The O(B) prologue (positives, norms, shifts, the sums zeroed) and epilogue (loss terms, LSEs,
@@ -21,7 +28,7 @@ the features' dtype (bf16 logits, as autocast rounds them), then:
   no host sync anywhere, capturable in a CUDA graph. At small B the GPU time is set by the number
   of launches: SigLIP 6 a forward + backward, CLIP 8; on an H200, bf16, D = 768, behind queued
   work, 0.92x / 0.90x the compiled dense losses at B = 1,024 (1.54x / 1.02x with 15 / 11 launches).
-Blocks of at most _FUSED_MAX_LOGITS logits (16,384^2) that are not kept take fused kernels
+Blocks of at most TUNING.fused_max_logits logits (16,384^2) that are not kept take fused kernels
 instead: the logit tile comes from tl.dot in registers and the statistics (forward: one launch,
 no band buffer) or P (backward: one launch per band, then the two cuBLAS GEMMs) are taken from
 it in the same program. Fewer launches win below 32k (B = 1k-16k: 1.16-4.42 ms against
@@ -29,7 +36,7 @@ it in the same program. Fewer launches win below 32k (B = 1k-16k: 1.16-4.42 ms a
 ~300 TFLOP/s against ~660). On Hopper the fused kernels load by TMA tensor descriptors as
 persistent programs (_use_tma: 16-bit features, aligned rows, large blocks), which makes the
 fused gradient block faster than cuBLAS's GEMM plus a pass at every B, so the backward is fused
-there at every size. From _STRIPS_MIN_LOGITS on, a CLIP forward whose backward folds its
+there at every size. From TUNING.strips_min_logits on, a CLIP forward whose backward folds its
 coefficients (one device, nothing kept) takes only the plain sums, by column strips
 (_clip_sums_strip_kernel: the column terms summed in registers down a chunk of row blocks, reduced
 across warps once a chunk); its backward's gradient kernel then sums d loss / d s from the final
@@ -38,21 +45,21 @@ gradient block goes to a warp-specialised Gluon kernel instead (ops/gluon_kernel
 the same P bit for bit, its epilogue beside the MMA; 0.103 against 0.116 ms for the 65k block),
 and so do the strip sums (_gluon_sums: each strip's column block of B kept in shared memory;
 11.3 against 13.6 ms at 65k) and the SigLIP gradient block with its pair losses (_gluon_grad with
-_GLUON_SIGLIP: 0.132 against 0.163 ms for the 65k block).
+TUNING.gluon_siglip: 0.132 against 0.163 ms for the 65k block).
 FLOPs: 8 B^2 D in GEMMs (6 B^2 D when the matrix is kept from forward to backward: whole in fp32
 at small B, or, within a larger ``logits_budget_mb``, as the forward's bands in the features'
-dtype, read back _KEPT_BANDS_FACTOR bands at a time by the backward). SigLIP's gradient needs no
+dtype, read back TUNING.kept_bands_factor bands at a time by the backward). SigLIP's gradient needs no
 statistic of the whole row, so a forward whose backward will follow runs the gradient pass itself, the pair losses
 summed in the same epilogue (``siglip_grads_triton(with_loss=True)``): 6 B^2 D and no
 statistics pass, the backward only scales the result by the incoming gradient. GEMMs run at
 cuBLAS's rate or tl.dot's; the Triton kernels are
 memory-bound (2-3.5 TB/s on an H200). Bands hold
-<= _BAND_FACTOR max(N D, 2^24) elements (the backward's P buffer over kept bands _KEPT_BANDS_FACTOR
+<= TUNING.band_factor max(N D, 2^24) elements (the backward's P buffer over kept bands TUNING.kept_bands_factor
 times that), so the extra memory stays O(B D) at any batch size.
 Measured and not used: one stats kernel for both directions (per-tile reductions both ways:
 0.3-0.6 TB/s; column strips with per-tile row reductions: 0.9-1.3 TB/s, 2-3% slower end to end
 at B = 32k-65k than two kernels) and overlapping a band's Triton kernel with the next band's GEMM
-on a second stream (no gain at B = 16k-65k: the GEMMs hold every SM; _OVERLAP, off).
+on a second stream (no gain at B = 16k-65k: the GEMMs hold every SM; TUNING.overlap, off).
 Limits: band logits are rounded to the features' dtype before the exponentials (as a dense bf16
 loss does; a kept whole matrix stays fp32); B = 1k-8k is bound by the host (~1 ms a call:
 Python, 5-6 Triton launches, 2-3 cuBLAS calls, two registered-op dispatches); the fp32 atomics make the last bits of the sums depend on the order in which
@@ -66,8 +73,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -79,7 +85,8 @@ from .kernels_common import _scale_grads_kernel
 from .kernels_siglip import (_fill_kernel, _siglip_finish_kernel, _siglip_grad_fused_kernel,
                              _siglip_grad_kernel, _siglip_stats_fused_kernel, _siglip_stats_kernel)
 from .precision import matmul_precision
-from .tuning import INTERPRET as _INTERPRET
+from .tuning import (COLS_M, COLS_N, GRAD_M, GRAD_N, GRAD_WARPS, INTERPRET, PRO_D, PRO_M, SHIFT_M, SHIFT_N,
+                     STATS_M, STATS_N, STATS_WARPS, TUNING)
 
 __all__ = [
     "band_rows",
@@ -102,121 +109,34 @@ LOG2E = 1.4426950408889634
 # Host side (the kernels: ops/kernels_clip_fwd.py, ops/kernels_clip_grad.py, ops/kernels_siglip.py,
 # ops/kernels_common.py)
 # ----------------------------------------------------------------------------------------------
-if _INTERPRET:  # small tiles: the interpreter's cost grows with the tile
-    _STATS_M, _STATS_N, _STATS_WARPS = 16, 16, 4
-    _COLS_M, _COLS_N, _COLS_WARPS = 16, 16, 4
-    _GRAD_M, _GRAD_N, _GRAD_WARPS = 16, 16, 4
-else:
-    # measured on an H200 over a 1536 x 65536 bf16 band: rows 2.4 TB/s, columns 1.9 TB/s
-    # (one launch runs both, _clip_stats_kernel: the same number of warps)
-    _STATS_M, _STATS_N, _STATS_WARPS = 32, 128, 4  # row programs walk right along 32 rows
-    _COLS_M, _COLS_N, _COLS_WARPS = 32, 128, _STATS_WARPS  # column programs walk down 128 columns
-    _GRAD_M, _GRAD_N, _GRAD_WARPS = 16, 256, 4  # 3.5 TB/s on an H200 (32 x 256 x 8 warps: 2.9)
-
-# Fused kernels' tiles (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), the fastest of
-# bench/bench_loss_kernels.py's sweep at B = 16,384 on an H200. The fused kernels run the
-# recompute path of blocks with at most _FUSED_MAX_LOGITS logits; larger blocks go to cuBLAS
-# bands and Triton passes. Measured on an H200 (op fwd+bwd, bf16, D = 768): fused 1.16 / 1.25 /
-# 1.93 / 4.42 ms at B = 1k / 4k / 8k / 16k against 1.66 / 1.80 / 2.19 / 4.86 ms (fewer launches),
-# but 16.6 / 64.8 ms at 32k / 65k against 14.9 / 56.8 ms: tl.dot with this short K (768) runs at
-# ~290-330 TFLOP/s with the epilogue, cuBLAS at ~660.
-if _INTERPRET:
-    _FUSED_STATS = _FUSED_GRAD = (16, 16, 16, 2, 4, 1)
-else:
-    _FUSED_STATS = (128, 64, 64, 8, 4, 4)
-    _FUSED_GRAD = (128, 256, 64, 8, 8, 3)
-# SigLIP's gradient kernel with the pair losses in its epilogue (pointer loads: blocks below
-# _TMA_MIN_LOGITS on Hopper, every block before it). With _FUSED_GRAD's tiles it spills 4 KB a
-# thread on sm_90 (bench/bench_kernel_resources.py) and took 0.045 / 0.065 ms at B = 1k / 2k on an
-# H200, with these 0.025 / 0.027.
-_FUSED_SIGLIP_GRAD_LOSS = _FUSED_GRAD if _INTERPRET else (128, 128, 64, 8, 8, 3)
-_FUSED_MAX_LOGITS = 1 << 28  # a 16,384 x 16,384 block
-
-# The same kernels with TMA tensor descriptors (Hopper and later, 16-bit features whose rows are
-# 16-byte aligned, blocks of at least _TMA_MIN_LOGITS: below, building the descriptors costs more
-# host time than the kernel saves): the copy engine loads the tiles and persistent programs (a
-# seventh tile entry: programs per SM) walk them; P is stored by the copy engine too. Tiles: the
-# fastest of bench/bench_loss_kernels.py --tma on an H200 (bf16, D = 768, the op's own kernels):
-# statistics of the whole B x B 1.14 / 18.6 ms at B = 16k / 65k (pointer loads 1.44 / 21.7,
-# cuBLAS's GEMM with the two Triton passes 1.34 / 18.1); the gradient block of one backward band
-# (2,048 / 1,536 rows) 0.186 / 0.409 ms (pointer 0.187 / 0.465, cuBLAS's GEMM + the Triton pass
-# 0.158 / 0.424). So with TMA the backward is fused at every size (_TMA_MAX_LOGITS); the
-# statistics, without the fast path below, only up to 32k. End to end (the op, fwd + bwd, same
-# process) TMA gains 1-2% at B = 8k-65k: 56.8 ms against 57.7-58.1 at 65k.
-# The statistics' eighth entry: the interior-tile fast path (FAST, _interior). Measured on an
-# H200 (bench_loss_kernels.py --variants): 1.036 / 4.094 / 17.00 ms at 16k / 32k / 65k against 1.081 /
-# 4.164 / 17.82 without, and against 17.65 for cuBLAS + the passes at 65k, so the statistics are
-# fused at every size (end to end at 65k 49.86 against 51.73 ms). Measured and not used: the same
-# fast path in the gradient kernel (198-245 registers a thread against 168: slower); warp
-# specialisation of the persistent loop (Triton 3.6's pass fails on these kernels, except beside a
-# one-exponential gradient variant, where the statistics took 18.46 against 17.64 ms at 65k); 8 warps with
-# 128 x 128 / 128 x 256 tiles, 3 programs per SM, BLOCK_K 128 or 3 stages (2-70% slower).
-_TMA_STATS = (128, 64, 64, 8, 4, 4, 2, 1)
-# The gradient kernel's eighth entry: SPLIT, its epilogue in that many column slices of the tile
-# (_clip_grad_fused_kernel). Where a block's time goes (an 8,192 x 4,096 block at 65k on an H200):
-# cuBLAS's GEMM of the logits 0.077 ms; the kernel with 128 x 64 tiles 0.133, its GEMM with the
-# store and no epilogue 0.113 (the small tiles), 128 x 256's 0.082, with both exponentials 0.114:
-# each program runs its epilogue after the tile's MMA, not beside it. Taken: 64 x 128 tiles (one
-# warpgroup, wgmma N = 128), 4 warps, 4 stages, two programs per SM (one's epilogue beside the
-# other's MMA), two slices (188 registers a thread with the d-scale sum, no spill; one slice: 255
-# and a spill). The op behind 20
-# ms of queued work, every variant twice in one process: against 128 x 128 with 8 warps and one
-# program per SM (two slices) 0.79 / 3.15 / 12.45-12.50 / 47.6-48.1 ms at 8k / 16k / 32k / 65k
-# against 0.81 / 3.21 / 12.63-12.68 / 47.9-48.1, which in turn took 3.19 / 12.60 / 47.6-48.0 at
-# 16k / 32k / 65k against 3.25 / 12.85 / 48.7-49.3 for the 128 x 64 tiles. No faster: four slices,
-# 3 stages, BLOCK_K 32 with three programs per SM, 128 x 128 with 4 warps, 128 x 256 and 256 x 128
-# in slices.
-_TMA_GRAD = (64, 128, 64, 8, 4, 4, 2, 2)
-# SigLIP's kernels reduce rows only (no column sums across warps): larger tiles, 8 warps. H200,
-# bench_loss_kernels.py --loss siglip: the gradient block 0.217 / 0.484 ms at 16k / 65k against
-# 0.257 / 0.481 with the CLIP tiles; the statistics (a no-grad call: with a backward to follow the
-# forward takes the gradient kernel) with the polynomial log1p 0.887 / 14.0 ms against 0.948 / 15.1
-# with 128 x 128 tiles and 1.06 / 15.4 for cuBLAS + the Triton pass, so fused at every size.
-_TMA_SIGLIP_STATS = (256, 128, 64, 8, 8, 3, 1)
-_TMA_SIGLIP_GRAD = (128, 128, 64, 8, 8, 4, 1)
-# The gradient kernel with the pair losses in its epilogue (a forward whose backward follows): the
-# same tiles, the fastest of bench_loss_kernels.py --loss siglip on an H200 with the polynomial
-# log1p: 0.240 / 0.590 ms at 16k / 65k (128 x 64 tiles: 0.244-0.257 / 0.619-0.659; with libdevice's
-# log 0.330 / 0.698).
-_TMA_SIGLIP_GRAD_LOSS = _TMA_SIGLIP_GRAD
-# Largest block (logits) a TMA kernel takes, per kind; above, cuBLAS bands and Triton passes. The
-# CLIP statistics: TMA 4.25 ms against 4.96 for cuBLAS + the passes at 32k, 18.6 against 18.1 at
-# 65k without the interior fast path, 17.00 against 17.65 with it (above); SigLIP's statistics and
-# every gradient block are fused at every size.
-_TMA_MAX_LOGITS = {"stats": 1 << 62, "siglip_stats": 1 << 62, "grad": 1 << 62}
-# The plain sums by column strips (_clip_sums_strip_kernel: BLOCK_M, BLOCK_N, BLOCK_K, warps,
-# stages, programs per SM, CHUNK row blocks an item), for forwards whose d scale the backward sums
-# (clip_stats_triton's weighted=False): the fastest measured on an H200: 128 x 128
-# with 8 warps 13.70 ms at 65k, 128 x 64 with 4 warps 16.10, 128 x 256 23.6 (spilled), chunks of
-# 16 row blocks 15.14; two programs an SM 14.00; 5 stages, BLOCK_K 128, chunks of 64, 256 x 64
-# no faster (13.67-16.05 against 13.72 measured alongside).
-_TMA_STRIPS = (16, 16, 16, 4, 1, 1, 2) if _INTERPRET else (128, 128, 64, 8, 4, 1, 32)
-_STRIPS = True  # False: the per-tile statistics kernel (with the weighted sums) at every size
-_STRIP_WAVES = 4  # at least this many work items a program: CHUNK shrinks at small B
-# Strips from this many logits (B = 11,585 square) on: below, the per-tile kernel is as fast or
-# faster end to end (H200, queued: 0.22 / 0.80 ms at B = 4k / 8k against 0.24 / 0.81 with the
-# strips; 16k-65k: 3.19 / 12.63 / 48.33 against 3.27 / 12.82 / 50.33).
-_STRIPS_MIN_LOGITS = 1 << 27
-_TMA_MIN_LOGITS = 1 << 23
-_TMA_FORCE = None  # None: by the device and the tensors; tests set True (interpreter, fp32; rows aligned)
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - older Triton: pointer kernels only
     TensorDescriptor = None
-# The CLIP gradient block by the warp-specialised Gluon kernel (ops/gluon_kernels.py) where it
-# applies (sm_90, TMA loads and store); "on" False: the Triton kernel everywhere (INFCLIP_GLUON=0,
-# a bench's A/B, or after its first launch failed on this Triton); "tiles": its tiles (a bench's A/B);
-# "launch": gluon_kernels' function (looked up at each launch).
-_GLUON = {"on": os.environ.get("INFCLIP_GLUON", "1") != "0" and not gluon_kernels.available(),
-          "tiles": gluon_kernels.GRAD_TILES, "launch": "clip_grad_block"}
-# The SigLIP gradient block with its pair losses (the forward of a loss whose backward follows)
-# likewise, with a switch of its own: a kernel whose build fails turns off itself only.
-_GLUON_SIGLIP = dict(_GLUON, launch="siglip_grad_block")
-# The CLIP forward's column-strip sums by the warp-specialised Gluon kernel (gluon_kernels.clip_sums)
-# where the strips apply on sm_90, likewise; "tiles": its tiles and chunk (gluon_kernels.SUMS_TILES).
-# A state's optional "kw" goes to its launch too (bench/bench_contrastive_loss.py --variant sets e.g.
-# the sums' launch_logits or rotate that way).
-_GLUON_SUMS = {"on": _GLUON["on"], "tiles": gluon_kernels.SUMS_TILES, "launch": "clip_sums"}
+
+
+class _GluonKernel(NamedTuple):
+    """A warp-specialised Gluon kernel the launchers may hand work to: its TUNING switch, its
+    tiles (a TUNING field; None there: gluon_kernels' ``default_tiles``), its launch (a
+    gluon_kernels function) and the TUNING field of extra keyword arguments, if any."""
+
+    switch: str
+    tiles: str
+    default_tiles: str
+    launch: str
+    options: str = ""
+
+    def on(self) -> bool:
+        return getattr(TUNING, self.switch) and not gluon_kernels.available()
+
+
+# The Gluon kernels' switches (TUNING fields), tiles and launches (gluon_kernels' functions, looked
+# up at each launch): the CLIP gradient block, the SigLIP gradient block with its pair losses, the
+# CLIP forward's strip sums. A launch that fails turns its own switch off (_gluon_launch).
+_GLUON = _GluonKernel("gluon_grad", "gluon_grad_tiles", "GRAD_TILES", "clip_grad_block")
+_GLUON_SIGLIP = _GluonKernel("gluon_siglip", "gluon_grad_tiles", "GRAD_TILES", "siglip_grad_block")
+_GLUON_SUMS = _GluonKernel("gluon_sums", "gluon_sums_tiles", "SUMS_TILES", "clip_sums",
+                           "gluon_sums_options")
 log = logging.getLogger(__name__)
 
 
@@ -229,11 +149,11 @@ def _tma_rows(t: torch.Tensor) -> bool:
 
 def _use_tma(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the fused kernels load a and b by TMA descriptors."""
-    if _TMA_FORCE is not None:
-        return _TMA_FORCE and _tma_rows(a) and _tma_rows(b)
+    if TUNING.tma_force is not None:
+        return TUNING.tma_force and _tma_rows(a) and _tma_rows(b)
     if TensorDescriptor is None or not a.is_cuda or a.dtype not in (torch.bfloat16, torch.float16):
         return False
-    if a.shape[0] * b.shape[0] < _TMA_MIN_LOGITS:
+    if a.shape[0] * b.shape[0] < TUNING.tma_min_logits:
         return False
     return _capability(a.device)[0] >= 9 and _tma_rows(a) and _tma_rows(b)
 
@@ -244,7 +164,7 @@ def _capability(device: torch.device) -> tuple:
     return torch.cuda.get_device_capability(device)
 
 
-def _gluon_grad(state: dict, a, b, p, args: tuple, checked: Optional[dict] = None,
+def _gluon_grad(state: _GluonKernel, a, b, p, args: tuple, checked: Optional[dict] = None,
                 descriptors: Optional[dict] = None) -> bool:
     """Whether the gradient block a b^T into ``p`` went to the warp-specialised Gluon kernel of
     ``state`` (_GLUON: CLIP, _GLUON_SIGLIP; ``args``: its launch's between p and sm_count): on
@@ -253,7 +173,7 @@ def _gluon_grad(state: dict, a, b, p, args: tuple, checked: Optional[dict] = Non
     Triton kernel takes the block. ``checked`` and ``descriptors``: dicts kept for the blocks of one
     call (views of the same tensors, so the answer depends on the block's shape only): the checks'
     answer per block shape, and the kernel's TMA descriptors per view."""
-    if not state["on"]:
+    if not state.on():
         return False
     shape = (a.shape[0], b.shape[0], p.shape[1])
     ok = checked.get(shape) if checked is not None else None
@@ -264,27 +184,29 @@ def _gluon_grad(state: dict, a, b, p, args: tuple, checked: Optional[dict] = Non
     return ok and _gluon_launch(state, a, b, p, *args, descriptors=descriptors)
 
 
-def _gluon_launch(state: dict, *args, **kwargs) -> bool:
-    """Whether gluon_kernels.``state["launch"]`` ran on ``args`` (then the device's SM count and the
-    state's tiles, and its "kw" if any). A launch that fails (a Triton whose Gluon differs fails at
-    its first build) turns the state off, with a warning, and returns False: the caller's Triton
-    kernel takes the work, now and from then on."""
+def _gluon_launch(state: _GluonKernel, *args, **kwargs) -> bool:
+    """Whether gluon_kernels.``state.launch`` ran on ``args`` (then the device's SM count and the
+    state's tiles, and its options if any). A launch that fails (a Triton whose Gluon differs fails
+    at its first build) turns the state's TUNING switch off, with a warning, and returns False: the
+    caller's Triton kernel takes the work, now and from then on."""
+    tiles = getattr(TUNING, state.tiles) or getattr(gluon_kernels, state.default_tiles)
+    options = getattr(TUNING, state.options) if state.options else {}
     try:
-        getattr(gluon_kernels, state["launch"])(*args, _sm_count(args[0].device), state["tiles"], **kwargs,
-                                                **state.get("kw", {}))
+        getattr(gluon_kernels, state.launch)(*args, _sm_count(args[0].device), tiles, **kwargs,
+                                             **options)
     except Exception as exc:  # noqa: BLE001 - any failure of the first build: the Triton kernel
-        state["on"] = False
+        setattr(TUNING, state.switch, False)
         log.warning("contrastive_loss: the Gluon kernel %s failed (%s: %s); using the Triton kernel "
-                    "from now on", state["launch"], type(exc).__name__, str(exc)[:200])
+                    "from now on", state.launch, type(exc).__name__, str(exc)[:200])
         return False
     return True
 
 
 def _use_fused(m: int, n: int, keep, kind: str = "stats", tma: bool = False) -> bool:
     """Whether an [m, n] block's statistics (kind "stats" / "siglip_stats") or gradient blocks
-    ("grad") take the fused kernels (``tma``: loading by descriptors, _TMA_MAX_LOGITS; else
-    _FUSED_MAX_LOGITS)."""
-    limit = _TMA_MAX_LOGITS[kind] if tma else _FUSED_MAX_LOGITS
+    ("grad") take the fused kernels (``tma``: loading by descriptors, TUNING.tma_max_logits; else
+    TUNING.fused_max_logits)."""
+    limit = TUNING.tma_max_logits[kind] if tma else TUNING.fused_max_logits
     return not keep and m * n <= limit
 
 
@@ -298,32 +220,33 @@ the shift's margin, e^(64 + 8) a term, finite in a sum of up to 2^24 terms."""
 def logit_bound_limit(a: torch.Tensor, b: torch.Tensor, n: int, keep, limit: float) -> float:
     """``limit``, or less where the statistics or the gradient blocks of a x (n rows like b)^T
     take logits rounded to a's 16-bit dtype (_ROUNDED_BOUND): kept bands, or blocks above
-    _FUSED_MAX_LOGITS that do not load by TMA (cuBLAS bands). Every other path takes its logits
+    TUNING.fused_max_logits that do not load by TMA (cuBLAS bands). Every other path takes its logits
     from fp32 accumulators."""
     if a.dtype not in _ROUNDED_BOUND:
         return limit
-    bands = keep == "bands" or (a.shape[0] * n > _FUSED_MAX_LOGITS and not _use_tma(a, b))
+    bands = keep == "bands" or (a.shape[0] * n > TUNING.fused_max_logits and not _use_tma(a, b))
     return min(limit, _ROUNDED_BOUND[a.dtype]) if bands else limit
 
 
 def sums_in_strips(a: torch.Tensor, b: torch.Tensor, keep) -> bool:
     """Whether the statistics of a x b^T, asked without weighted sums, take the column-strip
-    kernel (TMA loads, nothing kept, at least _STRIPS_MIN_LOGITS): a forward that does lets its
+    kernel (TMA loads, nothing kept, at least TUNING.strips_min_logits): a forward that does lets its
     backward sum d scale (clip_grads_triton's ``dscale_summed``); both sides ask this of the
     same tensors."""
-    return (_STRIPS and not keep and a.shape[0] * b.shape[0] >= _STRIPS_MIN_LOGITS
+    return (TUNING.strips and not keep and a.shape[0] * b.shape[0] >= TUNING.strips_min_logits
             and _use_tma(a, b))
 
 
 @functools.lru_cache(maxsize=64)
-def _strips_config(tiles, m: int, n: int, fp32: bool, allow_tf32: bool, programs: int):
-    """(grid, meta-parameters) of _clip_sums_strip_kernel (tiles: _TMA_STRIPS) over [m, n]."""
+def _strips_config(tiles, m: int, n: int, fp32: bool, allow_tf32: bool, programs: int, waves: int):
+    """(grid, meta-parameters) of _clip_sums_strip_kernel (tiles: TUNING.tma_strips) over [m, n],
+    with at least ``waves`` work items a program (TUNING.strip_waves)."""
     block_m, block_n, block_k, warps, stages, per_sm, chunk = tiles
-    if fp32 and not _INTERPRET:
+    if fp32 and not INTERPRET:
         block_k, stages = min(block_k, 32), min(stages, 3)
     grid_m, grid_n = _cdiv(m, block_m), _cdiv(n, block_n)
-    # chunks short enough for _STRIP_WAVES items a program (small B: down to one row block)
-    chunk = max(1, min(chunk, grid_m * grid_n // (_STRIP_WAVES * per_sm * programs)))
+    # chunks short enough for ``waves`` items a program (small B: down to one row block)
+    chunk = max(1, min(chunk, grid_m * grid_n // (waves * per_sm * programs)))
     items = _cdiv(grid_m, chunk) * grid_n
     grid = min(items, per_sm * programs)
     return (grid,), dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, CHUNK=chunk,
@@ -333,9 +256,9 @@ def _strips_config(tiles, m: int, n: int, fp32: bool, allow_tf32: bool, programs
 
 def _gluon_sums(a, b, scale_t, row_shift, col_shift, row_sum, col_sum, diag) -> bool:
     """Whether the column-strip sums went to the warp-specialised Gluon kernel: on sm_90 with
-    16-bit features of at most gluon_kernels.SUMS_MAX_DIM, while _GLUON_SUMS is on (a first launch
+    16-bit features of at most gluon_kernels.SUMS_MAX_DIM, while TUNING.gluon_sums is on (a first launch
     that fails turns it off, _gluon_launch, and the Triton strip kernel takes the sums)."""
-    if (not _GLUON_SUMS["on"] or a.dtype == torch.float32 or a.shape[1] > gluon_kernels.SUMS_MAX_DIM
+    if (not _GLUON_SUMS.on() or a.dtype == torch.float32 or a.shape[1] > gluon_kernels.SUMS_MAX_DIM
             or _capability(a.device) != (9, 0)):
         return False
     return _gluon_launch(_GLUON_SUMS, a, b, scale_t, row_shift, col_shift, row_sum, col_sum, int(diag))
@@ -345,26 +268,12 @@ def _clip_sums_strips(a, b, scale_t, row_shift, col_shift, row_sum, col_sum, dia
     if _gluon_sums(a, b, scale_t, row_shift, col_shift, row_sum, col_sum, diag):
         return
     (m, d), n = a.shape, b.shape[0]
-    grid, meta = _strips_config(_TMA_STRIPS, m, n, a.dtype == torch.float32, allow_tf32,
-                                _sm_count(a.device))
+    grid, meta = _strips_config(TUNING.tma_strips, m, n, a.dtype == torch.float32, allow_tf32,
+                                _sm_count(a.device), TUNING.strip_waves)
     da = TensorDescriptor.from_tensor(a, [meta["BLOCK_M"], meta["BLOCK_K"]])
     db = TensorDescriptor.from_tensor(b, [meta["BLOCK_N"], meta["BLOCK_K"]])
     _clip_sums_strip_kernel[grid](da, db, m, n, d, scale_t, row_shift, col_shift, row_sum, col_sum,
                                   int(diag), **meta)
-
-_PRO_M, _PRO_D = (16, 16) if _INTERPRET else (32, 128)
-# the shift kernel's rows (and columns) a program, and the tiles (BLOCK_N = BLOCK_K) of its true
-# maxima (loose shifts only, _clip_shift_kernel), one stage: small, so that the rare work of a
-# loose shift spreads over B / 32 programs and the kernel holds 96-152 registers a thread with
-# no spill on sm_90 (64 x 64 tiles: 238-255 and a spill; bench/bench_kernel_resources.py); the
-# common work is each program's read of the ``parts`` largest norms, ~32 MB of L2 at B = 65k
-_SHIFT_M, _SHIFT_N = (16, 16) if _INTERPRET else (32, 32)
-_SHIFT_TIGHTEN = True
-"""False: the shift launch leaves loose shifts as the bound made them (B / 1,024 programs, no
-true maxima), for a bench's A/B of the launch's cost only: rows whose every logit lies far below
-the bound then lose their sums to underflow."""
-_VEC = 64 if _INTERPRET else 1024
-_EPI = 64 if _INTERPRET else 2048
 
 _SMS: dict = {}
 
@@ -383,19 +292,13 @@ def _programs_wanted(device: torch.device) -> int:
     return 4 * _sm_count(device)
 
 
-_BAND_FACTOR = 2  # band budget in units of max(n d, 2^24) elements
-_OVERLAP = False  # two band buffers, a band's Triton kernel beside the next band's GEMM (no gain)
-# a backward reading the kept bf16 bands takes this many forward bands at a time: each band's P^T @ A adds into
-# the fp32 [B, D] sum of dT, re-read and re-written once a band (H200, 32k / 65k: 11.3 -> 10.1 / 42.2 -> 38.7 ms
-# from 1 to 4, the band buffer 0.3 / 0.56 GiB larger; 8 and 16 no faster)
-_KEPT_BANDS_FACTOR = 4
 _SIDE: dict = {}
 
 
 def band_rows(m: int, n: int, d: int) -> int:
     """Rows per band when the whole matrix is not kept: each band buffer holds at most
-    _BAND_FACTOR max(n d, 2^24) elements (O(B D) memory)."""
-    budget = _BAND_FACTOR * max(n * d, 1 << 24)
+    TUNING.band_factor max(n d, 2^24) elements (O(B D) memory)."""
+    budget = TUNING.band_factor * max(n * d, 1 << 24)
     return min(m, max(256, budget // max(n, 1)))
 
 
@@ -446,11 +349,11 @@ _EXTRA_META = {"stats": ("FAST",), "grad": ("SPLIT",)}
 def _fused_config(tiles, m: int, n: int, d: int, fp32: bool, allow_tf32: bool, programs: int,
                   kind: str = "stats"):
     """(grid, meta-parameters) of a fused kernel over an [m, n] block with K = d (per shape,
-    computed once). tiles: _FUSED_STATS / _FUSED_GRAD, or with a seventh entry, programs per
+    computed once). tiles: TUNING.fused_stats / TUNING.fused_grad, or with a seventh entry, programs per
     SM (TMA: persistent programs, at most ``programs`` per SM; else one program per tile); the
     entries after it are ``kind``'s _EXTRA_META."""
     block_m, block_n, block_k, group_m, warps, stages = tiles[:6]
-    if fp32 and not _INTERPRET:  # fp32 tiles: half the K depth, same shared memory
+    if fp32 and not INTERPRET:  # fp32 tiles: half the K depth, same shared memory
         block_k, stages = min(block_k, 32), min(stages, 3)
     count = _cdiv(m, block_m) * _cdiv(n, block_n)
     tma = len(tiles) > 6
@@ -482,10 +385,10 @@ def _fused(kernel, a, b, kind: str, allow_tf32, *args, p=None, tma=None, descrip
     go as tensor descriptors (kept in ``descriptors`` when given, :func:`_descriptor`)."""
     (m, d), n = a.shape, b.shape[0]
     tma = _use_tma(a, b) if tma is None else tma
-    tiles = {"stats": (_FUSED_STATS, _TMA_STATS), "grad": (_FUSED_GRAD, _TMA_GRAD),
-             "siglip_stats": (_FUSED_STATS, _TMA_SIGLIP_STATS),
-             "siglip_grad": (_FUSED_GRAD, _TMA_SIGLIP_GRAD),
-             "siglip_grad_loss": (_FUSED_SIGLIP_GRAD_LOSS, _TMA_SIGLIP_GRAD_LOSS)}[kind][tma]
+    tiles = {"stats": (TUNING.fused_stats, TUNING.tma_stats), "grad": (TUNING.fused_grad, TUNING.tma_grad),
+             "siglip_stats": (TUNING.fused_stats, TUNING.tma_siglip_stats),
+             "siglip_grad": (TUNING.fused_grad, TUNING.tma_siglip_grad),
+             "siglip_grad_loss": (TUNING.fused_siglip_grad_loss, TUNING.tma_siglip_grad_loss)}[kind][tma]
     programs = _sm_count(a.device) if tma else 1
     grid, meta = _fused_config(tiles, m, n, d, a.dtype == torch.float32, allow_tf32, programs,
                                kind)
@@ -567,20 +470,20 @@ def _addmm_(acc: torch.Tensor, p: torch.Tensor, x: torch.Tensor) -> None:
 @functools.lru_cache(maxsize=256)
 def _row_grid(m: int, n: int, device) -> tuple[tuple[int, int], int]:
     """Row-stats grid (row blocks, column spans) and the span width (a multiple of the tile)."""
-    grid_m = _cdiv(m, _STATS_M)
-    tiles_n = _cdiv(n, _STATS_N)
+    grid_m = _cdiv(m, STATS_M)
+    tiles_n = _cdiv(n, STATS_N)
     spans = max(1, min(tiles_n, _cdiv(_programs_wanted(device), grid_m)))
-    cols = _cdiv(tiles_n, spans) * _STATS_N
+    cols = _cdiv(tiles_n, spans) * STATS_N
     return (grid_m, _cdiv(n, cols)), cols
 
 
 @functools.lru_cache(maxsize=256)
 def _col_grid(m: int, n: int, device) -> tuple[tuple[int, int], int]:
     """Column-stats grid (column strips, row spans) and the span height."""
-    grid_n = _cdiv(n, _COLS_N)
-    tiles_m = _cdiv(m, _COLS_M)
+    grid_n = _cdiv(n, COLS_N)
+    tiles_m = _cdiv(m, COLS_M)
     spans = max(1, min(tiles_m, _cdiv(_programs_wanted(device), grid_n)))
-    rows = _cdiv(tiles_m, spans) * _COLS_M
+    rows = _cdiv(tiles_m, spans) * COLS_M
     return (grid_n, _cdiv(m, rows)), rows
 
 
@@ -610,7 +513,7 @@ def clip_prologue_triton(a, b, scale, margin, combine_max: Callable | None = Non
     sweep's max over its process group; None on one rank)."""
     a, b = _prep(a), _prep(b)
     m, d = a.shape
-    parts = _cdiv(m, _PRO_M)
+    parts = _cdiv(m, PRO_M)
     f32 = dict(device=a.device, dtype=torch.float32)
     sums = torch.empty(4 * m, **f32)
     # one allocation: aux first (an output of the registered op: storage offset 0, as its fake
@@ -621,18 +524,18 @@ def clip_prologue_triton(a, b, scale, margin, combine_max: Callable | None = Non
     part_max = work[5 * m + 2:]
     _clip_prologue_kernel[(parts,)](
         a, b, a.stride(0), b.stride(0), m, d, aux, norm_a, norm_b, part_max, sums,
-        BLOCK_M=_PRO_M, BLOCK_D=_PRO_D, num_warps=4)
+        BLOCK_M=PRO_M, BLOCK_D=PRO_D, num_warps=4)
     if combine_max is not None:
         part_max = combine_max(part_max.view(parts, 2).amax(0))
         parts = 1
     fp32 = a.dtype == torch.float32
-    tighten = slack is not None and _SHIFT_TIGHTEN
-    block = _SHIFT_M if tighten else _VEC
+    tighten = slack is not None and TUNING.shift_tighten
+    block = SHIFT_M if tighten else TUNING.vec
     _clip_shift_kernel[(_cdiv(m, block),)](
         _scalar(scale, a.device), aux, norm_a, norm_b, part_max, parts, row_shift, col_shift, m,
         float(margin), float(limit), a, b, a.stride(0), b.stride(0), d,
-        float(slack if tighten else 0.0), BLOCK=block, PARTS=_VEC, TIGHTEN=tighten,
-        BLOCK_N=_SHIFT_N, BLOCK_K=_SHIFT_N, PRECISION="tf32" if allow_tf32 or not fp32 else "ieee",
+        float(slack if tighten else 0.0), BLOCK=block, PARTS=TUNING.vec, TIGHTEN=tighten,
+        BLOCK_N=SHIFT_N, BLOCK_K=SHIFT_N, PRECISION="tf32" if allow_tf32 or not fp32 else "ieee",
         num_warps=4, num_stages=1)
     return row_shift, col_shift, aux, sums
 
@@ -647,8 +550,8 @@ def clip_epilogue_triton(scale, sums, row_shift, col_shift, aux, count=None):
     # three buffers, not views of one: the registered op's outputs must not alias
     loss, row_lse, col_lse = torch.empty((), **f32), torch.empty(m, **f32), torch.empty(m, **f32)
     _clip_epilogue_kernel[(1,)](_scalar(scale, sums.device), sums, row_shift, col_shift, aux,
-                                row_lse, col_lse, loss, m, float(count or m), BLOCK=_EPI,
-                                num_warps=8 if not _INTERPRET else 4)
+                                row_lse, col_lse, loss, m, float(count or m), BLOCK=TUNING.epi,
+                                num_warps=8 if not INTERPRET else 4)
     return loss, row_lse, col_lse
 
 
@@ -686,8 +589,8 @@ def clip_stats_launch(s, scale_t, row_shift, row_ref, row_sum, row_wsum, col_shi
     (grid_n, spans_n), rows = _col_grid(m, n, s.device)
     _clip_stats_kernel[(grid_m * spans_m + grid_n * spans_n,)](
         s, s.stride(0), m, n, cols, rows, grid_m, grid_m * spans_m, grid_n, scale_t, row_shift,
-        row_ref, row_sum, row_wsum, col_shift, col_ref, col_sum, col_wsum, diag, ROW_M=_STATS_M,
-        ROW_N=_STATS_N, COL_M=_COLS_M, COL_N=_COLS_N, num_warps=_STATS_WARPS)
+        row_ref, row_sum, row_wsum, col_shift, col_ref, col_sum, col_wsum, diag, ROW_M=STATS_M,
+        ROW_N=STATS_N, COL_M=COLS_M, COL_N=COLS_N, num_warps=STATS_WARPS)
 
 
 def clip_stats_triton(a, b, scale, row_shift, col_shift, row_ref, col_ref, diag=0, *,
@@ -741,8 +644,8 @@ def siglip_stats_triton(a, b, scale, bias, diag=0, *, keep_logits="", band=0,
     def kernel(s, r0, r1):
         grid, cols = _row_grid(r1 - r0, n, a.device)
         _siglip_stats_kernel[grid](s, s.stride(0), r1 - r0, n, cols, scale_t, bias_t,
-                                   row_loss[r0:r1], int(diag) - r0, BLOCK_M=_STATS_M,
-                                   BLOCK_N=_STATS_N, num_warps=_STATS_WARPS)
+                                   row_loss[r0:r1], int(diag) - r0, BLOCK_M=STATS_M,
+                                   BLOCK_N=STATS_N, num_warps=STATS_WARPS)
 
     tma = _use_tma(a, b)
     if _use_fused(m, n, keep_logits, "siglip_stats", tma):
@@ -752,70 +655,34 @@ def siglip_stats_triton(a, b, scale, bias, diag=0, *, keep_logits="", band=0,
     return row_loss, _run_stats(a, b, keep_logits, band, allow_tf32, kernel)
 
 
-# The backward's recompute path over blocks of at most _GRAD_BLOCK rows x columns (when the whole
-# block does not fit the band budget): P of one block, then grad_a rows += P @ b_block (fp32 over
-# the column blocks of a row band, unless there is one) and grad_b rows += P^T @ a_band (fp32 over
-# the row bands, unless there is one). Full-width row bands would re-read and re-write the whole
-# [B, D] fp32 sum of grad_b once per band of ~1,536 rows; blocks of 8,192 rows do it 5x less often
-# with a smaller buffer. H200, bf16, D = 768, the op's gradient pass (bench/bench_blocked_loss.py):
-# 9.32 / 37.14 ms at 32k / 65k against 9.69 / 39.98 with full-width bands; 8,192 x 8,192 blocks
-# 8.99 / 35.73 (against 9.33 / 38.27 measured alongside) but
-# 56 MiB more at 65k; the same fp64 error either way (the bf16 rounding of the gradients). A block
-# and its fp32 row sum never take more than a full-width band (_grad_block): the op's peak is
-# then no higher than with bands at any B.
-_GRAD_BLOCK = (8192, 4096)
-# Smaller blocks tried in turn where _GRAD_BLOCK does not fit the backward's budget, and that
-# budget for a block and its fp32 row sum in units of max(n d, 2^24) elements of the features'
-# dtype (2: a full-width band's bytes, as band_rows). With 1.5 and 4,096 x 4,096 blocks below
-# B = ~45k (D = 768) the op's peak at 16k / 32k is 116 / 193 MiB (full-width bands of 2,048 rows
-# and 8,192 x 4,096 blocks with 2: 136 / 233 MiB),
-# for 1-2% more time there (H200, bf16, queued: 3.29 / 12.83 ms against 3.23 / 12.19, the compiled
-# dense loss 3.29 / 13.09; 1,536-row bands 3.42 / 13.57; factor 1, 1,024-row bands at 16k, 3.64).
-# 65k keeps _GRAD_BLOCK (8,192 x 4,096, 0.38 GiB).
-# Below _GRAD_FACTOR_MIN_N columns the factor is 2 and _GRAD_BLOCKS unused (full-width bands
-# unless _GRAD_BLOCK fits): at 8k 4,096 x 4,096 blocks
-# took 0.86 ms against 0.80 with 4,096-row bands (the compiled dense loss 0.86; SigLIP 0.71
-# against 0.63), for 0.08 against 0.10 GiB.
-_GRAD_BLOCKS: tuple = ((4096, 4096),)
-_GRAD_FACTOR = 1.5
-_GRAD_FACTOR_MIN_N = 12288
-# Larger blocks, tried first where the backward casts its fp32 [N, D] sum of grad_b to the features'
-# dtype at the end (a single-device call whose outputs are 16-bit): that cast holds N D of the dtype
-# beside the sum, and a block with its fp32 row sum taking no more leaves the call's peak where the
-# cast puts it. From B ~ 104k (D = 768): 8,192 x 8,192 at 131k, 16,384 x 8,192 at 262k, the same
-# peak (0.75 / 1.51 GiB); H200, queued, against the blocks chosen without the cast: CLIP 182
-# against 188 ms at 131k, 742 against 772 at 262k, SigLIP 150 / 156 and 605 / 639.
-_GRAD_BLOCKS_WIDE: tuple = ((16384, 8192), (8192, 8192))
-
-
 def _grad_block(m: int, n: int, d: int, band: int, itemsize: int, width: int = 0,
                 cast: bool = False) -> tuple[int, int]:
     """(rows, columns) of the backward's recompute blocks: the whole [m, n] when it fits the band
     budget (band_rows), full-width bands of ``band`` rows when a band height is forced, else the
-    first of _GRAD_BLOCK, _GRAD_BLOCKS whose block and fp32 [rows, D] sum of grad_a take no more
-    than _GRAD_FACTOR max(w d, 2^24) elements' bytes (below _GRAD_FACTOR_MIN_N columns: _GRAD_BLOCK
+    first of TUNING.grad_block, TUNING.grad_blocks whose block and fp32 [rows, D] sum of grad_a take no more
+    than TUNING.grad_factor max(w d, 2^24) elements' bytes (below TUNING.grad_factor_min_n columns: TUNING.grad_block
     within 2 max(w d, 2^24)),
     else full-width bands of at most that many bytes; w = max(n, ``width``) from
-    _GRAD_FACTOR_MIN_N columns on (else n): a distributed sweep's column block takes the budget
+    TUNING.grad_factor_min_n columns on (else n): a distributed sweep's column block takes the budget
     of the global batch, as disco's one step over all B columns does (below, at
     b = 8,192 of 32,768, 8,192 x 4,096 blocks were no faster than the 4,096-row bands, for 184
     against 160 MiB on an H200). (Capping the rows instead, 5,888 at 8k-16k,
     measured 1.05 / 1.00x the compiled dense loss against 0.96 / 0.99x with bands.) With ``cast``
-    (grad_b's fp32 sum is cast to the features' dtype at the end) first the _GRAD_BLOCKS_WIDE
+    (grad_b's fp32 sum is cast to the features' dtype at the end) first the TUNING.grad_blocks_wide
     block whose bytes the cast's n d of the dtype covers."""
     step = _step(m, n, d, False, band)
     if step >= m:
         return m, n
     if band > 0:
         return step, n
-    for block in _GRAD_BLOCKS_WIDE if cast else ():
+    for block in TUNING.grad_blocks_wide if cast else ():
         rows, cols = min(m, block[0]), min(n, block[1])
         if rows < m and rows * (cols * itemsize + d * 4) <= n * d * itemsize:
             return rows, cols
-    small = n < _GRAD_FACTOR_MIN_N  # (full-width bands unless _GRAD_BLOCK fits)
+    small = n < TUNING.grad_factor_min_n  # (full-width bands unless TUNING.grad_block fits)
     w = n if small else max(n, width)
-    budget = int((_BAND_FACTOR if small else _GRAD_FACTOR) * max(w * d, 1 << 24)) * itemsize
-    for block in (_GRAD_BLOCK,) if small else (_GRAD_BLOCK, *_GRAD_BLOCKS):
+    budget = int((TUNING.band_factor if small else TUNING.grad_factor) * max(w * d, 1 << 24)) * itemsize
+    for block in (TUNING.grad_block,) if small else (TUNING.grad_block, *TUNING.grad_blocks):
         rows, cols = min(m, block[0]), min(n, block[1])
         if rows * (cols * itemsize + d * 4) <= budget:
             return rows, cols
@@ -860,7 +727,7 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
     if keep:
         rows, cols = _step(m, n, d, not kept_bands, band), n
         if kept_bands and band <= 0:
-            rows = min(m, rows * _KEPT_BANDS_FACTOR)
+            rows = min(m, rows * TUNING.kept_bands_factor)
     else:
         rows, cols = _grad_block(m, n, d, band, a.element_size(), width, cast=out_dtype != torch.float32)
     dev = a.device
@@ -917,13 +784,13 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
 
 def _band_buffers(a, n, step, count):
     """One band buffer, or two when the bands overlap on two streams (CUDA, several bands)."""
-    two = _OVERLAP and a.is_cuda and count > 1
+    two = TUNING.overlap and a.is_cuda and count > 1
     return [torch.empty(step, n, device=a.device, dtype=a.dtype) for _ in range(2 if two else 1)]
 
 
 @functools.lru_cache(maxsize=256)
 def _grad_grid(m, n):
-    return (_cdiv(m, _GRAD_M), _cdiv(n, _GRAD_N))
+    return (_cdiv(m, GRAD_M), _cdiv(n, GRAD_N))
 
 
 def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_value=0.0,
@@ -973,7 +840,7 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
         _clip_grad_kernel[_grad_grid(r1 - r0, c1 - c0)](
             s, p, s.stride(0), r1 - r0, c1 - c0, scale_t, coef_t, float(coef_mul), src, dst,
             r[r0:r1], c[c0:c1], ref[r0:r1], label_args[0] - r0 + c0, *label_args[1:],
-            BLOCK_M=_GRAD_M, BLOCK_N=_GRAD_N, num_warps=_GRAD_WARPS, **flags)
+            BLOCK_M=GRAD_M, BLOCK_N=GRAD_N, num_warps=GRAD_WARPS, **flags)
 
     def fused_fill(r0, r1, c0, c1, p, a_band, b_block, memo):
         if r0 not in memo.rows:
@@ -1000,7 +867,7 @@ def _sums_and_coef(rows: int, m: int, coef, device) -> tuple:
         coef_t = _scalar(1.0 if coef is None else coef, device)
         return torch.zeros(rows, m, device=device, dtype=torch.float32), coef_t
     buf = torch.empty(rows * m + 1, device=device, dtype=torch.float32)
-    _fill_kernel[(_cdiv(rows * m + 1, _VEC),)](buf, rows * m, float(coef), BLOCK=_VEC, num_warps=4)
+    _fill_kernel[(_cdiv(rows * m + 1, TUNING.vec),)](buf, rows * m, float(coef), BLOCK=TUNING.vec, num_warps=4)
     return buf[: rows * m].view(rows, m), buf[rows * m:]
 
 
@@ -1020,8 +887,8 @@ def _siglip_grad_pass(a, b, scale, bias, diag, coef, coef_scale, logits, band, o
     def fill(s, p, r0, r1, c0, c1):  # (positives as in clip_grads_triton's blocks)
         _siglip_grad_kernel[_grad_grid(r1 - r0, c1 - c0)](
             s, p, s.stride(0), r1 - r0, c1 - c0, scale_t, bias_t, coef_t, gsum[r0:r1],
-            gwsum[r0:r1], row_loss[r0:r1], int(diag) - r0 + c0, BLOCK_M=_GRAD_M, BLOCK_N=_GRAD_N,
-            num_warps=_GRAD_WARPS, COEF_SCALE=bool(coef_scale), LOSS=with_loss)
+            gwsum[r0:r1], row_loss[r0:r1], int(diag) - r0 + c0, BLOCK_M=GRAD_M, BLOCK_N=GRAD_N,
+            num_warps=GRAD_WARPS, COEF_SCALE=bool(coef_scale), LOSS=with_loss)
 
     def fused_fill(r0, r1, c0, c1, p, a_band, b_block, memo):
         if r0 not in memo.rows:
@@ -1061,8 +928,8 @@ def siglip_loss_grads_triton(a, b, scale, bias, count, *, coef=None, coef_scale=
                                              out_dtype, allow_tf32, None, True)
     f32 = dict(device=sums.device, dtype=torch.float32)
     loss, pair = torch.empty((), **f32), torch.empty(2, **f32)
-    _siglip_finish_kernel[(1,)](sums, sums.shape[1], pair, loss, float(count), BLOCK=_EPI,
-                                num_warps=8 if not _INTERPRET else 4)
+    _siglip_finish_kernel[(1,)](sums, sums.shape[1], pair, loss, float(count), BLOCK=TUNING.epi,
+                                num_warps=8 if not INTERPRET else 4)
     return loss, grad_a, grad_b, pair
 
 
@@ -1080,8 +947,8 @@ def scale_grads_triton(grad, a, b, count, *, factor=1.0, scale=None, scalars=(),
     out_b = torch.empty(b.shape, device=dev, dtype=out_dtype or a.dtype)
     dst = [torch.empty((), device=dev, dtype=torch.float32) for _ in scalars]
     unused = [grad] * (2 - len(scalars))  # pointers the kernel neither reads nor writes
-    _scale_grads_kernel[(_cdiv(a.numel(), _VEC), 2)](
+    _scale_grads_kernel[(_cdiv(a.numel(), TUNING.vec), 2)](
         grad, a, b, out_a, out_b, a.numel(), float(count), float(factor),
         grad if scale is None else _scalar(scale, dev), *scalars, *unused, *dst, *unused,
-        FOLDED=scale is None, SCALARS=len(scalars), BLOCK=_VEC, num_warps=4)
+        FOLDED=scale is None, SCALARS=len(scalars), BLOCK=TUNING.vec, num_warps=4)
     return (out_a, out_b, *dst)

@@ -9,7 +9,7 @@ interface and never asks which scheme it runs (only what the sweep's class attri
     Local              every block on this device (no process group; world size 1)
     Gathered           "disco": all-gather the column blocks, a step per block, each
                        block's column partials reduced to its owner under the next block's
-                       compute (DISCO_PIPELINED; or one step on all B columns and a
+                       compute (TUNING.disco_pipelined; or one step on all B columns and a
                        reduce-scatter)
     GatheredRowsAndColumns
                        "gather": as Gathered, and the rows are gathered too so each rank also
@@ -40,6 +40,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .process_groups import all_gather_single, host_group, node_subgroups, reduce_scatter_single
+from .tuning import TUNING
 
 __all__ = [
     "SCHEMES",
@@ -63,7 +64,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -95,8 +95,6 @@ class Topology:
     @property
     def local_rank(self) -> int:
         return self.rank % self.local
-
-
 
 
 # Ranks per node as the launchers export it: torchrun, the deepspeed launcher, OpenMPI.
@@ -359,27 +357,15 @@ class Local(Sweep):
 _LOCAL = Local(None)  # (stateless: one instance serves every call)
 
 
-DISCO_PIPELINED = True
-"""disco's schedule: True, a step per column block, each block's column partials reduced to their
-owner (an asynchronous reduce) while the next block is computed, the own block first where
-something is gathered (Gathered._pipelined); False, one step on all B columns between
-a blocking all-gather and a blocking reduce-scatter (the first version; ``bench_distributed.py
---schemes disco disco_one_step`` times both). Both give the same sums up to their order."""
-
-_REDUCES_IN_FLIGHT = 2
-"""Column partials of other owners kept alive while their reduce runs (the memory bound of the
-pipelined schedule: the own block's partials and this many [b, ...] blocks)."""
-
-
 class Gathered(Sweep):
     """disco: all-gather the column blocks, each rank's rows against all B columns, the column
-    partials summed at their owner (DisCo-CLIP, SUM not AVG); the schedule: DISCO_PIPELINED."""
+    partials summed at their owner (DisCo-CLIP, SUM not AVG); the schedule: TUNING.disco_pipelined."""
 
     name = "disco"
     gathers_columns = True
 
     def columns(self, block, fn, merge="sum", kept=None):
-        if not DISCO_PIPELINED:
+        if not TUNING.disco_pipelined:
             full = [g if g is not None else self.all_gather(x)
                     for x, g in zip(block, kept or [None] * len(block))]
             parts = fn(0, full)
@@ -393,7 +379,7 @@ class Gathered(Sweep):
         tensors, while the all-gather runs; else the blocks go in rank order, so that each
         reduce can start as soon as its block is done everywhere and only the last one is left
         exposed. The own partials are the root's buffers of their reduce and end up holding the
-        sums. Memory: the gathered block, the own partials and _REDUCES_IN_FLIGHT others."""
+        sums. Memory: the gathered block, the own partials and TUNING.reduces_in_flight others."""
         b, group = block[0].shape[0], self.topo.group
         full, gathers = [], []
         for x, g in zip(block, kept):
@@ -423,7 +409,7 @@ class Gathered(Sweep):
                     work = dist.reduce(p, dst=self.topo.ranks[reduced], op=op, group=group, async_op=True)
                     (mine if reduced == self.rank else flying).append((work, p))
                 reduced += 1
-                while len(flying) > _REDUCES_IN_FLIGHT * max(len(parts), 1):
+                while len(flying) > TUNING.reduces_in_flight * max(len(parts), 1):
                     flying.pop(0)[0].wait()  # (NCCL: the stream waits, not the host)
         for work, _ in flying + mine:
             work.wait()

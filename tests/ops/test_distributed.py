@@ -17,6 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from infclip.ops import contrastive_loss, contrastive_loss_reference
+from infclip.ops.tuning import TUNING
 from tests._ranks import run_two_ranks
 from tests.ops import _dist_worker as W
 
@@ -289,7 +290,7 @@ def test_siglip_sweeps_once_when_a_backward_follows(monkeypatch, impl):
                "local": lambda *a: contrastive_loss(*a, **kw, triton_interpret=impl == "triton")}
 
     def run(entry, one_sweep):
-        monkeypatch.setattr(assembly, "SIGLIP_GRADS_IN_FORWARD", one_sweep)
+        monkeypatch.setattr(TUNING, "siglip_grads_in_forward", one_sweep)
         img, txt = img_all.clone().requires_grad_(True), txt_all.clone().requires_grad_(True)
         scale, bias = torch.tensor([W.SCALE], requires_grad=True), torch.tensor([W.BIAS], requires_grad=True)
         sweeps_run.clear()
@@ -352,7 +353,7 @@ def test_ring_schedules_visit_every_block_once_in_the_documented_order(world, tm
 
 @pytest.mark.parametrize("world", [w for w in WORLDS if w > 1])
 def test_disco_schedules_compute_every_block_once_and_sum_at_the_owner(world, tmp_path_factory):
-    """Pipelined (sweeps.DISCO_PIPELINED): where something is gathered rank r computes its own
+    """Pipelined (TUNING.disco_pipelined): where something is gathered rank r computes its own
     block first, on its own tensors, then every other block in rank order (the order of the
     reduces to each owner); with everything kept, all blocks in rank order; in one step: the
     whole gathered batch once. Each step holds its owners' data, and the owner's partials are the

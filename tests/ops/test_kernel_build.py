@@ -66,10 +66,10 @@ def test_clip_shift_launch_with_true_maxima_compiles_for_sm90(tmp_path):
 def test_clip_gradient_slices_compile_for_sm90(tmp_path):
     """The CLIP gradient kernel with the op's tiles, its epilogue in column slices (SPLIT), TMA
     loads and stores, with and without the d-scale sum: it compiles for sm_90 and does not spill."""
-    from infclip.ops.contrastive_loss_triton import _TMA_GRAD
+    from infclip.ops.tuning import TUNING
 
     rows = _resources(tmp_path, "clip_grad tma", "clip_grad tma")
-    split = _TMA_GRAD[7] if len(_TMA_GRAD) > 7 else 1
+    split = TUNING.tma_grad[7] if len(TUNING.tma_grad) > 7 else 1
     assert {r[0] for r in rows} == {f"clip_grad tma split={split} dscale=1",
                                     f"clip_grad tma split={split} dscale=2"}
     for name, tiles, regs, stack, shared, ours in rows:
