@@ -722,23 +722,12 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
     m, d = a.shape
     n = b.shape[0]
     keep = logits is not None
-    kept_bands = keep and logits.dtype != torch.float32  # the forward's bands, in the features' dtype
     fused = _use_fused(m, n, keep, "grad", _use_tma(a, b))
-    if keep:
-        rows, cols = _step(m, n, d, not kept_bands, band), n
-        if kept_bands and band <= 0:
-            rows = min(m, rows * TUNING.kept_bands_factor)
-    else:
-        rows, cols = _grad_block(m, n, d, band, a.element_size(), width, cast=out_dtype != torch.float32)
-    dev = a.device
-    grad_a = None if sink_a is not None else torch.empty(m, d, device=dev, dtype=out_dtype)
+    rows, cols = _grad_rows_cols(a, n, logits, band, width, out_dtype)
+    grad_a = None if sink_a is not None else torch.empty(m, d, device=a.device, dtype=out_dtype)
     into = getattr(sink_a, "into", None)  # fp32 [m, d] the rows' GEMMs add into
     with _precision(a, allow_tf32):
-        buf = torch.empty(rows * cols, device=dev, dtype=a.dtype)
-        # fp32 sums where a result takes several blocks; else each block writes its final rows
-        acc_a = torch.empty(rows, d, device=dev, dtype=torch.float32) if cols < n and into is None else None
-        acc_b = torch.zeros(n, d, device=dev, dtype=torch.float32) if rows < m else None
-        grad_b = acc_b if acc_b is not None else torch.empty(n, d, device=dev, dtype=out_dtype)
+        buf, acc_a, acc_b, grad_b = _grad_buffers(a, n, rows, cols, out_dtype, into is None)
         # (c0, c1, b's column block, grad_b's rows of it) for every column block
         columns = [(c0, c1, b[c0:c1], grad_b[c0:c1]) for c0, c1 in _bands(n, cols)]
         views: dict = {}  # block shape -> (P, P^T, acc_a's rows)
@@ -757,16 +746,7 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
                     fused_fill(r0, r1, c0, c1, p, a_band, b_block, memo)
                 else:
                     fill(_logits(a_band, b_block, p), p, r0, r1, c0, c1)
-                if into is not None:
-                    _addmm_(into[r0:r1], p, b_block)
-                elif acc_a is None and sink_a is None:
-                    _mm_into(grad_a[r0:r1], p, b)
-                elif acc_a is None:
-                    sink_a(r0, r1, _mm(p, b, torch.float32))
-                elif c0 == 0:
-                    _mm_into(acc_rows, p, b_block)
-                else:
-                    _addmm_(acc_rows, p, b_block)
+                _add_grad_a(p, b, b_block, r0, r1, c0, grad_a, acc_rows, into, sink_a)
                 if acc_b is None:
                     _mm_into(grad_b_rows, p_t, a_band)
                 else:
@@ -780,6 +760,49 @@ def _grad_bands(a, b, logits, band, allow_tf32, fill: Callable, fused_fill: Call
     if acc_b is None or out_dtype == torch.float32:
         return grad_a, grad_b
     return grad_a, acc_b.to(out_dtype)
+
+
+def _grad_rows_cols(a, n: int, logits, band: int, width: int, out_dtype) -> tuple[int, int]:
+    """(rows, columns) of the backward's blocks over a x (n rows)^T: a kept matrix in full-width
+    row bands (a kept 16-bit one, the forward's bands, TUNING.kept_bands_factor of them at a time
+    unless a band height is forced), else the recompute blocks of :func:`_grad_block`."""
+    m, d = a.shape
+    if logits is None:
+        return _grad_block(m, n, d, band, a.element_size(), width, cast=out_dtype != torch.float32)
+    kept_bands = logits.dtype != torch.float32  # the forward's bands, in the features' dtype
+    rows = _step(m, n, d, not kept_bands, band)
+    if kept_bands and band <= 0:
+        rows = min(m, rows * TUNING.kept_bands_factor)
+    return rows, n
+
+
+def _grad_buffers(a, n: int, rows: int, cols: int, out_dtype, sums_a: bool) -> tuple:
+    """(P's buffer, acc_a, acc_b, grad_b) of the block loop: fp32 sums where a result takes several
+    blocks (acc_a [rows, D] over a row band's column blocks, when ``sums_a``; acc_b [n, D] over
+    the row bands, then also grad_b), else None, each block writing its final rows."""
+    m, d = a.shape
+    dev = a.device
+    buf = torch.empty(rows * cols, device=dev, dtype=a.dtype)
+    acc_a = torch.empty(rows, d, device=dev, dtype=torch.float32) if cols < n and sums_a else None
+    acc_b = torch.zeros(n, d, device=dev, dtype=torch.float32) if rows < m else None
+    grad_b = acc_b if acc_b is not None else torch.empty(n, d, device=dev, dtype=out_dtype)
+    return buf, acc_a, acc_b, grad_b
+
+
+def _add_grad_a(p, b, b_block, r0: int, r1: int, c0: int, grad_a, acc_rows, into, sink_a) -> None:
+    """grad_a's share of the block P (rows r0:r1, its columns from c0): added into ``into``'s rows
+    (the sink's fp32 sum); where the block spans every column (no ``acc_rows``), grad_a's final
+    rows, or handed to ``sink_a``; else summed into the row band's fp32 ``acc_rows``."""
+    if into is not None:
+        _addmm_(into[r0:r1], p, b_block)
+    elif acc_rows is None and sink_a is None:
+        _mm_into(grad_a[r0:r1], p, b)
+    elif acc_rows is None:
+        sink_a(r0, r1, _mm(p, b, torch.float32))
+    elif c0 == 0:
+        _mm_into(acc_rows, p, b_block)
+    else:
+        _addmm_(acc_rows, p, b_block)
 
 
 def _band_buffers(a, n, step, count):
@@ -819,18 +842,11 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
     coef_t = _scalar(1.0 if coef is None else coef, dev)
     r, c, ref = (t.float().contiguous() for t in (row_lse, col_lse, row_ref))
     cref = ref if col_ref is None else col_ref.float().contiguous()
-    if dscale_summed:
-        if not sums_in_strips(a, b, logits is not None) or (
-                col_ref is None and (diag != 0 or a.shape != b.shape)):
-            raise ValueError("clip_grads_triton: dscale_summed needs the fused TMA kernels, and "
-                             "col_ref unless the block is square with its positives on the "
-                             "diagonal")
-        src = scale_t
-        dst = torch.zeros((), device=dev, dtype=torch.float32) if dscale_out is None else dscale_out
-    elif dscale_from is None:
-        src = dst = scale_t  # not touched (DSCALE off)
-    else:
-        src, dst = dscale_from[dscale_index:], torch.empty((), device=dev, dtype=torch.float32)
+    if dscale_summed and (not sums_in_strips(a, b, logits is not None) or (
+            col_ref is None and (diag != 0 or a.shape != b.shape))):
+        raise ValueError("clip_grads_triton: dscale_summed needs the fused TMA kernels, and "
+                         "col_ref unless the block is square with its positives on the diagonal")
+    src, dst = _dscale_pointers(scale_t, dscale_from, dscale_index, dscale_summed, dscale_out)
     flags = dict(COEF_SCALE=bool(coef_scale),
                  DSCALE=2 if dscale_summed else int(dscale_from is not None))
     label_args = (int(diag), float(diag_value), float(offset))
@@ -856,6 +872,18 @@ def clip_grads_triton(a, b, scale, row_lse, col_lse, row_ref, *, diag=0, diag_va
 
     grads = _grad_bands(a, b, logits, band, allow_tf32, fill, fused_fill, out_dtype, sink_a, width)
     return grads if dscale_from is None and not dscale_summed else (*grads, dst)
+
+
+def _dscale_pointers(scale_t, dscale_from, dscale_index: int, summed: bool, out) -> tuple:
+    """(src, dst) of the CLIP gradient kernel's d scale: with ``summed`` (DSCALE 2) the kernel adds
+    into ``out`` (a new zero fp32 [] tensor if None); with ``dscale_from`` (DSCALE 1) it writes c
+    dscale_from[dscale_index] into a new fp32 [] tensor; else neither is touched."""
+    f32 = dict(device=scale_t.device, dtype=torch.float32)
+    if summed:
+        return scale_t, torch.zeros((), **f32) if out is None else out
+    if dscale_from is None:
+        return scale_t, scale_t
+    return dscale_from[dscale_index:], torch.empty((), **f32)
 
 
 def _sums_and_coef(rows: int, m: int, coef, device) -> tuple:
