@@ -31,6 +31,7 @@ the per-call size check, which then never waits on the GPU).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from typing import Callable, ClassVar, List, Optional, Sequence
@@ -59,6 +60,7 @@ __all__ = [
     "reduce_scatter",
     "resolve_group",
     "ring_sweep",
+    "scheme_of",
     "sweep_class",
     "topology",
 ]
@@ -483,9 +485,10 @@ def make_sweep(name: str, process_group=None, local_world_size: Optional[int] = 
 
 @dataclasses.dataclass(frozen=True)
 class Scheme:
-    """The scheme the public API chose: plain values, so torch.compile traces its choice as
-    constants and the registered op carries it (``group_name``: the group's name, "" for
-    Local; ``local_world_size``: 0 for "from the launcher")."""
+    """The scheme the public API chose, parsed once: plain values, so torch.compile traces its
+    choice as constants and the registered op carries it as primitive arguments (``group_name``:
+    the group's name, "" for Local; ``local_world_size``: 0 for "from the launcher"). The op turns
+    its arguments back into a Scheme at its boundary (:func:`scheme_of`) and hands the object on."""
 
     name: str
     group_name: str = ""
@@ -494,6 +497,24 @@ class Scheme:
     @property
     def local(self) -> bool:
         return self.name == Local.name
+
+    @property
+    def sweep_class(self) -> type:
+        """The :class:`Sweep` class of this scheme (its name was checked when it was parsed)."""
+        return _SWEEPS[self.name]
+
+    def make_sweep(self) -> Sweep:
+        """This scheme's sweep over its process group, with its Topology (a hierarchical layout's
+        first use creates sub-groups: collective on the world)."""
+        return self.sweep_class.build(resolve_group(self.group_name), self.local_world_size or None)
+
+
+@functools.lru_cache(maxsize=64)
+def scheme_of(name: str, group_name: str = "", local_world_size: int = 0) -> Scheme:
+    """The registered op's scheme arguments as a :class:`Scheme`, the name checked
+    (:func:`sweep_class`): once per distinct value, not per call (cached)."""
+    sweep_class(name)
+    return Scheme(name, group_name, int(local_world_size))
 
 
 def choose_scheme(distributed: str, process_group=None, local_world_size: Optional[int] = None,

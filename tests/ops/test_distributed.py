@@ -331,6 +331,22 @@ def test_scheme_is_parsed_in_one_place():
         sweeps.sweep_class("rign")
 
 
+def test_the_op_turns_its_scheme_arguments_into_the_scheme_once():
+    """The registered op's primitive scheme arguments come back as the Scheme the public API
+    chose, with its sweep class: the name checked once per distinct value (cached), not per call."""
+    from infclip.ops import sweeps
+
+    sweeps.scheme_of.cache_clear()
+    scheme = sweeps.scheme_of("hierarchical_ring", "g", 2)
+    assert scheme == sweeps.Scheme("hierarchical_ring", "g", 2) and not scheme.local
+    assert scheme.sweep_class is sweeps.HierarchicalRing
+    assert sweeps.scheme_of("hierarchical_ring", "g", 2) is scheme
+    assert sweeps.scheme_of.cache_info().misses == 1
+    assert sweeps.scheme_of("none").local and sweeps.scheme_of("none").sweep_class is sweeps.Local
+    with pytest.raises(ValueError, match="unknown distributed scheme 'rign'"):
+        sweeps.scheme_of("rign")
+
+
 @pytest.mark.parametrize("world", WORLDS)
 def test_ring_schedules_visit_every_block_once_in_the_documented_order(world, tmp_path_factory):
     """docs/distributed.md: flat ring, rank r at step t holds block (r - t) mod N; hierarchical,
