@@ -13,9 +13,9 @@ the backward at every B where they load by TMA descriptors); with --pointer also
 ``ours_bf16_pointer`` / ``ours_siglip_bf16_pointer`` (the fused kernels with pointer loads, as
 on GPUs without TMA); with --keep-mb N also ``ours_bf16_kept`` / ``ours_siglip_bf16_kept`` (logits_budget_mb N: the matrix
 kept from forward to backward where it fits, as bf16 bands above the fp32 whole-matrix size);
-with --variant LABEL:ATTR=VALUE;... also ``ours_bf16_LABEL`` (and ``ours_siglip_bf16_LABEL`` with
---variant-siglip): the op with those module settings of ops/contrastive_loss_triton.py (VALUE a
-Python literal, or @FILE.json:KEY), set for that run only (forward and backward).
+with --variant LABEL:FIELD=VALUE;... also ``ours_bf16_LABEL`` (and ``ours_siglip_bf16_LABEL`` with
+--variant-siglip): the op with those fields of its Tuning (ops/tuning.py; VALUE a Python literal,
+or @FILE.json:KEY), set for that run only (forward and backward).
 
     python bench/bench_contrastive_loss.py --out bench/results/contrastive_loss.jsonl
     TRITON_INTERPRET=1 python bench/bench_contrastive_loss.py --host-only   # CPU, no GPU needed
@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from infclip.ops import contrastive_loss  # noqa: E402
+from infclip.ops.tuning import TUNING, tuning  # noqa: E402
 from infclip.pipeline.train.step import OpTimer  # noqa: E402  (CUDA events, read without a device-wide sync)
 from gpu_queue import queue_gpu_work, use_gemms  # noqa: E402  (bench/, on sys.path as the script's folder)
 
@@ -122,23 +123,20 @@ def ours(dtype_mode, loss="clip", fused=True, tma=None, two_pass=False, **kw):
     tma=False the fused kernels with pointer loads (the TMA descriptor kernels' anchor),
     two_pass=True SigLIP's statistics pass in the forward and gradient pass in the backward (the
     anchor of its gradients taken in the forward)."""
-    from infclip.ops import contrastive_loss_triton as tri
-    from infclip.ops import assembly
-
-    limits = ((tri._FUSED_MAX_LOGITS, dict(tri._TMA_MAX_LOGITS)) if fused
-              else (0, dict.fromkeys(tri._TMA_MAX_LOGITS, 0)))
+    limits = ((TUNING.fused_max_logits, dict(TUNING.tma_max_logits)) if fused
+              else (0, dict.fromkeys(TUNING.tma_max_logits, 0)))
 
     def fn(img, txt, scale, bias):
-        tri._FUSED_MAX_LOGITS, tri._TMA_MAX_LOGITS = limits[0], dict(limits[1])
-        tri._TMA_FORCE = tma
-        assembly.SIGLIP_GRADS_IN_FORWARD = not two_pass
+        TUNING.fused_max_logits, TUNING.tma_max_logits = limits[0], dict(limits[1])
+        TUNING.tma_force = tma
+        TUNING.siglip_grads_in_forward = not two_pass
         return contrastive_loss(img, txt, scale, bias if loss == "siglip" else None, loss=loss,
                                 impl="triton", allow_tf32=(dtype_mode == "tf32"), **kw)
     return fn
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
-    """``LABEL:ATTR=VALUE;ATTR=VALUE`` -> (LABEL, {ATTR: value}); VALUE a Python literal or
+    """``LABEL:FIELD=VALUE;FIELD=VALUE`` -> (LABEL, {FIELD: value}); VALUE a Python literal or
     @FILE.json:KEY (lists become tuples)."""
     import ast
 
@@ -154,28 +152,6 @@ def parse_variant(spec: str) -> tuple[str, dict]:
             v = ast.literal_eval(value)
         settings[attr.strip()] = tuple(v) if isinstance(v, list) else v
     return label, settings
-
-
-class _Settings:
-    """Sets attributes of ops/contrastive_loss_triton.py for a block, restoring them after."""
-
-    def __init__(self, settings: dict):
-        self.settings, self.saved = settings, {}
-
-    def __enter__(self):
-        from infclip.ops import contrastive_loss_triton as tri
-
-        for k, v in self.settings.items():
-            if not hasattr(tri, k):
-                raise AttributeError(f"ops/contrastive_loss_triton.py has no {k}")
-            self.saved[k] = getattr(tri, k)
-            setattr(tri, k, v)
-
-    def __exit__(self, *exc):
-        from infclip.ops import contrastive_loss_triton as tri
-
-        for k, v in self.saved.items():
-            setattr(tri, k, v)
 
 
 def _dense_clip(img, txt, scale):
@@ -432,8 +408,8 @@ def main(argv=None):
                    help="also ours_siglip_bf16_two_pass: SigLIP's statistics pass in the forward, its "
                    "gradient pass in the backward (before the gradients moved into the forward)")
     p.add_argument("--variant", action="append", default=[],
-                   help="LABEL:ATTR=VALUE;ATTR=VALUE: also ours_bf16_LABEL, the op with these settings of "
-                   "ops/contrastive_loss_triton.py (VALUE: a Python literal or @FILE.json:KEY); repeatable")
+                   help="LABEL:FIELD=VALUE;FIELD=VALUE: also ours_bf16_LABEL, the op with these fields of its "
+                   "Tuning (ops/tuning.py; VALUE: a Python literal or @FILE.json:KEY); repeatable")
     p.add_argument("--variant-siglip", action="store_true", help="the --variant runs for SigLIP too")
     p.add_argument("--variant-kept", action="store_true",
                    help="the --variant runs with logits_budget_mb=--keep-mb (the matrix kept) instead of the default")
@@ -451,12 +427,10 @@ def main(argv=None):
         return
     torch._dynamo.config.cache_size_limit = 64  # one compiled graph per B (dynamic=False)
     if args.tiles:
-        from infclip.ops import contrastive_loss_triton as tri
-
         with open(args.tiles) as f:
             tiles = json.load(f)
-        tri._FUSED_STATS, tri._FUSED_GRAD = tuple(tiles["stats"]), tuple(tiles["grad"])
-        print(f"# fused tiles: stats {tri._FUSED_STATS}, grad {tri._FUSED_GRAD}", flush=True)
+        TUNING.fused_stats, TUNING.fused_grad = tuple(tiles["stats"]), tuple(tiles["grad"])
+        print(f"# fused tiles: stats {TUNING.fused_stats}, grad {TUNING.fused_grad}", flush=True)
 
     dev = torch.cuda.get_device_name()
     import triton
@@ -509,7 +483,7 @@ def main(argv=None):
                      ("ours_siglip_bf16_unfused", ours("bf16", "siglip", fused=False), torch.bfloat16)]
         for spec in args.variant:
             label, settings = parse_variant(spec)
-            with _Settings(settings):  # (ours() takes the fused kernels' limits as they are then)
+            with tuning(**settings):  # (ours() takes the fused kernels' limits as they are then)
                 kept = {"logits_budget_mb": args.keep_mb} if args.variant_kept else {}
                 runs.append((f"ours_bf16_{label}", ours("bf16", **kept), torch.bfloat16, settings))
                 if args.variant_siglip:
@@ -523,7 +497,7 @@ def main(argv=None):
         for name, fn, dtype, *settings in runs:
             reps = args.reps if (b <= 65536 or name.startswith("ours")) else 2
             reps = 3 if b >= 1_000_000 else reps
-            with _Settings(settings[0] if settings else {}):
+            with tuning(**(settings[0] if settings else {})):
                 res = measure(fn, b, args.dim, dtype, reps, warmup=1 if b >= 262144 else 2,
                               queued_ms=args.queued_ms)
             row = dict(meta, impl=name, B=b, dtype=str(dtype).replace("torch.", ""),

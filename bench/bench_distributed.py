@@ -37,16 +37,16 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from infclip.ops import contrastive_loss  # noqa: E402
-from infclip.ops import sweeps  # noqa: E402
 from infclip.ops.sweeps import SCHEMES, make_sweep  # noqa: E402
+from infclip.ops.tuning import TUNING  # noqa: E402
 from infclip.pipeline.train.step import OpTimer  # noqa: E402  (CUDA events on a GPU, the wall clock on CPU)
 from gpu_queue import queue_gpu_work  # noqa: E402  (bench/, on sys.path as the script's folder)
 
 GPU_BATCHES = (32768, 65536, 131072, 262144, 524288)
-# bench-only names: (the scheme, sweeps.DISCO_PIPELINED while it runs); every other name runs
+# bench-only names: (the scheme, TUNING.disco_pipelined while it runs); every other name runs
 # with the module's own setting
 VARIANT_SCHEMES = {"disco_one_step": ("disco", False)}
-DEFAULT_PIPELINED = sweeps.DISCO_PIPELINED
+DEFAULT_PIPELINED = TUNING.disco_pipelined
 SMOKE_BATCHES = (64, 192)
 
 
@@ -295,7 +295,7 @@ def run(args, cuda: bool) -> None:
             del img, txt, fn
         # 2) each scheme on the local batch
         for name in args.schemes:
-            scheme, sweeps.DISCO_PIPELINED = VARIANT_SCHEMES.get(name, (name, DEFAULT_PIPELINED))
+            scheme, TUNING.disco_pipelined = VARIANT_SCHEMES.get(name, (name, DEFAULT_PIPELINED))
             skip = agree(rank == 0 and over_budget(name, batch, prev), device)
             if skip:
                 rows.append(dict(meta, scheme=name, global_batch=batch, skipped="time budget"))
@@ -330,7 +330,7 @@ def run(args, cuda: bool) -> None:
                              peak_gib=max(all_values(peak, device)) if cuda else None,
                              peak_extra_gib=max(all_values(extra, device)) if cuda else None, **errors))
             del img, txt, fn
-        sweeps.DISCO_PIPELINED = DEFAULT_PIPELINED  # (again after the bench-only names)
+        TUNING.disco_pipelined = DEFAULT_PIPELINED  # (again after the bench-only names)
         prev = batch
     if rank == 0:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

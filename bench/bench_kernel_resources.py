@@ -27,6 +27,8 @@ from triton.compiler import ASTSource
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import infclip.ops.contrastive_loss_triton as tri  # noqa: E402
 import infclip.ops.gluon_kernels as glk  # noqa: E402
+import infclip.ops.tuning as tuning_mod  # noqa: E402
+from infclip.ops.tuning import TUNING  # noqa: E402
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
@@ -67,7 +69,7 @@ def gluon_resources(dtype: str, coef_scale: bool, dscale: int, target, plain: bo
                  diag_value="fp32", offset="fp32")
     return _gluon_compiled(glk._clip_grad_ws_kernel, dtype, dict(a_desc=[bm, bk], b_desc=[bn, bk], p_desc=[bm, bn]),
                            types, dict(COEF_SCALE=coef_scale, DSCALE=dscale, PLAIN=plain, STAGES=stages,
-                                       PDL=int(glk.GRAD_PDL)), target)
+                                       PDL=int(TUNING.gluon_grad_pdl)), target)
 
 
 def gluon_siglip_resources(dtype: str, coef_scale: bool, target, plain: bool = False) -> dict:
@@ -79,7 +81,7 @@ def gluon_siglip_resources(dtype: str, coef_scale: bool, target, plain: bool = F
     types = dict(M="i32", N="i32", D="i32", scale_ptr=f32, bias_ptr=f32, coef_ptr=f32, gsum=f32, gwsum=f32,
                  row_loss=f32, diag="i32")
     return _gluon_compiled(glk._siglip_grad_ws_kernel, dtype, dict(a_desc=[bm, bk], b_desc=[bn, bk], p_desc=[bm, bn]),
-                           types, dict(COEF_SCALE=coef_scale, PLAIN=plain, STAGES=stages, PDL=int(glk.GRAD_PDL)),
+                           types, dict(COEF_SCALE=coef_scale, PLAIN=plain, STAGES=stages, PDL=int(TUNING.gluon_grad_pdl)),
                            target)
 
 
@@ -151,7 +153,7 @@ def variants(siglip_grad_tiles: list, pointer_grad_tiles: list, clip_grad_tiles:
                    _fused_types(tiles, False, False, siglip),
                    _fused_constexprs(tiles, False, COEF_SCALE=True, LOSS=loss, TMA_STORE=False), tiles)
     stats = dict(scale_ptr=f32, bias_ptr=f32, row_loss=f32)
-    tiles = tri._TMA_SIGLIP_STATS
+    tiles = TUNING.tma_siglip_stats
     yield ("siglip_stats tma", tri._siglip_stats_fused_kernel, _fused_types(tiles, True, False, stats),
            _fused_constexprs(tiles, True), tiles)
     # the CLIP shift launch with its true maxima of loose shifts (tl.dots over whole rows)
@@ -162,13 +164,13 @@ def variants(siglip_grad_tiles: list, pointer_grad_tiles: list, clip_grad_tiles:
                      A=f"*{dtype}", Bm=f"*{dtype}", stride_a="i32", stride_b="i32", D="i32",
                      slack="fp32")
         yield (f"clip_shift tighten {dtype}", tri._clip_shift_kernel, types,
-               dict(BLOCK=tiles[0], PARTS=tri._VEC, TIGHTEN=True, BLOCK_N=tiles[1],
+               dict(BLOCK=tiles[0], PARTS=TUNING.vec, TIGHTEN=True, BLOCK_N=tiles[1],
                     BLOCK_K=tiles[2], PRECISION=precision), tiles)
 
 
 def shift_tiles() -> tuple:
     """The CLIP shift launch's (BLOCK, BLOCK_N, BLOCK_K, -, warps, stages) on a GPU."""
-    return (tri._SHIFT_M, tri._SHIFT_N, tri._SHIFT_N, 1, 4, 1)
+    return (tuning_mod.SHIFT_M, tuning_mod.SHIFT_N, tuning_mod.SHIFT_N, 1, 4, 1)
 
 
 def main(argv=None) -> None:
@@ -185,13 +187,13 @@ def main(argv=None) -> None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: interpreted kernels cannot be compiled for a GPU")
     target = GPUTarget("cuda", args.arch, 32)
-    grad_tiles = sorted({tri._TMA_SIGLIP_GRAD[:6], tri._TMA_SIGLIP_GRAD_LOSS[:6]}) + _parse_tiles(args.tiles)
-    pointer_tiles = (sorted({tri._FUSED_GRAD[:6], tri._FUSED_SIGLIP_GRAD_LOSS[:6]})
+    grad_tiles = sorted({TUNING.tma_siglip_grad[:6], TUNING.tma_siglip_grad_loss[:6]}) + _parse_tiles(args.tiles)
+    pointer_tiles = (sorted({TUNING.fused_grad[:6], TUNING.fused_siglip_grad_loss[:6]})
                      + _parse_tiles(args.pointer_tiles))
     print("| kernel | tiles (M, N, K, group, warps, stages) | registers | spill stack (bytes) | shared (bytes) "
           "| the op's tiles |")
     print("|---|---|---|---|---|---|")
-    clip_tiles = [tri._TMA_GRAD] + _parse_tiles(args.clip_tiles)
+    clip_tiles = [TUNING.tma_grad] + _parse_tiles(args.clip_tiles)
     for name, kernel, types, constexprs, tiles in variants(grad_tiles, pointer_tiles, clip_tiles):
         if args.match not in name:
             continue
@@ -241,12 +243,12 @@ def op_tiles(name: str) -> tuple:
     if name.startswith("clip_shift"):
         return shift_tiles()
     if name.startswith("clip_grad"):
-        return tri._TMA_GRAD
+        return TUNING.tma_grad
     if "pointer" in name:
-        return tri._FUSED_SIGLIP_GRAD_LOSS if loss else tri._FUSED_GRAD
+        return TUNING.fused_siglip_grad_loss if loss else TUNING.fused_grad
     if "stats" in name:
-        return tri._TMA_SIGLIP_STATS
-    return tri._TMA_SIGLIP_GRAD_LOSS if loss else tri._TMA_SIGLIP_GRAD
+        return TUNING.tma_siglip_stats
+    return TUNING.tma_siglip_grad_loss if loss else TUNING.tma_siglip_grad
 
 
 if __name__ == "__main__":

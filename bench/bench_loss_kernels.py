@@ -5,7 +5,7 @@ For each B (D = --dim, bf16, the op's real inputs: unit rows, scale 14.3):
   cublas_logits   torch.mm of the [R, B] logit block into bf16 (what the cuBLAS band path pays
                   before its Triton passes), R = B for the statistics, R = the op's band height
                   for the gradient block;
-  unfused_stats   that GEMM plus the two Triton statistics passes (what the op runs above _FUSED_MAX_LOGITS);
+  unfused_stats   that GEMM plus the two Triton statistics passes (what the op runs above TUNING.fused_max_logits);
   fused_stats     one _clip_stats_fused_kernel launch over the whole B x B, per tile config;
   unfused_grad    band GEMM plus _clip_grad_kernel (P in place);
   fused_grad      one _clip_grad_fused_kernel launch writing P for the band, per tile config;
@@ -38,6 +38,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import infclip.ops.contrastive_loss_triton as tri  # noqa: E402
 from infclip.ops.contrastive_loss import SHIFT_MARGIN  # noqa: E402
+import infclip.ops.tuning as tuning_mod  # noqa: E402
+from infclip.ops.tuning import TUNING  # noqa: E402
 
 CONFIGS = [  # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages
     (128, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4), (128, 128, 64, 8, 4, 4),
@@ -106,9 +108,9 @@ def run_size(b: int, d: int, reps: int, configs, tma_configs, emit) -> None:
     s_full = torch.empty(b, b, device="cuda", dtype=torch.bfloat16) if b <= 65536 else None
 
     def stats(fused, tiles=None, tma=False):
-        tri._TMA_FORCE = tma
+        TUNING.tma_force = tma
         if tiles is not None:
-            setattr(tri, "_TMA_STATS" if tma else "_FUSED_STATS", tiles)
+            setattr(TUNING, "tma_stats" if tma else "fused_stats", tiles)
         stats_pass(given, fused)
 
     lse = row_shift + 1.0  # any finite LSEs: the kernels' cost does not depend on them
@@ -122,14 +124,14 @@ def run_size(b: int, d: int, reps: int, configs, tma_configs, emit) -> None:
         # diag_value, offset, COEF_SCALE, DSCALE): the op's CLIP backward without smoothing
         args = (s1, coef, 1.0, s1, s1, r, lse, ref[:band], 0, 2.0, 0.0, True, False)
         if fused:
-            tri._TMA_FORCE = tma
-            setattr(tri, "_TMA_GRAD" if tma else "_FUSED_GRAD", tiles)
+            TUNING.tma_force = tma
+            setattr(TUNING, "tma_grad" if tma else "fused_grad", tiles)
             tri._fused(tri._clip_grad_fused_kernel, img[:band], txt, "grad", False, *args, p=p_band)
             return
         torch.mm(img[:band], txt.T, out=p_band)
         tri._clip_grad_kernel[tri._grad_grid(band, b)](
-            p_band, p_band, p_band.stride(0), band, b, *args[:-2], BLOCK_M=tri._GRAD_M,
-            BLOCK_N=tri._GRAD_N, num_warps=tri._GRAD_WARPS, COEF_SCALE=True, DSCALE=False)
+            p_band, p_band, p_band.stride(0), band, b, *args[:-2], BLOCK_M=tuning_mod.GRAD_M,
+            BLOCK_N=tuning_mod.GRAD_N, num_warps=tuning_mod.GRAD_WARPS, COEF_SCALE=True, DSCALE=False)
 
     if s_full is not None:
         emit(b, "cublas_logits", None, timed(lambda: torch.mm(img, txt.T, out=s_full), reps), flops(b))
@@ -147,7 +149,7 @@ def run_size(b: int, d: int, reps: int, configs, tma_configs, emit) -> None:
     for cfg in tma_configs:
         emit(b, "fused_grad_tma", cfg, _try(lambda: timed(lambda: grad_block(True, cfg, True), reps)), flops(band))
     _limits(*default)
-    tri._TMA_FORCE = None
+    TUNING.tma_force = None
 
 
 def run_size_variants(b: int, d: int, reps: int, variants, emit) -> None:
@@ -156,16 +158,16 @@ def run_size_variants(b: int, d: int, reps: int, variants, emit) -> None:
     of the same logits and the unfused paths as anchors; each variant's outputs are compared with
     the first variant's."""
     default = _limits()
-    saved = tri._TMA_STATS, tri._TMA_GRAD
+    saved = TUNING.tma_stats, TUNING.tma_grad
     given = inputs(b, d)
     img, txt, scale, row_shift, col_shift, ref, sums = given
     rows, cols = tri._grad_block(b, b, d, 0, img.element_size())
     flops = lambda r, c: 2 * r * c * d  # noqa: E731
 
     def stats(fused, tiles=None):
-        tri._TMA_FORCE = True if fused else None
+        TUNING.tma_force = True if fused else None
         if tiles is not None:
-            tri._TMA_STATS = tiles
+            TUNING.tma_stats = tiles
         stats_pass(given, fused)
 
     lse = row_shift + 1.0
@@ -179,14 +181,14 @@ def run_size_variants(b: int, d: int, reps: int, variants, emit) -> None:
 
     def grad(fused, tiles=None):
         if fused:
-            tri._TMA_FORCE = True
-            tri._TMA_GRAD = tiles
+            TUNING.tma_force = True
+            TUNING.tma_grad = tiles
             tri._fused(tri._clip_grad_fused_kernel, img[:rows], txt[:cols], "grad", False, *args, p=p)
             return
         torch.mm(img[:rows], txt[:cols].T, out=p)
         tri._clip_grad_kernel[tri._grad_grid(rows, cols)](
-            p, p, p.stride(0), rows, cols, *args[:-2], BLOCK_M=tri._GRAD_M, BLOCK_N=tri._GRAD_N,
-            num_warps=tri._GRAD_WARPS, COEF_SCALE=True, DSCALE=False)
+            p, p, p.stride(0), rows, cols, *args[:-2], BLOCK_M=tuning_mod.GRAD_M, BLOCK_N=tuning_mod.GRAD_N,
+            num_warps=tuning_mod.GRAD_WARPS, COEF_SCALE=True, DSCALE=False)
 
     def check(what, cfg, got, want):
         if got is None or want is None:
@@ -221,18 +223,18 @@ def run_size_variants(b: int, d: int, reps: int, variants, emit) -> None:
             first = out if first is None else first
             check("grad", cfg, out, first)
     _limits(*default)
-    tri._TMA_FORCE = None
-    tri._TMA_STATS, tri._TMA_GRAD = saved
+    TUNING.tma_force = None
+    TUNING.tma_stats, TUNING.tma_grad = saved
 
 
 def run_size_bands(b: int, d: int, reps: int, bands, emit) -> None:
     """The CLIP statistics over the whole B x B by cuBLAS bands of R rows (R in ``bands``) and the
     Triton passes, the band buffer in bf16 or fp32 (the GEMM's accumulator, not rounded), on one
-    stream or two (_OVERLAP), against the fused TMA kernel (the op's default) in the same process;
+    stream or two (TUNING.overlap), against the fused TMA kernel (the op's default) in the same process;
     small bands stay in L2 between the GEMM that writes them and the pass that reads them. Each
     variant's sums are checked against the fused kernel's."""
     default = _limits()
-    saved = tri._band_buffers, tri._logits, tri._OVERLAP
+    saved = tri._band_buffers, tri._logits, TUNING.overlap
     given = inputs(b, d)
     sums = given[-1]
 
@@ -245,7 +247,7 @@ def run_size_bands(b: int, d: int, reps: int, bands, emit) -> None:
             return
         tri._band_buffers = lambda a, n, step, count: [
             torch.empty(step, n, device=a.device, dtype=torch.float32)
-            for _ in range(2 if tri._OVERLAP and count > 1 else 1)]
+            for _ in range(2 if TUNING.overlap and count > 1 else 1)]
         tri._logits = lambda a, bm, out: torch.mm(a, bm.T, out_dtype=out.dtype, out=out)
 
     emit(b, "stats_fused", None, timed(lambda: stats(True), reps), 2 * b * b * d)
@@ -254,12 +256,12 @@ def run_size_bands(b: int, d: int, reps: int, bands, emit) -> None:
         for dtype in ("bf16", "fp32"):
             for overlap in (False, True):
                 fp32_bands(dtype == "fp32")
-                tri._OVERLAP = overlap
+                TUNING.overlap = overlap
                 ms = _try(lambda: timed(lambda: stats(False, rows), reps))
                 emit(b, f"stats_band_{dtype}{'_2s' if overlap else ''}", (rows,), ms, 2 * b * b * d)
                 err = ((sums - want).abs() / want.abs().clamp_min(1e-30)).max().item()
                 print(f"# check B={b} band {rows} {dtype}: max relative diff of the sums = {err:.2e}", flush=True)
-    tri._band_buffers, tri._logits, tri._OVERLAP = saved
+    tri._band_buffers, tri._logits, TUNING.overlap = saved
     _limits(*default)
 
 
@@ -291,14 +293,14 @@ def run_size_siglip(b: int, d: int, reps: int, tma_configs, emit) -> None:
     gsum, gwsum, row_loss = torch.zeros(3, band, device="cuda").unbind(0)
     k = torch.full((1,), 1e-4, device="cuda")
     _limits(1 << 62)
-    tri._TMA_FORCE = True
+    TUNING.tma_force = True
 
     def stats(tiles):
-        tri._TMA_SIGLIP_STATS = tiles
+        TUNING.tma_siglip_stats = tiles
         tri.siglip_stats_triton(img, txt, scale, bias, 0)
 
     def grad(tiles, loss=False):
-        tri._TMA_SIGLIP_GRAD = tri._TMA_SIGLIP_GRAD_LOSS = tiles
+        TUNING.tma_siglip_grad = TUNING.tma_siglip_grad_loss = tiles
         _siglip_grad_block(img[:band], txt, scale, bias, k, (gsum, gwsum, row_loss), p_band, loss)
 
     _limits(0)  # cuBLAS bands + the Triton pass, what the op runs above its limit
@@ -312,11 +314,11 @@ def run_size_siglip(b: int, d: int, reps: int, tma_configs, emit) -> None:
     for cfg in tma_configs:
         emit(b, "siglip_grad_loss_tma", cfg, _try(lambda: timed(lambda: grad(cfg, True), reps)), 2 * band * b * d)
     _limits(*default)
-    tri._TMA_FORCE = None
+    TUNING.tma_force = None
 
 
 def run_size_siglip_pointer(b: int, d: int, reps: int, emit) -> None:
-    """The SigLIP gradient kernel with pointer loads (what the op runs below _TMA_MIN_LOGITS and
+    """The SigLIP gradient kernel with pointer loads (what the op runs below TUNING.tma_min_logits and
     on GPUs without TMA) over the whole B x B, per tile config, without and with the pair losses;
     each call timed behind 19 others (timed_queued)."""
     img, txt, scale, *_ = inputs(b, d)
@@ -324,26 +326,26 @@ def run_size_siglip_pointer(b: int, d: int, reps: int, emit) -> None:
     p = torch.empty(b, b, device="cuda", dtype=torch.bfloat16)
     gsum, gwsum, row_loss = torch.zeros(3, b, device="cuda").unbind(0)
     k = torch.full((1,), 1e-4, device="cuda")
-    saved = tri._FUSED_GRAD, tri._FUSED_SIGLIP_GRAD_LOSS
+    saved = TUNING.fused_grad, TUNING.fused_siglip_grad_loss
 
     def grad(tiles, loss):
-        tri._FUSED_GRAD = tri._FUSED_SIGLIP_GRAD_LOSS = tiles
+        TUNING.fused_grad = TUNING.fused_siglip_grad_loss = tiles
         _siglip_grad_block(img, txt, scale, bias, k, (gsum, gwsum, row_loss), p, loss, tma=False)
 
     for loss in (False, True):
         for cfg in POINTER_SIGLIP_CONFIGS:
             emit(b, "siglip_grad_loss_ptr" if loss else "siglip_grad_ptr", cfg,
                  _try(lambda: timed_queued(lambda: grad(cfg, loss), reps)), 2 * b * b * d)
-    tri._FUSED_GRAD, tri._FUSED_SIGLIP_GRAD_LOSS = saved
+    TUNING.fused_grad, TUNING.fused_siglip_grad_loss = saved
 
 
 def _limits(value=None, tma=None):
     """Sets the op's fused-kernel limits (pointer and TMA kernels alike) to ``value`` (or to
     ``value`` and the dict ``tma``); returns the previous (value, dict)."""
-    old = (tri._FUSED_MAX_LOGITS, dict(tri._TMA_MAX_LOGITS))
+    old = (TUNING.fused_max_logits, dict(TUNING.tma_max_logits))
     if value is not None:
-        tri._FUSED_MAX_LOGITS = value
-        tri._TMA_MAX_LOGITS = dict(tma) if tma is not None else dict.fromkeys(tri._TMA_MAX_LOGITS, value)
+        TUNING.fused_max_logits = value
+        TUNING.tma_max_logits = dict(tma) if tma is not None else dict.fromkeys(TUNING.tma_max_logits, value)
     return old
 
 

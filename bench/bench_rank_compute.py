@@ -13,10 +13,10 @@ op on the whole batch in the same process (t1) bounds the scheme's scaling from 
 difference to bench_distributed.py's measured scaling is what communication and imbalance
 cost. Variants of the assembly, each scheme where it differs: ``default``; ``local_blocks``
 (the gradient steps' blocks sized by the column block's budget, not the global batch's,
-assembly.SWEEP_BLOCKS_GLOBAL); ``one_step`` (disco: one step on all B columns between a
-blocking all-gather and reduce-scatter, sweeps.DISCO_PIPELINED off); ``weighted`` (CLIP: also the forward's weighted sums by the
+TUNING.sweep_blocks_global); ``one_step`` (disco: one step on all B columns between a
+blocking all-gather and reduce-scatter, TUNING.disco_pipelined off); ``weighted`` (CLIP: also the forward's weighted sums by the
 per-tile statistics kernels instead of d scale summed in the gradient blocks,
-assembly.SWEEPS_SUM_DSCALE). Times: CUDA events behind --queued-ms of
+TUNING.sweeps_sum_dscale). Times: CUDA events behind --queued-ms of
 queued GPU work, median of --reps; peak: the most allocated during one call above what was
 allocated before it. The rows go to --out as JSON lines; a table is printed.
 """
@@ -33,8 +33,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from infclip.ops import assembly, contrastive_loss, sweeps  # noqa: E402
+from infclip.ops import assembly, contrastive_loss  # noqa: E402
 from infclip.ops.sweeps import Gathered, HierarchicalRing, Local, Ring  # noqa: E402
+from infclip.ops.tuning import TUNING  # noqa: E402
 from infclip.pipeline.train.step import OpTimer  # noqa: E402
 from gpu_queue import queue_gpu_work  # noqa: E402
 
@@ -66,7 +67,7 @@ class _Emulated:
             full = [g if g is not None else self.all_gather(x) if i else
                     torch.cat([x, *self.others]) for i, (x, g) in
                     enumerate(zip(block, kept or [None] * len(block)))]
-            if not sweeps.DISCO_PIPELINED:
+            if not TUNING.disco_pipelined:
                 return [self.reduce_scatter(p, merge) for p in fn(0, full)], full
             # the own block first, then the others in rank order; each block's partials "reduced"
             # into the own ones (the sum a real owner receives, mixed as the ring's merges mix)
@@ -117,13 +118,13 @@ def rank_step(loss: str, img, txt, s, bias, sw, o):
     return assembly.siglip_backward_from_forward(g, s, img.dtype, d_img, d_txt, sums, sw, o)
 
 
-# variant -> (assembly.SWEEPS_SUM_DSCALE, assembly.SWEEP_BLOCKS_GLOBAL, sweeps.DISCO_PIPELINED)
+# variant -> (TUNING.sweeps_sum_dscale, TUNING.sweep_blocks_global, TUNING.disco_pipelined)
 VARIANTS = {"default": (True, True, True), "local_blocks": (True, False, True),
             "weighted": (False, False, True), "one_step": (True, True, False)}
 
 
 def set_variant(name: str) -> None:
-    assembly.SWEEPS_SUM_DSCALE, assembly.SWEEP_BLOCKS_GLOBAL, sweeps.DISCO_PIPELINED = VARIANTS[name]
+    TUNING.sweeps_sum_dscale, TUNING.sweep_blocks_global, TUNING.disco_pipelined = VARIANTS[name]
 
 
 def variants(loss: str, scheme: str) -> list:

@@ -3,7 +3,8 @@ assembly written once against a sweep, one registered torch.library op for every
 
 Public API: :func:`contrastive_loss` (functional), :func:`distributed_contrastive_loss` (one
 scheme spelled out), :class:`ContrastiveLoss` (module built from the ``contrastive_loss``
-config section), :class:`ContrastiveLossConfig`.
+config section), :class:`ContrastiveLossConfig`. Knobs (kernel choice, tiles, memory rules):
+``infclip.ops.tuning`` (one :class:`~infclip.ops.tuning.Tuning` object, ``with tuning(...)``).
 """
 
 from .config import ConfigError, ContrastiveLossConfig, parse_section

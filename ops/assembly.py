@@ -55,19 +55,11 @@ from .blocks import (
     triton_kernels,
 )
 from .sweeps import Sweep
+from .tuning import TUNING
 
 __all__ = ["Options", "keep_logits", "clip_forward", "clip_backward", "siglip_forward",
            "siglip_forward_with_grads", "siglip_backward", "siglip_backward_from_forward",
            "grads_in_forward", "folds_coefficients"]
-
-_BANDS_MIN_LOGITS = 16384 * 16384
-"""Kept bands only above this many logits: below, the fused recompute kernels are as fast (an
-H200 at B = 4,096: 1.04 ms recomputing, 1.13 ms with the bands kept)."""
-
-
-_BANDS_DTYPES = (torch.bfloat16,)
-"""The features' dtypes whose logits may be kept as bands in that dtype: not fp16, whose band
-logits would overflow at |I_i . T_j| > 65,504 (bf16 has fp32's range)."""
 
 
 def keep_logits(impl: str, n: int, dtype: torch.dtype, block_m: int, budget_mb: float) -> str:
@@ -76,7 +68,7 @@ def keep_logits(impl: str, n: int, dtype: torch.dtype, block_m: int, budget_mb: 
     gradient block in the features' dtype, 6 bytes a pair in bf16); else, above B = 16,384 and
     for 16-bit features, ``"bands"``, the matrix in the features' dtype (the banded path's own
     rounded logits, 2 bytes a pair; the backward turns it into gradients one row band at a time,
-    no GEMM redone; bf16 only, _BANDS_DTYPES); else ``""`` (recompute by row bands). Nothing is
+    no GEMM redone; bf16 only, TUNING.bands_dtypes); else ``""`` (recompute by row bands). Nothing is
     kept when a band height is forced (block_m)."""
     if impl != "triton" or block_m:
         return ""
@@ -86,7 +78,7 @@ def keep_logits(impl: str, n: int, dtype: torch.dtype, block_m: int, budget_mb: 
     budget = budget_mb * 2**20
     if n * n * (4 + itemsize) <= budget:
         return "whole"
-    if dtype in _BANDS_DTYPES and n * n > _BANDS_MIN_LOGITS and n * n * itemsize <= budget:
+    if dtype in TUNING.bands_dtypes and n * n > TUNING.bands_min_logits and n * n * itemsize <= budget:
         return "bands"
     return ""
 
@@ -113,12 +105,7 @@ class Options(NamedTuple):
 def grads_in_forward(loss: str, asked: bool) -> bool:
     """Whether the forward takes the gradients too: SigLIP, when the caller promises that a
     backward follows (a pair's gradient needs no statistic of its row: one sweep, not two)."""
-    return asked and loss == "siglip" and SIGLIP_GRADS_IN_FORWARD
-
-
-SIGLIP_GRADS_IN_FORWARD = True
-"""False: SigLIP's forward runs the statistics sweep and its backward the gradient sweep
-(bench_contrastive_loss.py --siglip-two-pass times that path beside this one)."""
+    return asked and loss == "siglip" and TUNING.siglip_grads_in_forward
 
 
 def folds_coefficients(sweep_in_place: bool, impl: str, dtype: torch.dtype) -> bool:
@@ -222,24 +209,12 @@ def _dscale_in_backward(img, txt, sw: Sweep, o: Options, keep: bool) -> bool:
     if sw.in_place:
         ok = folds_coefficients(True, o.impl, img.dtype)
     else:
-        ok = o.impl == "triton" and not sw.gathers_rows and SWEEPS_SUM_DSCALE
+        ok = o.impl == "triton" and not sw.gathers_rows and TUNING.sweeps_sum_dscale
     return ok and triton_kernels().sums_in_strips(img, txt, keep)
 
 
-SWEEPS_SUM_DSCALE = True
-"""False: the distributed sweeps' forwards take the weighted sums (the per-tile statistics
-kernels) for d loss / d s, as the gathered-rows sweep does (bench/bench_rank_compute.py times
-both)."""
-
-SWEEP_BLOCKS_GLOBAL = True
-"""Whether a sweep's gradient steps size their recompute blocks by the memory budget of the
-global batch (as disco's one step over all B columns, sweeps.DISCO_PIPELINED off, does) rather
-than of the column block in hand: at b = 16,384 a rank then takes 8,192 x 4,096 blocks, not
-4,096 x 4,096 (bench/bench_rank_compute.py times both)."""
-
-
 def _sweep_width(sw: Sweep, b: int) -> int:
-    return sw.world * b if SWEEP_BLOCKS_GLOBAL else 0
+    return sw.world * b if TUNING.sweep_blocks_global else 0
 
 
 def _adding_into(rows: Tensor):

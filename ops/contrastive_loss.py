@@ -36,7 +36,8 @@ term E_i[S'] - S'_ii likewise comes from sums weighted by (S' - S'_ii). Limit: t
 |s| max|I| max|T| must be at most LOGIT_BOUND_LIMIT (2^20; above it the loss is NaN): each LSE is
 one fp32 number of the logits' magnitude, so the gradients carry ~|S| 2^-24 in their exponents.
 
-The files: ops/blocks.py (primitives), ops/contrastive_loss_triton.py (kernels), ops/sweeps.py
+The files: ops/blocks.py (primitives), ops/contrastive_loss_triton.py (kernel launchers; the
+kernels in ops/kernels_*.py, the knobs in ops/tuning.py), ops/sweeps.py
 (which blocks meet and how partials travel: one class per scheme, one device included),
 ops/assembly.py (the loss written once against a sweep), ops/registered.py (the one op,
 ``infclip::contrastive_loss``, for every scheme). This file: the reference and the public API. Implementations (same numbers within the tolerances of tests/ops): ``naive`` (one tile: the
@@ -229,7 +230,7 @@ def _logit_bound(image_features: Tensor, text_features: Tensor, logit_scale: Ten
 def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
                      logit_bias: Optional[Tensor] = None, *, loss: str = "clip", impl: str = "auto",
                      label_smoothing: float = 0.0, allow_tf32: bool = False, block_m: int = 0,
-                     block_n: int = 0, triton_interpret: bool = False, distributed: str = "none",
+                     block_n: int = 0, triton_interpret: bool = False, distributed: Union[str, Scheme] = "none",
                      process_group=None, local_world_size: Optional[int] = None,
                      grad_reduction: str = "mean", check_finite: Union[bool, str] = True,
                      logits_budget_mb: float = DEFAULT_LOGITS_BUDGET_MB,
@@ -259,12 +260,15 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, logit_scale:
 
     With ``distributed`` != "none" and a process group of more than one rank, the features are
     this rank's local batch and the loss is over the global batch (ops/assembly.py).
+    ``distributed``: a scheme name, parsed here once a call, or a :class:`ops.sweeps.Scheme`
+    already chosen (:func:`ops.sweeps.choose_scheme`; process_group and local_world_size unused).
     """
     _validate_options(loss, label_smoothing, block_m, block_n, grad_reduction, logits_budget_mb,
                       graph_max_batch)
     # the scheme string is parsed here, once (an unknown name fails whether or not a group is
     # there); Local unless a process group of more than one rank is given
-    scheme = choose_scheme(distributed, process_group, local_world_size)
+    scheme = (distributed if isinstance(distributed, Scheme)
+              else choose_scheme(distributed, process_group, local_world_size))
     _validate(image_features, text_features, logit_scale, logit_bias, loss, check_finite)
     impl_run, why = resolve_impl(impl, image_features.device, triton_interpret)
     if impl == "triton" and impl_run != "triton":

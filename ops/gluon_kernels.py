@@ -1,6 +1,6 @@
 """Warp-specialised Hopper kernels in Gluon (Triton's lower-level language). One role: the loss's
 GEMM-bound passes with their work split between warps: the CLIP backward's gradient block P (as
-ops/contrastive_loss_triton._clip_grad_fused_kernel computes it; :func:`clip_grad_block`), the
+ops/kernels_clip_grad._clip_grad_fused_kernel computes it; :func:`clip_grad_block`), the
 SigLIP gradient block with its pair losses (as _siglip_grad_fused_kernel with LOSS;
 :func:`siglip_grad_block`) and the CLIP forward's plain sums by column strips (as
 _clip_sums_strip_kernel; :func:`clip_sums`).
@@ -29,7 +29,7 @@ Design points, measured on an H200:
 
 The blocks that hold no positive in whole tiles (most of a large backward's) go to a variant with
 128 x 128 tiles a consumer and an epilogue without selects or masks (_clip_grad_ws_kernel with
-PLAIN, GRAD_PLAIN): its MMA alone runs 0.029 against 0.038 ms at 32k (B read once
+PLAIN, TUNING.gluon_grad_plain): its MMA alone runs 0.029 against 0.038 ms at 32k (B read once
 for two 64-row wgmmas), and a consumer's epilogue, which binds at that size, is the cheaper one.
 
 The SigLIP block takes the same loader and ping-pong consumers with SigLIP's
@@ -37,7 +37,7 @@ epilogue: 0.067 against 0.081 ms for the Triton kernel at 4,096 x 4,096, 0.132 a
 8,192 x 4,096. With the pair losses' atomic before P's store it takes 0.114: the
 store's fence (fence.proxy.async) waits for the global atomics issued before it, so every atomic
 follows the store. Without the pair losses the Triton kernel is as fast and takes the block. Its blocks
-without positives in whole tiles take the epilogue without the labels' and bounds' selects (GRAD_PLAIN).
+without positives in whole tiles take the epilogue without the labels' and bounds' selects (TUNING.gluon_grad_plain).
 
 The forward's sums: the same loader and ping-pong consumers, a work item being
 a chunk of row tiles of one column block: each consumer adds its tiles' row sums by atomics and
@@ -52,9 +52,9 @@ fastest (64: 11.7-11.8 ms, 16: 11.8, 8: 13.7; 128: 15.0); a ring of BLOCK_K 32 w
 is slower (13.6-14.0). Features wider than SUMS_MAX_DIM do not fit and take the Triton kernel.
 Two orders of the work, measured: a long launch loses ~25% (one launch of
 2^36 logits at 262k: 438-447 TFLOP/s, L2 hit rate 76% against 89% at 65k, warps waiting on L1TEX;
-the same items at 65k x 262k: 547-569), so the sums go in launches of at most SUMS_LAUNCH_LOGITS
+the same items at 65k x 262k: 547-569), so the sums go in launches of at most TUNING.gluon_sums_launch_logits
 (slabs of rows: 575 at 262k); and a short one gains where each program takes its items' row tiles
-from its own offset (SUMS_ROTATE_ITEMS). Items in groups of 132 or 264 column blocks (the group's
+from its own offset (TUNING.gluon_sums_rotate_items). Items in groups of 132 or 264 column blocks (the group's
 B within L2 chunk after chunk) were slower at 32k-131k and only 5% faster at 262k. An item with no
 positive among its rows and no bound in it (most of them) takes its tiles' epilogue without the
 select that leaves the positives and bounds out: 650 instead of 1,020 instructions a tile, the sums
@@ -62,7 +62,7 @@ alone 2.50 / 10.96 / 177.6 against 2.78 / 11.30 / 185.5 ms at 32k / 65k / 262k (
 TFLOP/s; cuBLAS's GEMM of the same logits 2.46-2.77 / 10.84 ms), the op 10.57 / 41.27 / 171.6 / 698.0
 against 10.71 / 41.92 / 176.0 / 708.6 ms at 32k-262k.
 
-The gradient kernels launch with programmatic dependent launch (GRAD_PDL): each block's programs
+The gradient kernels launch with programmatic dependent launch (TUNING.gluon_grad_pdl): each block's programs
 set up while the GEMM before them drains and wait for it before their first load or store, 1-3%
 of the op's time at 16k-32k.
 
@@ -77,6 +77,8 @@ import functools
 from typing import Optional
 
 import torch
+
+from .tuning import TUNING
 
 try:
     from triton.experimental import gluon
@@ -108,29 +110,7 @@ GRAD_PLAIN_TILES = (128, 128, 64, 4)
 """_clip_grad_ws_kernel's BLOCK_M with PLAIN (two halves of 64 rows a consumer), BLOCK_N, BLOCK_K and
 stages (196 KB of shared memory with the two 128 x 128 P buffers)."""
 
-GRAD_PLAIN = True
-"""Whether the gradient blocks with no positive in whole tiles (the op's off-diagonal blocks: 56 of 64
-at B = 32k) take the epilogues without selects and masks. CLIP (clip_grad_block): whole 128 x 128
-tiles, _clip_grad_ws_kernel with PLAIN: each consumer's tile is 128 x 128 (B read from shared memory
-once for two 64-row wgmmas: a third fewer bytes a FLOP than 64 x 128). On an H200 a 4,096 x
-4,096 block at 32k 0.049 against 0.054 ms (DSCALE 2), 0.042 against 0.050 (DSCALE 1); the op queued
-20 ms, CLIP 11.00 / 42.06 / 172.2 / 700.4 against 11.13 / 43.08 / 179.2 / 731.4 ms at 32k / 65k /
-131k / 262k. The 128 x 128 tiles with the selects and masks were no faster than 64 x 128 (their
-MMA alone 0.029 against 0.038 ms, but the longer epilogue gave it back, and the
-d-scale sums spilled). Its d-scale terms' two sides are summed apart (_plain_half): no spill under
-Triton 3.6 (192 bytes in one sum), 8% fewer instructions; the op queued 20 ms 10.57 / 41.27 / 171.6 /
-698.0 against 10.92 / 42.37 / 176.4 / 711.4 ms at 32k / 65k / 131k / 262k. SigLIP
-(siglip_grad_block): whole tiles of its own, the same kernel with the epilogue without the labels'
-and bounds' selects (PLAIN): a third fewer instructions, no spill (176 bytes with the selects); the op
-9.46 / 35.65 / 143.1 / 581.7 against 9.78 / 36.88 / 147.7 / 594.9 ms."""
 
-GRAD_PDL = True
-"""Whether the gradient kernels launch with programmatic dependent launch: a block's programs start
-while the kernel before it (the previous block's cuBLAS GEMM) drains, set up their shared memory
-and barriers, then wait (griddepcontrol.wait) for it to finish before their first load or store.
-On an H200, queued 20 ms: CLIP 2.90 / 11.22 / 43.59 against 2.95 / 11.52 / 43.59 ms at
-16k / 32k / 65k, SigLIP 2.54 / 9.84 against 2.58 / 10.05; loading A and B before the wait as well
-gained nothing more (11.20 ms)."""
 
 SHARED_BYTES = 232448
 """The shared memory one block may take on an H100 / H200 (227 KB)."""
@@ -139,16 +119,7 @@ SUMS_MAX_DIM = 768
 """The widest features clip_sums takes (its resident column block of B beside a ring of 2 stages
 or more)."""
 
-SUMS_LAUNCH_LOGITS = 1 << 33
-"""clip_sums: the most logits one launch takes (more: launches over slabs of A's rows). On an H200 the
-kernel holds 566-590 TFLOP/s in launches of up to 2^33 logits and falls to 473 / 438-447 in one launch
-of 2^35 / 2^36 (B = 196k / 262k; cause not found)."""
 
-SUMS_ROTATE_ITEMS = 32
-"""clip_sums: a launch with at most this many items a program has each program take its items' row
-tiles from its own offset on (_strip_row), not all programs the same tile at once: on an H200 560 ->
-647 / 545 -> 608 / 545 -> 584 TFLOP/s at B = 16k / 24k / 32k (8-31 items a program); no change at
-49k-65k (70-124), slower at 131k."""
 
 
 def available() -> str:
@@ -484,7 +455,7 @@ if not _WHY_NOT:
 
     @gluon.jit
     def _log1p_unit(u):
-        """log(1 + u) for 0 <= u <= 1: contrastive_loss_triton._log1p_unit's polynomial, the same
+        """log(1 + u) for 0 <= u <= 1: kernels_common._log1p_unit's polynomial, the same
         FMAs in the same order."""
         p = 0.005253457929939032 * u - 0.02958850748836994
         p = p * u + 0.07836166769266129
@@ -759,8 +730,8 @@ def _launch_grad(kernel, a, b, p, args: tuple, sm_count: int, tiles, descriptors
                  pdl: Optional[bool], **flags) -> None:
     """A gradient kernel (_clip_grad_ws_kernel, _siglip_grad_ws_kernel) on a [M, D], b [N, D] into
     p [M, N]: their TMA descriptors, one program an SM at most, ``args`` after the shapes, ``flags``
-    its constexprs besides STAGES and PDL (``pdl`` None: GRAD_PDL)."""
-    pdl = GRAD_PDL if pdl is None else bool(pdl)
+    its constexprs besides STAGES and PDL (``pdl`` None: TUNING.gluon_grad_pdl)."""
+    pdl = TUNING.gluon_grad_pdl if pdl is None else bool(pdl)
     bm, bn, bk, stages = tiles
     (m, d), n = a.shape, b.shape[0]
     da = _descriptor(a, [bm, bk], descriptors)
@@ -774,9 +745,9 @@ def _launch_grad(kernel, a, b, p, args: tuple, sm_count: int, tiles, descriptors
 def plain_block(m: int, n: int, diag: int, plain: Optional[bool] = None, tiles=GRAD_PLAIN_TILES) -> bool:
     """Whether an [m, n] block whose positives sit at i - j == ``diag`` takes a gradient kernel's
     plain epilogue: none of them in the block, whole ``tiles`` (clip_grad_block: GRAD_PLAIN_TILES,
-    siglip_grad_block: its tiles), and ``plain`` (None: GRAD_PLAIN)."""
+    siglip_grad_block: its tiles), and ``plain`` (None: TUNING.gluon_grad_plain)."""
     bm, bn = tiles[:2]
-    return (GRAD_PLAIN if plain is None else bool(plain)) and m % bm == 0 and n % bn == 0 and not -n < diag < m
+    return (TUNING.gluon_grad_plain if plain is None else bool(plain)) and m % bm == 0 and n % bn == 0 and not -n < diag < m
 
 
 def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_lse, col_lse, row_ref,
@@ -787,8 +758,8 @@ def clip_grad_block(a, b, p, scale, coef, coef_mul, dscale_src, dscale_dst, row_
     _clip_grad_fused_kernel's: a [M, D], b [N, D], p [M, N], 16-bit, rows TMA-aligned.
     ``descriptors``: a dict that keeps the TMA descriptors between calls on the same views (the
     blocks of one backward: each descriptor cost ~5 us of host time); ``pdl``: launched
-    with programmatic dependent launch (None: GRAD_PDL). A block without positives in whole tiles
-    (:func:`plain_block`, ``plain`` None: GRAD_PLAIN) takes _clip_grad_ws_kernel's PLAIN consumers with
+    with programmatic dependent launch (None: TUNING.gluon_grad_pdl). A block without positives in whole tiles
+    (:func:`plain_block`, ``plain`` None: TUNING.gluon_grad_plain) takes _clip_grad_ws_kernel's PLAIN consumers with
     GRAD_PLAIN_TILES, any other its consumers with ``tiles``."""
     is_plain = plain_block(a.shape[0], b.shape[0], int(diag), plain)
     _launch_grad(_clip_grad_ws_kernel, a, b, p, (scale, coef, coef_mul, dscale_src, dscale_dst, row_lse, col_lse,
@@ -812,20 +783,22 @@ def siglip_grad_block(a, b, p, scale, bias, coef, gsum, gwsum, row_loss, diag: i
 
 
 def clip_sums(a, b, scale, row_shift, col_shift, row_sum, col_sum, diag: int, sm_count: int,
-              tiles=SUMS_TILES, waves: int = 4, launch_logits: int = SUMS_LAUNCH_LOGITS,
+              tiles=SUMS_TILES, waves: int = 4, launch_logits: Optional[int] = None,
               rotate: Optional[bool] = None) -> None:
     """row_sum [M] and col_sum [N] (fp32) += the plain sums of exp(scale a b^T - shift), the pairs
     i - j == diag left out, as _clip_sums_strip_kernel takes them: a [M, D], b [N, D], 16-bit,
     rows TMA-aligned, D <= SUMS_MAX_DIM; ``scale`` an fp32 [1] tensor, the shifts fp32 [M] / [N].
     Items of at most ``tiles[4]`` row tiles, fewer where that leaves under ``waves`` items a
-    program; one launch a slab of A's rows of at most ``launch_logits`` logits (0: one launch), in
-    whole items; ``rotate`` None: where a launch has at most SUMS_ROTATE_ITEMS items a program."""
+    program; one launch a slab of A's rows of at most ``launch_logits`` logits (None: TUNING.gluon_sums_launch_logits; 0: one launch), in
+    whole items; ``rotate`` None: where a launch has at most TUNING.gluon_sums_rotate_items items a program."""
     bm, bn, bk, stages, chunk = tiles
     (m, d), n = a.shape, b.shape[0]
     if d > SUMS_MAX_DIM:
         raise ValueError(f"clip_sums takes features of at most {SUMS_MAX_DIM} (a column block of B stays in "
                          f"shared memory whole), got {d}")
     item_rows = bm * chunk
+    if launch_logits is None:
+        launch_logits = TUNING.gluon_sums_launch_logits
     slab = m if launch_logits <= 0 else max(item_rows, launch_logits // n // item_rows * item_rows)
     db = _descriptor(b, [bn, bk], None)
     grid_n = -(-n // bn)
@@ -836,7 +809,7 @@ def clip_sums(a, b, scale, row_shift, col_shift, row_sum, col_sum, diag: int, sm
         items_chunk = max(1, min(chunk, grid_m * grid_n // (waves * sm_count)))
         items = -(-grid_m // items_chunk) * grid_n
         grid = min(sm_count, items)
-        rotated = items <= SUMS_ROTATE_ITEMS * grid if rotate is None else rotate
+        rotated = items <= TUNING.gluon_sums_rotate_items * grid if rotate is None else rotate
         _clip_sums_ws_kernel[(grid, )](_descriptor(a[r0:r0 + rows], [bm, bk], None), db, rows, n, d, items_chunk,
                                        int(rotated), scale, row_shift[r0:], col_shift, row_sum[r0:], col_sum,
                                        diag - r0, **meta)

@@ -2,9 +2,12 @@
 kernels and autograd.
 
 One role: registration. The op takes the scheme as plain values (its name, the process group's
-``group_name``, the ranks per node), builds the sweep inside (ops/sweeps.py) and calls the loss
-assembly (ops/assembly.py), so torch.compile sees one opaque op with a shape rule for the
-single-device loss and every distributed scheme alike, not a graph break.
+``group_name``, the ranks per node: a registered op's schema takes primitives only), turns them
+back into the :class:`ops.sweeps.Scheme` the public API parsed, once per call at its boundary
+(:func:`ops.sweeps.scheme_of`, cached per distinct value), hands that object to the forward,
+backward and fake kernels, builds the sweep from it and calls the loss assembly
+(ops/assembly.py), so torch.compile sees one opaque op with a shape rule for the single-device
+loss and every distributed scheme alike, not a graph break.
 
 Defined through torch.library.Library rather than the custom_op decorator: the decorator's Python
 wrapper (aliasing checks, dynamo guards) cost ~0.2-0.3 ms of host time per call on the H200
@@ -36,7 +39,7 @@ from torch import Tensor
 from . import assembly
 from .config import DEFAULT_GRAPH_MAX_BATCH
 from .graphs import GraphCache, tensor_key
-from .sweeps import Scheme, Sweep, make_sweep, resolve_group, sweep_class
+from .sweeps import Scheme, Sweep, resolve_group, scheme_of
 
 __all__ = ["OP", "OP_BACKWARD", "scheme_args"]
 
@@ -60,6 +63,7 @@ _DEFAULTS = (None, None, None, None, None, None, 0.0, False, "none", "", 0, "mea
              DEFAULT_GRAPH_MAX_BATCH)
 _OPTIONS = slice(0, 6)  # loss, impl, label_smoothing, block_m, block_n, allow_tf32
 _SCHEME = slice(8, 13)  # scheme, group_name, local_world_size, grad_reduction, graph_max_batch
+_SCHEME_NAME = slice(8, 11)  # the Scheme's three fields
 _GRAPHS = GraphCache()
 _REPLAYED: collections.deque = collections.deque(maxlen=16)  # see _forward_replayed
 
@@ -81,12 +85,16 @@ def scheme_args(scheme: Scheme, grad_reduction: str = "mean",
     return (scheme.name, scheme.group_name, scheme.local_world_size, grad_reduction)
 
 
-def _setup(image_features, options: tuple, scheme: tuple, budget_mb: float
+def _scheme(options: tuple) -> Scheme:
+    """The scheme of the op's full arguments (the string parsed once per distinct value)."""
+    return scheme_of(*options[_SCHEME_NAME])
+
+
+def _setup(image_features, options: tuple, scheme: Scheme, grad_reduction: str, budget_mb: float
            ) -> tuple[Sweep, assembly.Options]:
     """The call's sweep and options (what to keep of S' decided for this batch)."""
     loss, impl, eps, block_m, block_n, allow_tf32 = options
-    name, group_name, local_world_size, grad_reduction = scheme[:4]
-    sw = make_sweep(name, resolve_group(group_name), local_world_size or None)
+    sw = scheme.make_sweep()
     keep = ""
     if sw.in_place:
         keep = assembly.keep_logits(impl, image_features.shape[0], image_features.dtype,
@@ -101,7 +109,8 @@ def _empty_unless(values: tuple, like: Tensor) -> tuple:
     return tuple([x if x is not None else like.new_empty(0) for x in values])
 
 
-def _graphed(image_features: Tensor, options: tuple, forward_replayed: bool = False) -> bool:
+def _graphed(image_features: Tensor, options: tuple, scheme: Scheme,
+             forward_replayed: bool = False) -> bool:
     """Whether this call replays a CUDA graph (ops/graphs.py): one device (no collectives),
     CUDA, at most ``graph_max_batch`` rows, not inside another capture, and nothing queued on
     the stream, or (a backward) its forward replayed. With work queued ahead (a model's forward,
@@ -109,7 +118,7 @@ def _graphed(image_features: Tensor, options: tuple, forward_replayed: bool = Fa
     time (~0.05 ms a forward + backward at B = 1,024 on an H200); on an idle stream the call waits
     on its host, which the replay cuts. A backward right after a replayed forward finds the
     forward still running on the GPU: it replays too."""
-    return (options[8] == "none" and image_features.is_cuda
+    return (scheme.local and image_features.is_cuda
             and 0 < image_features.shape[0] <= options[12]
             and not torch.cuda.is_current_stream_capturing()
             and (forward_replayed or torch.cuda.current_stream(image_features.device).query()))
@@ -128,21 +137,22 @@ def _forward_replayed(saved: Tensor) -> bool:
 def _forward(image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
              logit_bias: Optional[Tensor], *options) -> tuple:
     options = _full(options)
+    scheme = _scheme(options)
     tensors = (image_features, text_features, logit_scale, logit_bias)
-    if _graphed(image_features, options):
+    if _graphed(image_features, options, scheme):
         out = _GRAPHS.call(("forward", tensor_key(tensors), options),
-                           lambda *t: _forward_eager(*t, options), tensors)
+                           lambda *t: _forward_eager(*t, options, scheme), tensors)
         if out[1].numel():
             _REPLAYED.append(out[1].data_ptr())
         return out
-    return _forward_eager(*tensors, options)
+    return _forward_eager(*tensors, options, scheme)
 
 
 def _forward_eager(image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
-                   logit_bias: Optional[Tensor], options: tuple) -> tuple:
+                   logit_bias: Optional[Tensor], options: tuple, scheme: Scheme) -> tuple:
     eager = assembly.grads_in_forward(options[0], bool(options[7]))
     # (the forward that takes the gradients keeps no S' for the backward)
-    sw, o = _setup(image_features, options[_OPTIONS], options[_SCHEME],
+    sw, o = _setup(image_features, options[_OPTIONS], scheme, options[11],
                    0.0 if eager else float(options[6]))
     sw.check_sizes(image_features)
     s = logit_scale.detach().float().reshape(())
@@ -162,10 +172,10 @@ def _forward_eager(image_features: Tensor, text_features: Tensor, logit_scale: T
 def _(image_features, text_features, logit_scale, logit_bias, *options):
     options = _full(options)
     loss, impl, eps, block_m = options[:4]
-    name, group_name = options[8:10]
-    cls = sweep_class(name)
+    scheme = _scheme(options)
+    cls = scheme.sweep_class
     b, d = image_features.shape
-    n = b if cls.in_place else b * dist.get_world_size(resolve_group(group_name))
+    n = b if cls.in_place else b * dist.get_world_size(resolve_group(scheme.group_name))
     new = image_features.new_empty
     f32 = torch.float32
     if assembly.grads_in_forward(loss, bool(options[7])):
@@ -195,18 +205,20 @@ def _backward(grad: Tensor, image_features: Tensor, text_features: Tensor, logit
     """Returns (d_image [b, D], d_text [b, D], d_scale like logit_scale, d_bias like logit_bias
     or empty), each times the convention's factor c."""
     options = _full(tuple(options[:6]) + (0.0, False) + tuple(options[6:]))
+    scheme = _scheme(options)
     tensors = (grad, image_features, text_features, logit_scale, logit_bias, row_lse, col_lse,
                aux, kept)
-    if _graphed(image_features, options, _forward_replayed(row_lse)):
+    if _graphed(image_features, options, scheme, _forward_replayed(row_lse)):
         return _GRAPHS.call(("backward", tensor_key(tensors), options),
-                            lambda *t: _backward_eager(*t, options), tensors)
-    return _backward_eager(*tensors, options)
+                            lambda *t: _backward_eager(*t, options, scheme), tensors)
+    return _backward_eager(*tensors, options, scheme)
 
 
 def _backward_eager(grad: Tensor, image_features: Tensor, text_features: Tensor,
                     logit_scale: Tensor, logit_bias: Optional[Tensor], row_lse: Tensor,
-                    col_lse: Tensor, aux: Tensor, kept: Tensor, options: tuple) -> tuple:
-    sw, o = _setup(image_features, options[_OPTIONS], options[_SCHEME], 0.0)
+                    col_lse: Tensor, aux: Tensor, kept: Tensor, options: tuple,
+                    scheme: Scheme) -> tuple:
+    sw, o = _setup(image_features, options[_OPTIONS], scheme, options[11], 0.0)
     s = logit_scale.detach().float().reshape(())
     g = grad.float().reshape(())
     args = (image_features, text_features, s)

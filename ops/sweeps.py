@@ -9,7 +9,7 @@ interface and never asks which scheme it runs (only what the sweep's class attri
     Local              every block on this device (no process group; world size 1)
     Gathered           "disco": all-gather the column blocks, a step per block, each
                        block's column partials reduced to its owner under the next block's
-                       compute (DISCO_PIPELINED; or one step on all B columns and a
+                       compute (TUNING.disco_pipelined; or one step on all B columns and a
                        reduce-scatter)
     GatheredRowsAndColumns
                        "gather": as Gathered, and the rows are gathered too so each rank also
@@ -30,8 +30,8 @@ the per-call size check, which then never waits on the GPU).
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
+import functools
 import logging
 import os
 from typing import Callable, ClassVar, List, Optional, Sequence
@@ -39,6 +39,9 @@ from typing import Callable, ClassVar, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from .process_groups import all_gather_single, host_group, node_subgroups, reduce_scatter_single
+from .tuning import TUNING
 
 __all__ = [
     "SCHEMES",
@@ -52,21 +55,17 @@ __all__ = [
     "Topology",
     "all_gather",
     "choose_scheme",
-    "host_group",
     "launcher_local_world_size",
     "make_sweep",
     "reduce_scatter",
     "resolve_group",
     "ring_sweep",
+    "scheme_of",
     "sweep_class",
     "topology",
 ]
 
 log = logging.getLogger(__name__)
-
-# torch >= 2.13 renames the tensor-in/tensor-out collectives; the GPU machine runs 2.11.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 # ----------------------------------------------------------------------------------------------
@@ -98,103 +97,6 @@ class Topology:
     @property
     def local_rank(self) -> int:
         return self.rank % self.local
-
-
-_SUBGROUPS: dict = {}
-_HOST_TWINS: dict = {}
-
-
-@atexit.register
-def _release_cached_groups() -> None:
-    """Drop the cached groups while the interpreter is whole. A gloo group still referenced when
-    the interpreter finalizes can abort the process: its worker thread frees a finished
-    collective's tensors, needs the GIL to do it and exits mid-destructor (std::terminate)."""
-    _SUBGROUPS.clear()
-    _HOST_TWINS.clear()
-
-
-def _alive(group) -> bool:
-    try:
-        dist.get_rank(group)
-        return True
-    except (ValueError, RuntimeError):  # destroyed with its parent (e.g. a re-initialised world)
-        return False
-
-
-def _collective_device(group) -> torch.device:
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _layouts(group, ranks: tuple, local: int) -> list:
-    """Every (group ranks, local) pair that some rank of the world needs sub-groups for: just
-    ours for the world group, else gathered from all ranks (each may belong to another group,
-    e.g. one data-parallel group per model-parallel rank)."""
-    if group is None or group == dist.group.WORLD:
-        return [(ranks, local)]
-    world = dist.get_world_size()
-    mine = torch.full((world + 2,), -1, dtype=torch.int64, device=_collective_device(group))
-    mine[0], mine[1] = local, len(ranks)
-    mine[2:2 + len(ranks)] = torch.tensor(ranks)
-    every = torch.empty(world * (world + 2), dtype=torch.int64, device=mine.device)  # flat: gloo wants 1-D
-    _all_gather_single(every, mine)
-    out = {(tuple(row[2:2 + row[1]]), row[0]) for row in every.view(world, world + 2).tolist()}
-    return sorted(out)
-
-
-def _subgroups(group, ranks: tuple, local: int):
-    """(intra, inter) sub-groups of this rank for nodes of ``local`` ranks, built once per
-    (group, topology) and cached.
-
-    Plain ``new_group`` is collective over the whole world, so every rank of the world creates
-    every sub-group of every layout in ``_layouts``, in the same order (the first call must
-    therefore be made on all ranks of the world, as data-parallel training does).
-    ``use_local_synchronization=True`` would avoid that, but its group names hash the number of
-    groups each rank has seen, which differ between ranks as soon as any rank belongs to a group
-    the others do not: the creation then hangs (torch 2.13).
-    """
-    key = (ranks, local)
-    cached = _SUBGROUPS.get(key)
-    if cached is not None and all(_alive(g) for g in cached):
-        return cached
-    backend = dist.get_backend(group)
-    me = dist.get_rank()
-    for lay_ranks, lay_local in _layouts(group, ranks, local):
-        nodes = len(lay_ranks) // lay_local
-        intras = [[lay_ranks[m * lay_local + i] for i in range(lay_local)] for m in range(nodes)]
-        inters = [[lay_ranks[m * lay_local + i] for m in range(nodes)] for i in range(lay_local)]
-        made = {}
-        for kind, lists in (("intra", intras), ("inter", inters)):
-            for members in lists:
-                pg = dist.new_group(members, backend=backend)
-                if me in members:
-                    made[kind] = pg
-        if (lay_ranks, lay_local) == key:
-            _SUBGROUPS[key] = (made["intra"], made["inter"])
-    log.debug("hierarchical ring: %d nodes x %d ranks; group ranks %s", len(ranks) // local, local,
-              ranks)
-    return _SUBGROUPS[key]
-
-
-def host_group(group):
-    """A group on which CPU tensors can be exchanged between the ranks of ``group`` (None: the
-    world): ``group`` itself unless its backend is NCCL alone, else a gloo twin with the same
-    ranks, built once and cached. Built like the hierarchical sub-groups (every rank of the world
-    creates the twin of every rank's group, in the same order): the first call must be made on
-    all ranks of the world."""
-    if dist.get_backend(group) != "nccl":
-        return group
-    ranks = tuple(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
-    twin = _HOST_TWINS.get(ranks)
-    if twin is not None and _alive(twin):
-        return twin
-    me = dist.get_rank()
-    for lay_ranks, _ in _layouts(group, ranks, 1):
-        pg = dist.new_group(list(lay_ranks), backend="gloo")
-        if me in lay_ranks:
-            _HOST_TWINS[lay_ranks] = pg
-    return _HOST_TWINS[ranks]
 
 
 # Ranks per node as the launchers export it: torchrun, the deepspeed launcher, OpenMPI.
@@ -231,7 +133,7 @@ def topology(process_group=None, ranks_per_node: Optional[int] = None) -> Topolo
     elif local == 1:  # one rank per node: the whole ring is inter-node
         intra, inter = None, group
     else:
-        intra, inter = _subgroups(group, ranks, local)
+        intra, inter = node_subgroups(group, ranks, local)
     return Topology(group, world, rank, ranks, local, intra, inter)
 
 
@@ -328,7 +230,7 @@ def _gather_into(x: Tensor, topo: Topology, out: Optional[Tensor] = None, async_
     with NCCL the stream waits, not the host), else done (``work`` None)."""
     if out is None:
         out = x.new_empty((topo.world * x.shape[0],) + tuple(x.shape[1:]))
-    return out, _all_gather_single(out, x.contiguous(), group=topo.group, async_op=async_op)
+    return out, all_gather_single(out, x.contiguous(), group=topo.group, async_op=async_op)
 
 
 def all_gather(x: Tensor, topo: Topology, out: Optional[Tensor] = None) -> Tensor:
@@ -342,7 +244,7 @@ def _reduce_op(merge: str):
 
 def reduce_scatter(x: Tensor, topo: Topology, merge: str = "sum") -> Tensor:
     out = x.new_empty((x.shape[0] // topo.world,) + tuple(x.shape[1:]))
-    _reduce_scatter_single(out, x.contiguous(), op=_reduce_op(merge), group=topo.group)
+    reduce_scatter_single(out, x.contiguous(), op=_reduce_op(merge), group=topo.group)
     return out
 
 
@@ -415,7 +317,7 @@ class Sweep:
         call of ring / disco on 2 x H200 at B = 32k-65k)."""
         mine = torch.tensor([x.shape[0], x.shape[1]], dtype=torch.int64)
         every = torch.empty(2 * self.world, dtype=torch.int64)
-        _all_gather_single(every, mine, group=host_group(self.topo.group))
+        all_gather_single(every, mine, group=host_group(self.topo.group))
         sizes = every.view(self.world, 2).tolist()
         if any(s != sizes[0] for s in sizes):
             listing = ", ".join(f"rank {r}: {s[0]} x {s[1]}" for r, s in enumerate(sizes))
@@ -457,27 +359,15 @@ class Local(Sweep):
 _LOCAL = Local(None)  # (stateless: one instance serves every call)
 
 
-DISCO_PIPELINED = True
-"""disco's schedule: True, a step per column block, each block's column partials reduced to their
-owner (an asynchronous reduce) while the next block is computed, the own block first where
-something is gathered (Gathered._pipelined); False, one step on all B columns between
-a blocking all-gather and a blocking reduce-scatter (the first version; ``bench_distributed.py
---schemes disco disco_one_step`` times both). Both give the same sums up to their order."""
-
-_REDUCES_IN_FLIGHT = 2
-"""Column partials of other owners kept alive while their reduce runs (the memory bound of the
-pipelined schedule: the own block's partials and this many [b, ...] blocks)."""
-
-
 class Gathered(Sweep):
     """disco: all-gather the column blocks, each rank's rows against all B columns, the column
-    partials summed at their owner (DisCo-CLIP, SUM not AVG); the schedule: DISCO_PIPELINED."""
+    partials summed at their owner (DisCo-CLIP, SUM not AVG); the schedule: TUNING.disco_pipelined."""
 
     name = "disco"
     gathers_columns = True
 
     def columns(self, block, fn, merge="sum", kept=None):
-        if not DISCO_PIPELINED:
+        if not TUNING.disco_pipelined:
             full = [g if g is not None else self.all_gather(x)
                     for x, g in zip(block, kept or [None] * len(block))]
             parts = fn(0, full)
@@ -491,7 +381,7 @@ class Gathered(Sweep):
         tensors, while the all-gather runs; else the blocks go in rank order, so that each
         reduce can start as soon as its block is done everywhere and only the last one is left
         exposed. The own partials are the root's buffers of their reduce and end up holding the
-        sums. Memory: the gathered block, the own partials and _REDUCES_IN_FLIGHT others."""
+        sums. Memory: the gathered block, the own partials and TUNING.reduces_in_flight others."""
         b, group = block[0].shape[0], self.topo.group
         full, gathers = [], []
         for x, g in zip(block, kept):
@@ -521,7 +411,7 @@ class Gathered(Sweep):
                     work = dist.reduce(p, dst=self.topo.ranks[reduced], op=op, group=group, async_op=True)
                     (mine if reduced == self.rank else flying).append((work, p))
                 reduced += 1
-                while len(flying) > _REDUCES_IN_FLIGHT * max(len(parts), 1):
+                while len(flying) > TUNING.reduces_in_flight * max(len(parts), 1):
                     flying.pop(0)[0].wait()  # (NCCL: the stream waits, not the host)
         for work, _ in flying + mine:
             work.wait()
@@ -595,9 +485,10 @@ def make_sweep(name: str, process_group=None, local_world_size: Optional[int] = 
 
 @dataclasses.dataclass(frozen=True)
 class Scheme:
-    """The scheme the public API chose: plain values, so torch.compile traces its choice as
-    constants and the registered op carries it (``group_name``: the group's name, "" for
-    Local; ``local_world_size``: 0 for "from the launcher")."""
+    """The scheme the public API chose, parsed once: plain values, so torch.compile traces its
+    choice as constants and the registered op carries it as primitive arguments (``group_name``:
+    the group's name, "" for Local; ``local_world_size``: 0 for "from the launcher"). The op turns
+    its arguments back into a Scheme at its boundary (:func:`scheme_of`) and hands the object on."""
 
     name: str
     group_name: str = ""
@@ -606,6 +497,24 @@ class Scheme:
     @property
     def local(self) -> bool:
         return self.name == Local.name
+
+    @property
+    def sweep_class(self) -> type:
+        """The :class:`Sweep` class of this scheme (its name was checked when it was parsed)."""
+        return _SWEEPS[self.name]
+
+    def make_sweep(self) -> Sweep:
+        """This scheme's sweep over its process group, with its Topology (a hierarchical layout's
+        first use creates sub-groups: collective on the world)."""
+        return self.sweep_class.build(resolve_group(self.group_name), self.local_world_size or None)
+
+
+@functools.lru_cache(maxsize=64)
+def scheme_of(name: str, group_name: str = "", local_world_size: int = 0) -> Scheme:
+    """The registered op's scheme arguments as a :class:`Scheme`, the name checked
+    (:func:`sweep_class`): once per distinct value, not per call (cached)."""
+    sweep_class(name)
+    return Scheme(name, group_name, int(local_world_size))
 
 
 def choose_scheme(distributed: str, process_group=None, local_world_size: Optional[int] = None,

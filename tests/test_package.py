@@ -107,3 +107,53 @@ def test_imports_point_one_way_and_never_in_a_circle():
 
     for module in sorted(graph):
         visit(module)
+
+
+def test_ops_knobs_are_set_through_the_tuning_object_only():
+    """Outside ops/ nothing assigns or monkeypatches an UPPER_CASE name of an ops module: the op's
+    knobs are the fields of one typed object (ops/tuning.py: ``with tuning(...)``, or a field of
+    TUNING), so that every setting is documented in one place and a module constant is never
+    changed behind the code that read it."""
+    import ast
+    import re
+
+    ops_modules = {name[:-3] for name in os.listdir(os.path.join(ROOT, "ops")) if name.endswith(".py")}
+    knob = re.compile(r"_?[A-Z][A-Z0-9_]*$")
+    found = []
+    for folder in ("bench", "tests", "pipeline", "eval", "launch"):
+        for path, _dirs, files in os.walk(os.path.join(ROOT, folder)):
+            for name in (f for f in files if f.endswith(".py")):
+                file = os.path.join(path, name)
+                with open(file) as f:
+                    tree = ast.parse(f.read())
+                aliases = set()  # names bound to an ops module in this file
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.Import):
+                        aliases.update(a.asname for a in node.names
+                                       if a.asname and a.name.startswith("infclip.ops."))
+                    elif isinstance(node, ast.ImportFrom) and node.module == "infclip.ops":
+                        aliases.update(a.asname or a.name for a in node.names if a.name in ops_modules)
+
+                def ops_module(expr) -> bool:
+                    if isinstance(expr, ast.Name):
+                        return expr.id in aliases
+                    return (isinstance(expr, ast.Call) and getattr(expr.func, "attr", "") == "import_module"
+                            and bool(expr.args) and isinstance(expr.args[0], ast.Constant)
+                            and str(expr.args[0].value).startswith("infclip.ops"))
+
+                for node in ast.walk(tree):
+                    targets = []
+                    if isinstance(node, (ast.Assign, ast.AugAssign)):
+                        for t in getattr(node, "targets", None) or [node.target]:
+                            targets += t.elts if isinstance(t, ast.Tuple) else [t]
+                        hits = [t.attr for t in targets if isinstance(t, ast.Attribute)
+                                and ops_module(t.value) and knob.match(t.attr)]
+                    elif (isinstance(node, ast.Call) and len(node.args) >= 2
+                          and getattr(node.func, "attr", getattr(node.func, "id", "")) == "setattr"
+                          and ops_module(node.args[0]) and isinstance(node.args[1], ast.Constant)
+                          and knob.match(str(node.args[1].value))):
+                        hits = [node.args[1].value]
+                    else:
+                        continue
+                    found += [f"{os.path.relpath(file, ROOT)}:{node.lineno} {h}" for h in hits]
+    assert not found, f"ops module constants set from outside ops/ (use ops.tuning): {found}"

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from infclip.ops.config import ConfigError
-from infclip.ops.sweeps import host_group
+from infclip.ops.process_groups import host_group
 
 from ..errors import PeerFailedError
 
@@ -54,7 +54,7 @@ def world() -> tuple[int, int]:
 def cpu_group():
     """A group of all ranks that exchanges CPU tensors without waiting for the GPU's queue: the
     world group when it is gloo, else its gloo twin, made once per process group and shared with
-    the loss's own host-side checks (:func:`infclip.ops.sweeps.host_group`); None at world size 1.
+    the loss's own host-side checks (:func:`infclip.ops.process_groups.host_group`); None at world size 1.
     The first call must be made by every rank at the same point (it creates the twin)."""
     if world()[1] == 1:
         return None

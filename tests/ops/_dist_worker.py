@@ -19,8 +19,9 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from infclip.ops import contrastive_loss, sweeps
+from infclip.ops import contrastive_loss, process_groups
 from infclip.ops.contrastive_loss import distributed_contrastive_loss
+from infclip.ops.tuning import tuning
 
 WORLD = 4
 LOCAL_B = 5  # rows per rank: not a multiple of the tiles below
@@ -151,8 +152,7 @@ def _strips(on, own):
         return
     from infclip.ops import contrastive_loss_triton as tri
 
-    saved = {k: getattr(tri, k) for k in ("_TMA_FORCE", "_STRIPS_MIN_LOGITS", "clip_grads_triton",
-                                          "sums_in_strips")}
+    saved = {k: getattr(tri, k) for k in ("clip_grads_triton", "sums_in_strips")}
     summed = []
 
     def grads(*args, **kw):
@@ -162,10 +162,10 @@ def _strips(on, own):
     def strips(a, b, keep):
         return saved["sums_in_strips"](a, b, keep) and not (on == "mixed" and b.data_ptr() == own.data_ptr())
 
-    tri._TMA_FORCE, tri._STRIPS_MIN_LOGITS, tri.clip_grads_triton = True, 0, grads
-    tri.sums_in_strips = strips
+    tri.clip_grads_triton, tri.sums_in_strips = grads, strips
     try:
-        yield summed
+        with tuning(tma_force=True, strips_min_logits=0):
+            yield summed
     finally:
         for k, v in saved.items():
             setattr(tri, k, v)
@@ -192,7 +192,7 @@ def _run_case(spec, rank, world, group, extra):
     if spec["group"]:
         group = extra["interleaved"][rank % 2] if interleaved else extra["copy"]
     if spec["group"] == "copy":  # every rank at once: the sub-groups are made anew from gathered layouts
-        sweeps._SUBGROUPS.clear()
+        process_groups._SUBGROUPS.clear()
     pos = members.index(rank)
     dtype = DTYPES[spec["dtype"]]
     img_all, txt_all = global_batch(len(members) * LOCAL_B, dtype, overflow=spec["overflow"],
@@ -296,10 +296,8 @@ def _disco_schedules(world, group):
     from infclip.ops import sweeps
 
     out = {}
-    saved = sweeps.DISCO_PIPELINED
-    try:
-        for name, pipelined in (("disco", True), ("disco-one-step", False)):
-            sweeps.DISCO_PIPELINED = pipelined
+    for name, pipelined in (("disco", True), ("disco-one-step", False)):
+        with tuning(disco_pipelined=pipelined):
             sw = sweeps.make_sweep("disco", group)
             rank = sw.rank
             block = [torch.full((LOCAL_B, 2), float(rank)), torch.full((LOCAL_B,), 10.0 + rank)]
@@ -316,8 +314,6 @@ def _disco_schedules(world, group):
                 (home,), full = sw.columns(block, step, "sum", kept)
                 homes.append(home)
             out[name] = dict(seen=torch.tensor(seen), held=held_by, homes=homes)
-    finally:
-        sweeps.DISCO_PIPELINED = saved
     return out
 
 

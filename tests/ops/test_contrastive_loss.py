@@ -16,8 +16,10 @@ import torch.nn.functional as F
 
 from infclip import ops
 import infclip.ops.contrastive_loss_triton as triton_impl
+from infclip.ops import kernels_common
 from infclip.ops import ConfigError, ContrastiveLoss, ContrastiveLossConfig, contrastive_loss
 from infclip.ops import contrastive_loss_reference
+from infclip.ops.tuning import TUNING
 
 UPSTREAM = 1.7
 
@@ -127,7 +129,7 @@ def test_triton_row_bands(monkeypatch, band, loss, fused):
     (column sums and dT accumulated over bands) give the reference. D = 36 is not a multiple of
     the fused kernels' K tile. One-row bands on B = 24 (24 bands; the interpreter's time grows
     with the launches), the others on B = 70."""
-    monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 1 << 40 if fused else 0)
+    monkeypatch.setattr(TUNING, "fused_max_logits", 1 << 40 if fused else 0)
     _check("triton", 24 if band == 1 else 70, 36, torch.float32, loss,
            0.05 if loss == "clip" else 0.0, block=band)
 
@@ -140,7 +142,7 @@ def test_triton_tma_descriptor_kernels(monkeypatch, loss, eps, band, b, d, dtype
     here, each walking many tiles, the last ones partial), give the pointer kernels' numbers and
     the reference: statistics and gradient blocks, uneven bands (16 rows) and one band, P stored
     by descriptor when its rows are 16-byte aligned (B = 72) and by pointers when not (B = 70)."""
-    monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 1 << 40)
+    monkeypatch.setattr(TUNING, "fused_max_logits", 1 << 40)
     made = []
     desc = triton_impl.TensorDescriptor
     monkeypatch.setattr(desc, "from_tensor", classmethod(
@@ -151,7 +153,7 @@ def test_triton_tma_descriptor_kernels(monkeypatch, loss, eps, band, b, d, dtype
         block_m=band, logits_budget_mb=0), img, txt, scale, bias, loss == "siglip")
     pointer = run()
     assert made == []
-    monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
+    monkeypatch.setattr(TUNING, "tma_force", True)
     tma = run()
     rows = band or b
     assert (b, d) in made and (rows, d) in made  # the statistics' A and the first band's A
@@ -170,7 +172,7 @@ def test_triton_tma_descriptor_kernels(monkeypatch, loss, eps, band, b, d, dtype
 def test_triton_kept_logits_and_memory_bands_agree(monkeypatch, loss, block):
     """The whole-matrix path (logits kept from forward to backward) and the recompute path
     with bands chosen by the memory rule (forced small here: 10 rows in the forward) and the
-    backward's blocks of rows x columns (_GRAD_BLOCK, uneven last blocks; one row band, one
+    backward's blocks of rows x columns (TUNING.grad_block, uneven last blocks; one row band, one
     column block or neither) give the same numbers."""
     img, txt, scale, bias = _inputs(53, 24, torch.float32, seed=11)
     run = lambda **kw: _run(lambda i, t, s, b: contrastive_loss(  # noqa: E731
@@ -178,7 +180,7 @@ def test_triton_kept_logits_and_memory_bands_agree(monkeypatch, loss, block):
         img, txt, scale, bias, loss == "siglip")
     kept = run()
     monkeypatch.setattr(triton_impl, "band_rows", lambda m, n, d: 10)
-    monkeypatch.setattr(triton_impl, "_GRAD_BLOCK", block)
+    monkeypatch.setattr(TUNING, "grad_block", block)
     banded = run(logits_budget_mb=0)
     for key in kept:
         torch.testing.assert_close(banded[key], kept[key], rtol=1e-5, atol=1e-7)
@@ -195,8 +197,8 @@ def test_triton_gradient_blocks_of_an_off_diagonal_block(monkeypatch, diag, fuse
     from infclip.ops.blocks import clip_grads, siglip_grads
 
     monkeypatch.setattr(triton_impl, "band_rows", lambda m, n, d: 8)
-    monkeypatch.setattr(triton_impl, "_GRAD_BLOCK", (16, 12))  # 3 x 4 blocks, uneven last ones
-    monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 1 << 40 if fused else 0)
+    monkeypatch.setattr(TUNING, "grad_block", (16, 12))  # 3 x 4 blocks, uneven last ones
+    monkeypatch.setattr(TUNING, "fused_max_logits", 1 << 40 if fused else 0)
     img, _, scale, bias = _inputs(45, 20, torch.float32, seed=3)
     txt = _inputs(38, 20, torch.float32, seed=4)[0]
     s = scale.reshape(())
@@ -246,7 +248,7 @@ def test_gradient_blocks_keep_within_their_memory_budget(b):
     to full-width bands within the same bytes when no block fits."""
     d, item = 768, 2
     rows, cols = triton_impl._grad_block(b, b, d, 0, item)
-    factor = triton_impl._GRAD_FACTOR if b >= triton_impl._GRAD_FACTOR_MIN_N else 2.0
+    factor = TUNING.grad_factor if b >= TUNING.grad_factor_min_n else 2.0
     budget = factor * max(b * d, 1 << 24) * item
     assert 0 < rows <= b and 0 < cols <= b
     assert rows * cols * item + (rows * d * 4 if cols < b else 0) <= budget
@@ -261,20 +263,20 @@ def test_a_sweeps_gradient_blocks_take_the_global_batchs_budget(b, world):
     d, item, n_global = 768, 2, world * b
     own = triton_impl._grad_block(b, b, d, 0, item)
     rows, cols = triton_impl._grad_block(b, b, d, 0, item, width=n_global)
-    factor = triton_impl._GRAD_FACTOR if b >= triton_impl._GRAD_FACTOR_MIN_N else 2.0
+    factor = TUNING.grad_factor if b >= TUNING.grad_factor_min_n else 2.0
     assert rows * cols * item + (rows * d * 4 if cols < b else 0) <= factor * n_global * d * item
     assert rows * cols >= own[0] * own[1] and 0 < rows <= b and 0 < cols <= b
     if n_global == 65536:
         assert (own, (rows, cols)) == ((4096, 4096), (8192, 4096))
     assert triton_impl._grad_block(b, b, d, 0, item, width=b) == own
-    if b < triton_impl._GRAD_FACTOR_MIN_N:  # (narrow column blocks keep their own)
+    if b < TUNING.grad_factor_min_n:  # (narrow column blocks keep their own)
         assert (rows, cols) == own
 
 
 @pytest.mark.parametrize("b", [32768, 65536, 98304, 131072, 196608, 262144, 524288])
 def test_wider_gradient_blocks_only_under_the_end_cast(b):
     """Where the backward casts grad_b's fp32 sum to the features' dtype at the end (``cast``), a
-    _GRAD_BLOCKS_WIDE block is taken first if it and its fp32 row sum take no more than that cast's
+    TUNING.grad_blocks_wide block is taken first if it and its fp32 row sum take no more than that cast's
     B D elements of the dtype (the call's peak stays the cast's): 8,192 x 8,192 at 131k and 196k,
     16,384 x 8,192 at 262k and above; below ~104k, and without the cast, the blocks as before."""
     d, item = 768, 2
@@ -287,9 +289,9 @@ def test_wider_gradient_blocks_only_under_the_end_cast(b):
 
 
 def test_gradient_blocks_fall_back_to_bands(monkeypatch):
-    monkeypatch.setattr(triton_impl, "_GRAD_BLOCKS", ((1 << 20, 1 << 20),))  # never fits
+    monkeypatch.setattr(TUNING, "grad_blocks", ((1 << 20, 1 << 20),))  # never fits
     rows, cols = triton_impl._grad_block(32768, 32768, 768, 0, 2)
-    assert cols == 32768 and rows * 32768 * 2 <= triton_impl._GRAD_FACTOR * 32768 * 768 * 2
+    assert cols == 32768 and rows * 32768 * 2 <= TUNING.grad_factor * 32768 * 768 * 2
 
 
 @pytest.mark.parametrize("m,n,diag", [(45, 38, 0), (45, 38, -21), (45, 38, 9), (64, 48, 3)])
@@ -298,8 +300,8 @@ def test_triton_interior_tiles_fast_path(monkeypatch, m, n, diag):
     positives skip the masks) gives the masked kernel's sums bit for bit: 8 x 8 TMA tiles over
     [45, 38] (partial edge tiles) and [64, 48] (none), positives at i - j == diag crossing some
     tiles."""
-    monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 1 << 40)
-    monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
+    monkeypatch.setattr(TUNING, "fused_max_logits", 1 << 40)
+    monkeypatch.setattr(TUNING, "tma_force", True)
     img, _, scale, _ = _inputs(m, 20, torch.float32, seed=5)
     txt = _inputs(n, 20, torch.float32, seed=6)[0]
     s = scale.reshape(())
@@ -310,7 +312,7 @@ def test_triton_interior_tiles_fast_path(monkeypatch, m, n, diag):
     row_shift, col_shift = logits.amax(1), logits.amax(0)
 
     def run(fast):
-        monkeypatch.setattr(triton_impl, "_TMA_STATS", (8, 8, 16, 2, 4, 1, 2, fast))
+        monkeypatch.setattr(TUNING, "tma_stats", (8, 8, 16, 2, 4, 1, 2, fast))
         triton_impl._fused_config.cache_clear()
         return triton_impl.clip_stats_triton(img, txt, s, row_shift, col_shift, ref, col_ref, diag)[:4]
 
@@ -327,10 +329,10 @@ def test_triton_strip_sums_match_the_tile_kernel(monkeypatch, m, n, diag, chunk)
     8 x 8 tiles over [45, 38] (partial edge tiles, items whose chunk runs past the last row
     block) and [64, 48], positives at i - j == diag crossing some tiles, chunks of 1-8 row
     blocks, two programs walking the items; the weighted sums are left as they were."""
-    monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 1 << 40)
-    monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
-    monkeypatch.setattr(triton_impl, "_TMA_STRIPS", (8, 8, 16, 4, 1, 2, chunk))
-    monkeypatch.setattr(triton_impl, "_STRIPS_MIN_LOGITS", 0)
+    monkeypatch.setattr(TUNING, "fused_max_logits", 1 << 40)
+    monkeypatch.setattr(TUNING, "tma_force", True)
+    monkeypatch.setattr(TUNING, "tma_strips", (8, 8, 16, 4, 1, 2, chunk))
+    monkeypatch.setattr(TUNING, "strips_min_logits", 0)
     img, _, scale, _ = _inputs(m, 20, torch.float32, seed=7)
     txt = _inputs(n, 20, torch.float32, seed=8)[0]
     s = scale.reshape(())
@@ -358,9 +360,9 @@ def test_triton_gradient_epilogue_in_slices(monkeypatch, m, n, diag):
     d scale is summed in the kernel: on the square block with its positives on the diagonal
     from the row refs, on the others (a sweep's column blocks) with the columns' refs too, added
     into a given accumulator."""
-    monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 1 << 40)
-    monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
-    monkeypatch.setattr(triton_impl, "_STRIPS_MIN_LOGITS", 0)
+    monkeypatch.setattr(TUNING, "fused_max_logits", 1 << 40)
+    monkeypatch.setattr(TUNING, "tma_force", True)
+    monkeypatch.setattr(TUNING, "strips_min_logits", 0)
     img, _, scale, _ = _inputs(m, 20, torch.float32, seed=9)
     txt = _inputs(n, 20, torch.float32, seed=10)[0]
     s = scale.reshape(())
@@ -372,7 +374,7 @@ def test_triton_gradient_epilogue_in_slices(monkeypatch, m, n, diag):
     aux = torch.tensor([0.0, 0.75])
 
     def run(split, summed=False, into=None):
-        monkeypatch.setattr(triton_impl, "_TMA_GRAD", (8, 16, 16, 2, 4, 1, 2, split))
+        monkeypatch.setattr(TUNING, "tma_grad", (8, 16, 16, 2, 4, 1, 2, split))
         return triton_impl.clip_grads_triton(
             img, txt, s, logits.logsumexp(1), logits.logsumexp(0), ref, diag=diag, diag_value=1.8,
             offset=0.01, coef=torch.tensor([0.5]), coef_scale=True, dscale_from=aux, dscale_index=1,
@@ -401,11 +403,11 @@ def test_triton_backward_sums_d_scale_after_strip_statistics(monkeypatch, b, eps
     sums by column strips and the backward's gradient kernel sums d loss / d s itself (several
     blocks of rows x columns, uneven at B = 70): the loss and every gradient as the per-tile
     forward with its weighted sums gives them, and the reference."""
-    monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 1 << 40)
-    monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
+    monkeypatch.setattr(TUNING, "fused_max_logits", 1 << 40)
+    monkeypatch.setattr(TUNING, "tma_force", True)
     monkeypatch.setattr(triton_impl, "band_rows", lambda m, n, d: 24)
-    monkeypatch.setattr(triton_impl, "_GRAD_BLOCK", (32, 24))
-    monkeypatch.setattr(triton_impl, "_STRIPS_MIN_LOGITS", b * b)
+    monkeypatch.setattr(TUNING, "grad_block", (32, 24))
+    monkeypatch.setattr(TUNING, "strips_min_logits", b * b)
     strips, summed = [], []
     launch, grads = triton_impl._clip_sums_strips, triton_impl.clip_grads_triton
     monkeypatch.setattr(triton_impl, "_clip_sums_strips", lambda *a: (strips.append(1), launch(*a))[1])
@@ -417,7 +419,7 @@ def test_triton_backward_sums_d_scale_after_strip_statistics(monkeypatch, b, eps
         img, txt, scale, bias, False)
     ours = run()
     assert strips == [1] and summed == [True]
-    monkeypatch.setattr(triton_impl, "_STRIPS", False)
+    monkeypatch.setattr(TUNING, "strips", False)
     tiles = run()
     assert strips == [1] and summed == [True, False]
     for key in ours:
@@ -426,9 +428,9 @@ def test_triton_backward_sums_d_scale_after_strip_statistics(monkeypatch, b, eps
 
 
 def test_strips_only_from_their_size_and_without_kept_logits(monkeypatch):
-    monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
+    monkeypatch.setattr(TUNING, "tma_force", True)
     img, txt, _, _ = _inputs(64, 8, torch.float32)
-    monkeypatch.setattr(triton_impl, "_STRIPS_MIN_LOGITS", 64 * 64)
+    monkeypatch.setattr(TUNING, "strips_min_logits", 64 * 64)
     assert triton_impl.sums_in_strips(img, txt, "")
     assert not triton_impl.sums_in_strips(img, txt, "whole")
     assert not triton_impl.sums_in_strips(img[:63], txt, "")
@@ -441,8 +443,8 @@ def test_dscale_summed_refuses_what_it_cannot_sum(monkeypatch):
     lse = torch.zeros(16)
     with pytest.raises(ValueError, match="dscale_summed"):  # no fused TMA kernels
         triton_impl.clip_grads_triton(img, txt, scale, lse, lse, lse, dscale_summed=True)
-    monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
-    monkeypatch.setattr(triton_impl, "_STRIPS_MIN_LOGITS", 0)
+    monkeypatch.setattr(TUNING, "tma_force", True)
+    monkeypatch.setattr(TUNING, "strips_min_logits", 0)
     with pytest.raises(ValueError, match="col_ref"):  # positives off the diagonal, no col_ref
         triton_impl.clip_grads_triton(img, txt, scale, lse, lse, lse, diag=3, dscale_summed=True)
     with pytest.raises(ValueError, match="col_ref"):  # not square, no col_ref
@@ -457,15 +459,14 @@ def test_triton_logits_kept_as_bands_give_the_recompute_numbers(monkeypatch, los
     ``factor`` forward bands at a time: 16 or 32 rows) instead of redoing the GEMMs: the same
     numbers as the recompute path, which runs the same GEMMs into the same dtype, and the
     reference; no logit GEMM in the backward."""
-    op = importlib.import_module("infclip.ops.assembly")
-    monkeypatch.setattr(op, "_BANDS_MIN_LOGITS", 0)  # bands kept at this small B
+    monkeypatch.setattr(TUNING, "bands_min_logits", 0)  # bands kept at this small B
     # fp16 bands (bf16 ones in use: the interpreter's bf16 dots are wrong, and the mechanism is
     # the same for both dtypes)
-    monkeypatch.setattr(op, "_BANDS_DTYPES", (torch.bfloat16, torch.float16))
+    monkeypatch.setattr(TUNING, "bands_dtypes", (torch.bfloat16, torch.float16))
     monkeypatch.setattr(triton_impl, "band_rows", lambda m, n, d: 16)
-    monkeypatch.setattr(triton_impl, "_KEPT_BANDS_FACTOR", factor)
-    monkeypatch.setattr(triton_impl, "_GRAD_BLOCK", (16, 64))  # the backward in the same bands
-    monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 0)  # the recompute: cuBLAS bands
+    monkeypatch.setattr(TUNING, "kept_bands_factor", factor)
+    monkeypatch.setattr(TUNING, "grad_block", (16, 64))  # the backward in the same bands
+    monkeypatch.setattr(TUNING, "fused_max_logits", 0)  # the recompute: cuBLAS bands
     img, txt, scale, bias = _inputs(53, 24, torch.float16, seed=5)
     whole = 53 * 53 * 6 / 2**20  # MiB for S' fp32 + dS fp16
     budget = 53 * 53 * 2 / 2**20 * 1.01  # the fp16 matrix fits, the fp32 one does not
@@ -495,9 +496,9 @@ def test_triton_siglip_takes_its_gradients_in_the_forward(monkeypatch, fused):
     budget; the numbers match the reference, and the loss the statistics pass gives without a
     backward; the backward scales by the incoming gradient (UPSTREAM)."""
     monkeypatch.setattr(triton_impl, "band_rows", lambda m, n, d: 16)
-    monkeypatch.setattr(triton_impl, "_GRAD_BLOCK", (16, 64))  # full-width bands of 16 rows
+    monkeypatch.setattr(TUNING, "grad_block", (16, 64))  # full-width bands of 16 rows
     if not fused:
-        monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 0)  # cuBLAS bands + the pass
+        monkeypatch.setattr(TUNING, "fused_max_logits", 0)  # cuBLAS bands + the pass
     img, txt, scale, bias = _inputs(53, 24, torch.float32, seed=6)
     gemms, launches = [], []
     logits, fused_launch = triton_impl._logits, triton_impl._fused
@@ -564,9 +565,9 @@ def _variant(monkeypatch, impl: str) -> dict:
     sums and its backward sums d scale."""
     if impl != "triton_strips":
         return dict(impl=impl, triton_interpret=True)
-    monkeypatch.setattr(triton_impl, "_TMA_FORCE", True)
-    monkeypatch.setattr(triton_impl, "_FUSED_MAX_LOGITS", 1 << 40)
-    monkeypatch.setattr(triton_impl, "_STRIPS_MIN_LOGITS", 0)
+    monkeypatch.setattr(TUNING, "tma_force", True)
+    monkeypatch.setattr(TUNING, "fused_max_logits", 1 << 40)
+    monkeypatch.setattr(TUNING, "strips_min_logits", 0)
     grads = triton_impl.clip_grads_triton
 
     def summed_in_backward(*args, **kw):  # the strips' forward leaves d scale to the backward
@@ -667,7 +668,7 @@ def test_pair_log1p_keeps_relative_precision_over_the_unit_interval():
     def kernel(u_ptr, out_ptr, n, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         u = tl.load(u_ptr + offs, mask=offs < n, other=0.0)
-        tl.store(out_ptr + offs, triton_impl._log1p_unit(u), mask=offs < n)
+        tl.store(out_ptr + offs, kernels_common._log1p_unit(u), mask=offs < n)
 
     u = torch.cat([torch.logspace(-30, 0, 3001), torch.linspace(0, 1, 4097), torch.tensor([float("nan")])])
     u = u.float()
@@ -974,3 +975,32 @@ def test_op_create_graph_gives_the_same_first_order_gradients():
             torch.testing.assert_close(g, h.detach(), rtol=0, atol=0)
         with pytest.raises(RuntimeError, match="no second-order gradient"):
             torch.autograd.grad(graphed[2].sum(), leaves[2], allow_unused=True)
+
+
+def test_tuning_sets_fields_for_a_block_and_documents_each():
+    """ops/tuning.py: ``tuning(...)`` sets fields of the process-wide TUNING for a block and
+    restores them (also after an error); an unknown field is an error, not a new attribute; every
+    field carries a docstring (what it controls, its unit)."""
+    import ast
+    import dataclasses
+    import inspect
+
+    from infclip.ops import tuning as tuning_module
+    from infclip.ops.tuning import Tuning, tuning
+
+    before = TUNING.strips, TUNING.grad_block
+    with pytest.raises(RuntimeError):
+        with tuning(strips=not before[0], grad_block=(8, 8)) as t:
+            assert t is TUNING and TUNING.strips is (not before[0]) and TUNING.grad_block == (8, 8)
+            raise RuntimeError
+    assert (TUNING.strips, TUNING.grad_block) == before
+    with pytest.raises(TypeError, match="strip"):
+        with tuning(strip=False):
+            pass
+    with pytest.raises(AttributeError):
+        TUNING.no_such_knob = 1
+    body = ast.parse(inspect.getsource(tuning_module)).body
+    cls = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == "Tuning")
+    documented = {a.target.id for a, doc in zip(cls.body, cls.body[1:]) if isinstance(a, ast.AnnAssign)
+                  and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)}
+    assert {f.name for f in dataclasses.fields(Tuning)} == documented

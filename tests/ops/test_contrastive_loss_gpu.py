@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from infclip.ops import contrastive_loss, contrastive_loss_reference
+from infclip.ops.tuning import TUNING
 
 pytestmark = pytest.mark.gpu
 
@@ -113,12 +114,11 @@ def test_paths(monkeypatch, path, dtype, loss, eps):
           "banded": dict(block_m=1000), "banded_aligned": dict(block_m=1000),
           "memory_bands": dict(logits_budget_mb=0.0), "blocks": dict(logits_budget_mb=0.0)}[path]
     if path == "kept_bands":
-        op = importlib.import_module("infclip.ops.assembly")
-        monkeypatch.setattr(op, "_BANDS_MIN_LOGITS", 0)  # bands kept at this B (default: above 16,384)
+        monkeypatch.setattr(TUNING, "bands_min_logits", 0)  # bands kept at this B (default: above 16,384)
     if path == "blocks":
         tri = importlib.import_module("infclip.ops.contrastive_loss_triton")
         monkeypatch.setattr(tri, "band_rows", lambda m, n, d: 1000)
-        monkeypatch.setattr(tri, "_GRAD_BLOCK", (1536, 1000))
+        monkeypatch.setattr(TUNING, "grad_block", (1536, 1000))
     b, d = (4096, 768) if path == "banded_aligned" else (4097, 640)
     _check(b, d, dtype, loss=loss, eps=eps, **kw)
 
@@ -173,7 +173,7 @@ def test_strip_statistics_match_the_tile_kernel(monkeypatch, b, eps):
     tri = importlib.import_module("infclip.ops.contrastive_loss_triton")
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the strips load by TMA (Hopper)")
-    monkeypatch.setattr(tri, "_STRIPS_MIN_LOGITS", 0)  # (8,200: below the default)
+    monkeypatch.setattr(TUNING, "strips_min_logits", 0)  # (8,200: below the default)
     calls = []
     launch = tri._clip_sums_strips
     monkeypatch.setattr(tri, "_clip_sums_strips", lambda *a: (calls.append(1), launch(*a))[1])
@@ -183,7 +183,7 @@ def test_strip_statistics_match_the_tile_kernel(monkeypatch, b, eps):
         i, t, s, impl="triton", label_smoothing=eps, graph_max_batch=0), img, txt, scale, None, 1.37)
     strips = run()
     assert calls == [1]
-    monkeypatch.setattr(tri, "_STRIPS", False)
+    monkeypatch.setattr(TUNING, "strips", False)
     tiles = run()
     assert calls == [1]
     # the same P but for the last bits of the LSEs (sums in another order): a bf16 gradient may
@@ -191,7 +191,7 @@ def test_strip_statistics_match_the_tile_kernel(monkeypatch, b, eps):
     for name, o, t, tol in zip(["loss", "d_img", "d_txt", "d_scale"], strips, tiles,
                                [1e-5, 1e-2, 1e-2, 1e-4]):
         assert torch.allclose(o, t, rtol=tol, atol=tol * t.abs().max().item()), name
-    monkeypatch.setattr(tri, "_STRIPS", True)
+    monkeypatch.setattr(TUNING, "strips", True)
     _check(b, 768, torch.bfloat16, eps=eps)
 
 

@@ -17,6 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from infclip.ops import contrastive_loss, contrastive_loss_reference
+from infclip.ops.tuning import TUNING
 from tests._ranks import run_two_ranks
 from tests.ops import _dist_worker as W
 
@@ -289,7 +290,7 @@ def test_siglip_sweeps_once_when_a_backward_follows(monkeypatch, impl):
                "local": lambda *a: contrastive_loss(*a, **kw, triton_interpret=impl == "triton")}
 
     def run(entry, one_sweep):
-        monkeypatch.setattr(assembly, "SIGLIP_GRADS_IN_FORWARD", one_sweep)
+        monkeypatch.setattr(TUNING, "siglip_grads_in_forward", one_sweep)
         img, txt = img_all.clone().requires_grad_(True), txt_all.clone().requires_grad_(True)
         scale, bias = torch.tensor([W.SCALE], requires_grad=True), torch.tensor([W.BIAS], requires_grad=True)
         sweeps_run.clear()
@@ -330,6 +331,22 @@ def test_scheme_is_parsed_in_one_place():
         sweeps.sweep_class("rign")
 
 
+def test_the_op_turns_its_scheme_arguments_into_the_scheme_once():
+    """The registered op's primitive scheme arguments come back as the Scheme the public API
+    chose, with its sweep class: the name checked once per distinct value (cached), not per call."""
+    from infclip.ops import sweeps
+
+    sweeps.scheme_of.cache_clear()
+    scheme = sweeps.scheme_of("hierarchical_ring", "g", 2)
+    assert scheme == sweeps.Scheme("hierarchical_ring", "g", 2) and not scheme.local
+    assert scheme.sweep_class is sweeps.HierarchicalRing
+    assert sweeps.scheme_of("hierarchical_ring", "g", 2) is scheme
+    assert sweeps.scheme_of.cache_info().misses == 1
+    assert sweeps.scheme_of("none").local and sweeps.scheme_of("none").sweep_class is sweeps.Local
+    with pytest.raises(ValueError, match="unknown distributed scheme 'rign'"):
+        sweeps.scheme_of("rign")
+
+
 @pytest.mark.parametrize("world", WORLDS)
 def test_ring_schedules_visit_every_block_once_in_the_documented_order(world, tmp_path_factory):
     """docs/distributed.md: flat ring, rank r at step t holds block (r - t) mod N; hierarchical,
@@ -352,7 +369,7 @@ def test_ring_schedules_visit_every_block_once_in_the_documented_order(world, tm
 
 @pytest.mark.parametrize("world", [w for w in WORLDS if w > 1])
 def test_disco_schedules_compute_every_block_once_and_sum_at_the_owner(world, tmp_path_factory):
-    """Pipelined (sweeps.DISCO_PIPELINED): where something is gathered rank r computes its own
+    """Pipelined (TUNING.disco_pipelined): where something is gathered rank r computes its own
     block first, on its own tensors, then every other block in rank order (the order of the
     reduces to each owner); with everything kept, all blocks in rank order; in one step: the
     whole gathered batch once. Each step holds its owners' data, and the owner's partials are the

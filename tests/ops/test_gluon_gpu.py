@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import infclip.ops.contrastive_loss_triton as tri
 from infclip.ops import contrastive_loss, gluon_kernels
+from infclip.ops.tuning import TUNING, tuning
 
 pytestmark = pytest.mark.gpu
 
@@ -54,9 +55,9 @@ def _loss_and_grads(img, txt, loss: str) -> list:
     return [out.detach()] + [x.grad for x in leaves]
 
 
-def _op_with_and_without(b, state: dict, launch: str, monkeypatch, loss="clip"):
-    """The op's loss and gradients at B = ``b`` with the Gluon kernel of ``state`` (a dict of
-    contrastive_loss_triton's: _GLUON, _GLUON_SUMS, _GLUON_SIGLIP) on and off; asserts that
+def _op_with_and_without(b, switch: str, launch: str, monkeypatch, loss="clip"):
+    """The op's loss and gradients at B = ``b`` with the Gluon kernel of ``switch`` (a TUNING
+    field: gluon_grad, gluon_sums, gluon_siglip) on and off; asserts that
     gluon_kernels.``launch`` ran exactly when on (no failover to the Triton kernel)."""
     calls = []
     real = getattr(gluon_kernels, launch)
@@ -64,23 +65,23 @@ def _op_with_and_without(b, state: dict, launch: str, monkeypatch, loss="clip"):
     img, txt = _features(b)
     results = []
     for on in (True, False):
-        monkeypatch.setitem(state, "on", on)
+        monkeypatch.setattr(TUNING, switch, on)
         results.append(_loss_and_grads(img, txt, loss))
-        assert state["on"] == on and (len(calls) > 0) == on
+        assert getattr(TUNING, switch) == on and (len(calls) > 0) == on
         calls.clear()
     return results
 
 
-@pytest.mark.parametrize("state,launch,loss,b", [("_GLUON", "clip_grad_block", "clip", 8192),
-                                                 ("_GLUON_SUMS", "clip_sums", "clip", 12288),
-                                                 ("_GLUON_SIGLIP", "siglip_grad_block", "siglip", 8192)])
+@pytest.mark.parametrize("state,launch,loss,b", [("gluon_grad", "clip_grad_block", "clip", 8192),
+                                                 ("gluon_sums", "clip_sums", "clip", 12288),
+                                                 ("gluon_siglip", "siglip_grad_block", "siglip", 8192)])
 def test_a_failed_first_launch_falls_back_to_the_triton_kernel(state, launch, loss, b, monkeypatch, caplog):
     """A Gluon kernel whose first launch fails (a Triton whose Gluon differs fails at its first
     build) turns itself off with one warning that says why, the same call finishes with the Triton
     kernel's results, and the other Gluon kernels stay on."""
-    switches = {name: getattr(tri, name) for name in ("_GLUON", "_GLUON_SUMS", "_GLUON_SIGLIP")}
-    for switch in switches.values():
-        monkeypatch.setitem(switch, "on", True)
+    switches = ("gluon_grad", "gluon_sums", "gluon_siglip")
+    for switch in switches:
+        monkeypatch.setattr(TUNING, switch, True)
 
     def broken(*args, **kwargs):
         raise RuntimeError("out of resource: shared memory, Required: 233584")
@@ -89,7 +90,7 @@ def test_a_failed_first_launch_falls_back_to_the_triton_kernel(state, launch, lo
     img, txt = _features(b)
     with caplog.at_level(logging.WARNING, logger=tri.log.name):
         got = _loss_and_grads(img, txt, loss)
-    assert {name: s["on"] for name, s in switches.items()} == {name: name != state for name in switches}
+    assert {name: getattr(TUNING, name) for name in switches} == {name: name != state for name in switches}
     warned = [r.getMessage() for r in caplog.records if r.name == tri.log.name and r.levelno >= logging.WARNING]
     assert len(warned) == 1, warned
     assert "Gluon" in warned[0] and "Triton" in warned[0] and "out of resource" in warned[0]
@@ -119,12 +120,12 @@ def _both(a, b, rows, cols, ref, diag, coef_scale, dscale):
 
 
 def test_a_pdl_launch_waits_for_the_kernel_before_it():
-    """Launched with programmatic dependent launch (GRAD_PDL), a gradient block's programs start
+    """Launched with programmatic dependent launch (TUNING.gluon_grad_pdl), a gradient block's programs start
     while the kernel before it drains. They must still read what that kernel wrote (features copied
     in just before the launch) and leave P alone until that kernel has read it (the previous
     block's GEMM of P, then a block of other values), eagerly and replayed in a CUDA graph: each P
     the Triton kernel's, the GEMM's result that of the first P."""
-    assert gluon_kernels.GRAD_PDL
+    assert TUNING.gluon_grad_pdl
     a_src, b, rows, cols, ref = _block(4096, 4096, 768, torch.bfloat16, 11)
     scale, src = torch.full((1,), 14.0, device="cuda"), torch.full((1,), -2.5, device="cuda")
     coefs = [torch.full((1,), c, device="cuda") for c in (0.37, -1.25)]
@@ -204,7 +205,7 @@ def test_op_backward_takes_it(b, monkeypatch):
     """The op's CLIP backward with the Gluon block and with the Triton block: the same loss and
     gradients (up to the atomic sums' order); at 32k most of its blocks hold no positive and take
     the plain kernel."""
-    with_it, without = _op_with_and_without(b, tri._GLUON, "clip_grad_block", monkeypatch)
+    with_it, without = _op_with_and_without(b, "gluon_grad", "clip_grad_block", monkeypatch)
     for got, want in zip(with_it, without):
         torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
 
@@ -218,11 +219,8 @@ def _strip_sums(a, b, rows, cols, diag, use_gluon: bool, **order):
     if use_gluon:
         gluon_kernels.clip_sums(a, b, scale, rows, cols, row_sum, col_sum, diag, tri._sm_count(a.device), **order)
     else:
-        saved, tri._GLUON_SUMS = tri._GLUON_SUMS, dict(tri._GLUON_SUMS, on=False)
-        try:
+        with tuning(gluon_sums=False):
             tri._clip_sums_strips(a, b, scale, rows, cols, row_sum, col_sum, diag, False)
-        finally:
-            tri._GLUON_SUMS = saved
     return row_sum, col_sum
 
 
@@ -289,8 +287,8 @@ def test_gluon_sums_leave_out_exactly_the_positives():
 def test_op_forward_takes_the_gluon_sums(b, monkeypatch):
     """The op's CLIP forward at sizes where it takes the column strips, with the Gluon sums and with
     the Triton strip kernel: the same loss and gradients."""
-    assert b * b >= tri._STRIPS_MIN_LOGITS
-    with_it, without = _op_with_and_without(b, tri._GLUON_SUMS, "clip_sums", monkeypatch)
+    assert b * b >= TUNING.strips_min_logits
+    with_it, without = _op_with_and_without(b, "gluon_sums", "clip_sums", monkeypatch)
     torch.testing.assert_close(with_it[0], without[0], rtol=1e-6, atol=0)
     for got, want in zip(with_it[1:], without[1:]):
         torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
@@ -316,7 +314,7 @@ def _siglip_both(a, b, diag, coef_scale, bias=-4.0):
     return out
 
 
-# (at least tri._TMA_MIN_LOGITS logits: smaller blocks take the Triton kernel)
+# (at least TUNING.tma_min_logits logits: smaller blocks take the Triton kernel)
 @pytest.mark.parametrize("m,n,d", [(3001, 2904, 200), (4096, 2312, 768), (2944, 3080, 96), (1100, 8200, 64)])
 @pytest.mark.parametrize("diag", [0, 37, -5000])
 def test_gluon_siglip_block_equals_the_triton_kernel(m, n, d, diag):
@@ -347,7 +345,7 @@ def test_gluon_siglip_plain_block_equals_the_triton_kernel(m, n, d, side, dtype,
 def test_gluon_siglip_plain_block_pair_losses_are_nan_where_the_triton_kernels_are():
     """The plain epilogue keeps the NaN rules: a non-finite feature makes its row's pair losses NaN
     (only its row's), a NaN bias every row's."""
-    a, b, *_ = _block(3072, 3072, 128, torch.bfloat16, 6)  # (2^23 logits or more: tri._TMA_MIN_LOGITS)
+    a, b, *_ = _block(3072, 3072, 128, torch.bfloat16, 6)  # (2^23 logits or more: TUNING.tma_min_logits)
     a[17, 3] = float("inf")
     (_p, sums), (_want, want_sums) = _siglip_both(a, b, 5000, True)
     assert torch.equal(sums[2].isnan(), want_sums[2].isnan()) and sums[2].isnan().sum() == 1
@@ -378,7 +376,7 @@ def test_gluon_siglip_pair_losses_are_nan_where_the_triton_kernels_are():
 def test_op_siglip_takes_the_gluon_block(b, monkeypatch):
     """The op's SigLIP loss (its forward with the gradients in one pass) with the Gluon block and
     with the Triton block: the same loss and gradients (up to the atomic sums' order)."""
-    with_it, without = _op_with_and_without(b, tri._GLUON_SIGLIP, "siglip_grad_block", monkeypatch, "siglip")
+    with_it, without = _op_with_and_without(b, "gluon_siglip", "siglip_grad_block", monkeypatch, "siglip")
     torch.testing.assert_close(with_it[0], without[0], rtol=1e-6, atol=0)
     for got, want in zip(with_it[1:], without[1:]):
         torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)

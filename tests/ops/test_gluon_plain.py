@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from infclip.ops import gluon_kernels
+from infclip.ops.tuning import TUNING
 
 
 def _holds_a_positive(m: int, n: int, diag: int) -> bool:
@@ -33,6 +34,6 @@ def test_partial_tiles_never_take_the_plain_kernel(loss, m, n):
 def test_the_switch_turns_it_off(monkeypatch):
     assert gluon_kernels.plain_block(256, 256, 1000)
     assert not gluon_kernels.plain_block(256, 256, 1000, plain=False)
-    monkeypatch.setattr(gluon_kernels, "GRAD_PLAIN", False)
+    monkeypatch.setattr(TUNING, "gluon_grad_plain", False)
     assert not gluon_kernels.plain_block(256, 256, 1000)
     assert gluon_kernels.plain_block(256, 256, 1000, plain=True)

@@ -66,10 +66,10 @@ def test_clip_shift_launch_with_true_maxima_compiles_for_sm90(tmp_path):
 def test_clip_gradient_slices_compile_for_sm90(tmp_path):
     """The CLIP gradient kernel with the op's tiles, its epilogue in column slices (SPLIT), TMA
     loads and stores, with and without the d-scale sum: it compiles for sm_90 and does not spill."""
-    from infclip.ops.contrastive_loss_triton import _TMA_GRAD
+    from infclip.ops.tuning import TUNING
 
     rows = _resources(tmp_path, "clip_grad tma", "clip_grad tma")
-    split = _TMA_GRAD[7] if len(_TMA_GRAD) > 7 else 1
+    split = TUNING.tma_grad[7] if len(TUNING.tma_grad) > 7 else 1
     assert {r[0] for r in rows} == {f"clip_grad tma split={split} dscale=1",
                                     f"clip_grad tma split={split} dscale=2"}
     for name, tiles, regs, stack, shared, ours in rows:
@@ -150,7 +150,7 @@ def test_gluon_log1p_is_the_triton_kernels_polynomial():
     same pair losses; a coefficient changed in one file only fails here."""
     import inspect
 
-    from infclip.ops import contrastive_loss_triton, gluon_kernels
+    from infclip.ops import gluon_kernels, kernels_common
 
     if gluon_kernels.available():
         pytest.skip(f"this Triton has no Gluon for Hopper: {gluon_kernels.available()}")
@@ -159,6 +159,6 @@ def test_gluon_log1p_is_the_triton_kernels_polynomial():
         lines = inspect.getsource(jitted.fn).split('"""')[-1].splitlines()
         return [line.strip() for line in lines if line.strip()]
 
-    triton_body = body(contrastive_loss_triton._log1p_unit)
+    triton_body = body(kernels_common._log1p_unit)
     assert len(triton_body) == 8 and triton_body[0].startswith("p = 0.00525")
     assert body(gluon_kernels._log1p_unit) == triton_body

@@ -20,6 +20,7 @@ import torch
 
 from infclip.ops import contrastive_loss
 from infclip.ops.blocks import LOGIT_BOUND_LIMIT
+from infclip.ops.tuning import TUNING
 
 UPSTREAM = 0.37
 
@@ -205,9 +206,8 @@ def test_band_logits_take_a_smaller_bound(monkeypatch):
     """Logits kept as 16-bit bands (fp16 here: the interpreter's bf16 dots are wrong) are rounded
     to 2^-11 of their size: above a bound of 2^14 the loss is NaN, not an overflow; below it,
     finite."""
-    assembly = pytest.importorskip("infclip.ops.assembly")
-    monkeypatch.setattr(assembly, "_BANDS_MIN_LOGITS", 0)
-    monkeypatch.setattr(assembly, "_BANDS_DTYPES", (torch.bfloat16, torch.float16))
+    monkeypatch.setattr(TUNING, "bands_min_logits", 0)
+    monkeypatch.setattr(TUNING, "bands_dtypes", (torch.bfloat16, torch.float16))
     img, txt = (x.requires_grad_() for x in  # (a backward follows: the logits are kept)
                 features(40, 7, 1.0, 1.0, seed=4, dtype=torch.float16, aligned=2.0))
     budget = 40 * 40 * 3 / 2**20  # MiB: the fp16 bands (2 bytes a pair), not S' in fp32 (6)

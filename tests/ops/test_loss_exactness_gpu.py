@@ -18,7 +18,6 @@ too), so these cases measure it: up to 2^-12.8 of the terms at |S'| ~ 1e4 to 1e5
 norms 30), 2^-16.6 at |S'| ~ 1e4 (s = -1e4, norms 1).
 """
 
-import importlib
 import math
 
 import pytest
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 
 from infclip.ops import contrastive_loss
 from infclip.ops.blocks import LOGIT_BOUND_LIMIT
+from infclip.ops.tuning import TUNING, tuning
 
 pytestmark = pytest.mark.gpu
 
@@ -103,7 +103,7 @@ def test_clip_matches_fp64_over_scales_and_norms(monkeypatch, dtype, b, d, path)
     if path == "kept_bands" and (dtype != torch.bfloat16 or b < 4097):
         pytest.skip("bf16 bands (40 MB: 2 bytes a pair at B = 4,097, not 6)")
     if path == "kept_bands":
-        monkeypatch.setattr(importlib.import_module("infclip.ops.assembly"), "_BANDS_MIN_LOGITS", 0)
+        monkeypatch.setattr(TUNING, "bands_min_logits", 0)
     # the kept bands' logits are rounded to bf16: the smaller bound they take
     limit = 2**12 if path == "kept_bands" else LOGIT_BOUND_LIMIT
     for k, scale in enumerate(SCALES):
@@ -158,14 +158,9 @@ def test_rows_far_below_their_bound_keep_their_sum(dtype):
 def test_kept_bands_above_their_bound_give_nan():
     """bf16 bands kept (their logits rounded to bf16) at a bound above 2^12: a NaN loss, not an
     overflow."""
-    assembly = importlib.import_module("infclip.ops.assembly")
     img, txt = (x.requires_grad_() for x in  # (a backward follows: the logits are kept)
                 _features(4097, 640, torch.bfloat16, (1.0, 1.0), seed=0, aligned=2.0))
     scale = torch.full((1,), 1e4, device="cuda")
-    old = assembly._BANDS_MIN_LOGITS
-    assembly._BANDS_MIN_LOGITS = 0
-    try:
+    with tuning(bands_min_logits=0):
         loss = contrastive_loss(img, txt, scale, impl="triton", logits_budget_mb=40.0)
-    finally:
-        assembly._BANDS_MIN_LOGITS = old
     assert torch.isnan(loss)

@@ -5,7 +5,7 @@ Rank 0 runs the loss assembly through the emulated sweep of bench/bench_rank_com
 steps and shapes, the other ranks' column blocks made up front, collectives as local work). Its
 numbers are not the whole batch's, but both ways of taking d loss / d s must give the same ones on
 the same inputs: the forward's weighted sums (the per-tile statistics kernels) and the plain sums
-by column strips with each gradient block summing its share (assembly.SWEEPS_SUM_DSCALE). On the
+by column strips with each gradient block summing its share (TUNING.sweeps_sum_dscale). On the
 CPU: the Triton interpreter with the TMA kernels forced, tiny blocks. On a GPU (`pytest -m gpu`):
 b = 12,288 rows (b x b at the strips' size), bf16, the Gluon kernels on sm_90. The real
 multi-process checks: tests/ops/test_distributed.py (gloo), tests/ops/_nccl_worker.py (NCCL).
@@ -19,6 +19,7 @@ import torch
 
 from infclip.ops import assembly
 from infclip.ops import contrastive_loss_triton as tri
+from infclip.ops.tuning import TUNING
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 import bench_rank_compute as emulation  # noqa: E402
@@ -36,7 +37,7 @@ def _features(world: int, b: int, d: int, device: str):
 
 def _rank0(scheme, world, eps, summed, img, txt, monkeypatch):
     """[loss, d_img, d_txt, d_scale] of rank 0, and the dscale_summed of each gradient call."""
-    monkeypatch.setattr(assembly, "SWEEPS_SUM_DSCALE", summed)
+    monkeypatch.setattr(TUNING, "sweeps_sum_dscale", summed)
     calls, real = [], tri.clip_grads_triton
     monkeypatch.setattr(tri, "clip_grads_triton",
                         lambda *a, **k: (calls.append(bool(k.get("dscale_summed"))), real(*a, **k))[1])
@@ -62,8 +63,8 @@ def _check(scheme, world, eps, img, txt, monkeypatch, tols):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton interpreter (tests/run.sh)")
 @pytest.mark.parametrize("scheme,world,eps", CASES)
 def test_summed_d_scale_equals_the_weighted_sums(scheme, world, eps, monkeypatch):
-    monkeypatch.setattr(tri, "_TMA_FORCE", True)
-    monkeypatch.setattr(tri, "_STRIPS_MIN_LOGITS", 0)
+    monkeypatch.setattr(TUNING, "tma_force", True)
+    monkeypatch.setattr(TUNING, "strips_min_logits", 0)
     img, txt = _features(world, 16, 16, "cpu")
     _check(scheme, world, eps, img, txt, monkeypatch, (1e-6, 1e-5, 1e-5, 1e-5))
 
