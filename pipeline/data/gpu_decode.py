@@ -43,6 +43,7 @@ import torch
 from PIL import Image
 
 from .image_ops import normalize_pixels, resized_crop_normalize, resized_crop_normalize_flat
+from .nvjpeg import NvJpegError, load_decoder
 
 __all__ = ["DecodeStage", "cuda_decode_available", "pack_jpegs", "pil_decode", "prefetched"]
 
@@ -127,8 +128,6 @@ class DecodeStage:
                                        (lambda files, dev: [pil_decode(f).to(dev) for f in files]))
         self.nvjpeg = None
         if cuda and decoder != "torchvision":
-            from .nvjpeg import load_decoder
-
             with torch.cuda.device(self.device):
                 self.nvjpeg, why = load_decoder()
             if self.nvjpeg is None:
@@ -210,8 +209,6 @@ class DecodeStage:
         ``out``; False (nothing written) when there is no direct decoder or the call fails."""
         if self.nvjpeg is None or not len(dest):
             return False
-        from .nvjpeg import NvJpegError
-
         try:
             t0 = time.perf_counter()
             flat, starts = self.nvjpeg.decode(data, offsets, sizes, self.stream)
