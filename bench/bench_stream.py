@@ -141,8 +141,9 @@ def main(argv=None) -> int:
     p.add_argument("--micro_batch", type=int, default=None, help="default: the preset's")
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
-                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; cpu or gpu[/DECODER][@SHARE]: "
-                        "data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE)")
+                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; cpu or gpu[/DECODER][@SHARE][*LANES]: "
+                        "data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
+                        "data.gpu_decode_lanes LANES)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
     p.add_argument("--shards", type=int, default=32)
@@ -177,10 +178,12 @@ def main(argv=None) -> int:
                                     vocab_size=min(run_cfg.data.vocab_size, 4096))
     te = build_engine(run_cfg, tokenizer)
 
-    default_share = run_cfg.data.gpu_decode_share
+    default_share, default_lanes = run_cfg.data.gpu_decode_share, run_cfg.data.gpu_decode_lanes
 
     def loader(urls, decode, crop):
         cfg = run_cfg.data
+        decode, _, lanes = decode.partition("*")  # gpu*1: data.gpu_decode_lanes 1
+        cfg.gpu_decode_lanes = int(lanes) if lanes else default_lanes
         decode, _, share = decode.partition("@")  # gpu@0.5: data.gpu_decode_share 0.5
         decode, _, decoder = decode.partition("/")  # gpu/torchvision: data.gpu_decoder
         cfg.decode, cfg.crop_scale, cfg.gpu_decoder = decode, list(crop), decoder or "auto"
@@ -209,7 +212,8 @@ def main(argv=None) -> int:
             build = loader(sets[name], decode, crop)
         gpu = ":gpu" in phase
         row = {**base, "phase": phase, "gpu_decode_share": run_cfg.data.gpu_decode_share if gpu else None,
-               "gpu_decoder": run_cfg.data.gpu_decoder if gpu else None, "switch_interval": sys.getswitchinterval(),
+               "gpu_decoder": run_cfg.data.gpu_decoder if gpu else None,
+               "gpu_decode_lanes": run_cfg.data.gpu_decode_lanes if gpu else None, "switch_interval": sys.getswitchinterval(),
                **run_phase(te, run_cfg, build, args.warmup, args.steps)}
         rows.append(row)
         print(f"{phase:>14} (switch {1e3 * row['switch_interval']:.2g} ms): {row['samples_per_s']:8.0f} samples/s, "

@@ -152,7 +152,8 @@ def _pixel_stage(cfg: DataConfig, gpu_decode: bool, device: Optional[torch.devic
     if gpu_decode:
         from .gpu_decode import DecodeStage
 
-        return None, DecodeStage(device, dtype, cfg.image_mean, cfg.image_std, decoder=cfg.gpu_decoder)
+        return None, DecodeStage(device, dtype, cfg.image_mean, cfg.image_std, decoder=cfg.gpu_decoder,
+                                 lanes=cfg.gpu_decode_lanes)
 
     def normalize(pixels: torch.Tensor) -> torch.Tensor:
         if device is not None:

@@ -78,6 +78,11 @@ class DataConfig:
     backend where the GPU has JPEG engines, on the decode stage's high-priority stream, into one
     buffer: ``pipeline.data.nvjpeg``), ``"torchvision"`` (``torchvision.io.decode_jpeg``) or
     ``"auto"``: nvjpeg when the library loads, else torchvision."""
+    gpu_decode_lanes: int = 2
+    """With the direct nvJPEG decoder, how many batches are decoded at once, each in a lane of its
+    own (a decoder state, a stream and a host thread). nvJPEG's batched call returns only when its
+    batch is decoded, and while a step runs that takes several times as long as on an idle GPU
+    (its kernels queue behind the step's); a second lane decodes the next batch meanwhile."""
     device_cache: bool = False
     """Decode every training sample once into device memory and serve batches from there
     (``pipeline.data.device_cache``): for data sets that fit (at most half the free memory), when the
@@ -114,6 +119,9 @@ class DataConfig:
             raise ConfigError(f"'gpu_decode_share' must be in [0, 1], got {self.gpu_decode_share}")
         if self.decode not in ("auto", "cpu", "gpu"):
             raise ConfigError(f"'decode' must be \"auto\", \"cpu\" or \"gpu\", got {self.decode!r}")
+        if not isinstance(self.gpu_decode_lanes, int) or isinstance(self.gpu_decode_lanes, bool) \
+                or not 1 <= self.gpu_decode_lanes <= 8:
+            raise ConfigError(f"'gpu_decode_lanes' must be an integer in [1, 8], got {self.gpu_decode_lanes!r}")
         if self.gpu_decoder not in ("auto", "nvjpeg", "torchvision"):
             raise ConfigError(f"'gpu_decoder' must be \"auto\", \"nvjpeg\" or \"torchvision\", got {self.gpu_decoder!r}")
 

@@ -3,9 +3,10 @@
 Design: with ``data.decode`` "gpu" (``"auto"`` on CUDA) the loader workers only read tar members,
 parse each JPEG's header (size, mode) to draw its crop box, and tokenise; a batch leaves them
 as the JPEG files laid end to end in one uint8 tensor (a tenth of the bytes of the decoded
-crops, through shared memory). In the training process a background thread takes each batch as
-the DataLoader hands it over and, on a CUDA side stream, decodes its JPEGs with nvJPEG
-(``torchvision.io.decode_jpeg(..., device="cuda")``, one batched call), resizes every box with
+crops, through shared memory). In the training process background threads take each batch as
+the DataLoader hands it over (batch ``i`` to lane ``i % lanes``, each lane its own thread, decoder
+state and stream, :func:`prefetched`) and, on the lane's CUDA side stream, decode its JPEGs with
+nvJPEG (:mod:`pipeline.data.nvjpeg`, or ``torchvision.io.decode_jpeg``; one batched call), resize every box with
 one kernel (:func:`pipeline.data.image_ops.resized_crop_normalize`) and copies the tokens; the step
 waits on the batch's event, not on the host, so decode overlaps the previous step. A thread,
 because ``decode_jpeg`` returns only when its batch is decoded: in the training thread that wait
@@ -22,7 +23,9 @@ sample, so the batch keeps its size and every rank its share of the global batch
 Stream safety: torchvision's decoder allocates its outputs on the caller's current stream and
 writes them on a stream of its own; the stage makes the side stream current and waits for the
 side stream's previous batch before each decode, so no block the decoder is handed is still
-read by queued work. The batch's tensors are consumed on the training stream, which waits on
+read by queued work. Every host-to-device copy goes through pinned memory
+(:func:`pipeline.data.image_ops.upload`): a copy from pageable memory would wait for the decode
+queued before it. The batch's tensors are consumed on the training stream, which waits on
 the batch's event and marks them used there (``record_stream``).
 
 The same stage runs on the CPU with a PIL decoder (``decode_fn``): what the tests exercise
@@ -36,13 +39,14 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
 from PIL import Image
 
-from .image_ops import normalize_pixels, resized_crop_normalize, resized_crop_normalize_flat
+from .image_ops import normalize_pixels, resized_crop_normalize, resized_crop_normalize_flat, upload
 from .nvjpeg import NvJpegError, load_decoder
 
 __all__ = ["DecodeStage", "cuda_decode_available", "pack_jpegs", "pil_decode", "prefetched"]
@@ -103,6 +107,18 @@ class _Elapsed:
         return float(self.start.elapsed_time(self.end))
 
 
+class _Lane:
+    """Where one batch at a time is decoded: a direct decoder (or None), a high-priority stream
+    (None on the CPU), and the event after its previous batch."""
+
+    def __init__(self, device: Optional[torch.device], nvjpeg: Any) -> None:
+        self.nvjpeg = nvjpeg
+        # high priority: the crop's blocks go ahead of the step's queued ones, so a batch is ready
+        # sooner and the lane's next decode, which waits for it, starts sooner (the GPU time is the same)
+        self.stream = torch.cuda.Stream(device, priority=-1) if device is not None else None
+        self.last: Any = None
+
+
 class DecodeStage:
     """Turns a worker's GPU-decode batch into a training batch on ``device`` (see module docstring).
 
@@ -120,62 +136,79 @@ class DecodeStage:
 
     def __init__(self, device: torch.device, dtype: torch.dtype, mean: Sequence[float], std: Sequence[float],
                  decode_fn: Optional[Callable[[List[torch.Tensor], torch.device], List[torch.Tensor]]] = None,
-                 decoder: str = "auto") -> None:
+                 decoder: str = "auto", lanes: int = 1) -> None:
         self.device, self.dtype = torch.device(device), dtype
         self.mean, self.std = list(mean), list(std)
         cuda = self.device.type == "cuda"
         self.decode_fn = decode_fn or (_nvjpeg_decode if cuda else
                                        (lambda files, dev: [pil_decode(f).to(dev) for f in files]))
-        self.nvjpeg = None
+        nvjpeg = None
         if cuda and decoder != "torchvision":
             with torch.cuda.device(self.device):
-                self.nvjpeg, why = load_decoder()
-            if self.nvjpeg is None:
+                nvjpeg, why = load_decoder()
+            if nvjpeg is None:
                 if decoder == "nvjpeg":
                     raise RuntimeError(f"data.gpu_decoder 'nvjpeg': the library cannot be used ({why})")
                 logger.info("nvJPEG cannot be called directly (%s): decoding through torchvision", why)
-        # high priority: the crop's blocks go ahead of the step's queued ones, so a batch is ready
-        # sooner and the next decode, which waits for it, starts sooner (the GPU time is the same)
-        self.stream = torch.cuda.Stream(self.device, priority=-1) if cuda else None
-        self._last: Any = None  # the side stream's event after the previous batch
+        # torchvision's decoder (and the CPU) decode one batch at a time: one lane
+        self.lanes = max(1, int(lanes)) if nvjpeg is not None else 1
+        self._lanes = [_Lane(self.device, nvjpeg if k == 0 else nvjpeg.another()) if cuda else _Lane(None, None)
+                       for k in range(self.lanes)]
+        self.nvjpeg = nvjpeg
+        self._lock = threading.Lock()
         self.fallbacks = {"cpu_decode": 0, "bad_image": 0, "batch_retry": 0}
         """JPEGs decoded by PIL after the GPU decoder rejected them, those nobody could decode, and
         batches the direct decoder's batched call failed on (decoded file by file instead)."""
         self.host_s = {"waiting": 0.0, "queueing": 0.0, "in_nvjpeg": 0.0, "batches": 0}
-        """The decode thread's wall time: waiting for the previous batch's GPU work, queueing this
-        one's (the host side of a batch: the decode call, the crop's launches, the copies), the
-        part of that spent inside the direct nvJPEG call, and the batch count."""
+        """The decode threads' wall time, summed over lanes: waiting for the lane's previous batch's
+        GPU work, queueing this one's (the host side of a batch: the decode call, the crop's
+        launches, the copies), the part of that spent inside the direct nvJPEG call, and the batch count."""
 
-    def __call__(self, batch: Dict[str, Any]) -> Dict[str, Any]:
+    @property
+    def stream(self) -> Optional[torch.cuda.Stream]:
+        """The first lane's stream (None on the CPU)."""
+        return self._lanes[0].stream
+
+    def _count(self, what: str) -> int:
+        with self._lock:
+            self.fallbacks[what] += 1
+            return self.fallbacks[what]
+
+    def __call__(self, batch: Dict[str, Any], lane: int = 0) -> Dict[str, Any]:
         """The batch with ``pixel_values`` [B, 3, S, S] in ``dtype`` on the device, tokens moved
         there, ``decode_ms`` (GPU time of decode + crop) and, when it waits on the device,
-        ``ready`` (the event the consumer's stream must wait on)."""
-        if self.stream is None:
-            return self._finish(batch)
+        ``ready`` (the event the consumer's stream must wait on). ``lane``: which of the stage's
+        lanes decodes it (one thread a lane at a time)."""
+        run = self._lanes[lane]
+        if run.stream is None:
+            return self._finish(batch, run)[0]
         t0 = time.perf_counter()
-        if self._last is not None:
-            self._last.synchronize()
+        if run.last is not None:
+            run.last.synchronize()
         t1 = time.perf_counter()
-        with torch.cuda.stream(self.stream):
+        with torch.cuda.stream(run.stream):
             # blocking: the thread sleeps in its waits instead of spinning on a core the step may need
             start, end = (torch.cuda.Event(enable_timing=True, blocking=True) for _ in range(2))
             start.record()
-            out = self._finish(batch)
+            out, in_nvjpeg = self._finish(batch, run)
             end.record()
         out["decode_ms"] = _Elapsed(start, end)
-        out["ready"] = self._last = end
-        self.host_s["waiting"] += t1 - t0
-        self.host_s["queueing"] += time.perf_counter() - t1
-        self.host_s["batches"] += 1
+        out["ready"] = run.last = end
+        with self._lock:
+            self.host_s["waiting"] += t1 - t0
+            self.host_s["queueing"] += time.perf_counter() - t1
+            self.host_s["in_nvjpeg"] += in_nvjpeg
+            self.host_s["batches"] += 1
         return out
 
-    def _finish(self, batch: Dict[str, Any]) -> Dict[str, Any]:
+    def _finish(self, batch: Dict[str, Any], run: "_Lane") -> tuple:
+        """(the batch on the device, seconds spent in the direct nvJPEG call)."""
         if "jpeg_bytes" not in batch:  # every image of the batch was decoded in a worker
-            pixels = batch["pixel_values"].to(self.device, non_blocking=True)
-            batch["pixel_values"] = normalize_pixels(pixels, self.mean, self.std, self.dtype)
+            batch["pixel_values"] = normalize_pixels(upload(batch["pixel_values"], self.device), self.mean, self.std,
+                                                     self.dtype)
             for key in ("input_ids", "attention_mask"):
-                batch[key] = batch[key].to(self.device, non_blocking=True)
-            return batch
+                batch[key] = upload(batch[key], self.device)
+            return batch, 0.0
         data, offsets = batch.pop("jpeg_bytes"), batch.pop("jpeg_offsets")
         boxes, sizes, dest = batch.pop("jpeg_boxes"), batch.pop("jpeg_sizes"), batch.pop("jpeg_dest")
         names, cpu_dest = batch.pop("jpeg_names"), batch.pop("cpu_dest")
@@ -183,7 +216,8 @@ class DecodeStage:
         size = cpu_pixels.shape[-1]
         out = torch.empty(len(dest) + cpu_pixels.shape[0], 3, size, size, dtype=self.dtype, device=self.device)
         bad: List[int] = []
-        if not self._decode_batched(data, offsets, sizes, boxes, out, dest):
+        in_nvjpeg = self._decode_batched(run, data, offsets, sizes, boxes, out, dest)
+        if in_nvjpeg is None:
             files = list(torch.split(data, (offsets[1:] - offsets[:-1]).tolist()))
             images = self._decode(files, names)
             failed = [i for i, im in enumerate(images) if im is None]
@@ -193,33 +227,33 @@ class DecodeStage:
                 images, boxes, sizes, dest = [images[i] for i in keep.tolist()], boxes[keep], sizes[keep], dest[keep]
             resized_crop_normalize(images, boxes, out, dest, self.mean, self.std, sizes)
         if cpu_pixels.shape[0]:
-            out[cpu_dest.to(self.device)] = normalize_pixels(cpu_pixels.to(self.device, non_blocking=True),
-                                                             self.mean, self.std, self.dtype)
+            out[upload(cpu_dest, self.device)] = normalize_pixels(upload(cpu_pixels, self.device), self.mean, self.std,
+                                                                  self.dtype)
         for key in ("input_ids", "attention_mask"):
-            batch[key] = batch[key].to(self.device, non_blocking=True)
+            batch[key] = upload(batch[key], self.device)
         if bad:
             self._stand_in(batch, out, bad)
         batch["pixel_values"] = out
         batch["decode_ms"] = _Elapsed(None, None)
-        return batch
+        return batch, in_nvjpeg or 0.0
 
-    def _decode_batched(self, data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor,
-                        out: torch.Tensor, dest: torch.Tensor) -> bool:
-        """The batch's JPEGs decoded by the direct nvJPEG call into one buffer and cropped into
-        ``out``; False (nothing written) when there is no direct decoder or the call fails."""
-        if self.nvjpeg is None or not len(dest):
-            return False
+    def _decode_batched(self, run: "_Lane", data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor,
+                        boxes: torch.Tensor, out: torch.Tensor, dest: torch.Tensor) -> Optional[float]:
+        """The batch's JPEGs decoded by the lane's direct nvJPEG call into one buffer and cropped into
+        ``out``: the seconds spent in the call, or None (nothing written) when there is no direct
+        decoder or the call fails."""
+        if run.nvjpeg is None or not len(dest):
+            return None
         try:
             t0 = time.perf_counter()
-            flat, starts = self.nvjpeg.decode(data, offsets, sizes, self.stream)
-            self.host_s["in_nvjpeg"] += time.perf_counter() - t0
+            flat, starts = run.nvjpeg.decode(data, offsets, sizes, run.stream)
+            spent = time.perf_counter() - t0
         except NvJpegError as exc:
-            self.fallbacks["batch_retry"] += 1
-            if self.fallbacks["batch_retry"] <= 5:
+            if self._count("batch_retry") <= 5:
                 logger.warning("nvJPEG's batched decode failed (%s); decoding the batch file by file", exc)
-            return False
+            return None
         resized_crop_normalize_flat(flat, starts, sizes, boxes, out, dest, self.mean, self.std)
-        return True
+        return spent
 
     def _decode(self, files: List[torch.Tensor], names: List[str]) -> List[Optional[torch.Tensor]]:
         """Every file decoded on the device, or None where neither the decoder nor PIL can."""
@@ -238,14 +272,12 @@ class DecodeStage:
                 gpu_error = exc
             try:
                 images.append(pil_decode(f).to(self.device))
-                self.fallbacks["cpu_decode"] += 1
-                if self.fallbacks["cpu_decode"] <= 5:
+                if self._count("cpu_decode") <= 5:
                     logger.warning("%s: the GPU decoder failed (%s); decoded on the CPU", name,
                                    str(gpu_error).strip()[:160])
             except Exception as exc:
                 images.append(None)
-                self.fallbacks["bad_image"] += 1
-                if self.fallbacks["bad_image"] <= 5:
+                if self._count("bad_image") <= 5:
                     logger.warning("skipping bad_image: %s: %r (its row repeats the batch's first good sample)",
                                    name, exc)
         return images
@@ -267,16 +299,25 @@ class DecodeStage:
         batch["_skips"] = skips
 
 
-def prefetched(records: Iterable[Dict[str, Any]], finish: Callable[[Dict[str, Any]], Dict[str, Any]],
-               is_batch: Callable[[Dict[str, Any]], bool], depth: int = 2) -> Iterator[Dict[str, Any]]:
-    """``records`` with ``finish`` applied to the batches among them, run by a background thread
-    up to ``depth`` batches ahead, in order. An error in the thread is raised here; closing the
-    generator (or leaving it early) stops the thread."""
-    q: "queue.Queue" = queue.Queue(maxsize=depth)
+def prefetched(records: Iterable[Dict[str, Any]], finish: Callable[[Dict[str, Any], int], Dict[str, Any]],
+               is_batch: Callable[[Dict[str, Any]], bool], depth: int = 2, lanes: int = 1) -> Iterator[Dict[str, Any]]:
+    """``records`` with ``finish(record, lane)`` applied to the batches among them, in order. A
+    feeding thread reads ``records`` and hands batch ``i`` to lane ``i % lanes``, each lane a
+    thread of its own, so ``lanes`` batches are finished at once, up to ``depth`` ahead of the
+    consumer. An error in a thread is raised here; closing the generator (or leaving it early)
+    stops the threads."""
+    lanes = max(1, int(lanes))
+    q: "queue.Queue" = queue.Queue(maxsize=depth + lanes - 1)
     stop = threading.Event()
+    pools = [ThreadPoolExecutor(1, thread_name_prefix=f"infclip-decode-{k}") for k in range(lanes)]
     _END = object()
 
-    def put(item: Any) -> bool:
+    def ready(value: Any = None, error: Optional[BaseException] = None) -> Future:
+        done: Future = Future()
+        done.set_exception(error) if error is not None else done.set_result(value)
+        return done
+
+    def put(item: Future) -> bool:
         while not stop.is_set():
             try:
                 q.put(item, timeout=0.1)
@@ -285,25 +326,30 @@ def prefetched(records: Iterable[Dict[str, Any]], finish: Callable[[Dict[str, An
                 continue
         return False
 
-    def work() -> None:
+    def feed() -> None:
+        n = 0
         try:
             for record in records:
-                if not put(finish(record) if is_batch(record) else record):
+                if is_batch(record):
+                    item, n = pools[n % lanes].submit(finish, record, n % lanes), n + 1
+                else:
+                    item = ready(record)
+                if not put(item):
                     return
-            put(_END)
+            put(ready(_END))
         except BaseException as exc:  # handed to the consumer, which raises it
-            put(exc)
+            put(ready(error=exc))
 
-    thread = threading.Thread(target=work, name="infclip-decode", daemon=True)
+    thread = threading.Thread(target=feed, name="infclip-decode-feed", daemon=True)
     thread.start()
     try:
         while True:
-            item = q.get()
+            item = q.get().result()
             if item is _END:
                 return
-            if isinstance(item, BaseException):
-                raise item
             yield item
     finally:
         stop.set()
         thread.join(timeout=30)
+        for pool in pools:
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -32,9 +32,22 @@ import triton
 import triton.language as tl
 
 __all__ = ["normalize_pixels", "resized_crop_normalize", "resized_crop_normalize_flat", "resized_crop_normalize_reference",
-           "taps_for"]
+           "taps_for", "upload"]
 
 _BLOCK = 256
+
+
+def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor on ``device``, queued on the current stream without the host waiting.
+
+    On CUDA a copy from pageable memory (``torch.tensor(..., device=...)``, or ``.to`` of an
+    unpinned tensor, ``non_blocking`` or not) first waits for everything already queued on the
+    stream: on the decode stage's stream that is the batch's decode, which under a training step
+    takes about a step. Staged through pinned memory, the copy is only queued (the pinned block is
+    kept until the copy has run)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
 
 
 @triton.jit
@@ -112,8 +125,8 @@ def _store_level(out, value, mean_ptr, std_ptr, c: tl.constexpr, S: tl.constexpr
 def normalize_pixels(pixels: torch.Tensor, mean: Sequence[float], std: Sequence[float],
                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """uint8 [B, 3, H, W] (on any device) -> ``dtype`` (x / 255 - mean) / std, computed in fp32."""
-    m = torch.tensor(mean, dtype=torch.float32, device=pixels.device).view(1, 3, 1, 1)
-    sd = torch.tensor(std, dtype=torch.float32, device=pixels.device).view(1, 3, 1, 1)
+    m = upload(torch.tensor(mean, dtype=torch.float32), pixels.device).view(1, 3, 1, 1)
+    sd = upload(torch.tensor(std, dtype=torch.float32), pixels.device).view(1, 3, 1, 1)
     return pixels.float().div_(255.0).sub_(m).div_(sd).to(dtype)
 
 
@@ -175,14 +188,13 @@ def resized_crop_normalize_flat(flat: torch.Tensor, starts: torch.Tensor, sizes:
         raise ValueError(f"image {k}: box {tuple(boxes[k].tolist())} outside its {int(W[k])} x {int(H[k])} pixels")
     meta = torch.stack([starts, H, W, x, y, w, h, dest], 1)
     taps = taps_for(torch.maximum(w, h), size)
-    m = torch.tensor(list(mean), dtype=torch.float32, device=out.device)
-    s = torch.tensor(list(std), dtype=torch.float32, device=out.device)
+    m = upload(torch.tensor(list(mean), dtype=torch.float32), out.device)
+    s = upload(torch.tensor(list(std), dtype=torch.float32), out.device)
     for t in taps.unique().tolist():
         members = taps == t
         part = meta if bool(members.all()) else meta[members]
         grid = (part.shape[0], triton.cdiv(size * size, _BLOCK))
-        _resized_crop_kernel[grid](flat, part.to(out.device, non_blocking=True), out, m, s, S=size, TAPS=t,
-                                   BLOCK=_BLOCK)
+        _resized_crop_kernel[grid](flat, upload(part, out.device), out, m, s, S=size, TAPS=t, BLOCK=_BLOCK)
     return out
 
 

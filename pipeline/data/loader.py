@@ -193,7 +193,8 @@ class ShardLoader:
         if self.stage is not None:
             from .gpu_decode import prefetched
 
-            records = prefetched(records, self.stage, lambda r: END_OF_STREAM not in r)
+            records = prefetched(records, self.stage, lambda r: END_OF_STREAM not in r,
+                                 lanes=getattr(self.stage, "lanes", 1))
         try:
             yield from self._batches(records, left)
         finally:
@@ -239,6 +240,14 @@ def _ignore_stop_signals(worker_id: int) -> None:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
+def worker_start_method() -> Optional[str]:
+    """How loader workers start: forked (the default) until this process has used CUDA, then from
+    a fork server. A forked child clears the other threads' frames, and a CUDA tensor one of them
+    held (the GPU decode stage's batches in flight) would be freed there, where CUDA cannot run:
+    the worker aborts. A fork server's children come from a process that never touched CUDA."""
+    return "forkserver" if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+
 def make_loader(spec: StreamSpec, workers: int, prefetch_factor: int,
                 normalize: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
                 stage: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None) -> ShardLoader:
@@ -247,7 +256,8 @@ def make_loader(spec: StreamSpec, workers: int, prefetch_factor: int,
     ``stage`` as :class:`ShardLoader` takes them."""
     kwargs: Dict[str, Any] = {}
     if workers > 0:
-        kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=False, worker_init_fn=_ignore_stop_signals)
+        kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=False, worker_init_fn=_ignore_stop_signals,
+                      multiprocessing_context=worker_start_method())
     dl = torch.utils.data.DataLoader(ShardStream(spec), batch_size=None, num_workers=workers,
                                      pin_memory=torch.cuda.is_available(), **kwargs)
     return ShardLoader(dl, spec, batches_per_epoch=spec.batches_per_rank, normalize=normalize, stage=stage)

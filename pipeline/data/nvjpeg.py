@@ -81,7 +81,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 class NvJpeg:
-    """One nvJPEG handle and batched-decode state on the current CUDA device (one thread uses it).
+    """One nvJPEG handle and batched-decode state on the current CUDA device (one thread uses it;
+    the batched call returns when its batch is decoded).
 
     Args:
         lib: the loaded library (:func:`load_decoder` finds it).
@@ -98,6 +99,10 @@ class NvJpeg:
         self._check(lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state)), "nvjpegJpegStateCreate")
         self._batch = 0
         self._inflight: Tuple = ()  # the host bytes and pointer arrays of the batch the GPU may still read
+
+    def another(self) -> "NvJpeg":
+        """A second handle and state on the same library (for a second thread)."""
+        return NvJpeg(self._lib)
 
     @staticmethod
     def _check(status: int, what: str) -> None:
@@ -119,6 +124,8 @@ class NvJpeg:
         """
         n = offsets.numel() - 1
         stream = stream or torch.cuda.current_stream()
+        if not data.is_pinned():  # the library's copy of pageable bytes would wait for the stream
+            data = data.pin_memory()
         W, H = sizes[:, 0].to(torch.int64), sizes[:, 1].to(torch.int64)
         plane = W * H
         starts = torch.cumsum(3 * plane, 0) - 3 * plane
