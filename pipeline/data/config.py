@@ -119,9 +119,9 @@ class DataConfig:
             raise ConfigError(f"'gpu_decode_share' must be in [0, 1], got {self.gpu_decode_share}")
         if self.decode not in ("auto", "cpu", "gpu"):
             raise ConfigError(f"'decode' must be \"auto\", \"cpu\" or \"gpu\", got {self.decode!r}")
-        if not isinstance(self.gpu_decode_lanes, int) or isinstance(self.gpu_decode_lanes, bool) \
-                or not 1 <= self.gpu_decode_lanes <= 8:
-            raise ConfigError(f"'gpu_decode_lanes' must be an integer in [1, 8], got {self.gpu_decode_lanes!r}")
+        require_at_least(self, 1, "gpu_decode_lanes")  # an integer: the section's typed read checks that
+        if self.gpu_decode_lanes > 8:
+            raise ConfigError(f"'gpu_decode_lanes' must be <= 8, got {self.gpu_decode_lanes}")
         if self.gpu_decoder not in ("auto", "nvjpeg", "torchvision"):
             raise ConfigError(f"'gpu_decoder' must be \"auto\", \"nvjpeg\" or \"torchvision\", got {self.gpu_decoder!r}")
 

@@ -181,7 +181,7 @@ class DecodeStage:
         lanes decodes it (one thread a lane at a time)."""
         run = self._lanes[lane]
         if run.stream is None:
-            return self._finish(batch, run)[0]
+            return self._finish(batch, run)
         t0 = time.perf_counter()
         if run.last is not None:
             run.last.synchronize()
@@ -190,25 +190,23 @@ class DecodeStage:
             # blocking: the thread sleeps in its waits instead of spinning on a core the step may need
             start, end = (torch.cuda.Event(enable_timing=True, blocking=True) for _ in range(2))
             start.record()
-            out, in_nvjpeg = self._finish(batch, run)
+            out = self._finish(batch, run)
             end.record()
         out["decode_ms"] = _Elapsed(start, end)
         out["ready"] = run.last = end
         with self._lock:
             self.host_s["waiting"] += t1 - t0
             self.host_s["queueing"] += time.perf_counter() - t1
-            self.host_s["in_nvjpeg"] += in_nvjpeg
             self.host_s["batches"] += 1
         return out
 
-    def _finish(self, batch: Dict[str, Any], run: "_Lane") -> tuple:
-        """(the batch on the device, seconds spent in the direct nvJPEG call)."""
+    def _finish(self, batch: Dict[str, Any], run: "_Lane") -> Dict[str, Any]:
         if "jpeg_bytes" not in batch:  # every image of the batch was decoded in a worker
             batch["pixel_values"] = normalize_pixels(upload(batch["pixel_values"], self.device), self.mean, self.std,
                                                      self.dtype)
             for key in ("input_ids", "attention_mask"):
                 batch[key] = upload(batch[key], self.device)
-            return batch, 0.0
+            return batch
         data, offsets = batch.pop("jpeg_bytes"), batch.pop("jpeg_offsets")
         boxes, sizes, dest = batch.pop("jpeg_boxes"), batch.pop("jpeg_sizes"), batch.pop("jpeg_dest")
         names, cpu_dest = batch.pop("jpeg_names"), batch.pop("cpu_dest")
@@ -216,8 +214,7 @@ class DecodeStage:
         size = cpu_pixels.shape[-1]
         out = torch.empty(len(dest) + cpu_pixels.shape[0], 3, size, size, dtype=self.dtype, device=self.device)
         bad: List[int] = []
-        in_nvjpeg = self._decode_batched(run, data, offsets, sizes, boxes, out, dest)
-        if in_nvjpeg is None:
+        if not self._decode_batched(run, data, offsets, sizes, boxes, out, dest):
             files = list(torch.split(data, (offsets[1:] - offsets[:-1]).tolist()))
             images = self._decode(files, names)
             failed = [i for i, im in enumerate(images) if im is None]
@@ -235,25 +232,25 @@ class DecodeStage:
             self._stand_in(batch, out, bad)
         batch["pixel_values"] = out
         batch["decode_ms"] = _Elapsed(None, None)
-        return batch, in_nvjpeg or 0.0
+        return batch
 
     def _decode_batched(self, run: "_Lane", data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor,
-                        boxes: torch.Tensor, out: torch.Tensor, dest: torch.Tensor) -> Optional[float]:
+                        boxes: torch.Tensor, out: torch.Tensor, dest: torch.Tensor) -> bool:
         """The batch's JPEGs decoded by the lane's direct nvJPEG call into one buffer and cropped into
-        ``out``: the seconds spent in the call, or None (nothing written) when there is no direct
-        decoder or the call fails."""
+        ``out``; False (nothing written) when there is no direct decoder or the call fails."""
         if run.nvjpeg is None or not len(dest):
-            return None
+            return False
         try:
             t0 = time.perf_counter()
             flat, starts = run.nvjpeg.decode(data, offsets, sizes, run.stream)
-            spent = time.perf_counter() - t0
+            with self._lock:
+                self.host_s["in_nvjpeg"] += time.perf_counter() - t0
         except NvJpegError as exc:
             if self._count("batch_retry") <= 5:
                 logger.warning("nvJPEG's batched decode failed (%s); decoding the batch file by file", exc)
-            return None
+            return False
         resized_crop_normalize_flat(flat, starts, sizes, boxes, out, dest, self.mean, self.std)
-        return spent
+        return True
 
     def _decode(self, files: List[torch.Tensor], names: List[str]) -> List[Optional[torch.Tensor]]:
         """Every file decoded on the device, or None where neither the decoder nor PIL can."""

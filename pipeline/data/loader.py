@@ -245,7 +245,7 @@ def worker_start_method() -> Optional[str]:
     a fork server. A forked child clears the other threads' frames, and a CUDA tensor one of them
     held (the GPU decode stage's batches in flight) would be freed there, where CUDA cannot run:
     the worker aborts. A fork server's children come from a process that never touched CUDA."""
-    return "forkserver" if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return "forkserver" if torch.cuda.is_initialized() else None
 
 
 def make_loader(spec: StreamSpec, workers: int, prefetch_factor: int,

@@ -207,6 +207,12 @@ def test_decode_setting_is_checked():
     assert decode_on_gpu(DataConfig(train_shards="x.tar"), torch.device("cpu")) is False  # auto on the CPU
     with pytest.raises(ConfigError, match="'gpu_decoder' must be"):
         DataConfig(train_shards="x.tar", gpu_decoder="dali")
+    for lanes, why in ((0, "must be >= 1"), (9, "must be <= 8")):
+        with pytest.raises(ConfigError, match=f"'gpu_decode_lanes' {why}"):
+            DataConfig(train_shards="x.tar", gpu_decode_lanes=lanes)
+    with pytest.raises(ConfigError, match="'gpu_decode_lanes' must be an integer"):
+        DataConfig.from_dict({"train_shards": "x.tar", "gpu_decode_lanes": 1.5}, "run.json")
+    assert DataConfig(train_shards="x.tar").gpu_decode_lanes == 2
 
 
 def test_the_direct_decoder_says_why_it_cannot_load():
