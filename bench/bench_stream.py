@@ -4,10 +4,11 @@ Design: one process, one DeepSpeed engine built from the preset (compiled once),
 own training loop (:class:`pipeline.train.loop.TrainLoop`) run phase after phase on the same engine:
 ``synthetic`` (one real batch kept on the device and fed again every micro-step: the step with
 no data cost at all, the anchor), then the shard loader on each image set and decode mode asked
-for, then ``synthetic`` again (the anchor's drift over the call). Each phase runs ``--warmup``
+for, each followed by ``synthetic`` again. Each phase runs ``--warmup``
 steps (loader start, shuffle buffer, compile) and then ``--steps`` timed ones; samples/s is
 those steps over their wall time, from one device sync to the next. The ratio of a streamed
-phase to the mean of the two synthetic ones is what the data path costs the step: loader
+phase to the mean of the synthetic phases on either side of it (the GPU's clock drifts over a
+call as it heats) is what the data path costs the step: loader
 starvation and, with ``gpu`` decode, the decode kernels sharing the GPU with the step.
 
 Image sets (written once per ``--dir``, several processes rendering them): ``web256`` /
@@ -198,7 +199,8 @@ def main(argv=None) -> int:
     base = {"bench": "stream", "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "preset": args.preset, "micro_batch": run_cfg.micro_batch_size, "workers": run_cfg.data.workers,
             "cpu_count": os.cpu_count(), "device": torch.cuda.get_device_name(), "steps": args.steps}
-    phases = ["synthetic", *[(s, i) for i in args.switch_intervals for s in args.sets], "synthetic"]
+    streamed = [(s, i) for i in args.switch_intervals for s in args.sets]
+    phases = ["synthetic"] + [p for s in streamed for p in (s, "synthetic")]  # each streamed phase between two anchors
     rows = []
     default_interval = sys.getswitchinterval()
     for phase in phases:
@@ -222,14 +224,19 @@ def main(argv=None) -> int:
                  f"{row['decode_wait_ms']:.1f} ms + queues {row['decode_host_ms']:.1f} ms "
                  f"({row['decode_in_nvjpeg_ms']:.1f} in the nvJPEG call)" if row["gpu_decode_ms"] else ""),
               flush=True)
-    anchor = (rows[0]["samples_per_s"] + rows[-1]["samples_per_s"]) / 2
+    # the GPU's clock drifts over a call (heat, power cap): each row against the anchors on either side
+    for i, row in enumerate(rows):
+        near = [r["samples_per_s"] for r in rows[max(i - 1, 0):i + 2] if r["phase"] == "synthetic" and r is not row]
+        row["anchor_samples_per_s"] = sum(near) / len(near) if near else row["samples_per_s"]
+        row["ratio"] = row["samples_per_s"] / row["anchor_samples_per_s"]
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "a") as f:
         for row in rows:
-            row["ratio"] = row["samples_per_s"] / anchor
             f.write(json.dumps(row) + "\n")
-    for row in rows[1:-1]:
-        print(f"{row['phase']:>14}: {row['ratio']:.1%} of the synthetic step ({anchor:.0f} samples/s)", flush=True)
+    for row in rows:
+        if row["phase"] != "synthetic":
+            print(f"{row['phase']:>14}: {row['ratio']:.1%} of the synthetic step on either side "
+                  f"({row['anchor_samples_per_s']:.0f} samples/s)", flush=True)
     return 0
 
 

@@ -129,9 +129,10 @@ class DecodeStage:
         decode_fn: ``(list of uint8 [n] CPU tensors, device) -> list of uint8 [3, H, W]`` on the
             device; default torchvision's nvJPEG on CUDA, PIL elsewhere. The per-file path: the
             batch's when there is no direct decoder, and every file's when the batched call fails.
-        decoder: on CUDA, ``"nvjpeg"`` (the library directly, :mod:`pipeline.data.nvjpeg`; an error if
-            it cannot be loaded), ``"torchvision"`` (``decode_fn`` only) or ``"auto"`` (nvjpeg
-            when it loads).
+        decoder: on CUDA, ``"nvjpeg"`` (the library directly with its GPU backend,
+            :mod:`pipeline.data.nvjpeg`; an error if it cannot be loaded), ``"nvjpeg_hardware"``
+            (the same on the JPEG engines), ``"torchvision"`` (``decode_fn`` only) or ``"auto"``
+            (nvjpeg when it loads).
     """
 
     def __init__(self, device: torch.device, dtype: torch.dtype, mean: Sequence[float], std: Sequence[float],
@@ -145,10 +146,10 @@ class DecodeStage:
         nvjpeg = None
         if cuda and decoder != "torchvision":
             with torch.cuda.device(self.device):
-                nvjpeg, why = load_decoder()
+                nvjpeg, why = load_decoder("hardware" if decoder == "nvjpeg_hardware" else "gpu")
             if nvjpeg is None:
-                if decoder == "nvjpeg":
-                    raise RuntimeError(f"data.gpu_decoder 'nvjpeg': the library cannot be used ({why})")
+                if decoder != "auto":
+                    raise RuntimeError(f"data.gpu_decoder {decoder!r}: the library cannot be used ({why})")
                 logger.info("nvJPEG cannot be called directly (%s): decoding through torchvision", why)
         # torchvision's decoder (and the CPU) decode one batch at a time: one lane
         self.lanes = max(1, int(lanes)) if nvjpeg is not None else 1

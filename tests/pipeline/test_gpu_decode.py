@@ -207,12 +207,14 @@ def test_decode_setting_is_checked():
     assert decode_on_gpu(DataConfig(train_shards="x.tar"), torch.device("cpu")) is False  # auto on the CPU
     with pytest.raises(ConfigError, match="'gpu_decoder' must be"):
         DataConfig(train_shards="x.tar", gpu_decoder="dali")
+    for decoder in ("auto", "nvjpeg", "nvjpeg_hardware", "torchvision"):
+        assert DataConfig(train_shards="x.tar", gpu_decoder=decoder).gpu_decoder == decoder
     for lanes, why in ((0, "must be >= 1"), (9, "must be <= 8")):
         with pytest.raises(ConfigError, match=f"'gpu_decode_lanes' {why}"):
             DataConfig(train_shards="x.tar", gpu_decode_lanes=lanes)
     with pytest.raises(ConfigError, match="'gpu_decode_lanes' must be an integer"):
         DataConfig.from_dict({"train_shards": "x.tar", "gpu_decode_lanes": 1.5}, "run.json")
-    assert DataConfig(train_shards="x.tar").gpu_decode_lanes == 2
+    assert DataConfig(train_shards="x.tar").gpu_decode_lanes == 1
 
 
 def test_the_direct_decoder_says_why_it_cannot_load():
@@ -242,10 +244,10 @@ def test_nvjpeg_path_matches_the_cpu_path_on_the_gpu(tmp_path, tok):
 
 @pytest.mark.gpu
 def test_direct_nvjpeg_call_gives_torchvisions_batches(tmp_path, tok):
-    """data.gpu_decoder "nvjpeg" (ctypes, hardware backend, one buffer) and "torchvision": the same
-    library decodes, so the batches are equal, pixel for pixel."""
+    """data.gpu_decoder "nvjpeg_hardware" (ctypes, the JPEG engines, one buffer) and "torchvision": the
+    same library and backend decode, so the batches are equal, pixel for pixel."""
     url = _mixed_shards(tmp_path / "mixed", n=48, per_shard=12)
-    direct = _loader(url, tok, "gpu", device="cuda", decoder="nvjpeg")
+    direct = _loader(url, tok, "gpu", device="cuda", decoder="nvjpeg_hardware")
     tv = _loader(url, tok, "gpu", device="cuda", decoder="torchvision")
     got = list(zip(direct, tv))
     assert direct.stage.nvjpeg is not None and tv.stage.nvjpeg is None and len(got) == 12
