@@ -1,0 +1,151 @@
+"""nvJPEG's batched decode, called directly, on an idle GPU and behind other streams' work.
+
+Design: one batch of ``--batch`` web-like JPEGs (``bench_data.picture``, ``--size`` px, baseline
+quality 90) decoded by :class:`pipeline.data.nvjpeg.NvJpeg` on a high-priority stream, once per
+backend (``gpu``: the batched kernels; ``hardware``: the JPEG engines) and per load: none, or
+about ``--load_ms`` of bf16 matrix products queued on another stream just before the call (``N``
+in ``--gemm_sizes``: N^3 products; large ones hold every SM for a millisecond or more, small ones
+free their blocks every few microseconds, as a training step's kernels fall between). For each it
+reports the host's time inside the call and the time until the batch is decoded. With
+``--profile`` it also records the hardware backend's call under the largest load with
+``torch.profiler`` and lists the CUDA runtime calls, kernels and copies it made, by count and
+time: where the host waits. One JSONL row per (backend, load) in bench/results/nvjpeg.jsonl.
+
+Run (one GPU, torchvision installed: the library is the one its wheel ships):
+``python bench/bench_nvjpeg.py --batch 1024 --gemm_sizes 8192 2048 --profile``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from bench_data import jpeg_bytes, picture  # noqa: E402
+
+
+def queue_gemms(n: int, ms: float, stream: torch.cuda.Stream) -> None:
+    """About ``ms`` of n^3 bf16 products on ``stream`` (the rate measured once per size)."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            a @ a
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            a @ a
+        end.record()
+    end.synchronize()
+    per = start.elapsed_time(end) / 10
+    with torch.cuda.stream(stream):
+        for _ in range(max(1, int(ms / per))):
+            a @ a
+
+
+def timed_decode(decoder, data, offsets, sizes, stream) -> tuple:
+    """(ms the host spent in the call, ms until the batch was decoded)."""
+    t0 = time.perf_counter()
+    decoder.decode(data, offsets, sizes, stream)
+    t1 = time.perf_counter()
+    stream.synchronize()
+    return 1e3 * (t1 - t0), 1e3 * (time.perf_counter() - t0)
+
+
+def profile_summary(decoder, batch, stream, other, gemm: int, load_ms: float, top: int = 12) -> list:
+    """The CUDA runtime calls, kernels, copies and memsets of one call behind the load, by total time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        queue_gemms(gemm, load_ms, other)
+        timed_decode(decoder, *batch, stream)
+        torch.cuda.synchronize()
+    path = os.path.join(tempfile.mkdtemp(prefix="nvjpeg_trace_"), "trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    totals = collections.defaultdict(lambda: [0, 0.0])
+    kinds = ("cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy", "gpu_memset")
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in kinds:
+            key = (e["cat"], e["name"][:70])
+            totals[key][0] += 1
+            totals[key][1] += e.get("dur", 0) / 1e3
+    return sorted(((k[0], k[1], c, ms) for k, (c, ms) in totals.items()), key=lambda r: -r[3])[:top]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--size", type=int, default=256, help="the JPEGs' side in pixels")
+    p.add_argument("--backends", nargs="+", default=["gpu", "hardware"], choices=["gpu", "hardware"])
+    p.add_argument("--gemm_sizes", type=int, nargs="*", default=[8192, 2048],
+                   help="loads: N^3 bf16 products on another stream (none is always run)")
+    p.add_argument("--load_ms", type=float, default=400.0, help="GPU time queued as the load")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per (backend, load); the median is kept")
+    p.add_argument("--profile", action="store_true", help="profile the hardware backend behind the largest load")
+    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "nvjpeg.jsonl"))
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_nvjpeg needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from infclip.pipeline.data.gpu_decode import pack_jpegs
+    from infclip.pipeline.data.nvjpeg import load_decoder
+
+    rng = np.random.default_rng(0)
+    files = [jpeg_bytes(picture(rng, args.size), i) for i in range(args.batch)]
+    data, offsets = pack_jpegs(files)
+    batch = (data.pin_memory(), offsets, torch.tensor([[args.size, args.size]] * args.batch))
+    stream, other = torch.cuda.Stream(priority=-1), torch.cuda.Stream()
+    base = {"bench": "nvjpeg", "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name(), "batch": args.batch, "size": args.size, "load_ms": args.load_ms}
+    rows = []
+    decoders = {}
+    for backend in args.backends:
+        decoder, why = load_decoder(backend)
+        if decoder is None:
+            print(f"{backend}: nvJPEG cannot be used ({why})", file=sys.stderr)
+            return 2
+        decoders[backend] = decoder
+        for _ in range(3):  # the state's buffers grow to the batch
+            timed_decode(decoder, *batch, stream)
+        for gemm in [None, *args.gemm_sizes]:
+            runs = []
+            for _ in range(args.repeats):
+                torch.cuda.synchronize()
+                if gemm:
+                    queue_gemms(gemm, args.load_ms, other)
+                runs.append(timed_decode(decoder, *batch, stream))
+                torch.cuda.synchronize()
+            host, done = sorted(runs, key=lambda r: r[1])[len(runs) // 2]
+            row = {**base, "backend": backend, "engines": decoder.hardware, "load": f"{gemm}^3 gemms" if gemm else "idle",
+                   "host_ms": host, "decoded_ms": done}
+            rows.append(row)
+            print(f"{backend:>8} ({'JPEG engines' if decoder.hardware else 'kernels'}), {row['load']:>12}: "
+                  f"host in the call {host:7.1f} ms, decoded after {done:7.1f} ms", flush=True)
+    if args.profile and "hardware" in decoders and args.gemm_sizes:
+        gemm = max(args.gemm_sizes)
+        print(f"\nhardware backend behind {gemm}^3 gemms: calls by total time (count, ms)")
+        for cat, name, count, ms in profile_summary(decoders["hardware"], batch, stream, other, gemm, args.load_ms):
+            print(f"  {cat:<12} {name:<70} {count:6d} {ms:9.2f}")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
