@@ -34,24 +34,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench_data import jpeg_bytes, picture  # noqa: E402
+from gpu_queue import queue_gpu_work  # noqa: E402  (bench/, on sys.path as the script's folder)
 
 
 def queue_gemms(n: int, ms: float, stream: torch.cuda.Stream) -> None:
-    """About ``ms`` of n^3 bf16 products on ``stream`` (the rate measured once per size)."""
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    """About ``ms`` of n^3 bf16 products on ``stream`` (:func:`gpu_queue.queue_gpu_work`)."""
     with torch.cuda.stream(stream):
-        for _ in range(3):
-            a @ a
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(10):
-            a @ a
-        end.record()
-    end.synchronize()
-    per = start.elapsed_time(end) / 10
-    with torch.cuda.stream(stream):
-        for _ in range(max(1, int(ms / per))):
-            a @ a
+        queue_gpu_work(ms, gemm_size=n)
 
 
 def timed_decode(decoder, data, offsets, sizes, stream) -> tuple:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 _KIND = {"gemm": False}
-_GEMMS: dict = {}  # device -> (operand, output, ms a GEMM)
+_GEMMS: dict = {}  # (device, size) -> (operand, output, ms a GEMM)
 
 
 def use_gemms(on: bool = True) -> None:
@@ -22,13 +22,14 @@ def use_gemms(on: bool = True) -> None:
     _KIND["gemm"] = on
 
 
-def queue_gpu_work(ms: float, device=None) -> None:
+def queue_gpu_work(ms: float, device=None, gemm_size: int = 0) -> None:
     """Queue about ``ms`` milliseconds of GPU work on the current stream of ``device`` (a sleep
-    kernel, or GEMMs after :func:`use_gemms`); nothing when ``ms`` is 0."""
+    kernel, or GEMMs after :func:`use_gemms`, or ``gemm_size``^3 GEMMs when it is given); nothing
+    when ``ms`` is 0."""
     if not ms:
         return
-    if _KIND["gemm"]:
-        a, out, per = _gemm_state(device)
+    if _KIND["gemm"] or gemm_size:
+        a, out, per = _gemm_state(device, gemm_size or 8192)
         for _ in range(max(1, round(ms / per))):
             torch.mm(a, a, out=out)
         return
@@ -36,12 +37,12 @@ def queue_gpu_work(ms: float, device=None) -> None:
     torch.cuda._sleep(int(ms * rate_khz))
 
 
-def _gemm_state(device) -> tuple:
-    """The queued GEMMs' operand and output on ``device`` and one GEMM's ms through a burst
-    (measured once: 20 GEMMs after 20 unmeasured)."""
-    key = torch.device("cuda" if device is None else device)
+def _gemm_state(device, size: int) -> tuple:
+    """The queued ``size``^3 GEMMs' operand and output on ``device`` and one GEMM's ms through a
+    burst (measured once: 20 GEMMs after 20 unmeasured)."""
+    key = (torch.device("cuda" if device is None else device), size)
     if key not in _GEMMS:
-        a = torch.randn(8192, 8192, device=key, dtype=torch.bfloat16)
+        a = torch.randn(size, size, device=key[0], dtype=torch.bfloat16)
         out = torch.empty_like(a)
         for _ in range(20):
             torch.mm(a, a, out=out)
