@@ -11,6 +11,7 @@ which no interpreter runs: the CLIP and SigLIP gradient blocks, the CLIP forward
 reads back what each uses.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -21,23 +22,71 @@ import triton
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
+# the --match values each test reads, with their rough compile time on 2 cores (seconds), by which
+# the module's fixture shares them out
+COST = {"loss=True": 10, "gluon_plain_clip_grad": 6, "gluon_clip_sums": 6, "gluon_clip_grad": 5,
+        "gluon_siglip": 4, "gluon_plain_siglip": 4, "clip_grad tma": 3, "clip_shift": 2}
+MATCHES = {"test_siglip_gradient_with_loss_compiles_for_sm90": ["loss=True"],
+           "test_clip_shift_launch_with_true_maxima_compiles_for_sm90": ["clip_shift"],
+           "test_clip_gradient_slices_compile_for_sm90": ["clip_grad tma"],
+           "test_gluon_siglip_gradient_compiles_for_sm90": ["gluon_siglip", "gluon_plain_siglip"],
+           "test_gluon_clip_sums_compiles_for_sm90": ["gluon_clip_sums"]}
 
-def _resources(tmp_path, match: str, kernel: str) -> list:
+
+def _matches_of(item) -> list:
+    if item.originalname == "test_gluon_clip_gradient_compiles_for_sm90":
+        return [item.callspec.params["label"]]
+    return MATCHES.get(item.originalname, [])
+
+
+@pytest.fixture(scope="module")
+def built(request, tmp_path_factory):
+    """bench_kernel_resources.py's output for every match the selected tests of this module read:
+    a function of the match giving {"stdout", "error"}. The matches run in two processes at once
+    (tests/ops/_kernel_resources.py: each runs the bench's main once per match, its own empty
+    Triton cache), so torch and Triton start twice, not once per match, and both cores compile."""
+    wanted = sorted({m for item in request.session.items if getattr(item, "module", None) is request.module
+                     for m in _matches_of(item)}, key=lambda m: -COST[m])
+    shares, load = [[], []], [0, 0]
+    for match in wanted:  # the longest first, each to the less loaded process
+        i = load.index(min(load))
+        shares[i].append(match)
+        load[i] += COST[match]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    procs = []
+    for i, share in enumerate(s for s in shares if s):
+        tmp = tmp_path_factory.mktemp(f"kernels{i}")
+        out = tmp / "rows.json"
+        procs.append((out, subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "tests", "ops", "_kernel_resources.py"), str(out), *share],
+            env=dict(env, TRITON_CACHE_DIR=str(tmp / "cache"), TRITON_DEFAULT_FP_FUSION="1"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    results = {}
+    try:
+        for out, proc in procs:
+            _, stderr = proc.communicate(timeout=600)
+            assert proc.returncode == 0, stderr[-3000:]
+            results.update(json.loads(out.read_text()))
+    finally:
+        for _, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results.__getitem__
+
+
+def _resources(built, match: str, kernel: str) -> list:
     """bench_kernel_resources.py's rows for the variants whose name contains ``match``, as
     [name, tiles, registers, spill stack, shared, the op's tiles]."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_kernel_resources.py"),
-                          "--arch", "90", "--match", match],
-                         env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return [[c.strip() for c in line.split("|")[1:-1]] for line in out.stdout.splitlines()
+    result = built(match)
+    assert not result["error"], result["error"][-3000:]
+    return [[c.strip() for c in line.split("|")[1:-1]] for line in result["stdout"].splitlines()
             if kernel in line]
 
 
 @pytest.mark.skipif(not os.path.exists(PTXAS), reason="this Triton has no bundled ptxas")
-def test_siglip_gradient_with_loss_compiles_for_sm90(tmp_path):
-    rows = _resources(tmp_path, "loss=True", "| siglip_grad")  # (not the Gluon kernel's row)
+def test_siglip_gradient_with_loss_compiles_for_sm90(built):
+    rows = _resources(built, "loss=True", "| siglip_grad")  # (not the Gluon kernel's row)
     assert {r[0] for r in rows} == {"siglip_grad pointer loss=True",
                                     "siglip_grad tma store=False loss=True",
                                     "siglip_grad tma store=True loss=True"}
@@ -52,10 +101,10 @@ def test_siglip_gradient_with_loss_compiles_for_sm90(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.exists(PTXAS), reason="this Triton has no bundled ptxas")
-def test_clip_shift_launch_with_true_maxima_compiles_for_sm90(tmp_path):
+def test_clip_shift_launch_with_true_maxima_compiles_for_sm90(built):
     """The CLIP shift launch with the true maxima of loose shifts (tl.dots over whole rows, taken
     only where a shift is loose) compiles for sm_90 for each features' dtype and does not spill."""
-    rows = _resources(tmp_path, "clip_shift", "clip_shift")
+    rows = _resources(built, "clip_shift", "clip_shift")
     assert {r[0] for r in rows} == {f"clip_shift tighten {t}" for t in ("bf16", "fp16", "fp32")}
     for name, tiles, regs, stack, shared, ours in rows:
         assert ours == "yes" and 0 < int(regs) <= 255, name
@@ -63,12 +112,12 @@ def test_clip_shift_launch_with_true_maxima_compiles_for_sm90(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.exists(PTXAS), reason="this Triton has no bundled ptxas")
-def test_clip_gradient_slices_compile_for_sm90(tmp_path):
+def test_clip_gradient_slices_compile_for_sm90(built):
     """The CLIP gradient kernel with the op's tiles, its epilogue in column slices (SPLIT), TMA
     loads and stores, with and without the d-scale sum: it compiles for sm_90 and does not spill."""
     from infclip.ops.tuning import TUNING
 
-    rows = _resources(tmp_path, "clip_grad tma", "clip_grad tma")
+    rows = _resources(built, "clip_grad tma", "clip_grad tma")
     split = TUNING.tma_grad[7] if len(TUNING.tma_grad) > 7 else 1
     assert {r[0] for r in rows} == {f"clip_grad tma split={split} dscale=1",
                                     f"clip_grad tma split={split} dscale=2"}
@@ -79,7 +128,7 @@ def test_clip_gradient_slices_compile_for_sm90(tmp_path):
 
 @pytest.mark.skipif(not os.path.exists(PTXAS), reason="this Triton has no bundled ptxas")
 @pytest.mark.parametrize("label,most,most_dscale2", [("gluon_clip_grad", 16, 16), ("gluon_plain_clip_grad", 32, 0)])
-def test_gluon_clip_gradient_compiles_for_sm90(tmp_path, label, most, most_dscale2):
+def test_gluon_clip_gradient_compiles_for_sm90(built, label, most, most_dscale2):
     """The warp-specialised CLIP gradient kernel (bf16 with the d-scale sum or the single-device
     d scale, fp16 with neither), with its 64 x 128 tiles and with PLAIN's for the blocks without
     positives (128 x 128 tiles a consumer, two accumulators of 64 rows): it compiles for sm_90
@@ -92,7 +141,7 @@ def test_gluon_clip_gradient_compiles_for_sm90(tmp_path, label, most, most_dscal
 
     if gluon_kernels.available():
         pytest.skip(f"this Triton has no Gluon for Hopper: {gluon_kernels.available()}")
-    rows = _resources(tmp_path, label, label)
+    rows = _resources(built, label, label)
     assert {r[0] for r in rows} == {f"{label} bf16 coef_scale=True dscale=1", f"{label} bf16 coef_scale=True dscale=2",
                                     f"{label} fp16 coef_scale=False dscale=0"}
     for name, tiles, regs, stack, shared, ours in rows:
@@ -102,7 +151,7 @@ def test_gluon_clip_gradient_compiles_for_sm90(tmp_path, label, most, most_dscal
 
 
 @pytest.mark.skipif(not os.path.exists(PTXAS), reason="this Triton has no bundled ptxas")
-def test_gluon_siglip_gradient_compiles_for_sm90(tmp_path):
+def test_gluon_siglip_gradient_compiles_for_sm90(built):
     """The warp-specialised SigLIP gradient kernel with the pair losses in its epilogue (bf16 with
     the coefficient times scale, fp16 without): it compiles for sm_90 within 168 registers a
     thread, in the shared memory a block may take, and spills at most a few dozen bytes (32 in the
@@ -113,8 +162,8 @@ def test_gluon_siglip_gradient_compiles_for_sm90(tmp_path):
 
     if gluon_kernels.available():
         pytest.skip(f"this Triton has no Gluon for Hopper: {gluon_kernels.available()}")
-    rows = (_resources(tmp_path, "gluon_siglip", "gluon_siglip_grad")
-            + _resources(tmp_path, "gluon_plain_siglip", "gluon_plain_siglip_grad"))
+    rows = (_resources(built, "gluon_siglip", "gluon_siglip_grad")
+            + _resources(built, "gluon_plain_siglip", "gluon_plain_siglip_grad"))
     assert {r[0] for r in rows} == {"gluon_siglip_grad bf16 coef_scale=True", "gluon_siglip_grad fp16 coef_scale=False",
                                     "gluon_plain_siglip_grad bf16 coef_scale=True",
                                     "gluon_plain_siglip_grad fp16 coef_scale=False"}
@@ -124,7 +173,7 @@ def test_gluon_siglip_gradient_compiles_for_sm90(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.exists(PTXAS), reason="this Triton has no bundled ptxas")
-def test_gluon_clip_sums_compiles_for_sm90(tmp_path):
+def test_gluon_clip_sums_compiles_for_sm90(built):
     """The warp-specialised forward sums at the widest features they take (their column block of B
     resident in shared memory beside the A ring): they compile for sm_90 within 168 registers a
     thread at launch, spill at most a hundred-odd bytes (the item's column vectors held across its
@@ -136,7 +185,7 @@ def test_gluon_clip_sums_compiles_for_sm90(tmp_path):
 
     if gluon_kernels.available():
         pytest.skip(f"this Triton has no Gluon for Hopper: {gluon_kernels.available()}")
-    rows = _resources(tmp_path, "gluon_clip_sums", "gluon_clip_sums")
+    rows = _resources(built, "gluon_clip_sums", "gluon_clip_sums")
     assert {r[0] for r in rows} == {f"gluon_clip_sums {t} D={gluon_kernels.SUMS_MAX_DIM}" for t in ("bf16", "fp16")}
     for name, tiles, regs, stack, shared, ours in rows:
         assert 0 < int(regs) <= 168 and int(stack) <= 128, f"{name} {tiles}: {regs} registers, {stack} spilled"
