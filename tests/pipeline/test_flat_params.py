@@ -15,7 +15,7 @@ from infclip.pipeline.model.flat_params import ALIGN, expand_flat_entries, flat_
 from infclip.pipeline.model.model import CLIPTowers
 from infclip.pipeline.model.param_layout import param_groups
 
-from .test_model_speed import batch, cfg
+from .test_model_speed import batch, blocks, cfg
 
 
 def pair(flat=True, **over):
@@ -155,7 +155,7 @@ def _count_graphs() -> str:
 def test_compiled_flat_towers_keep_their_graphs_across_steps(flat):
     """The views are made anew before every forward: the compiled towers must take them as
     inputs, not recompile for each new tensor."""
-    plain, flat = pair(flat, compile=True, compile_backend=_count_graphs())
+    plain, flat = pair(flat, compile=True, compile_backend=_count_graphs(), **blocks(1, 1))
     opt = torch.optim.SGD(flat.parameters(), lr=0.1)
     loss_of(plain).backward()
     for step in range(3):
