@@ -5,7 +5,8 @@ start-up of torch and Triton for all of them), for tests/ops/test_kernel_build.p
 
 writes ``{match: {"stdout": the table printed, "error": a traceback or ""}}``; each match runs as
 ``bench_kernel_resources.py --arch 90 --match MATCH`` would, and a failure in one is recorded
-without stopping the others.
+without stopping the others. The file is rewritten after each match, so that a crash of the
+process (the compiler runs in it) leaves the matches done before it.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def main(out: str, matches: list) -> None:
         except BaseException:  # SystemExit too: the parent reports it for this match
             error = traceback.format_exc()
         results[match] = {"stdout": buf.getvalue(), "error": error}
-    with open(out, "w") as f:
-        json.dump(results, f)
+        with open(out + ".tmp", "w") as f:
+            json.dump(results, f)
+        os.replace(out + ".tmp", out)
 
 
 if __name__ == "__main__":
