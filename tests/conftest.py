@@ -7,8 +7,11 @@ imported libraries, session fixtures, dynamo's caches: about 1.5 million objects
 default run) out of its sweep. Without this, every full collection walks them all, and DeepSpeed
 calls ``gc.collect()`` for each ZeRO-3 engine it builds (``zero.utils.defragment``): about 0.7 s an
 engine in a full run, a minute over the suite. Only the objects a module leaves alive are frozen;
-what they free later is still freed by reference counting. At the session's end they are handed
-back (``gc.unfreeze()``), so that the interpreter's exit collects them as usual (nanobind, under
+what they free later is still freed by reference counting, but a reference cycle among them that
+is dropped later stays (its finalizers unrun) until the session's end, and so does a cycle that
+runs through one of them. Nothing is frozen while a module runs, so the cycles a test makes among
+its own objects are collected as usual. At the session's end the frozen ones are handed back
+(``gc.unfreeze()``), so that the interpreter's exit collects them as usual (nanobind, under
 Triton, reports the objects it finds alive then as leaks)."""
 
 import gc
