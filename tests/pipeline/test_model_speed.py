@@ -179,9 +179,9 @@ def _aot_call_counting(gm, example_inputs):
     return aot_autograd(fw_compiler=forward, bw_compiler=lambda bw, _i: make_boxed_func(bw.forward))(gm, example_inputs)
 
 
-# (plain parameters, layer stacks): 2.5 s on 2 cores (30 s with stacks of 6 blocks), and (plain,
-# per-block units): 5 s, in the slow run; the default run keeps the stacks with flat parameters
-# (the presets' layout) and per-block units with flat parameters
+# (plain parameters, layer stacks): 2.5 s on 2 cores, and (plain, per-block units): 5 s, in the
+# slow run; the default run keeps the stacks with flat parameters (the presets' layout) and
+# per-block units with flat parameters
 @pytest.mark.parametrize("flat,unit", [pytest.param(False, True, marks=pytest.mark.slow), (True, True),
                                        (True, "stack"), pytest.param(False, "stack", marks=pytest.mark.slow)])
 def test_zero3_runs_every_block_compiled(flat, unit):
