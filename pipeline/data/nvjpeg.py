@@ -10,13 +10,13 @@ Two backends (``backend``):
 
 - ``"gpu"`` (nvJPEG's GPU_HYBRID backend, the default): Huffman decoding, IDCT and colour
   conversion run as a few batched kernels on the stream, and the host returns once they are
-  queued. Measured on one H100 with a 1,024-image batch of 256-px JPEGs: 16 ms idle, 24 ms while
+  queued. Measured on one H100 with a 1,024-image batch of 256-px JPEGs: 14 ms idle, 22 ms while
   another stream's 8,192^3 matrix products fill the GPU.
 - ``"hardware"`` (the GPU's JPEG engines, where it has them): the engines decode, then one
   colour-conversion kernel an image runs on the stream, and the host waits on an event per image
   before reusing a staging slot (a profile counts 1,010 waits for 1,024 images). Idle that is
-  37 ms a batch; while the GPU is full each of those small kernels waits for a block slot, and the
-  same batch takes 480 ms. ``torchvision.io.decode_jpeg`` uses this backend.
+  33 ms a batch; while the GPU is full each of those small kernels waits for a block slot, and the
+  same batch takes 454 ms. ``torchvision.io.decode_jpeg`` uses this backend.
 
 The library is found where torchvision's wheel puts it (the ``nvidia`` packages beside torch, or
 ``torchvision.libs``), or by the system's loader; :func:`load_decoder` says in one phrase why
