@@ -25,6 +25,7 @@ how the towers' parameters are grouped for the optimizer and for ZeRO-3 is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -247,6 +248,22 @@ def _hf_load(cls: Any, folder: str, **kwargs: Any) -> Any:
         raise CheckpointError(f"refused to load {os.path.join(folder, files[0]) if files else folder}: it holds a "
                               f"Python object{what} that only a full unpickle could build, and unpickling can run code "
                               "from the file; only tensors are loaded (a safetensors file is never refused)") from None
+
+
+@contextlib.contextmanager
+def _no_progress_bars():
+    """transformers' progress bar off for the saves inside: an export writes one small weights
+    file, and a "Writing model shards" bar for it is noise in a training log."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
 
 class CLIPTowers(nn.Module):
     """Image and text towers with a shared embedding width E and learnable logit scale/bias.
@@ -589,14 +606,16 @@ class CLIPTowers(nn.Module):
             logger.warning("%s: the tokenizer's EOS id is 2, for which transformers' CLIPTextTransformer pools the "
                            "highest token id instead of the EOS: the towers are written as vision/ and text/, not as "
                            "one CLIPModel", directory)
-            self.vision.save_pretrained(os.path.join(directory, "vision"))
-            self.text.save_pretrained(os.path.join(directory, "text"))
+            with _no_progress_bars():
+                self.vision.save_pretrained(os.path.join(directory, "vision"))
+                self.text.save_pretrained(os.path.join(directory, "text"))
             with open(os.path.join(directory, _LOGIT_FILE), "w") as f:
                 json.dump(meta, f, indent=2)
         else:
             hf = self.to_hf_clip_model()
             hf.config.infclip = meta
-            hf.save_pretrained(directory)
+            with _no_progress_bars():
+                hf.save_pretrained(directory)
         if tokenizer is not None:
             self._save_processor(directory, tokenizer, image_mean, image_std)
 

@@ -122,6 +122,24 @@ def test_saved_tokenizer_adds_bos_eos_and_pads_by_itself(tmp_path, tokenizer):
     assert auto.model_max_length == 12
 
 
+def test_export_prints_no_progress_bar_and_leaves_the_setting(tmp_path, tokenizer, capfd):
+    """An export writes no "Writing model shards" bar into the log, and transformers' progress-bar
+    setting is as it was afterwards (on stays on, off stays off)."""
+    from transformers.utils import logging as hf_logging
+
+    model = make_model(tokenizer)
+    assert hf_logging.is_progress_bar_enabled()
+    model.save_pretrained(str(tmp_path / "a"), tokenizer=tokenizer)
+    assert "Writing model shards" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(str(tmp_path / "b"))
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar()
+
+
 def test_hf_clip_folder_as_pretrained(tmp_path, tokenizer):
     """A standard transformers CLIP folder (a small random CLIPModel + tokenizer) is read by
     CLIPTowers.from_pretrained and model.pretrained with its logit scale and its features."""
