@@ -5,6 +5,7 @@ held-out shards); :func:`decode_on_gpu` decides where training JPEGs are decoded
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
@@ -35,12 +36,15 @@ def _warn_once(key: Any, msg: str, *args: Any) -> None:
 def decode_on_gpu(cfg: DataConfig, device: Optional[torch.device]) -> bool:
     """Whether training JPEGs are decoded on ``device`` (``data.decode``); "gpu" where it cannot
     be done raises :class:`ConfigError` saying why. A CPU ``device`` with "gpu" decodes with
-    the GPU path's stage on the CPU (PIL), as the tests do."""
+    the GPU path's stage on the CPU (PIL, the crop kernel in Triton's interpreter), as the tests do."""
     if cfg.decode == "cpu" or device is None:
         if cfg.decode == "gpu":
             raise ConfigError("'decode': \"gpu\" needs a training device (none was given)")
         return False
     if torch.device(device).type != "cuda":
+        if cfg.decode == "gpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ConfigError(f"'data.decode': \"gpu\" on a {torch.device(device).type} run: the GPU path's crop kernel "
+                              "runs off a GPU only under TRITON_INTERPRET=1 (slow: for tests); use \"auto\" or \"cpu\"")
         return cfg.decode == "gpu"
     from .gpu_decode import cuda_decode_available
 

@@ -189,11 +189,12 @@ class ShardLoader:
         left = None if self.batches_per_epoch is None else self.batches_per_epoch - self.start_batch
         if left is not None and left <= 0:
             return
-        records: Iterator[Dict[str, Any]] = iter(self.dataloader)  # here: it draws from the global RNG
+        workers = iter(self.dataloader)  # here: it draws from the global RNG
+        records: Iterator[Dict[str, Any]] = workers
         if self.stage is not None:
             from .gpu_decode import prefetched
 
-            records = prefetched(records, self.stage, lambda r: END_OF_STREAM not in r,
+            records = prefetched(workers, self.stage, lambda r: END_OF_STREAM not in r,
                                  lanes=getattr(self.stage, "lanes", 1))
         try:
             yield from self._batches(records, left)
@@ -201,6 +202,7 @@ class ShardLoader:
             close = getattr(records, "close", None)
             if callable(close):
                 close()
+            _end_workers(workers)
 
     def _batches(self, records: Iterator[Dict[str, Any]], left: Optional[int]) -> Iterator[Dict[str, Any]]:
         for batch in records:
@@ -226,6 +228,22 @@ class ShardLoader:
                 left -= 1
                 if left <= 0:  # samples_per_epoch: this rank's share of the epoch is done
                     return
+
+
+def _end_workers(it: Any) -> None:
+    """End a DataLoader iterator's worker processes now, whoever still holds the iterator.
+
+    The workers ignore the stop signals (:func:`_ignore_stop_signals`), so multiprocessing's
+    exit-time ``terminate()`` does not end them: a crash whose traceback keeps the iterator alive
+    would leave the interpreter's exit waiting on them for ever. A worker still alive after
+    torch's own shutdown (asked to stop, joined with a timeout) is killed."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()
+    for proc in getattr(it, "_workers", None) or ():
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
 
 
 def _ignore_stop_signals(worker_id: int) -> None:

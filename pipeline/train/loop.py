@@ -107,8 +107,10 @@ class Batches:
 
     def close(self) -> None:
         """End the current loader (its worker processes stop now)."""
-        self._it = iter(())
-        self._loader = None
+        close = getattr(self._it, "close", None)
+        self._it, self._loader = iter(()), None
+        if callable(close):
+            close()
 
     def next(self) -> Optional[dict]:
         """The next micro-batch, or None when ``max_epochs`` epochs are done."""

@@ -153,8 +153,10 @@ def _train(run_cfg: RunConfig, resume: Optional[str], evaluator: Any, stop: Stop
     evals = EvalSchedule(evaluator, log)
     final_dir = None
     try:
-        losses = TrainLoop(te, batches, state, tcfg, log, evals, checkpoints, stop).run()
-        batches.close()  # its loader workers end here, not at the interpreter's exit
+        try:
+            losses = TrainLoop(te, batches, state, tcfg, log, evals, checkpoints, stop).run()
+        finally:
+            batches.close()  # its loader workers end here, on an error too, not at the interpreter's exit
         if stop.stopped_by is None:  # a stopped run leaves at once: the time left may be short
             evals.finish(te.engine, state.step)
             if tcfg.export_final:

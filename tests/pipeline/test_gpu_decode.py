@@ -217,6 +217,45 @@ def test_decode_setting_is_checked():
     assert DataConfig(train_shards="x.tar").gpu_decode_lanes == 1
 
 
+def test_gpu_decode_on_a_cpu_run_needs_tritons_interpreter(monkeypatch):
+    """Off a GPU the GPU path's crop kernel runs only in Triton's interpreter: without it "gpu" is
+    refused in one line before any worker starts, instead of failing inside the first batch."""
+    from infclip.pipeline.data.build import decode_on_gpu
+
+    cfg = DataConfig(train_shards="x.tar", decode="gpu")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ConfigError, match="TRITON_INTERPRET=1.*use \"auto\" or \"cpu\""):
+        decode_on_gpu(cfg, torch.device("cpu"))
+    assert decode_on_gpu(DataConfig(train_shards="x.tar", decode="cpu"), torch.device("cpu")) is False
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert decode_on_gpu(cfg, torch.device("cpu")) is True
+
+
+def test_an_error_in_the_stage_ends_the_loader_workers_while_its_traceback_lives(tmp_path, tok):
+    """The workers ignore the stop signals, so multiprocessing's terminate() at exit cannot end
+    them: an error raised through the loader must end them itself, though the traceback (which
+    keeps the loader's frames) is still held, or the interpreter's exit waits on them for ever."""
+    import multiprocessing
+
+    url = _mixed_shards(tmp_path / "s", n=48)
+    loader = _loader(url, tok, "gpu", workers=2)
+    stage, calls = loader.stage, []
+
+    def failing(batch, lane=0):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("the second batch fails")
+        return stage(batch, lane)
+
+    loader.stage = failing
+    before = set(multiprocessing.active_children())
+    with pytest.raises(RuntimeError, match="the second batch fails") as info:
+        for _ in loader:
+            assert len(set(multiprocessing.active_children()) - before) == 2  # the workers run meanwhile
+    assert info.tb is not None  # the traceback, and the frames it keeps, are alive here
+    assert not set(multiprocessing.active_children()) - before
+
+
 def test_the_direct_decoder_says_why_it_cannot_load():
     from infclip.pipeline.data.nvjpeg import load_decoder
 
