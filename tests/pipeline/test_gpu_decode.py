@@ -9,7 +9,6 @@ boxes, the order, the resume position, the fallbacks. The ``gpu`` tests run nvJP
 from __future__ import annotations
 
 import io
-import tarfile
 import threading
 import time
 
