@@ -23,6 +23,7 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 
 # runs from a plain checkout too (the launcher puts launch/, not the repo root, on sys.path)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -100,4 +101,8 @@ if __name__ == "__main__":
         code = main()
     except UserErrorExit as exc:  # its one line is on stderr already
         code = exc.code
+    except Exception:  # a failure that is not the user's: its traceback, and exit code 1
+        traceback.print_exc()
+        code = 1
+    # here the traceback is dropped, and with it what it kept (loaders and their worker processes)
     exit_process(code)

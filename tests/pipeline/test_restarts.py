@@ -5,7 +5,8 @@ In-process runs on a gloo world of one (tests/pipeline/test_train.py); one six-s
 checkpoint every 2 steps, all kept) is the reference every case copies its folder from, and the
 folder's contents are checked before and after each case: no complete tag lost, ``latest`` on a
 complete tag. Real signals: to a child that installs the handlers (first and second signal, a
-forked worker), to ``launch/pretrain.py`` (SIGINT), and (slow) SIGTERM to one of two ranks.
+forked worker), to ``launch/pretrain.py`` (SIGINT), and (slow) SIGTERM to one of two ranks; an
+unexpected failure of a launched run under loader workers ends it with exit code 1.
 """
 
 from __future__ import annotations
@@ -424,3 +425,39 @@ def test_ctrl_c_under_the_deepspeed_launcher_saves(digits_shards, tmp_path):
     assert read_latest(out / "ckpt") == f"global_step{step}"
     check_tag(out / "ckpt" / f"global_step{step}")
     assert (out / "ckpt" / f"global_step{step}" / "rng_rank1.pt").is_file()
+
+
+_FAILING_LAUNCH = """
+import runpy, sys
+from infclip.pipeline.train.loop import TrainLoop
+step = TrainLoop._step
+def failing(self):
+    if self.state.step == 3:
+        raise RuntimeError("injected failure in step 4")
+    return step(self)
+TrainLoop._step = failing
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_failure_that_is_not_the_users_exits_1_with_its_traceback_under_loader_workers(digits_shards, tmp_path):
+    """An unexpected error in a launched run with loader workers (which ignore the stop signals):
+    its traceback, exit code 1, the checkpoint before it complete, and no process left waiting on
+    the workers (``communicate``'s timeout would fire on such a hang)."""
+    from .test_launch import _env, _sets
+    from .test_train import LAUNCH, TINY, base_overrides
+
+    out = tmp_path / "run"
+    overrides = base_overrides(digits_shards, out, 50, **{"train.save_every": 2, "data.workers": 2})
+    cmd = [sys.executable, "-c", _FAILING_LAUNCH, LAUNCH, "--ds_config", TINY, *_sets(overrides)]
+    proc = subprocess.Popen(cmd, cwd=str(tmp_path), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=240)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" in err and "RuntimeError: injected failure in step 4" in err, err[-3000:]
+    assert read_latest(out / "ckpt") == "global_step2"
+    check_tag(out / "ckpt" / "global_step2")
