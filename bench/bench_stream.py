@@ -142,9 +142,9 @@ def main(argv=None) -> int:
     p.add_argument("--micro_batch", type=int, default=None, help="default: the preset's")
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
-                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; cpu or gpu[/DECODER][@SHARE][*LANES]: "
+                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; cpu or gpu[/DECODER][@SHARE][*LANES][^PRIORITY]: "
                         "data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
-                        "data.gpu_decode_lanes LANES)")
+                        "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
     p.add_argument("--shards", type=int, default=32)
@@ -180,9 +180,12 @@ def main(argv=None) -> int:
     te = build_engine(run_cfg, tokenizer)
 
     default_share, default_lanes = run_cfg.data.gpu_decode_share, run_cfg.data.gpu_decode_lanes
+    default_priority = run_cfg.data.gpu_decode_priority
 
     def loader(urls, decode, crop):
         cfg = run_cfg.data
+        decode, _, priority = decode.partition("^")  # gpu^normal: data.gpu_decode_priority normal
+        cfg.gpu_decode_priority = priority or default_priority
         decode, _, lanes = decode.partition("*")  # gpu*1: data.gpu_decode_lanes 1
         cfg.gpu_decode_lanes = int(lanes) if lanes else default_lanes
         decode, _, share = decode.partition("@")  # gpu@0.5: data.gpu_decode_share 0.5
@@ -215,7 +218,7 @@ def main(argv=None) -> int:
         gpu = ":gpu" in phase
         row = {**base, "phase": phase, "gpu_decode_share": run_cfg.data.gpu_decode_share if gpu else None,
                "gpu_decoder": run_cfg.data.gpu_decoder if gpu else None,
-               "gpu_decode_lanes": run_cfg.data.gpu_decode_lanes if gpu else None, "switch_interval": sys.getswitchinterval(),
+               "gpu_decode_lanes": run_cfg.data.gpu_decode_lanes if gpu else None, "gpu_decode_priority": run_cfg.data.gpu_decode_priority if gpu else None, "switch_interval": sys.getswitchinterval(),
                **run_phase(te, run_cfg, build, args.warmup, args.steps)}
         rows.append(row)
         print(f"{phase:>14} (switch {1e3 * row['switch_interval']:.2g} ms): {row['samples_per_s']:8.0f} samples/s, "

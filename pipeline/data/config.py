@@ -87,6 +87,10 @@ class DataConfig:
     own (a decoder state, a stream and a host thread). With the GPU backend one lane keeps the
     step fed (measured: waiting under 1% of a ViT-B/32 step); more lanes help the
     ``nvjpeg_hardware`` decoder, whose calls wait on the host."""
+    gpu_decode_priority: str = "high"
+    """The decode lanes' CUDA stream priority: ``"high"`` (the decode and crop kernels' blocks go
+    ahead of the step's queued ones, so a batch is ready sooner) or ``"normal"`` (the step's
+    priority: the decode fills the SM time the step leaves, and waits behind it otherwise)."""
     device_cache: bool = False
     """Decode every training sample once into device memory and serve batches from there
     (``pipeline.data.device_cache``): for data sets that fit (at most half the free memory), when the
@@ -126,6 +130,8 @@ class DataConfig:
         require_at_least(self, 1, "gpu_decode_lanes")  # an integer: the section's typed read checks that
         if self.gpu_decode_lanes > 8:
             raise ConfigError(f"'gpu_decode_lanes' must be <= 8, got {self.gpu_decode_lanes}")
+        if self.gpu_decode_priority not in ("high", "normal"):
+            raise ConfigError(f"'gpu_decode_priority' must be \"high\" or \"normal\", got {self.gpu_decode_priority!r}")
         if self.gpu_decoder not in GPU_DECODERS:
             raise ConfigError(f"'gpu_decoder' must be one of {', '.join(map(repr, GPU_DECODERS))}, "
                               f"got {self.gpu_decoder!r}")

@@ -111,11 +111,12 @@ class _Lane:
     """Where one batch at a time is decoded: a direct decoder (or None), a high-priority stream
     (None on the CPU), and the event after its previous batch."""
 
-    def __init__(self, device: Optional[torch.device], nvjpeg: Any) -> None:
+    def __init__(self, device: Optional[torch.device], nvjpeg: Any, priority: str = "high") -> None:
         self.nvjpeg = nvjpeg
         # high priority: the crop's blocks go ahead of the step's queued ones, so a batch is ready
         # sooner and the lane's next decode, which waits for it, starts sooner (the GPU time is the same)
-        self.stream = torch.cuda.Stream(device, priority=-1) if device is not None else None
+        level = -1 if priority == "high" else 0
+        self.stream = torch.cuda.Stream(device, priority=level) if device is not None else None
         self.last: Any = None
 
 
@@ -133,11 +134,13 @@ class DecodeStage:
             :mod:`pipeline.data.nvjpeg`; an error if it cannot be loaded), ``"nvjpeg_hardware"``
             (the same on the JPEG engines), ``"torchvision"`` (``decode_fn`` only) or ``"auto"``
             (nvjpeg when it loads).
+        lanes: batches decoded at once, each in a lane (decoder state, stream, thread).
+        priority: the lanes' stream priority, ``"high"`` or ``"normal"`` (``data.gpu_decode_priority``).
     """
 
     def __init__(self, device: torch.device, dtype: torch.dtype, mean: Sequence[float], std: Sequence[float],
                  decode_fn: Optional[Callable[[List[torch.Tensor], torch.device], List[torch.Tensor]]] = None,
-                 decoder: str = "auto", lanes: int = 1) -> None:
+                 decoder: str = "auto", lanes: int = 1, priority: str = "high") -> None:
         self.device, self.dtype = torch.device(device), dtype
         self.mean, self.std = list(mean), list(std)
         cuda = self.device.type == "cuda"
@@ -153,8 +156,8 @@ class DecodeStage:
                 logger.info("nvJPEG cannot be called directly (%s): decoding through torchvision", why)
         # torchvision's decoder (and the CPU) decode one batch at a time: one lane
         self.lanes = max(1, int(lanes)) if nvjpeg is not None else 1
-        self._lanes = [_Lane(self.device, nvjpeg if k == 0 else nvjpeg.another()) if cuda else _Lane(None, None)
-                       for k in range(self.lanes)]
+        self._lanes = [_Lane(self.device, nvjpeg if k == 0 else nvjpeg.another(), priority) if cuda
+                       else _Lane(None, None) for k in range(self.lanes)]
         self.nvjpeg = nvjpeg
         self._lock = threading.Lock()
         self.fallbacks = {"cpu_decode": 0, "bad_image": 0, "batch_retry": 0}

@@ -214,6 +214,10 @@ def test_decode_setting_is_checked():
     with pytest.raises(ConfigError, match="'gpu_decode_lanes' must be an integer"):
         DataConfig.from_dict({"train_shards": "x.tar", "gpu_decode_lanes": 1.5}, "run.json")
     assert DataConfig(train_shards="x.tar").gpu_decode_lanes == 1
+    assert DataConfig(train_shards="x.tar").gpu_decode_priority == "high"
+    assert DataConfig(train_shards="x.tar", gpu_decode_priority="normal").gpu_decode_priority == "normal"
+    with pytest.raises(ConfigError, match="'gpu_decode_priority' must be \"high\" or \"normal\", got 'low'"):
+        DataConfig(train_shards="x.tar", gpu_decode_priority="low")
 
 
 def test_gpu_decode_on_a_cpu_run_needs_tritons_interpreter(monkeypatch):
@@ -305,6 +309,17 @@ def test_nvjpeg_path_counts_a_body_it_cannot_decode(tmp_path, tok):
     # (the workers find this one: PIL cannot read its header to the end)
     assert gpu.skipped_by_reason == {"bad_image": 1} and sum(int(b["num_skipped"]) for b in batches) == 1
     assert all(torch.isfinite(b["pixel_values"].float()).all() for b in batches)
+
+
+@pytest.mark.gpu
+def test_the_decode_priority_sets_the_lanes_streams():
+    from infclip.pipeline.data.gpu_decode import DecodeStage
+
+    levels = {}
+    for priority in ("high", "normal"):
+        stage = DecodeStage(torch.device("cuda"), torch.bfloat16, CLIP_MEAN, CLIP_STD, lanes=2, priority=priority)
+        levels[priority] = {lane.stream.priority for lane in stage._lanes}
+    assert levels["normal"] == {0} and len(levels["high"]) == 1 and min(levels["high"]) < 0
 
 
 @pytest.mark.gpu
