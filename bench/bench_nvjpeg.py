@@ -9,10 +9,11 @@ free their blocks every few microseconds, as a training step's kernels fall betw
 reports the host's time inside the call and the time until the batch is decoded. With
 ``--profile`` it also records the hardware backend's call under the largest load with
 ``torch.profiler`` and lists the CUDA runtime calls, kernels and copies it made, by count and
-time: where the host waits. One JSONL row per (backend, load) in bench/results/nvjpeg.jsonl.
+time: where the host waits. One JSONL row per (backend, output, load) in bench/results/nvjpeg.jsonl.
 
 Run (one GPU, torchvision installed: the library is the one its wheel ships):
-``python bench/bench_nvjpeg.py --batch 1024 --gemm_sizes 8192 2048 --profile``.
+``python bench/bench_nvjpeg.py --batch 1024 --gemm_sizes 8192 2048 --profile`` (``--outputs rgb yuv``:
+the same without the colour conversion asked for).
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ def main(argv=None) -> int:
                    help="loads: N^3 bf16 products on another stream (none is always run)")
     p.add_argument("--load_ms", type=float, default=400.0, help="GPU time queued as the load")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per (backend, load); the median is kept")
+    p.add_argument("--outputs", nargs="+", default=["rgb"], choices=["rgb", "yuv"],
+                   help="the decoders' output: rgb (what training uses) or yuv (the planes as coded, no colour "
+                        "conversion asked for)")
     p.add_argument("--profile", action="store_true", help="profile the hardware backend behind the largest load")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "nvjpeg.jsonl"))
     args = p.parse_args(argv)
@@ -102,12 +106,12 @@ def main(argv=None) -> int:
             "device": torch.cuda.get_device_name(), "batch": args.batch, "size": args.size, "load_ms": args.load_ms}
     rows = []
     decoders = {}
-    for backend in args.backends:
-        decoder, why = load_decoder(backend)
+    for backend, output in [(b, o) for o in args.outputs for b in args.backends]:
+        decoder, why = load_decoder(backend, output)
         if decoder is None:
             print(f"{backend}: nvJPEG cannot be used ({why})", file=sys.stderr)
             return 2
-        decoders[backend] = decoder
+        decoders[backend, output] = decoder
         for _ in range(3):  # the state's buffers grow to the batch
             timed_decode(decoder, *batch, stream)
         for gemm in [None, *args.gemm_sizes]:
@@ -119,16 +123,18 @@ def main(argv=None) -> int:
                 runs.append(timed_decode(decoder, *batch, stream))
                 torch.cuda.synchronize()
             host, done = sorted(runs, key=lambda r: r[1])[len(runs) // 2]
-            row = {**base, "backend": backend, "engines": decoder.hardware, "load": f"{gemm}^3 gemms" if gemm else "idle",
-                   "host_ms": host, "decoded_ms": done}
+            row = {**base, "backend": backend, "engines": decoder.hardware, "output": output,
+                   "load": f"{gemm}^3 gemms" if gemm else "idle", "host_ms": host, "decoded_ms": done}
             rows.append(row)
-            print(f"{backend:>8} ({'JPEG engines' if decoder.hardware else 'kernels'}), {row['load']:>12}: "
+            print(f"{backend:>8} ({'JPEG engines' if decoder.hardware else 'kernels'}, {output}), {row['load']:>12}: "
                   f"host in the call {host:7.1f} ms, decoded after {done:7.1f} ms", flush=True)
-    if args.profile and "hardware" in decoders and args.gemm_sizes:
+    if args.profile and "hardware" in args.backends and args.gemm_sizes:
         gemm = max(args.gemm_sizes)
-        print(f"\nhardware backend behind {gemm}^3 gemms: calls by total time (count, ms)")
-        for cat, name, count, ms in profile_summary(decoders["hardware"], batch, stream, other, gemm, args.load_ms):
-            print(f"  {cat:<12} {name:<70} {count:6d} {ms:9.2f}")
+        for output in args.outputs:
+            print(f"\nhardware backend ({output}) behind {gemm}^3 gemms: calls by total time (count, ms)")
+            for cat, name, count, ms in profile_summary(decoders["hardware", output], batch, stream, other, gemm,
+                                                        args.load_ms):
+                print(f"  {cat:<12} {name:<70} {count:6d} {ms:9.2f}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "a") as f:
         for row in rows:

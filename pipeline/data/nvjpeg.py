@@ -37,7 +37,7 @@ import torch
 __all__ = ["NvJpeg", "NvJpegError", "load_decoder"]
 
 _BACKEND_DEFAULT, _BACKEND_GPU_HYBRID, _BACKEND_HARDWARE = 0, 2, 3
-_OUTPUT_RGB = 3
+_OUTPUTS = {"rgb": 3, "yuv": 1}  # nvjpegOutputFormat_t
 _STATUS_ARCH_MISMATCH = 7
 _MAX_COMPONENT = 4
 
@@ -95,11 +95,17 @@ class NvJpeg:
         backend: ``"gpu"`` (batched kernels; the host returns once they are queued) or
             ``"hardware"`` (the JPEG engines; the call returns when its batch is decoded; the
             library's default backend on GPUs without engines). See the module docstring.
+        output: ``"rgb"`` (what the crop kernel reads) or ``"yuv"`` (the planes as coded, Y then
+            Cb and Cr at the JPEG's chroma sampling, each at pitch W in the same slots: for
+            measuring what the colour conversion costs, ``bench/bench_nvjpeg.py --outputs``).
     """
 
-    def __init__(self, lib: ctypes.CDLL, backend: str = "gpu") -> None:
+    def __init__(self, lib: ctypes.CDLL, backend: str = "gpu", output: str = "rgb") -> None:
         if backend not in ("gpu", "hardware"):
             raise ValueError(f"backend must be 'gpu' or 'hardware', got {backend!r}")
+        if output not in _OUTPUTS:
+            raise ValueError(f"output must be one of {sorted(_OUTPUTS)}, got {output!r}")
+        self.output = output
         self._lib = _bind(lib)
         self.backend = backend
         self.handle, self.state = ctypes.c_void_p(), ctypes.c_void_p()
@@ -115,7 +121,7 @@ class NvJpeg:
 
     def another(self) -> "NvJpeg":
         """A second handle and state on the same library (for a second thread)."""
-        return NvJpeg(self._lib, self.backend)
+        return NvJpeg(self._lib, self.backend, self.output)
 
     @staticmethod
     def _check(status: int, what: str) -> None:
@@ -153,7 +159,7 @@ class NvJpeg:
             images[k].channel[0], images[k].channel[1], images[k].channel[2] = base + s, base + s + p, base + s + 2 * p
             images[k].pitch[0] = images[k].pitch[1] = images[k].pitch[2] = w
         if n != self._batch:
-            self._check(self._lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, _OUTPUT_RGB),
+            self._check(self._lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, _OUTPUTS[self.output]),
                         "nvjpegDecodeBatchedInitialize")
             self._batch = n
         status = self._lib.nvjpegDecodeBatched(self.handle, self.state, pointers, lengths, images,
@@ -165,14 +171,14 @@ class NvJpeg:
         return flat, starts
 
 
-def load_decoder(backend: str = "gpu") -> Tuple[Optional[NvJpeg], Optional[str]]:
-    """(a decoder with ``backend``, None), or (None, why not in one phrase)."""
+def load_decoder(backend: str = "gpu", output: str = "rgb") -> Tuple[Optional[NvJpeg], Optional[str]]:
+    """(a decoder with ``backend`` and ``output``, None), or (None, why not in one phrase)."""
     if not torch.cuda.is_available():
         return None, "no CUDA device"
     errors = []
     for path in _library_paths():
         try:
-            return NvJpeg(ctypes.CDLL(path), backend), None
+            return NvJpeg(ctypes.CDLL(path), backend, output), None
         except (OSError, AttributeError, NvJpegError) as exc:
             errors.append(f"{os.path.basename(path)}: {exc}")
     return None, "; ".join(errors) or "libnvjpeg not found"

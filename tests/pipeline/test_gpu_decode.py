@@ -259,6 +259,15 @@ def test_an_error_in_the_stage_ends_the_loader_workers_while_its_traceback_lives
     assert not set(multiprocessing.active_children()) - before
 
 
+def test_the_direct_decoders_backend_and_output_are_checked():
+    from infclip.pipeline.data.nvjpeg import NvJpeg
+
+    with pytest.raises(ValueError, match="backend must be 'gpu' or 'hardware', got 'dali'"):
+        NvJpeg(None, "dali")
+    with pytest.raises(ValueError, match=r"output must be one of \['rgb', 'yuv'\], got 'bgr'"):
+        NvJpeg(None, "gpu", "bgr")
+
+
 def test_the_direct_decoder_says_why_it_cannot_load():
     from infclip.pipeline.data.nvjpeg import load_decoder
 
