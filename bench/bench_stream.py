@@ -218,7 +218,9 @@ def main(argv=None) -> int:
         gpu = ":gpu" in phase
         row = {**base, "phase": phase, "gpu_decode_share": run_cfg.data.gpu_decode_share if gpu else None,
                "gpu_decoder": run_cfg.data.gpu_decoder if gpu else None,
-               "gpu_decode_lanes": run_cfg.data.gpu_decode_lanes if gpu else None, "gpu_decode_priority": run_cfg.data.gpu_decode_priority if gpu else None, "switch_interval": sys.getswitchinterval(),
+               "gpu_decode_lanes": run_cfg.data.gpu_decode_lanes if gpu else None,
+               "gpu_decode_priority": run_cfg.data.gpu_decode_priority if gpu else None,
+               "switch_interval": sys.getswitchinterval(),
                **run_phase(te, run_cfg, build, args.warmup, args.steps)}
         rows.append(row)
         print(f"{phase:>14} (switch {1e3 * row['switch_interval']:.2g} ms): {row['samples_per_s']:8.0f} samples/s, "

@@ -108,13 +108,14 @@ class _Elapsed:
 
 
 class _Lane:
-    """Where one batch at a time is decoded: a direct decoder (or None), a high-priority stream
+    """Where one batch at a time is decoded: a direct decoder (or None), a stream of ``priority``
     (None on the CPU), and the event after its previous batch."""
 
     def __init__(self, device: Optional[torch.device], nvjpeg: Any, priority: str = "high") -> None:
         self.nvjpeg = nvjpeg
-        # high priority: the crop's blocks go ahead of the step's queued ones, so a batch is ready
-        # sooner and the lane's next decode, which waits for it, starts sooner (the GPU time is the same)
+        # high priority (the default): the crop's blocks go ahead of the step's queued ones, so a batch is
+        # ready sooner and the lane's next decode, which waits for it, starts sooner (the GPU time is the
+        # same); normal: the step's own priority
         level = -1 if priority == "high" else 0
         self.stream = torch.cuda.Stream(device, priority=level) if device is not None else None
         self.last: Any = None

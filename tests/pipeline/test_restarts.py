@@ -456,7 +456,8 @@ def test_a_failure_that_is_not_the_users_exits_1_with_its_traceback_under_loader
     try:
         _, err = proc.communicate(timeout=240)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+        if proc.poll() is None:  # it hung: end it and whatever it started
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 1, err[-3000:]
     assert "Traceback" in err and "RuntimeError: injected failure in step 4" in err, err[-3000:]
     assert read_latest(out / "ckpt") == "global_step2"
