@@ -153,6 +153,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--switch_intervals", type=float, nargs="+", default=[None],
                    help="run the streamed phases once per interpreter switch interval (sys.setswitchinterval, s)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override on top of the preset, as launch/pretrain.py's --set (repeatable)")
     p.add_argument("--dir", default=None, help="where the image sets are written (kept for reuse)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "stream.jsonl"))
     args = p.parse_args(argv)
@@ -173,7 +175,7 @@ def main(argv=None) -> int:
         overrides.append(f"train_micro_batch_size_per_gpu={args.micro_batch}")
     if args.workers is not None:
         overrides.append(f"data.workers={args.workers}")
-    run_cfg = load_config(os.path.join(ROOT, args.preset), overrides)
+    run_cfg = load_config(os.path.join(ROOT, args.preset), overrides + args.overrides)
     init_distributed()
     tokenizer = train_bpe_tokenizer(iter_shard_captions(first, max_captions=20000), os.path.join(work, "tok"),
                                     vocab_size=min(run_cfg.data.vocab_size, 4096))
@@ -200,7 +202,7 @@ def main(argv=None) -> int:
     one = next(iter(loader(first, "cpu", args.crop_scale)(0, 0)))
     synthetic = _Synthetic({k: v for k, v in one.items() if k in ("pixel_values", "input_ids", "attention_mask")})
     base = {"bench": "stream", "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "preset": args.preset, "micro_batch": run_cfg.micro_batch_size, "workers": run_cfg.data.workers,
+            "preset": args.preset, "overrides": args.overrides, "micro_batch": run_cfg.micro_batch_size, "workers": run_cfg.data.workers,
             "cpu_count": os.cpu_count(), "device": torch.cuda.get_device_name(), "steps": args.steps}
     streamed = [(s, i) for i in args.switch_intervals for s in args.sets]
     phases = ["synthetic"] + [p for s in streamed for p in (s, "synthetic")]  # each streamed phase between two anchors
