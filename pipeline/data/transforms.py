@@ -17,6 +17,7 @@ import json
 import math
 import os
 import random
+import warnings
 from typing import Any, Dict, Iterable, Iterator, Sequence
 from urllib.parse import urlparse
 
@@ -90,6 +91,14 @@ def eval_pixels(img: Image.Image, size: int, mean: torch.Tensor, std: torch.Tens
     return _to_tensor(_center_crop_resize(img.convert("RGB"), size), mean, std)
 
 
+def _open_image(data: bytes) -> Image.Image:
+    """PIL's lazy image (header read) without PIL's decompression-bomb warning: the stream's own
+    lower limit (:data:`MAX_IMAGE_PIXELS`) skips and counts such images instead."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        return Image.open(io.BytesIO(data))
+
+
 def decode_samples(s: StreamSpec, raw: Iterable[Dict[str, Any]], counter: SkipCounter) -> Iterator[Dict[str, Any]]:
     """The samples of ``raw`` (a worker's tar samples that have an image and a caption) with their images
     decoded and cropped for the stream ``s`` (training: uint8 crops, or JPEG boxes left for the GPU;
@@ -101,7 +110,7 @@ def decode_samples(s: StreamSpec, raw: Iterable[Dict[str, Any]], counter: SkipCo
     need = s.image_size if not s.train else math.ceil(s.image_size * math.sqrt(4 / 3 / s.crop_scale[0]))
     for item in raw:
         try:
-            with Image.open(io.BytesIO(item["image"])) as img:
+            with _open_image(item["image"]) as img:
                 if img.width * img.height > MAX_IMAGE_PIXELS:  # read from the header: nothing decoded yet
                     counter.add("too_many_pixels", f"{item['url']}:{item['key']}: {img.width}x{img.height}")
                     continue

@@ -268,6 +268,33 @@ def test_the_direct_decoders_backend_and_output_are_checked():
         NvJpeg(None, "gpu", "bgr")
 
 
+def test_the_direct_decoders_batch_arrays_match_nvjpegs_structures():
+    """The addresses, lengths and nvjpegImage_t rows built with arrays equal, byte for byte, what
+    ctypes lays out for the same images one structure at a time (uneven sizes, addresses above
+    2^32)."""
+    import ctypes
+
+    from infclip.pipeline.data.nvjpeg import _Image, batch_descriptors
+
+    rng = np.random.default_rng(3)
+    n = 37
+    sizes = torch.from_numpy(rng.integers(1, 700, size=(n, 2)))
+    offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(rng.integers(100, 30000, size=n))]))
+    W, plane = sizes[:, 0], sizes[:, 0] * sizes[:, 1]
+    starts = torch.cumsum(3 * plane, 0) - 3 * plane
+    host, base = 0x7F12_3456_0000, 0x7E00_0000_0000 + 512
+    pointers, lengths, images = batch_descriptors(host, offsets, W, plane, starts, base)
+    want = (_Image * n)()
+    for k in range(n):
+        for c in range(3):
+            want[k].channel[c] = base + int(starts[k]) + c * int(plane[k])
+            want[k].pitch[c] = int(W[k])
+    assert images.tobytes() == bytes(want)
+    offs = offsets.tolist()
+    assert pointers.tobytes() == bytes((ctypes.c_void_p * n)(*[host + o for o in offs[:-1]]))
+    assert lengths.tobytes() == bytes((ctypes.c_size_t * n)(*[b - a for a, b in zip(offs[:-1], offs[1:])]))
+
+
 def test_the_direct_decoder_says_why_it_cannot_load():
     from infclip.pipeline.data.nvjpeg import load_decoder
 
