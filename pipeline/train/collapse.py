@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 COLLAPSE_ADVICE = ("usual causes: a learning rate too high for the warm-up (lower optimizer.params.lr or lengthen "
                    "the scheduler's warmup_num_steps), every step skipped (fp16 overflow: see train/skipped_steps; "
                    "use bf16), captions or images that are all alike (data.caption_key, a data set of one caption "
-                   "template), both towers locked; see README.md, 'Collapse'")
+                   "template), both towers locked; see docs/training.md, 'Collapse'")
 
 
 def effective_window(window: int, total_steps: int) -> int:

@@ -59,7 +59,7 @@ def test_collapse_detected_at_the_first_whole_window(caplog):
     assert message.startswith("training collapse at step 310: the loss (6.93")
     assert "within 1% of ln(1024) = 6.9315, chance level" in message and "last 100 steps" in message
     assert "logit scale is frozen at 16.29" in message and "lr 0.0005" in message
-    assert "learning rate too high for the warm-up" in message and "README.md, 'Collapse'" in message
+    assert "learning rate too high for the warm-up" in message and "docs/training.md, 'Collapse'" in message
 
 
 def test_short_runs_are_judged_over_half_their_length():
