@@ -20,7 +20,7 @@ scenes at 224 px, used whole (the scenes presets' ``crop_scale`` [1, 1]). One JS
 phase in bench/results/stream.jsonl.
 
 Run (one GPU): ``python bench/bench_stream.py --preset ds_configs/vitb32.json --micro_batch 256
---sets web256:gpu web512:gpu web256:cpu``.
+--sets web256:gpu web512:gpu web256:cpu`` (``--set KEY=VALUE``: a config override on the preset).
 """
 
 from __future__ import annotations
