@@ -202,7 +202,8 @@ def main(argv=None) -> int:
     one = next(iter(loader(first, "cpu", args.crop_scale)(0, 0)))
     synthetic = _Synthetic({k: v for k, v in one.items() if k in ("pixel_values", "input_ids", "attention_mask")})
     base = {"bench": "stream", "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "preset": args.preset, "overrides": args.overrides, "micro_batch": run_cfg.micro_batch_size, "workers": run_cfg.data.workers,
+            "preset": args.preset, "overrides": args.overrides, "micro_batch": run_cfg.micro_batch_size,
+            "workers": run_cfg.data.workers,
             "cpu_count": os.cpu_count(), "device": torch.cuda.get_device_name(), "steps": args.steps}
     streamed = [(s, i) for i in args.switch_intervals for s in args.sets]
     phases = ["synthetic"] + [p for s in streamed for p in (s, "synthetic")]  # each streamed phase between two anchors
