@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--size", type=int, default=256, help="the JPEGs' side in pixels")
-    p.add_argument("--backends", nargs="+", default=["gpu", "hardware"], choices=["gpu", "hardware"])
+    p.add_argument("--backends", nargs="+", default=["gpu", "hardware"], choices=["gpu", "hardware", "hybrid"])
     p.add_argument("--gemm_sizes", type=int, nargs="*", default=[8192, 2048],
                    help="loads: N^3 bf16 products on another stream (none is always run)")
     p.add_argument("--load_ms", type=float, default=400.0, help="GPU time queued as the load")
@@ -88,6 +88,9 @@ def main(argv=None) -> int:
     p.add_argument("--outputs", nargs="+", default=["rgb"], choices=["rgb", "yuv"],
                    help="the decoders' output: rgb (what training uses) or yuv (the planes as coded, no colour "
                         "conversion asked for)")
+    p.add_argument("--preallocate", nargs="+", default=["on"], choices=["on", "off"],
+                   help="the JPEG engines' buffer pool sized for the batch before the first call (on) or grown by "
+                        "the library (off); both: each measured")
     p.add_argument("--profile", action="store_true", help="profile the hardware backend behind the largest load")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "nvjpeg.jsonl"))
     args = p.parse_args(argv)
@@ -106,12 +109,14 @@ def main(argv=None) -> int:
             "device": torch.cuda.get_device_name(), "batch": args.batch, "size": args.size, "load_ms": args.load_ms}
     rows = []
     decoders = {}
-    for backend, output in [(b, o) for o in args.outputs for b in args.backends]:
-        decoder, why = load_decoder(backend, output)
+    combos = [(b, o, pre == "on") for o in args.outputs for b in args.backends
+              for pre in (args.preallocate if b == "hardware" else ["on"])]
+    for backend, output, pre in combos:
+        decoder, why = load_decoder(backend, output, pre)
         if decoder is None:
             print(f"{backend}: nvJPEG cannot be used ({why})", file=sys.stderr)
             return 2
-        decoders[backend, output] = decoder
+        decoders[backend, output, pre] = decoder
         for _ in range(3):  # the state's buffers grow to the batch
             timed_decode(decoder, *batch, stream)
         for gemm in [None, *args.gemm_sizes]:
@@ -123,17 +128,20 @@ def main(argv=None) -> int:
                 runs.append(timed_decode(decoder, *batch, stream))
                 torch.cuda.synchronize()
             host, done = sorted(runs, key=lambda r: r[1])[len(runs) // 2]
-            row = {**base, "backend": backend, "engines": decoder.hardware, "output": output,
+            row = {**base, "backend": backend, "engines": decoder.hardware, "output": output, "preallocate": pre,
                    "load": f"{gemm}^3 gemms" if gemm else "idle", "host_ms": host, "decoded_ms": done}
             rows.append(row)
-            print(f"{backend:>8} ({'JPEG engines' if decoder.hardware else 'kernels'}, {output}), {row['load']:>12}: "
+            print(f"{backend:>8} ({'JPEG engines' if decoder.hardware else 'kernels'}, {output}"
+                  f"{', pool sized' if pre and decoder.hardware else ''}), {row['load']:>12}: "
                   f"host in the call {host:7.1f} ms, decoded after {done:7.1f} ms", flush=True)
     if args.profile and "hardware" in args.backends and args.gemm_sizes:
         gemm = max(args.gemm_sizes)
-        for output in args.outputs:
-            print(f"\nhardware backend ({output}) behind {gemm}^3 gemms: calls by total time (count, ms)")
-            for cat, name, count, ms in profile_summary(decoders["hardware", output], batch, stream, other, gemm,
-                                                        args.load_ms):
+        for (backend, output, pre), decoder in decoders.items():
+            if backend != "hardware":
+                continue
+            print(f"\nhardware backend ({output}, preallocate {pre}) behind {gemm}^3 gemms: calls by total time "
+                  "(count, ms)")
+            for cat, name, count, ms in profile_summary(decoder, batch, stream, other, gemm, args.load_ms):
                 print(f"  {cat:<12} {name:<70} {count:6d} {ms:9.2f}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "a") as f:

@@ -142,8 +142,9 @@ def main(argv=None) -> int:
     p.add_argument("--micro_batch", type=int, default=None, help="default: the preset's")
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
-                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; cpu or gpu[/DECODER][@SHARE][*LANES][^PRIORITY]: "
-                        "data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
+                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][*LANES]"
+                        "[^PRIORITY]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
+                        "data.gpu_decode_host_max_pixels PIXELS, "
                         "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
@@ -182,7 +183,7 @@ def main(argv=None) -> int:
     te = build_engine(run_cfg, tokenizer)
 
     default_share, default_lanes = run_cfg.data.gpu_decode_share, run_cfg.data.gpu_decode_lanes
-    default_priority = run_cfg.data.gpu_decode_priority
+    default_priority, default_host = run_cfg.data.gpu_decode_priority, run_cfg.data.gpu_decode_host_max_pixels
 
     def loader(urls, decode, crop):
         cfg = run_cfg.data
@@ -190,6 +191,8 @@ def main(argv=None) -> int:
         cfg.gpu_decode_priority = priority or default_priority
         decode, _, lanes = decode.partition("*")  # gpu*1: data.gpu_decode_lanes 1
         cfg.gpu_decode_lanes = int(lanes) if lanes else default_lanes
+        decode, _, host = decode.partition("%")  # gpu%70000: data.gpu_decode_host_max_pixels 70000
+        cfg.gpu_decode_host_max_pixels = int(host) if host else default_host
         decode, _, share = decode.partition("@")  # gpu@0.5: data.gpu_decode_share 0.5
         decode, _, decoder = decode.partition("/")  # gpu/torchvision: data.gpu_decoder
         cfg.decode, cfg.crop_scale, cfg.gpu_decoder = decode, list(crop), decoder or "auto"
@@ -223,6 +226,7 @@ def main(argv=None) -> int:
                "gpu_decoder": run_cfg.data.gpu_decoder if gpu else None,
                "gpu_decode_lanes": run_cfg.data.gpu_decode_lanes if gpu else None,
                "gpu_decode_priority": run_cfg.data.gpu_decode_priority if gpu else None,
+               "gpu_decode_host_max_pixels": run_cfg.data.gpu_decode_host_max_pixels if gpu else None,
                "switch_interval": sys.getswitchinterval(),
                **run_phase(te, run_cfg, build, args.warmup, args.steps)}
         rows.append(row)

@@ -87,6 +87,13 @@ class DataConfig:
     own (a decoder state, a stream and a host thread). With the GPU backend one lane keeps the
     step fed (measured: waiting under 1% of a ViT-B/32 step); more lanes help the
     ``nvjpeg_hardware`` decoder, whose calls wait on the host."""
+    gpu_decode_host_max_pixels: int = 0
+    """With the direct nvJPEG decoder, JPEGs of at most this many pixels have their Huffman
+    (entropy) decoding run on the training host's CPU, in the decode lanes' threads (nvJPEG's
+    hybrid backend; their IDCT, colour conversion and crop stay on the GPU); larger ones are
+    decoded wholly by GPU kernels; 0: every JPEG on the GPU. Huffman decoding is most of what
+    decode costs the GPU, and a host thread decodes about 6,000 256-px JPEGs a second but only
+    2,400 512-px ones: give small images to the host, with 2 lanes (docs/data.md)."""
     gpu_decode_priority: str = "high"
     """The decode lanes' CUDA stream priority: ``"high"`` (the decode and crop kernels' blocks go
     ahead of the step's queued ones, so a batch is ready sooner) or ``"normal"`` (the step's
@@ -108,7 +115,7 @@ class DataConfig:
         require_at_least(self, 1, "vocab_size", "tokenizer_train_captions", "prefetch_factor", "digits_image_size")
         if self.vocab_size < 259:
             raise ConfigError(f"'vocab_size' must be >= 259 (256 bytes + 3 special tokens), got {self.vocab_size}")
-        require_at_least(self, 0, "workers", "shuffle_buffer")
+        require_at_least(self, 0, "workers", "shuffle_buffer", "gpu_decode_host_max_pixels")
         require_at_least(self, 1, "samples_per_epoch", optional=True)
         if self.resampled and self.samples_per_epoch is None:
             raise ConfigError("'resampled': true needs 'samples_per_epoch' (a resampled stream never ends)")

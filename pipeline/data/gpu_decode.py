@@ -49,7 +49,7 @@ from PIL import Image
 from .image_ops import normalize_pixels, resized_crop_normalize, resized_crop_normalize_flat, upload
 from .nvjpeg import NvJpegError, load_decoder
 
-__all__ = ["DecodeStage", "cuda_decode_available", "pack_jpegs", "pil_decode", "prefetched"]
+__all__ = ["DecodeStage", "cuda_decode_available", "pack_jpegs", "pil_decode", "prefetched", "small_first"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,11 +108,12 @@ class _Elapsed:
 
 
 class _Lane:
-    """Where one batch at a time is decoded: a direct decoder (or None), a stream of ``priority``
-    (None on the CPU), and the event after its previous batch."""
+    """Where one batch at a time is decoded: a direct decoder (or None), the direct decoder whose
+    Huffman decoding runs on the host (or None), a stream of ``priority`` (None on the CPU), and
+    the event after its previous batch."""
 
-    def __init__(self, device: Optional[torch.device], nvjpeg: Any, priority: str = "high") -> None:
-        self.nvjpeg = nvjpeg
+    def __init__(self, device: Optional[torch.device], nvjpeg: Any, priority: str = "high", host: Any = None) -> None:
+        self.nvjpeg, self.host = nvjpeg, host
         # high priority (the default): the crop's blocks go ahead of the step's queued ones, so a batch is
         # ready sooner and the lane's next decode, which waits for it, starts sooner (the GPU time is the
         # same); normal: the step's own priority
@@ -137,27 +138,37 @@ class DecodeStage:
             (nvjpeg when it loads).
         lanes: batches decoded at once, each in a lane (decoder state, stream, thread).
         priority: the lanes' stream priority, ``"high"`` or ``"normal"`` (``data.gpu_decode_priority``).
+        host_max_pixels: with the direct decoder, JPEGs of at most this many pixels have their
+            Huffman decoding run in the lane's thread on the host (nvJPEG's hybrid backend), larger
+            ones theirs on the GPU; 0: none (``data.gpu_decode_host_max_pixels``).
     """
 
     def __init__(self, device: torch.device, dtype: torch.dtype, mean: Sequence[float], std: Sequence[float],
                  decode_fn: Optional[Callable[[List[torch.Tensor], torch.device], List[torch.Tensor]]] = None,
-                 decoder: str = "auto", lanes: int = 1, priority: str = "high") -> None:
+                 decoder: str = "auto", lanes: int = 1, priority: str = "high", host_max_pixels: int = 0) -> None:
         self.device, self.dtype = torch.device(device), dtype
         self.mean, self.std = list(mean), list(std)
         cuda = self.device.type == "cuda"
         self.decode_fn = decode_fn or (_nvjpeg_decode if cuda else
                                        (lambda files, dev: [pil_decode(f).to(dev) for f in files]))
-        nvjpeg = None
+        nvjpeg = host = None
         if cuda and decoder != "torchvision":
             with torch.cuda.device(self.device):
                 nvjpeg, why = load_decoder("hardware" if decoder == "nvjpeg_hardware" else "gpu")
+                if nvjpeg is not None and host_max_pixels > 0:
+                    host, why = load_decoder("hybrid")
+                    if host is None:
+                        raise RuntimeError(f"data.gpu_decode_host_max_pixels: nvJPEG's hybrid backend cannot be "
+                                           f"used ({why})")
             if nvjpeg is None:
                 if decoder != "auto":
                     raise RuntimeError(f"data.gpu_decoder {decoder!r}: the library cannot be used ({why})")
                 logger.info("nvJPEG cannot be called directly (%s): decoding through torchvision", why)
         # torchvision's decoder (and the CPU) decode one batch at a time: one lane
         self.lanes = max(1, int(lanes)) if nvjpeg is not None else 1
-        self._lanes = [_Lane(self.device, nvjpeg if k == 0 else nvjpeg.another(), priority) if cuda
+        self.host_max_pixels = int(host_max_pixels) if host is not None else 0
+        self._lanes = [_Lane(self.device, nvjpeg if k == 0 else nvjpeg.another(), priority,
+                             host if k == 0 or host is None else host.another()) if cuda
                        else _Lane(None, None) for k in range(self.lanes)]
         self.nvjpeg = nvjpeg
         self._lock = threading.Lock()
@@ -245,9 +256,12 @@ class DecodeStage:
         ``out``; False (nothing written) when there is no direct decoder or the call fails."""
         if run.nvjpeg is None or not len(dest):
             return False
+        m = 0
+        if run.host is not None:
+            data, offsets, sizes, boxes, dest, m = small_first(data, offsets, sizes, boxes, dest, self.host_max_pixels)
         try:
             t0 = time.perf_counter()
-            flat, starts = run.nvjpeg.decode(data, offsets, sizes, run.stream)
+            flat, starts = self._nvjpeg_decode(run, data, offsets, sizes, m)
             with self._lock:
                 self.host_s["in_nvjpeg"] += time.perf_counter() - t0
         except NvJpegError as exc:
@@ -256,6 +270,24 @@ class DecodeStage:
             return False
         resized_crop_normalize_flat(flat, starts, sizes, boxes, out, dest, self.mean, self.std)
         return True
+
+    def _nvjpeg_decode(self, run: "_Lane", data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, m: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(buffer, offsets) of the batch's JPEGs decoded by the lane's direct decoders: all but the
+        first ``m`` wholly on the GPU (queued first, so the GPU starts at once), then the first
+        ``m`` with their Huffman decoding here, on the host, while it runs."""
+        n = offsets.numel() - 1
+        if m == 0:
+            return run.nvjpeg.decode(data, offsets, sizes, run.stream)
+        if not data.is_pinned():
+            data = data.pin_memory()
+        numel = 3 * sizes[:, 0].to(torch.int64) * sizes[:, 1].to(torch.int64)
+        starts = torch.cumsum(numel, 0) - numel
+        flat = torch.empty(int(numel.sum()), dtype=torch.uint8, device=self.device)  # on the lane's stream
+        if m < n:
+            run.nvjpeg.decode(data, offsets[m:], sizes[m:], run.stream, out=(flat, starts[m:]))
+        run.host.decode(data, offsets[:m + 1], sizes[:m], run.stream, out=(flat, starts[:m]))
+        return flat, starts
 
     def _decode(self, files: List[torch.Tensor], names: List[str]) -> List[Optional[torch.Tensor]]:
         """Every file decoded on the device, or None where neither the decoder nor PIL can."""
@@ -299,6 +331,24 @@ class DecodeStage:
         skips = dict(batch.get("_skips") or {})
         skips["bad_image"] = skips.get("bad_image", 0) + len(bad)
         batch["_skips"] = skips
+
+
+def small_first(data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor,
+                dest: torch.Tensor, max_pixels: int) -> tuple:
+    """A GPU-decode batch's JPEGs reordered so that those of at most ``max_pixels`` pixels come
+    first (each keeping its size, box and row), and their count: ``(data, offsets, sizes, boxes,
+    dest, m)``. A batch already in that order (all small, or none) is returned as it is."""
+    small = sizes[:, 0] * sizes[:, 1] <= max_pixels
+    m = int(small.sum())
+    if bool(small[:m].all()):
+        return data, offsets, sizes, boxes, dest, m
+    order = torch.cat([small.nonzero().flatten(), (~small).nonzero().flatten()])
+    lengths = offsets[1:] - offsets[:-1]
+    files = torch.split(data, lengths.tolist())
+    data = torch.cat([files[i] for i in order.tolist()])
+    offsets = torch.zeros_like(offsets)
+    torch.cumsum(lengths[order], 0, out=offsets[1:])
+    return data, offsets, sizes[order], boxes[order], dest[order], m
 
 
 def prefetched(records: Iterable[Dict[str, Any]], finish: Callable[[Dict[str, Any], int], Dict[str, Any]],

@@ -6,7 +6,7 @@ stream (the stage's high-priority one), straight into one flat uint8 buffer laid
 kernel reads it (image ``k``'s [3, H_k, W_k] planes at ``offsets[k]``). ctypes, not a compiled
 extension: the calls are few (one or two a batch) and nothing is built at install time.
 
-Two backends (``backend``):
+Three backends (``backend``):
 
 - ``"gpu"`` (nvJPEG's GPU_HYBRID backend, the default): Huffman decoding, IDCT and colour
   conversion run as a few batched kernels on the stream, and the host returns once they are
@@ -16,7 +16,12 @@ Two backends (``backend``):
   colour-conversion kernel an image runs on the stream, and the host waits on an event per image
   before reusing a staging slot (a profile counts 1,010 waits for 1,024 images). Idle that is
   33 ms a batch; while the GPU is full each of those small kernels waits for a block slot, and the
-  same batch takes 454 ms. ``torchvision.io.decode_jpeg`` uses this backend.
+  same batch takes 454 ms, with the engines' buffer pool sized for the batch beforehand or not.
+  ``torchvision.io.decode_jpeg`` uses this backend.
+- ``"hybrid"`` (nvJPEG's HYBRID backend): Huffman decoding on the calling thread's core (the call
+  holds it: 162 ms for that batch, 430 ms at 512 px), IDCT and colour conversion as kernels on the
+  stream. What ``data.gpu_decode_host_max_pixels`` uses for small JPEGs: the GPU is spared the
+  Huffman kernels, the largest part of the GPU backend's time.
 
 The library is found where torchvision's wheel puts it (the ``nvidia`` packages beside torch, or
 ``torchvision.libs``), or by the system's loader; :func:`load_decoder` says in one phrase why
@@ -37,10 +42,13 @@ import torch
 
 __all__ = ["NvJpeg", "NvJpegError", "batch_descriptors", "load_decoder"]
 
-_BACKEND_DEFAULT, _BACKEND_GPU_HYBRID, _BACKEND_HARDWARE = 0, 2, 3
+_BACKEND_DEFAULT, _BACKEND_HYBRID, _BACKEND_GPU_HYBRID, _BACKEND_HARDWARE = 0, 1, 2, 3
+_BACKENDS = {"gpu": _BACKEND_GPU_HYBRID, "hardware": _BACKEND_HARDWARE, "hybrid": _BACKEND_HYBRID}
 _OUTPUTS = {"rgb": 3, "yuv": 1}  # nvjpegOutputFormat_t
 _STATUS_ARCH_MISMATCH = 7
 _MAX_COMPONENT = 4
+_CSS_420 = 2  # nvjpegChromaSubsampling_t: what web JPEGs mostly are
+_OPTIONAL = ("nvjpegDecodeBatchedPreAllocate",)  # nvJPEG 11.4 and later
 
 
 class _Image(ctypes.Structure):
@@ -81,8 +89,11 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "nvjpegJpegStateCreate": [vp, p(vp)],
         "nvjpegDecodeBatchedInitialize": [vp, vp, i, i, i],
         "nvjpegDecodeBatched": [vp, vp, p(vp), p(sz), p(_Image), vp],
+        "nvjpegDecodeBatchedPreAllocate": [vp, vp, i, i, i, i, i],
     }
     for name, args in sigs.items():
+        if not hasattr(lib, name) and name in _OPTIONAL:
+            continue
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, ctypes.c_int
     return lib
@@ -93,44 +104,47 @@ class NvJpeg:
 
     Args:
         lib: the loaded library (:func:`load_decoder` finds it).
-        backend: ``"gpu"`` (batched kernels; the host returns once they are queued) or
+        backend: ``"gpu"`` (batched kernels; the host returns once they are queued),
+            ``"hybrid"`` (Huffman decoding on the calling thread, then kernels) or
             ``"hardware"`` (the JPEG engines; the call returns when its batch is decoded; the
             library's default backend on GPUs without engines). See the module docstring.
         output: ``"rgb"`` (what the crop kernel reads) or ``"yuv"`` (the planes as coded, Y then
             Cb and Cr at the JPEG's chroma sampling, each at pitch W in the same slots: for
             measuring what the colour conversion costs, ``bench/bench_nvjpeg.py --outputs``).
+        preallocate: with the JPEG engines, size the engines' buffer pool for the first batch
+            (``nvjpegDecodeBatchedPreAllocate``: its count and largest width and height) before
+            decoding it, instead of letting the library grow a few staging slots as it goes.
     """
 
-    def __init__(self, lib: ctypes.CDLL, backend: str = "gpu", output: str = "rgb") -> None:
-        if backend not in ("gpu", "hardware"):
-            raise ValueError(f"backend must be 'gpu' or 'hardware', got {backend!r}")
+    def __init__(self, lib: ctypes.CDLL, backend: str = "gpu", output: str = "rgb", preallocate: bool = True) -> None:
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {sorted(_BACKENDS)}, got {backend!r}")
         if output not in _OUTPUTS:
             raise ValueError(f"output must be one of {sorted(_OUTPUTS)}, got {output!r}")
-        self.output = output
+        self.output, self.preallocate = output, preallocate
         self._lib = _bind(lib)
         self.backend = backend
         self.handle, self.state = ctypes.c_void_p(), ctypes.c_void_p()
-        first = _BACKEND_HARDWARE if backend == "hardware" else _BACKEND_GPU_HYBRID
-        status = lib.nvjpegCreateEx(first, None, None, 0, ctypes.byref(self.handle))
+        status = lib.nvjpegCreateEx(_BACKENDS[backend], None, None, 0, ctypes.byref(self.handle))
         self.hardware = backend == "hardware" and status == 0
         if backend == "hardware" and status == _STATUS_ARCH_MISMATCH:  # no JPEG engines on this GPU
             status = lib.nvjpegCreateEx(_BACKEND_DEFAULT, None, None, 0, ctypes.byref(self.handle))
         self._check(status, "nvjpegCreateEx")
         self._check(lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state)), "nvjpegJpegStateCreate")
-        self._batch = 0
+        self._batch, self._pooled = 0, False
         self._inflight: Tuple = ()  # the host bytes and pointer arrays of the batch the GPU may still read
 
     def another(self) -> "NvJpeg":
         """A second handle and state on the same library (for a second thread)."""
-        return NvJpeg(self._lib, self.backend, self.output)
+        return NvJpeg(self._lib, self.backend, self.output, self.preallocate)
 
     @staticmethod
     def _check(status: int, what: str) -> None:
         if status != 0:
             raise NvJpegError(f"{what} failed with nvJPEG status {status}")
 
-    def decode(self, data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, stream: Optional[torch.cuda.Stream] = None
-               ) -> Tuple[torch.Tensor, torch.Tensor]:
+    def decode(self, data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, stream: Optional[torch.cuda.Stream] = None,
+               out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Decode JPEG files laid end to end.
 
         Args:
@@ -139,6 +153,8 @@ class NvJpeg:
             sizes: int64 [n, 2], each file's (W, H) from its header.
             stream: where the GPU work is queued (default: the current stream); ``data`` must not
                 change until the stream has passed this work.
+            out: (buffer, int64 [n] offsets) to decode into instead of a new buffer: image ``k``'s
+                planes at ``buffer[offsets[k]:]`` (a part of a batch another decoder shares).
         Returns:
             (flat uint8 buffer on the current device, int64 [n] offsets of each image's RGB planes).
         """
@@ -148,10 +164,18 @@ class NvJpeg:
             data = data.pin_memory()
         W, H = sizes[:, 0].to(torch.int64), sizes[:, 1].to(torch.int64)
         plane = W * H
-        starts = torch.cumsum(3 * plane, 0) - 3 * plane
-        with torch.cuda.stream(stream):
-            flat = torch.empty(int((3 * plane).sum()), dtype=torch.uint8, device=torch.cuda.current_device())
+        if out is None:
+            starts = torch.cumsum(3 * plane, 0) - 3 * plane
+            with torch.cuda.stream(stream):
+                flat = torch.empty(int((3 * plane).sum()), dtype=torch.uint8, device=torch.cuda.current_device())
+        else:
+            flat, starts = out
         pointers, lengths, images = batch_descriptors(data.data_ptr(), offsets, W, plane, starts, flat.data_ptr())
+        if self.hardware and self.preallocate and not self._pooled and hasattr(self._lib, _OPTIONAL[0]):
+            self._pooled = True
+            self._check(self._lib.nvjpegDecodeBatchedPreAllocate(self.handle, self.state, n, int(W.max()), int(H.max()),
+                                                                 _CSS_420, _OUTPUTS[self.output]),
+                        "nvjpegDecodeBatchedPreAllocate")
         if n != self._batch:
             self._check(self._lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, _OUTPUTS[self.output]),
                         "nvjpegDecodeBatchedInitialize")
@@ -185,14 +209,15 @@ def batch_descriptors(host: int, offsets: torch.Tensor, widths: torch.Tensor, pl
     return offs[:-1] + u64(host), offs[1:] - offs[:-1], images
 
 
-def load_decoder(backend: str = "gpu", output: str = "rgb") -> Tuple[Optional[NvJpeg], Optional[str]]:
-    """(a decoder with ``backend`` and ``output``, None), or (None, why not in one phrase)."""
+def load_decoder(backend: str = "gpu", output: str = "rgb", preallocate: bool = True
+                 ) -> Tuple[Optional[NvJpeg], Optional[str]]:
+    """(a decoder with ``backend``, ``output`` and ``preallocate``, None), or (None, why not in one phrase)."""
     if not torch.cuda.is_available():
         return None, "no CUDA device"
     errors = []
     for path in _library_paths():
         try:
-            return NvJpeg(ctypes.CDLL(path), backend, output), None
+            return NvJpeg(ctypes.CDLL(path), backend, output, preallocate), None
         except (OSError, AttributeError, NvJpegError) as exc:
             errors.append(f"{os.path.basename(path)}: {exc}")
     return None, "; ".join(errors) or "libnvjpeg not found"

@@ -67,7 +67,8 @@ def _mixed_shards(out, n: int = 24, per_shard: int = 6) -> str:
 def _loader(url, tok, decode, device="cpu", **kw):
     cfg = DataConfig(train_shards=url, workers=kw.pop("workers", 2), shuffle_buffer=8, seed=5, decode=decode,
                      crop_scale=[0.4, 1.0], gpu_decode_share=kw.pop("share", 1.0),
-                     gpu_decoder=kw.pop("decoder", "auto"))
+                     gpu_decoder=kw.pop("decoder", "auto"), gpu_decode_host_max_pixels=kw.pop("host_pixels", 0),
+                     gpu_decode_lanes=kw.pop("lanes", 1))
     return build_train_loader(cfg, tok, image_size=16, context_length=16, batch_size=4,
                               device=torch.device(device), **kw)
 
@@ -262,7 +263,7 @@ def test_an_error_in_the_stage_ends_the_loader_workers_while_its_traceback_lives
 def test_the_direct_decoders_backend_and_output_are_checked():
     from infclip.pipeline.data.nvjpeg import NvJpeg
 
-    with pytest.raises(ValueError, match="backend must be 'gpu' or 'hardware', got 'dali'"):
+    with pytest.raises(ValueError, match=r"backend must be one of \['gpu', 'hardware', 'hybrid'\], got 'dali'"):
         NvJpeg(None, "dali")
     with pytest.raises(ValueError, match=r"output must be one of \['rgb', 'yuv'\], got 'bgr'"):
         NvJpeg(None, "gpu", "bgr")
@@ -336,6 +337,26 @@ def test_direct_nvjpeg_call_gives_torchvisions_batches(tmp_path, tok):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("host_pixels,lanes", [(1300, 2), (10**6, 3)])
+def test_host_huffman_gives_the_gpu_backends_batches(tmp_path, tok, host_pixels, lanes):
+    """data.gpu_decode_host_max_pixels: the batch's small JPEGs (some of them, interleaved with
+    larger ones; or all) entropy-decoded on the host (nvJPEG's hybrid backend) into the same buffer
+    as the rest: the same samples in the same rows, pixels within a few levels of the GPU
+    backend's (the backends' IDCTs round apart)."""
+    url = _mixed_shards(tmp_path / "mixed", n=48, per_shard=12)
+    gpu = _loader(url, tok, "gpu", device="cuda", decoder="nvjpeg")
+    split = _loader(url, tok, "gpu", device="cuda", decoder="nvjpeg", host_pixels=host_pixels, lanes=lanes)
+    got = list(zip(gpu, split))
+    assert len(got) == 12 and split.stage.host_max_pixels == host_pixels
+    assert all(lane.host is not None for lane in split.stage._lanes) and len(split.stage._lanes) == lanes
+    d = torch.cat([(_levels(a["pixel_values"]) - _levels(b["pixel_values"])).abs().flatten() for a, b in got])
+    for a, b in got:
+        assert torch.equal(a["input_ids"], b["input_ids"])
+    assert d.mean() < 0.5 and d.max() <= 4, (d.mean(), d.max())
+    assert split.stage.fallbacks == {"cpu_decode": 0, "bad_image": 0, "batch_retry": 0}
+
+
+@pytest.mark.gpu
 def test_nvjpeg_path_counts_a_body_it_cannot_decode(tmp_path, tok):
     url = _truncated_jpeg_shard(tmp_path / "broken")
     gpu = _loader(url, tok, "gpu", device="cuda", workers=0)
@@ -380,6 +401,23 @@ def test_the_stage_queues_a_batch_without_waiting_for_the_gpu(tmp_path, tok):
     out["ready"].synchronize()
     assert still_busy, "the stage waited for work already queued on its stream"
     assert torch.equal(out["pixel_values"].cpu(), reference)
+
+
+def test_small_first_reorders_files_with_their_sizes_boxes_and_rows():
+    from infclip.pipeline.data.gpu_decode import pack_jpegs, small_first
+
+    files = [bytes([k]) * (3 + k) for k in range(6)]
+    data, offsets = pack_jpegs(files)
+    sizes = torch.tensor([[10, 10], [40, 40], [5, 5], [30, 30], [9, 11], [50, 2]])
+    boxes, dest = torch.arange(24).view(6, 4), torch.tensor([7, 3, 5, 0, 1, 2])
+    d, o, s, b, r, m = small_first(data, offsets, sizes, boxes, dest, 100)
+    order = [0, 2, 4, 5, 1, 3]  # at most 100 pixels first, each group in its order
+    assert m == 4 and o[-1] == offsets[-1]
+    assert [d[o[k]:o[k + 1]].numpy().tobytes() for k in range(6)] == [files[i] for i in order]
+    assert torch.equal(s, sizes[order]) and torch.equal(b, boxes[order]) and torch.equal(r, dest[order])
+    ordered = small_first(d, o, s, b, r, 100)
+    assert ordered[0] is d and ordered[-1] == 4  # already in order: returned as it is
+    assert small_first(data, offsets, sizes, boxes, dest, 0)[-1] == 0
 
 
 def test_the_gpu_share_picks_the_same_samples_every_time(tmp_path, tok):
