@@ -47,7 +47,7 @@ import torch
 from PIL import Image
 
 from .image_ops import normalize_pixels, resized_crop_normalize, resized_crop_normalize_flat, upload
-from .nvjpeg import NvJpegError, load_decoder
+from .nvjpeg import NvJpegError, load_decoder, plane_buffer
 
 __all__ = ["DecodeStage", "cuda_decode_available", "pack_jpegs", "pil_decode", "prefetched", "small_first"]
 
@@ -276,17 +276,13 @@ class DecodeStage:
         """(buffer, offsets) of the batch's JPEGs decoded by the lane's direct decoders: all but the
         first ``m`` wholly on the GPU (queued first, so the GPU starts at once), then the first
         ``m`` with their Huffman decoding here, on the host, while it runs."""
-        n = offsets.numel() - 1
-        if m == 0:
-            return run.nvjpeg.decode(data, offsets, sizes, run.stream)
-        if not data.is_pinned():
+        if not data.is_pinned():  # once for both calls
             data = data.pin_memory()
-        numel = 3 * sizes[:, 0].to(torch.int64) * sizes[:, 1].to(torch.int64)
-        starts = torch.cumsum(numel, 0) - numel
-        flat = torch.empty(int(numel.sum()), dtype=torch.uint8, device=self.device)  # on the lane's stream
-        if m < n:
+        flat, starts = plane_buffer(sizes, run.stream)
+        if m < offsets.numel() - 1:
             run.nvjpeg.decode(data, offsets[m:], sizes[m:], run.stream, out=(flat, starts[m:]))
-        run.host.decode(data, offsets[:m + 1], sizes[:m], run.stream, out=(flat, starts[:m]))
+        if m:
+            run.host.decode(data, offsets[:m + 1], sizes[:m], run.stream, out=(flat, starts[:m]))
         return flat, starts
 
     def _decode(self, files: List[torch.Tensor], names: List[str]) -> List[Optional[torch.Tensor]]:

@@ -40,7 +40,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 
-__all__ = ["NvJpeg", "NvJpegError", "batch_descriptors", "load_decoder"]
+__all__ = ["NvJpeg", "NvJpegError", "batch_descriptors", "load_decoder", "plane_buffer"]
 
 _BACKEND_DEFAULT, _BACKEND_HYBRID, _BACKEND_GPU_HYBRID, _BACKEND_HARDWARE = 0, 1, 2, 3
 _BACKENDS = {"gpu": _BACKEND_GPU_HYBRID, "hardware": _BACKEND_HARDWARE, "hybrid": _BACKEND_HYBRID}
@@ -131,7 +131,9 @@ class NvJpeg:
             status = lib.nvjpegCreateEx(_BACKEND_DEFAULT, None, None, 0, ctypes.byref(self.handle))
         self._check(status, "nvjpegCreateEx")
         self._check(lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state)), "nvjpegJpegStateCreate")
-        self._batch, self._pooled = 0, False
+        # the engines' pool is sized once, before the first batch, where the library can
+        self._pooled = not (self.hardware and preallocate and hasattr(lib, _OPTIONAL[0]))
+        self._batch = 0
         self._inflight: Tuple = ()  # the host bytes and pointer arrays of the batch the GPU may still read
 
     def another(self) -> "NvJpeg":
@@ -164,14 +166,9 @@ class NvJpeg:
             data = data.pin_memory()
         W, H = sizes[:, 0].to(torch.int64), sizes[:, 1].to(torch.int64)
         plane = W * H
-        if out is None:
-            starts = torch.cumsum(3 * plane, 0) - 3 * plane
-            with torch.cuda.stream(stream):
-                flat = torch.empty(int((3 * plane).sum()), dtype=torch.uint8, device=torch.cuda.current_device())
-        else:
-            flat, starts = out
+        flat, starts = out if out is not None else plane_buffer(sizes, stream)
         pointers, lengths, images = batch_descriptors(data.data_ptr(), offsets, W, plane, starts, flat.data_ptr())
-        if self.hardware and self.preallocate and not self._pooled and hasattr(self._lib, _OPTIONAL[0]):
+        if not self._pooled:
             self._pooled = True
             self._check(self._lib.nvjpegDecodeBatchedPreAllocate(self.handle, self.state, n, int(W.max()), int(H.max()),
                                                                  _CSS_420, _OUTPUTS[self.output]),
@@ -189,6 +186,16 @@ class NvJpeg:
             self._check(status, "nvjpegDecodeBatched")
         self._inflight = (data, pointers, lengths, images)
         return flat, starts
+
+
+def plane_buffer(sizes: torch.Tensor, stream: torch.cuda.Stream) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 buffer on the current device, allocated on ``stream``, int64 [n] offsets) for the
+    decoded planes of images of ``sizes`` (int64 [n, 2], (W, H)): image ``k``'s [3, H_k, W_k] at
+    ``offsets[k]``."""
+    numel = 3 * sizes[:, 0].to(torch.int64) * sizes[:, 1].to(torch.int64)
+    with torch.cuda.stream(stream):
+        flat = torch.empty(int(numel.sum()), dtype=torch.uint8, device=torch.cuda.current_device())
+    return flat, torch.cumsum(numel, 0) - numel
 
 
 def batch_descriptors(host: int, offsets: torch.Tensor, widths: torch.Tensor, planes: torch.Tensor,
