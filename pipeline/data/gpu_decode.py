@@ -49,7 +49,7 @@ from PIL import Image
 from .image_ops import normalize_pixels, resized_crop_normalize, resized_crop_normalize_flat, upload
 from .nvjpeg import NvJpegError, load_decoder, plane_buffer
 
-__all__ = ["DecodeStage", "cuda_decode_available", "pack_jpegs", "pil_decode", "prefetched", "small_first"]
+__all__ = ["DecodeStage", "cuda_decode_available", "pack_jpegs", "pil_decode", "prefetched", "small_first", "wait_for_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +105,18 @@ class _Elapsed:
             return 0.0
         self.end.synchronize()
         return float(self.start.elapsed_time(self.end))
+
+
+def wait_for_batch(ready: Any, stream: torch.cuda.Stream) -> _Elapsed:
+    """Make ``stream`` wait for a decoded batch's ``ready`` event; the GPU time it then stands still
+    (the step's loss to the decode: the batch is not decoded when the step reaches it; read with
+    ``float`` later). Two timing events around the wait: the first completes when the stream's
+    earlier work has run, the second when the batch is ready too."""
+    before, after = (torch.cuda.Event(enable_timing=True, blocking=True) for _ in range(2))
+    before.record(stream)
+    stream.wait_event(ready)
+    after.record(stream)
+    return _Elapsed(before, after)
 
 
 class _Lane:

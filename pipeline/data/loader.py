@@ -219,8 +219,10 @@ class ShardLoader:
                 batch["pixel_values"] = self.normalize(batch["pixel_values"])
             ready = batch.pop("ready", None)
             if ready is not None:  # made on the stage's side stream: the step's stream waits for it
+                from .gpu_decode import wait_for_batch
+
                 stream = torch.cuda.current_stream(batch["pixel_values"].device)
-                stream.wait_event(ready)
+                batch["stall_ms"] = wait_for_batch(ready, stream)
                 for key in ("pixel_values", "input_ids", "attention_mask"):
                     batch[key].record_stream(stream)
             yield batch

@@ -345,5 +345,5 @@ class TrainLoop:
                 self.norms.note(engine.get_global_grad_norm(), state.step + 1)
             self.log.micro_step(samples=pv.shape[0] * te.dp_world, data_s=data_s,
                                 worker_s=float(batch.get("worker_s", 0.0)), loss_ms=loss_ms,
-                                decode_ms=batch.get("decode_ms"))
+                                decode_ms=batch.get("decode_ms"), stall_ms=batch.get("stall_ms"))
         return True

@@ -58,16 +58,20 @@ class TrainLogger:
 
     def _new_window(self, first: bool = False) -> None:
         self.window = {"t": time.perf_counter(), "samples": 0, "data_s": 0.0, "worker_s": 0.0, "loss_ms": [],
-                       "decode_ms": [], "n": 0, "first": first}
+                       "decode_ms": [], "stall_ms": [], "n": 0, "first": first}
 
     def micro_step(self, *, samples: int, data_s: float, worker_s: float, loss_ms: Any,
-                   decode_ms: Any = None) -> None:
+                   decode_ms: Any = None, stall_ms: Any = None) -> None:
         """One micro-batch done: ``samples`` over all ranks, ``data_s`` spent waiting for it,
         ``worker_s`` its worker's time making it, ``loss_ms`` and ``decode_ms`` (the GPU decode
-        stage's device time for it, None without one; both read with ``float`` at log time)."""
+        stage's device time for it, None without one), ``stall_ms`` (the GPU time the step's stream
+        waited for the batch's decode to finish, None when it does not wait on the device); the
+        three read with ``float`` at log time."""
         w = self.window
         if decode_ms is not None:
             w["decode_ms"].append(decode_ms)
+        if stall_ms is not None:
+            w["stall_ms"].append(stall_ms)
         w["samples"] += samples
         w["data_s"] += data_s
         w["worker_s"] += worker_s
@@ -104,6 +108,10 @@ class TrainLogger:
                 decode = [float(t) for t in w["decode_ms"]]
                 scalars["data/gpu_decode_ms"] = sum(decode) / len(decode)
                 scalars["data/gpu_decode_fraction"] = sum(decode) / 1e3 / elapsed
+            if w["stall_ms"]:  # the step's stream standing still for a batch not yet decoded (GPU time)
+                stall = [float(t) for t in w["stall_ms"]]
+                scalars["data/gpu_stall_ms"] = sum(stall) / len(stall)
+                scalars["data/gpu_stall_fraction"] = sum(stall) / 1e3 / elapsed
             if scale is not None:
                 scalars["train/logit_scale"] = scale
             if grad_norm is not None:

@@ -403,6 +403,31 @@ def test_the_stage_queues_a_batch_without_waiting_for_the_gpu(tmp_path, tok):
     assert torch.equal(out["pixel_values"].cpu(), reference)
 
 
+@pytest.mark.gpu
+def test_the_steps_stall_on_a_batch_is_the_decode_time_left_when_the_step_gets_there():
+    """A batch whose decode still runs when the step's stream reaches it: the stall measured is
+    about the decode time left (a sleep kernel on the side stream); one already decoded: none."""
+    from infclip.pipeline.data.gpu_decode import wait_for_batch
+
+    side, step = torch.cuda.Stream(), torch.cuda.current_stream()
+    stalls = []
+    for cycles in (0, 500_000_000):  # nothing left, then ~0.25 s at 2 GHz
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            if cycles:
+                torch.cuda._sleep(cycles)
+            ready = torch.cuda.Event(enable_timing=True)
+            ready.record()
+        stall = wait_for_batch(ready, step)
+        torch.cuda.synchronize()
+        stalls.append((float(stall), start.elapsed_time(ready)))
+    (idle, _), (waited, decode) = stalls
+    assert idle < 1.0, idle
+    assert decode > 50 and 0.8 * decode < waited <= decode + 1.0, (waited, decode)
+
+
 def test_small_first_reorders_files_with_their_sizes_boxes_and_rows():
     from infclip.pipeline.data.gpu_decode import pack_jpegs, small_first
 

@@ -14,6 +14,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -306,6 +307,29 @@ def test_gpu_decode_path_trains_and_logs_its_time(world_of_one, digits_shards, t
     assert sorted(full) == [1, 2] and all(math.isfinite(v) for v in full.values())
     assert sorted(tb_scalars(tmp_path / "full", "data/gpu_decode_ms")) == [1, 2]
     assert sorted(tb_scalars(tmp_path / "full", "data/gpu_decode_fraction")) == [1, 2]
+
+
+def test_the_logger_writes_the_decode_time_and_the_steps_stall_on_it(tmp_path):
+    """The GPU decode's time a batch and the time the step's stream stood waiting for a batch reach
+    TensorBoard as the window's means and as shares of its wall time; a run without device waits
+    writes no stall."""
+    from infclip.pipeline.train.metrics import TrainLogger
+
+    log = TrainLogger(str(tmp_path / "tb"), total_steps=2, start_step=0, micro_batch=4, workers=1)
+    for decode, stall in ((10.0, 2.0), (14.0, 6.0)):
+        log.micro_step(samples=4, data_s=0.0, worker_s=0.1, loss_ms=1.0, decode_ms=decode, stall_ms=stall)
+    t0, before = log.window["t"], time.perf_counter()
+    log.log_step(1, 1.0, lr=0.1, scale=None, grad_norm=None, skipped_samples=0, skipped_steps=0,
+                 device=torch.device("cpu"))
+    shortest, longest = 1e3 * (before - t0), 1e3 * (time.perf_counter() - t0)  # the window's wall time
+    log.micro_step(samples=4, data_s=0.0, worker_s=0.1, loss_ms=1.0, decode_ms=3.0)
+    log.log_step(2, 1.0, lr=0.1, scale=None, grad_norm=None, skipped_samples=0, skipped_steps=0,
+                 device=torch.device("cpu"))
+    log.close()
+    assert tb_scalars(tmp_path, "data/gpu_decode_ms") == {1: 12.0, 2: 3.0}
+    assert tb_scalars(tmp_path, "data/gpu_stall_ms") == {1: 4.0}
+    fraction = tb_scalars(tmp_path, "data/gpu_stall_fraction")[1]
+    assert 8.0 / longest <= fraction <= 8.0 / shortest, (fraction, shortest, longest)
 
 
 def test_deepspeed_scheduler_start_warning_is_not_printed(world_of_one, digits_shards, tmp_path):
