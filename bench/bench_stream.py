@@ -9,7 +9,12 @@ steps (loader start, shuffle buffer, compile) and then ``--steps`` timed ones; s
 those steps over their wall time, from one device sync to the next. The ratio of a streamed
 phase to the mean of the synthetic phases on either side of it (the GPU's clock drifts over a
 call as it heats) is what the data path costs the step: loader
-starvation and, with ``gpu`` decode, the decode kernels sharing the GPU with the step.
+starvation and, with ``gpu`` decode, the decode kernels sharing the GPU with the step. A phase's
+loader is closed when the phase ends (its worker processes and decode threads stop): left open,
+they slow every later phase, the anchors included. Each row also says where the step's time went
+on the host (the training thread's CPU time a step and how often it was descheduled) and, with
+``gpu`` decode, the GPU time the step's stream stood waiting for a batch (``gpu_stall_fraction``);
+``--profile N`` adds each CUDA stream's kernel time a step from ``torch.profiler``.
 
 Image sets (written once per ``--dir``, several processes rendering them): ``web256`` /
 ``web512``: smooth colour fields with shapes, baseline JPEG quality 90 (``bench_data.picture``;
@@ -84,8 +89,63 @@ class _Synthetic:
             yield dict(self.batch)
 
 
-def run_phase(te, run_cfg, build, warmup: int, steps: int) -> dict:
-    """``warmup`` + ``steps`` steps of the training loop on ``build``'s batches; the timed ones' rate."""
+def gpu_timeline(trace_path: str, steps: int) -> dict:
+    """Per step, from a torch.profiler trace: each CUDA stream's kernels and copies (count, ms),
+    the time any kernel ran (ms, the union over streams) and the host's CUDA runtime calls
+    (count, ms) by name, the five longest. Where the step's GPU time goes while a phase decodes."""
+    import collections
+
+    with open(trace_path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    streams = collections.defaultdict(lambda: [0, 0.0])
+    calls = collections.defaultdict(lambda: [0, 0.0])
+    spans = []
+    for e in events:
+        cat, dur = e.get("cat"), e.get("dur", 0) / 1e3
+        if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+            key = f"stream {e.get('args', {}).get('stream', e.get('tid'))} {'kernels' if cat == 'kernel' else 'copies'}"
+            streams[key][0] += 1
+            streams[key][1] += dur
+            if cat == "kernel":
+                spans.append((e["ts"], e["ts"] + e.get("dur", 0)))
+        elif cat == "cuda_runtime":
+            calls[e["name"]][0] += 1
+            calls[e["name"]][1] += dur
+    busy, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    wall = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e3 if spans else 0.0
+    per = lambda d: {k: [round(c / steps, 1), round(ms / steps, 2)] for k, (c, ms) in  # noqa: E731
+                     sorted(d.items(), key=lambda kv: -kv[1][1])}
+    return {"kernel_busy_ms": busy / 1e3 / steps, "kernel_span_ms": wall / steps, "streams": per(streams),
+            "runtime_calls": dict(list(per(calls).items())[:5])}
+
+
+def _host_now() -> dict:
+    """The training thread's CPU seconds and involuntary context switches (it was runnable and another
+    thread got its core), this process's threads and its live child processes."""
+    switches = 0
+    with open("/proc/thread-self/status") as f:
+        for line in f:
+            if line.startswith("nonvoluntary_ctxt_switches"):
+                switches = int(line.split()[1])
+    me, children = os.getpid(), 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    children += int(f.read().rsplit(")", 1)[1].split()[1]) == me
+            except OSError:
+                continue
+    return {"cpu_s": time.thread_time(), "switches": switches, "threads": len(os.listdir("/proc/self/task")),
+            "children": children}
+
+
+def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0) -> dict:
+    """``warmup`` + ``steps`` steps of the training loop on ``build``'s batches; the timed ones' rate
+    (and, with ``profile``, that many more steps under torch.profiler: :func:`gpu_timeline`)."""
     from infclip.pipeline.train.loop import Batches, EvalSchedule, TrainLoop
     from infclip.pipeline.train.metrics import TrainLogger
     from infclip.pipeline.train.run_state import RunState
@@ -102,12 +162,15 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int) -> dict:
     log = TrainLogger(None, total_steps=warmup + steps, start_step=0, micro_batch=run_cfg.micro_batch_size,
                       workers=run_cfg.data.workers)
     decode_ms: list = []
+    stall_ms: list = []
     waits = [0.0]
     micro = log.micro_step
 
     def watched(**kw):  # the logger's window restarts at log steps: keep the phase's own totals
         if kw.get("decode_ms") is not None:
             decode_ms.append(kw["decode_ms"])
+        if kw.get("stall_ms") is not None:
+            stall_ms.append(kw["stall_ms"])
         waits[0] += kw["data_s"]
         micro(**kw)
 
@@ -118,22 +181,46 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int) -> dict:
     torch.cuda.synchronize()
     tcfg.steps = warmup + steps
     waits0 = waits[0]
+    h0 = _host_now()
     t0 = time.perf_counter()
     loop.run()
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
+    h1 = _host_now()
     stage = getattr(loaders[-1], "stage", None) if loaders else None
     host = dict(stage.host_s) if stage is not None else None
+    timeline = None
+    if profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        tcfg.steps = warmup + steps + profile
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            loop.run()
+            torch.cuda.synchronize()
+        path = os.path.join(tempfile.mkdtemp(prefix="bench_stream_trace_"), "trace.json")
+        prof.export_chrome_trace(path)
+        timeline = gpu_timeline(path, profile)
+    loop.batches.close()  # the phase's loader workers and decode threads end here, not at exit
     samples = steps * run_cfg.micro_batch_size * te.engine.gradient_accumulation_steps() * te.dp_world
     timed = decode_ms[-steps * te.engine.gradient_accumulation_steps():] if decode_ms else []
+    stalled = stall_ms[-steps * te.engine.gradient_accumulation_steps():]
     return {"samples_per_s": samples / elapsed, "step_ms": 1e3 * elapsed / steps,
             "wait_fraction": (waits[0] - waits0) / elapsed,
             "gpu_decode_ms": sum(float(t) for t in timed) / len(timed) if timed else None,
+            # the GPU time the step's stream stood still for batches not yet decoded, over the wall time
+            "gpu_stall_fraction": sum(float(t) for t in stalled) / 1e3 / elapsed if stalled else None,
             # the decode thread over the whole phase (warm-up included): per batch, its wait for the
             # previous batch's GPU work and its own host time
             "decode_wait_ms": 1e3 * host["waiting"] / max(host["batches"], 1) if host else None,
             "decode_host_ms": 1e3 * host["queueing"] / max(host["batches"], 1) if host else None,
-            "decode_in_nvjpeg_ms": 1e3 * host["in_nvjpeg"] / max(host["batches"], 1) if host else None}
+            "decode_in_nvjpeg_ms": 1e3 * host["in_nvjpeg"] / max(host["batches"], 1) if host else None,
+            # the training thread: its CPU time a step, how often per step it was runnable but descheduled,
+            # and the process's threads and child processes while the phase ran
+            "main_cpu_ms": 1e3 * (h1["cpu_s"] - h0["cpu_s"]) / steps,
+            "main_preempted": (h1["switches"] - h0["switches"]) / steps,
+            "threads": h1["threads"], "children": h1["children"],
+            **({"profile": timeline} if timeline else {})}
 
 
 def main(argv=None) -> int:
@@ -156,6 +243,9 @@ def main(argv=None) -> int:
                    help="run the streamed phases once per interpreter switch interval (sys.setswitchinterval, s)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override on top of the preset, as launch/pretrain.py's --set (repeatable)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after each phase, N more steps under torch.profiler: per step, each CUDA stream's kernels "
+                        "and copies, the time any kernel ran and the host's CUDA calls (printed and in the rows)")
     p.add_argument("--dir", default=None, help="where the image sets are written (kept for reuse)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "stream.jsonl"))
     args = p.parse_args(argv)
@@ -228,14 +318,19 @@ def main(argv=None) -> int:
                "gpu_decode_priority": run_cfg.data.gpu_decode_priority if gpu else None,
                "gpu_decode_host_max_pixels": run_cfg.data.gpu_decode_host_max_pixels if gpu else None,
                "switch_interval": sys.getswitchinterval(),
-               **run_phase(te, run_cfg, build, args.warmup, args.steps)}
+               **run_phase(te, run_cfg, build, args.warmup, args.steps, args.profile)}
         rows.append(row)
         print(f"{phase:>14} (switch {1e3 * row['switch_interval']:.2g} ms): {row['samples_per_s']:8.0f} samples/s, "
-              f"step {row['step_ms']:6.1f} ms, waiting {row['wait_fraction']:.1%}"
+              f"step {row['step_ms']:6.1f} ms (training thread's CPU {row['main_cpu_ms']:.1f} ms, descheduled "
+              f"{row['main_preempted']:.0f}x; {row['threads']} threads, {row['children']} child processes), "
+              f"waiting {row['wait_fraction']:.1%}"
+              + (f" (+ {row['gpu_stall_fraction']:.1%} on the GPU)" if row["gpu_stall_fraction"] is not None else "")
               + (f", decode {row['gpu_decode_ms']:.1f} ms a batch on the GPU, thread waits "
                  f"{row['decode_wait_ms']:.1f} ms + queues {row['decode_host_ms']:.1f} ms "
                  f"({row['decode_in_nvjpeg_ms']:.1f} in the nvJPEG call)" if row["gpu_decode_ms"] else ""),
               flush=True)
+        if "profile" in row:
+            print(f"{'':>14}  per step under the profiler: {json.dumps(row['profile'])}", flush=True)
     # the GPU's clock drifts over a call (heat, power cap): each row against the anchors on either side
     for i, row in enumerate(rows):
         near = [r["samples_per_s"] for r in rows[max(i - 1, 0):i + 2] if r["phase"] == "synthetic" and r is not row]
