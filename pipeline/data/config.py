@@ -88,12 +88,12 @@ class DataConfig:
     step fed (measured: waiting under 1% of a ViT-B/32 step); more lanes help the
     ``nvjpeg_hardware`` decoder, whose calls wait on the host."""
     gpu_decode_host_max_pixels: int = 0
-    """With the direct nvJPEG decoder, JPEGs of at most this many pixels have their Huffman
-    (entropy) decoding run on the training host's CPU, in the decode lanes' threads (nvJPEG's
-    hybrid backend; their IDCT, colour conversion and crop stay on the GPU); larger ones are
-    decoded wholly by GPU kernels; 0: every JPEG on the GPU. Huffman decoding is most of what
-    decode costs the GPU, and a host thread decodes about 6,000 256-px JPEGs a second but only
-    2,400 512-px ones: give small images to the host, with 2 lanes (docs/data.md)."""
+    """With the direct nvJPEG decoder, JPEGs of at most this many pixels are decoded on the
+    training host's CPU, in the decode lanes' threads (nvJPEG's hybrid backend; their planes are
+    copied to the GPU, which crops them with the rest); larger ones are decoded by GPU kernels;
+    0: every JPEG on the GPU. Huffman decoding is most of what decode costs the GPU, and a host
+    thread decodes about 6,000 256-px JPEGs a second but only 2,400 512-px ones: give small
+    images to the host, with 2 lanes (docs/data.md)."""
     gpu_decode_priority: str = "high"
     """The decode lanes' CUDA stream priority: ``"high"`` (the decode and crop kernels' blocks go
     ahead of the step's queued ones, so a batch is ready sooner) or ``"normal"`` (the step's

@@ -121,7 +121,7 @@ def wait_for_batch(ready: Any, stream: torch.cuda.Stream) -> _Elapsed:
 
 class _Lane:
     """Where one batch at a time is decoded: a direct decoder (or None), the direct decoder whose
-    Huffman decoding runs on the host (or None), a stream of ``priority`` (None on the CPU), and
+    decoding runs on the host (or None), a stream of ``priority`` (None on the CPU), and
     the event after its previous batch."""
 
     def __init__(self, device: Optional[torch.device], nvjpeg: Any, priority: str = "high", host: Any = None) -> None:
@@ -151,7 +151,7 @@ class DecodeStage:
         lanes: batches decoded at once, each in a lane (decoder state, stream, thread).
         priority: the lanes' stream priority, ``"high"`` or ``"normal"`` (``data.gpu_decode_priority``).
         host_max_pixels: with the direct decoder, JPEGs of at most this many pixels have their
-            Huffman decoding run in the lane's thread on the host (nvJPEG's hybrid backend), larger
+            decoding run in the lane's thread on the host (nvJPEG's hybrid backend), larger
             ones theirs on the GPU; 0: none (``data.gpu_decode_host_max_pixels``).
     """
 
@@ -287,7 +287,7 @@ class DecodeStage:
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """(buffer, offsets) of the batch's JPEGs decoded by the lane's direct decoders: all but the
         first ``m`` wholly on the GPU (queued first, so the GPU starts at once), then the first
-        ``m`` with their Huffman decoding here, on the host, while it runs."""
+        ``m`` decoded here, on the host, while it runs."""
         if not data.is_pinned():  # once for both calls
             data = data.pin_memory()
         flat, starts = plane_buffer(sizes, run.stream)

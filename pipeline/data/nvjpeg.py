@@ -18,10 +18,11 @@ Three backends (``backend``):
   33 ms a batch; while the GPU is full each of those small kernels waits for a block slot, and the
   same batch takes 454 ms, with the engines' buffer pool sized for the batch beforehand or not.
   ``torchvision.io.decode_jpeg`` uses this backend.
-- ``"hybrid"`` (nvJPEG's HYBRID backend): Huffman decoding on the calling thread's core (the call
-  holds it: 162 ms for that batch, 430 ms at 512 px), IDCT and colour conversion as kernels on the
-  stream. What ``data.gpu_decode_host_max_pixels`` uses for small JPEGs: the GPU is spared the
-  Huffman kernels, the largest part of the GPU backend's time.
+- ``"hybrid"`` (nvJPEG's HYBRID backend): the whole decode on the calling thread's core (the call
+  holds it: 162 ms for that batch, 430 ms at 512 px, the same beside GPU load), then a
+  host-to-device copy a plane (three an image) on the stream; a profile of a training step shows
+  no kernel of its own. What ``data.gpu_decode_host_max_pixels`` uses for small JPEGs: the GPU is
+  spared their decode, Huffman kernels (the largest part of the GPU backend's time) included.
 
 The library is found where torchvision's wheel puts it (the ``nvidia`` packages beside torch, or
 ``torchvision.libs``), or by the system's loader; :func:`load_decoder` says in one phrase why
@@ -105,7 +106,7 @@ class NvJpeg:
     Args:
         lib: the loaded library (:func:`load_decoder` finds it).
         backend: ``"gpu"`` (batched kernels; the host returns once they are queued),
-            ``"hybrid"`` (Huffman decoding on the calling thread, then kernels) or
+            ``"hybrid"`` (decoded on the calling thread, then copied plane by plane) or
             ``"hardware"`` (the JPEG engines; the call returns when its batch is decoded; the
             library's default backend on GPUs without engines). See the module docstring.
         output: ``"rgb"`` (what the crop kernel reads) or ``"yuv"`` (the planes as coded, Y then
