@@ -49,7 +49,8 @@ from PIL import Image
 from .image_ops import normalize_pixels, resized_crop_normalize, resized_crop_normalize_flat, upload
 from .nvjpeg import NvJpegError, load_decoder, plane_buffer
 
-__all__ = ["DecodeStage", "cuda_decode_available", "pack_jpegs", "pil_decode", "prefetched", "small_first", "wait_for_batch"]
+__all__ = ["DecodeStage", "cuda_decode_available", "pack_jpegs", "pil_decode", "prefetched", "small_first",
+           "wait_for_batch"]
 
 logger = logging.getLogger(__name__)
 
