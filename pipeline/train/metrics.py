@@ -54,6 +54,7 @@ class TrainLogger:
         self.micro_batch, self.workers = micro_batch, max(workers, 1)
         self.t_start = time.perf_counter()
         self._starved_warned = False
+        self._stalled_warned = False
         self._new_window(first=True)
 
     def _new_window(self, first: bool = False) -> None:
@@ -108,10 +109,12 @@ class TrainLogger:
                 decode = [float(t) for t in w["decode_ms"]]
                 scalars["data/gpu_decode_ms"] = sum(decode) / len(decode)
                 scalars["data/gpu_decode_fraction"] = sum(decode) / 1e3 / elapsed
+            stall_fraction = 0.0
             if w["stall_ms"]:  # the step's stream standing still for a batch not yet decoded (GPU time)
                 stall = [float(t) for t in w["stall_ms"]]
+                stall_fraction = sum(stall) / 1e3 / elapsed
                 scalars["data/gpu_stall_ms"] = sum(stall) / len(stall)
-                scalars["data/gpu_stall_fraction"] = sum(stall) / 1e3 / elapsed
+                scalars["data/gpu_stall_fraction"] = stall_fraction
             if scale is not None:
                 scalars["train/logit_scale"] = scale
             if grad_norm is not None:
@@ -137,6 +140,12 @@ class TrainLogger:
                 logger.warning("step %d: %.0f%% of the time went waiting for data (loader: %.0f images/s "
                                "per worker, %d workers); %s", step, 100 * wait_fraction, per_worker, self.workers,
                                advice)
+            if stall_fraction > 0.1 and not w["first"] and not self._stalled_warned:
+                self._stalled_warned = True
+                logger.warning("step %d: the step stood %.0f%% of the time waiting on the GPU for batches still "
+                               "being decoded (data/gpu_stall_fraction): raise data.gpu_decode_lanes, or lower "
+                               "data.gpu_decode_host_max_pixels if the host decodes large JPEGs", step,
+                               100 * stall_fraction)
         self._new_window()
 
     def _log_config(self, config: Mapping[str, Any]) -> None:

@@ -332,6 +332,27 @@ def test_the_logger_writes_the_decode_time_and_the_steps_stall_on_it(tmp_path):
     assert 8.0 / longest <= fraction <= 8.0 / shortest, (fraction, shortest, longest)
 
 
+def test_the_logger_says_once_when_the_step_stands_waiting_for_decoded_batches(tmp_path, caplog):
+    """A window whose step stood more than a tenth of its time on the GPU waiting for batches gets one
+    warning naming the setting to change (not the first window, which holds the loader's start)."""
+    import logging
+
+    from infclip.pipeline.train.metrics import TrainLogger
+
+    log = TrainLogger(str(tmp_path / "tb"), total_steps=4, start_step=0, micro_batch=4, workers=1)
+    with caplog.at_level(logging.WARNING, logger="infclip.pipeline.train.metrics"):
+        for step in range(1, 5):
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < 0.01:  # a 10 ms window; the stall below is 8 ms of it
+                pass
+            log.micro_step(samples=4, data_s=0.0, worker_s=0.1, loss_ms=1.0, decode_ms=1.0, stall_ms=8.0)
+            log.log_step(step, 1.0, lr=0.1, scale=None, grad_norm=None, skipped_samples=0, skipped_steps=0,
+                         device=torch.device("cpu"))
+    log.close()
+    warned = [r.getMessage() for r in caplog.records if "gpu_stall_fraction" in r.getMessage()]
+    assert len(warned) == 1 and not warned[0].startswith("step 1:") and "gpu_decode_lanes" in warned[0], warned
+
+
 def test_deepspeed_scheduler_start_warning_is_not_printed(world_of_one, digits_shards, tmp_path):
     """DeepSpeed's warm-up schedulers warn "before it has started" from their own constructors;
     a run does not print it (the control: the same scheduler built directly does)."""
