@@ -7,9 +7,9 @@ about ``--load_ms`` of bf16 matrix products queued on another stream just before
 in ``--gemm_sizes``: N^3 products; large ones hold every SM for a millisecond or more, small ones
 free their blocks every few microseconds, as a training step's kernels fall between). For each it
 reports the host's time inside the call and the time until the batch is decoded. With
-``--profile`` it also records the hardware backend's call under the largest load with
-``torch.profiler`` and lists the CUDA runtime calls, kernels and copies it made, by count and
-time: where the host waits. One JSONL row per (backend, output, load) in bench/results/nvjpeg.jsonl.
+``--profile`` it also records each decoder's call under the largest load with ``torch.profiler``
+and lists the CUDA runtime calls, kernels and copies it made, by count and time: where the host
+waits (the JPEG engines), and what the host-side decoder (``hybrid``) hands the GPU. One JSONL row per (backend, output, load) in bench/results/nvjpeg.jsonl.
 
 Run (one GPU, torchvision installed: the library is the one its wheel ships):
 ``python bench/bench_nvjpeg.py --batch 1024 --gemm_sizes 8192 2048 --profile`` (``--outputs rgb yuv``:
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     p.add_argument("--preallocate", nargs="+", default=["on"], choices=["on", "off"],
                    help="the JPEG engines' buffer pool sized for the batch before the first call (on) or grown by "
                         "the library (off); both: each measured")
-    p.add_argument("--profile", action="store_true", help="profile the hardware backend behind the largest load")
+    p.add_argument("--profile", action="store_true", help="profile each decoder behind the largest load")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "nvjpeg.jsonl"))
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -134,13 +134,11 @@ def main(argv=None) -> int:
             print(f"{backend:>8} ({'JPEG engines' if decoder.hardware else 'kernels'}, {output}"
                   f"{', pool sized' if pre and decoder.hardware else ''}), {row['load']:>12}: "
                   f"host in the call {host:7.1f} ms, decoded after {done:7.1f} ms", flush=True)
-    if args.profile and "hardware" in args.backends and args.gemm_sizes:
+    if args.profile and args.gemm_sizes:
         gemm = max(args.gemm_sizes)
         for (backend, output, pre), decoder in decoders.items():
-            if backend != "hardware":
-                continue
-            print(f"\nhardware backend ({output}, preallocate {pre}) behind {gemm}^3 gemms: calls by total time "
-                  "(count, ms)")
+            print(f"\n{backend} backend ({output}{f', preallocate {pre}' if backend == 'hardware' else ''}) behind "
+                  f"{gemm}^3 gemms: calls by total time (count, ms)")
             for cat, name, count, ms in profile_summary(decoder, batch, stream, other, gemm, args.load_ms):
                 print(f"  {cat:<12} {name:<70} {count:6d} {ms:9.2f}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
