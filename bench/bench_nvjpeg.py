@@ -85,9 +85,9 @@ def main(argv=None) -> int:
                    help="loads: N^3 bf16 products on another stream (none is always run)")
     p.add_argument("--load_ms", type=float, default=400.0, help="GPU time queued as the load")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per (backend, load); the median is kept")
-    p.add_argument("--outputs", nargs="+", default=["rgb"], choices=["rgb", "yuv"],
-                   help="the decoders' output: rgb (what training uses) or yuv (the planes as coded, no colour "
-                        "conversion asked for)")
+    p.add_argument("--outputs", nargs="+", default=["rgb"], choices=["rgb", "rgbi", "yuv"],
+                   help="the decoders' output: rgb (planes), rgbi (interleaved pixels; the crop kernel reads both) or "
+                        "yuv (the planes as coded, no colour conversion asked for)")
     p.add_argument("--preallocate", nargs="+", default=["on"], choices=["on", "off"],
                    help="the JPEG engines' buffer pool sized for the batch before the first call (on) or grown by "
                         "the library (off); both: each measured")

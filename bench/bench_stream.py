@@ -230,9 +230,10 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
                    help="image_set:decode phases (web256, web512, web256mixed, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][*LANES]"
-                        "[^PRIORITY]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
+                        "[^PRIORITY][+interleaved]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
                         "data.gpu_decode_host_max_pixels PIXELS, "
-                        "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal)")
+                        "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal, "
+                        "data.gpu_decode_host_interleaved true)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
     p.add_argument("--shards", type=int, default=32)
@@ -274,9 +275,12 @@ def main(argv=None) -> int:
 
     default_share, default_lanes = run_cfg.data.gpu_decode_share, run_cfg.data.gpu_decode_lanes
     default_priority, default_host = run_cfg.data.gpu_decode_priority, run_cfg.data.gpu_decode_host_max_pixels
+    default_interleaved = run_cfg.data.gpu_decode_host_interleaved
 
     def loader(urls, decode, crop):
         cfg = run_cfg.data
+        decode, _, layout = decode.partition("+")  # gpu+interleaved: data.gpu_decode_host_interleaved true
+        cfg.gpu_decode_host_interleaved = layout == "interleaved" if layout else default_interleaved
         decode, _, priority = decode.partition("^")  # gpu^normal: data.gpu_decode_priority normal
         cfg.gpu_decode_priority = priority or default_priority
         decode, _, lanes = decode.partition("*")  # gpu*1: data.gpu_decode_lanes 1
@@ -317,6 +321,7 @@ def main(argv=None) -> int:
                "gpu_decode_lanes": run_cfg.data.gpu_decode_lanes if gpu else None,
                "gpu_decode_priority": run_cfg.data.gpu_decode_priority if gpu else None,
                "gpu_decode_host_max_pixels": run_cfg.data.gpu_decode_host_max_pixels if gpu else None,
+               "gpu_decode_host_interleaved": run_cfg.data.gpu_decode_host_interleaved if gpu else None,
                "switch_interval": sys.getswitchinterval(),
                **run_phase(te, run_cfg, build, args.warmup, args.steps, args.profile)}
         rows.append(row)

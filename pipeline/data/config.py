@@ -94,6 +94,11 @@ class DataConfig:
     0: every JPEG on the GPU. Huffman decoding is most of what decode costs the GPU, and a host
     thread decodes about 6,000 256-px JPEGs a second but only 2,400 512-px ones: give small
     images to the host, with 2 lanes (docs/data.md)."""
+    gpu_decode_host_interleaved: bool = False
+    """The JPEGs decoded on the host (``gpu_decode_host_max_pixels``) written as one plane of
+    interleaved RGB pixels each instead of three planes; the crop kernel reads either. The hybrid
+    decoder copies each plane to the GPU on its own (three copies an image, each a call into
+    the CUDA driver beside the training thread's): this asks for one."""
     gpu_decode_priority: str = "high"
     """The decode lanes' CUDA stream priority: ``"high"`` (the decode and crop kernels' blocks go
     ahead of the step's queued ones, so a batch is ready sooner) or ``"normal"`` (the step's

@@ -154,11 +154,14 @@ class DecodeStage:
         host_max_pixels: with the direct decoder, JPEGs of at most this many pixels have their
             decoding run in the lane's thread on the host (nvJPEG's hybrid backend), larger
             ones theirs on the GPU; 0: none (``data.gpu_decode_host_max_pixels``).
+        host_interleaved: the host-decoded JPEGs written as one plane of interleaved pixels each
+            instead of three planes (``data.gpu_decode_host_interleaved``).
     """
 
     def __init__(self, device: torch.device, dtype: torch.dtype, mean: Sequence[float], std: Sequence[float],
                  decode_fn: Optional[Callable[[List[torch.Tensor], torch.device], List[torch.Tensor]]] = None,
-                 decoder: str = "auto", lanes: int = 1, priority: str = "high", host_max_pixels: int = 0) -> None:
+                 decoder: str = "auto", lanes: int = 1, priority: str = "high", host_max_pixels: int = 0,
+                 host_interleaved: bool = False) -> None:
         self.device, self.dtype = torch.device(device), dtype
         self.mean, self.std = list(mean), list(std)
         cuda = self.device.type == "cuda"
@@ -169,7 +172,7 @@ class DecodeStage:
             with torch.cuda.device(self.device):
                 nvjpeg, why = load_decoder("hardware" if decoder == "nvjpeg_hardware" else "gpu")
                 if nvjpeg is not None and host_max_pixels > 0:
-                    host, why = load_decoder("hybrid")
+                    host, why = load_decoder("hybrid", "rgbi" if host_interleaved else "rgb")
                     if host is None:
                         raise RuntimeError(f"data.gpu_decode_host_max_pixels: nvJPEG's hybrid backend cannot be "
                                            f"used ({why})")
@@ -281,7 +284,10 @@ class DecodeStage:
             if self._count("batch_retry") <= 5:
                 logger.warning("nvJPEG's batched decode failed (%s); decoding the batch file by file", exc)
             return False
-        resized_crop_normalize_flat(flat, starts, sizes, boxes, out, dest, self.mean, self.std)
+        interleaved = None
+        if m and run.host.output == "rgbi":
+            interleaved = torch.arange(len(dest)) < m
+        resized_crop_normalize_flat(flat, starts, sizes, boxes, out, dest, self.mean, self.std, interleaved)
         return True
 
     def _nvjpeg_decode(self, run: "_Lane", data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, m: int

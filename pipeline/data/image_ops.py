@@ -5,7 +5,8 @@ one uint8 [3, H_i, W_i] tensor an image, every image its own size, and each imag
 crop box; a per-image ``interpolate`` would cost the host a few launches an image (thousands a
 batch). The images are laid end to end in one flat buffer and a single kernel resamples every
 (image, output pixel) pair from its box straight into the batch, rounds to uint8 levels as the
-CPU path does, and normalises into the model's dtype.
+CPU path does, and normalises into the model's dtype. An image in the buffer is three planes or
+one plane of interleaved pixels (a decoder's interleaved output); the kernel reads either.
 
 The filter is torch's antialiased bilinear one (``interpolate(mode="bilinear", antialias=True,
 align_corners=False)``, PIL's triangle filter): along each axis, with ``scale = box side / size``
@@ -65,24 +66,27 @@ def _axis_range(i, scale, side):
 def _resized_crop_kernel(src_ptr, meta_ptr, out_ptr, mean_ptr, std_ptr, S: tl.constexpr, TAPS: tl.constexpr,
                          BLOCK: tl.constexpr):
     """out[dest, c, oy, ox] = ((round(sum_{y,x} wy wx src[c, by + y, bx + x]) / 255) - mean_c) / std_c
-    for one image's BLOCK output pixels; meta row: (offset, H, W, bx, by, bw, bh, dest)."""
+    for one image's BLOCK output pixels; meta row: (offset, H, W, bx, by, bw, bh, dest, channel step,
+    pixel step): planar images (3 planes) step H * W bytes between channels and 1 between pixels,
+    interleaved ones (RGB RGB ...) 1 and 3."""
     img = tl.program_id(0)
-    row = meta_ptr + img * 8
+    row = meta_ptr + img * 10
     base = tl.load(row)
-    H = tl.load(row + 1).to(tl.int32)
+    # row + 1: H, which the steps already hold
     W = tl.load(row + 2).to(tl.int32)
     bx = tl.load(row + 3).to(tl.int32)
     by = tl.load(row + 4).to(tl.int32)
     bw = tl.load(row + 5).to(tl.int32)
     bh = tl.load(row + 6).to(tl.int32)
     dest = tl.load(row + 7)
+    cstep = tl.load(row + 8)
+    pstep = tl.load(row + 9).to(tl.int32)
     idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = idx < S * S
     oy = idx // S
     ox = idx % S
     cy, ylo, yhi, inv_y = _axis_range(oy, bh.to(tl.float32) / S, bh)
     cx, xlo, xhi, inv_x = _axis_range(ox, bw.to(tl.float32) / S, bw)
-    plane = H.to(tl.int64) * W
     acc0 = tl.zeros([BLOCK], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK], dtype=tl.float32)
@@ -97,16 +101,16 @@ def _resized_crop_kernel(src_ptr, meta_ptr, out_ptr, mean_ptr, std_ptr, S: tl.co
         wy = tl.maximum(1.0 - tl.abs((y.to(tl.float32) - cy + 0.5) * inv_y), 0.0)
         y_ok = y < yhi
         wy_sum += tl.where(y_ok, wy, 0.0)
-        line = base + (by + y).to(tl.int64) * W + bx
+        line = base + ((by + y).to(tl.int64) * W + bx) * pstep
         for tx in range(TAPS):
             x = xlo + tx
             wx = tl.maximum(1.0 - tl.abs((x.to(tl.float32) - cx + 0.5) * inv_x), 0.0)
             ok = inside & y_ok & (x < xhi)
             w = tl.where(ok, wy * wx, 0.0)
-            ptr = src_ptr + line + x
+            ptr = src_ptr + line + x * pstep
             acc0 += w * tl.load(ptr, mask=ok, other=0).to(tl.float32)
-            acc1 += w * tl.load(ptr + plane, mask=ok, other=0).to(tl.float32)
-            acc2 += w * tl.load(ptr + 2 * plane, mask=ok, other=0).to(tl.float32)
+            acc1 += w * tl.load(ptr + cstep, mask=ok, other=0).to(tl.float32)
+            acc2 += w * tl.load(ptr + 2 * cstep, mask=ok, other=0).to(tl.float32)
     norm = 1.0 / tl.maximum(wy_sum * wx_sum, 1e-30)  # lanes past the image's last pixel sum to 0
     out = out_ptr + dest * (3 * S * S) + idx
     _store_level(out, acc0 * norm, mean_ptr, std_ptr, 0, S, inside)
@@ -174,11 +178,12 @@ def resized_crop_normalize(images: Sequence[torch.Tensor], boxes: Any, out: torc
 
 
 def resized_crop_normalize_flat(flat: torch.Tensor, starts: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor,
-                                out: torch.Tensor, dest: torch.Tensor, mean: Sequence[float], std: Sequence[float]
-                                ) -> torch.Tensor:
+                                out: torch.Tensor, dest: torch.Tensor, mean: Sequence[float], std: Sequence[float],
+                                interleaved: Optional[torch.Tensor] = None) -> torch.Tensor:
     """:func:`resized_crop_normalize` on images already laid in one buffer: image ``k``'s uint8
-    [3, H_k, W_k] planes start at ``flat[starts[k]]`` (int64 [n] on the CPU); ``sizes``, ``boxes``
-    and ``dest`` as there (int64 CPU tensors)."""
+    [3, H_k, W_k] planes start at ``flat[starts[k]]`` (int64 [n] on the CPU), or, where
+    ``interleaved[k]`` (bool [n]), its [H_k, W_k, 3] pixels; ``sizes``, ``boxes`` and ``dest`` as
+    there (int64 CPU tensors)."""
     size = out.shape[-1]
     W, H = sizes.unbind(1)
     x, y, w, h = boxes.unbind(1)
@@ -186,7 +191,12 @@ def resized_crop_normalize_flat(flat: torch.Tensor, starts: torch.Tensor, sizes:
     if bool(outside.any()):
         k = int(outside.nonzero()[0])
         raise ValueError(f"image {k}: box {tuple(boxes[k].tolist())} outside its {int(W[k])} x {int(H[k])} pixels")
-    meta = torch.stack([starts, H, W, x, y, w, h, dest], 1)
+    plane = H * W
+    if interleaved is None:
+        cstep, pstep = plane, torch.ones_like(plane)
+    else:
+        cstep, pstep = torch.where(interleaved, 1, plane), torch.where(interleaved, 3, 1)
+    meta = torch.stack([starts, H, W, x, y, w, h, dest, cstep, pstep], 1)
     taps = taps_for(torch.maximum(w, h), size)
     m = upload(torch.tensor(list(mean), dtype=torch.float32), out.device)
     s = upload(torch.tensor(list(std), dtype=torch.float32), out.device)

@@ -45,7 +45,7 @@ __all__ = ["NvJpeg", "NvJpegError", "batch_descriptors", "load_decoder", "plane_
 
 _BACKEND_DEFAULT, _BACKEND_HYBRID, _BACKEND_GPU_HYBRID, _BACKEND_HARDWARE = 0, 1, 2, 3
 _BACKENDS = {"gpu": _BACKEND_GPU_HYBRID, "hardware": _BACKEND_HARDWARE, "hybrid": _BACKEND_HYBRID}
-_OUTPUTS = {"rgb": 3, "yuv": 1}  # nvjpegOutputFormat_t
+_OUTPUTS = {"rgb": 3, "yuv": 1, "rgbi": 5}  # nvjpegOutputFormat_t
 _STATUS_ARCH_MISMATCH = 7
 _MAX_COMPONENT = 4
 _CSS_420 = 2  # nvjpegChromaSubsampling_t: what web JPEGs mostly are
@@ -109,9 +109,10 @@ class NvJpeg:
             ``"hybrid"`` (decoded on the calling thread, then copied plane by plane) or
             ``"hardware"`` (the JPEG engines; the call returns when its batch is decoded; the
             library's default backend on GPUs without engines). See the module docstring.
-        output: ``"rgb"`` (what the crop kernel reads) or ``"yuv"`` (the planes as coded, Y then
-            Cb and Cr at the JPEG's chroma sampling, each at pitch W in the same slots: for
-            measuring what the colour conversion costs, ``bench/bench_nvjpeg.py --outputs``).
+        output: ``"rgb"`` (three planes an image), ``"rgbi"`` (one plane of interleaved pixels,
+            [H, W, 3]; the crop kernel reads both) or ``"yuv"`` (the planes as coded, Y then Cb
+            and Cr at the JPEG's chroma sampling, each at pitch W in the same slots: for measuring
+            what the colour conversion costs, ``bench/bench_nvjpeg.py --outputs``).
         preallocate: with the JPEG engines, size the engines' buffer pool for the first batch
             (``nvjpegDecodeBatchedPreAllocate``: its count and largest width and height) before
             decoding it, instead of letting the library grow a few staging slots as it goes.
@@ -168,7 +169,8 @@ class NvJpeg:
         W, H = sizes[:, 0].to(torch.int64), sizes[:, 1].to(torch.int64)
         plane = W * H
         flat, starts = out if out is not None else plane_buffer(sizes, stream)
-        pointers, lengths, images = batch_descriptors(data.data_ptr(), offsets, W, plane, starts, flat.data_ptr())
+        pointers, lengths, images = batch_descriptors(data.data_ptr(), offsets, W, plane, starts, flat.data_ptr(),
+                                                      interleaved=self.output == "rgbi")
         if not self._pooled:
             self._pooled = True
             self._check(self._lib.nvjpegDecodeBatchedPreAllocate(self.handle, self.state, n, int(W.max()), int(H.max()),
@@ -200,9 +202,11 @@ def plane_buffer(sizes: torch.Tensor, stream: torch.cuda.Stream) -> Tuple[torch.
 
 
 def batch_descriptors(host: int, offsets: torch.Tensor, widths: torch.Tensor, planes: torch.Tensor,
-                      starts: torch.Tensor, base: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+                      starts: torch.Tensor, base: int, interleaved: bool = False
+                      ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """nvjpegDecodeBatched's arrays for files at ``host + offsets[k]`` decoded to planes at ``base +
-    starts[k]`` (each ``planes[k]`` bytes, pitch ``widths[k]``): the files' addresses and lengths
+    starts[k]`` (each ``planes[k]`` bytes, pitch ``widths[k]``), or with ``interleaved`` to one
+    plane of RGB pixels there (pitch ``3 * widths[k]``): the files' addresses and lengths
     (uint64 [n]) and the nvjpegImage_t rows (uint64 [n, 8]: four plane addresses, four pitches).
     Array arithmetic, not a loop over ctypes structures: such a loop holds the interpreter lock for
     about 1.5 ms a 1,024-image batch, time the training thread waits for."""
@@ -211,6 +215,9 @@ def batch_descriptors(host: int, offsets: torch.Tensor, widths: torch.Tensor, pl
     first = starts.numpy().astype(u64) + u64(base)
     plane, pitch = planes.numpy().astype(u64), widths.numpy().astype(u64)
     images = np.zeros((len(first), 2 * _MAX_COMPONENT), dtype=u64)
+    if interleaved:
+        images[:, 0], images[:, _MAX_COMPONENT] = first, u64(3) * pitch
+        return offs[:-1] + u64(host), offs[1:] - offs[:-1], images
     for c in range(3):
         images[:, c] = first + u64(c) * plane
         images[:, _MAX_COMPONENT + c] = pitch

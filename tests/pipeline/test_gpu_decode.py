@@ -68,7 +68,7 @@ def _loader(url, tok, decode, device="cpu", **kw):
     cfg = DataConfig(train_shards=url, workers=kw.pop("workers", 2), shuffle_buffer=8, seed=5, decode=decode,
                      crop_scale=[0.4, 1.0], gpu_decode_share=kw.pop("share", 1.0),
                      gpu_decoder=kw.pop("decoder", "auto"), gpu_decode_host_max_pixels=kw.pop("host_pixels", 0),
-                     gpu_decode_lanes=kw.pop("lanes", 1))
+                     gpu_decode_lanes=kw.pop("lanes", 1), gpu_decode_host_interleaved=kw.pop("interleaved", False))
     return build_train_loader(cfg, tok, image_size=16, context_length=16, batch_size=4,
                               device=torch.device(device), **kw)
 
@@ -95,6 +95,31 @@ def test_crop_kernel_equals_the_float_reference_on_awkward_shapes():
     assert diff.max() <= LEVEL * 1.001
     assert (diff > 1e-5).float().mean() < 0.01
     assert (out[[1, 5]] == 99.0).all()  # rows no image was sent to are untouched
+
+
+def test_crop_kernel_reads_interleaved_images_as_it_reads_planes():
+    """Images laid as [H, W, 3] pixels (what a decoder's interleaved output gives) beside planar ones
+    in one buffer: the same values, bit for bit, as all of them laid as planes."""
+    from infclip.pipeline.data.image_ops import resized_crop_normalize_flat
+
+    g = torch.Generator().manual_seed(1)
+    shapes = [(37, 41), (20, 50), (9, 13), (64, 30)]
+    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in shapes]
+    boxes = torch.tensor([(3, 2, 30, 33), (0, 0, 50, 20), (0, 0, 13, 9), (2, 5, 27, 59)])
+    sizes = torch.tensor([(w, h) for h, w in shapes])
+    dest = torch.tensor([2, 0, 3, 1])
+    numel = torch.tensor([im.numel() for im in images])
+    starts = torch.cumsum(numel, 0) - numel
+    mixed = torch.tensor([True, False, True, True])
+    planar = torch.zeros(4, 3, 12, 12)
+    resized_crop_normalize_flat(torch.cat([im.flatten() for im in images]), starts, sizes, boxes, planar, dest,
+                                CLIP_MEAN, CLIP_STD)
+    flat = torch.cat([(im.permute(1, 2, 0) if m else im).flatten() for im, m in zip(images, mixed.tolist())])
+    out = torch.zeros(4, 3, 12, 12)
+    resized_crop_normalize_flat(flat, starts, sizes, boxes, out, dest, CLIP_MEAN, CLIP_STD, interleaved=mixed)
+    assert torch.equal(out, planar)
+    ref = resized_crop_normalize_reference(images, boxes.tolist(), 12, CLIP_MEAN, CLIP_STD)
+    assert (out[dest] - ref).abs().max() <= LEVEL * 1.001
 
 
 def test_crop_kernel_writes_the_model_dtype():
@@ -265,7 +290,7 @@ def test_the_direct_decoders_backend_and_output_are_checked():
 
     with pytest.raises(ValueError, match=r"backend must be one of \['gpu', 'hardware', 'hybrid'\], got 'dali'"):
         NvJpeg(None, "dali")
-    with pytest.raises(ValueError, match=r"output must be one of \['rgb', 'yuv'\], got 'bgr'"):
+    with pytest.raises(ValueError, match=r"output must be one of \['rgb', 'rgbi', 'yuv'\], got 'bgr'"):
         NvJpeg(None, "gpu", "bgr")
 
 
@@ -291,6 +316,11 @@ def test_the_direct_decoders_batch_arrays_match_nvjpegs_structures():
             want[k].channel[c] = base + int(starts[k]) + c * int(plane[k])
             want[k].pitch[c] = int(W[k])
     assert images.tobytes() == bytes(want)
+    _, _, one_plane = batch_descriptors(host, offsets, W, plane, starts, base, interleaved=True)
+    want = (_Image * n)()  # interleaved pixels: one plane an image, three bytes a pixel
+    for k in range(n):
+        want[k].channel[0], want[k].pitch[0] = base + int(starts[k]), 3 * int(W[k])
+    assert one_plane.tobytes() == bytes(want)
     offs = offsets.tolist()
     assert pointers.tobytes() == bytes((ctypes.c_void_p * n)(*[host + o for o in offs[:-1]]))
     assert lengths.tobytes() == bytes((ctypes.c_size_t * n)(*[b - a for a, b in zip(offs[:-1], offs[1:])]))
@@ -337,15 +367,16 @@ def test_direct_nvjpeg_call_gives_torchvisions_batches(tmp_path, tok):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("host_pixels,lanes", [(1300, 2), (10**6, 3)])
-def test_host_huffman_gives_the_gpu_backends_batches(tmp_path, tok, host_pixels, lanes):
+@pytest.mark.parametrize("host_pixels,lanes,interleaved", [(1300, 2, False), (10**6, 3, False), (1300, 2, True)])
+def test_host_decode_gives_the_gpu_backends_batches(tmp_path, tok, host_pixels, lanes, interleaved):
     """data.gpu_decode_host_max_pixels: the batch's small JPEGs (some of them, interleaved with
-    larger ones; or all) entropy-decoded on the host (nvJPEG's hybrid backend) into the same buffer
-    as the rest: the same samples in the same rows, pixels within a few levels of the GPU
-    backend's (the backends' IDCTs round apart)."""
+    larger ones; or all) decoded on the host (nvJPEG's hybrid backend), as planes or as interleaved
+    pixels, into the same buffer as the rest: the same samples in the same rows, pixels within a
+    few levels of the GPU backend's (the backends' IDCTs round apart)."""
     url = _mixed_shards(tmp_path / "mixed", n=48, per_shard=12)
     gpu = _loader(url, tok, "gpu", device="cuda", decoder="nvjpeg")
-    split = _loader(url, tok, "gpu", device="cuda", decoder="nvjpeg", host_pixels=host_pixels, lanes=lanes)
+    split = _loader(url, tok, "gpu", device="cuda", decoder="nvjpeg", host_pixels=host_pixels, lanes=lanes,
+                    interleaved=interleaved)
     got = list(zip(gpu, split))
     assert len(got) == 12 and split.stage.host_max_pixels == host_pixels
     assert all(lane.host is not None for lane in split.stage._lanes) and len(split.stage._lanes) == lanes
@@ -354,6 +385,7 @@ def test_host_huffman_gives_the_gpu_backends_batches(tmp_path, tok, host_pixels,
         assert torch.equal(a["input_ids"], b["input_ids"])
     assert d.mean() < 0.5 and d.max() <= 4, (d.mean(), d.max())
     assert split.stage.fallbacks == {"cpu_decode": 0, "bad_image": 0, "batch_retry": 0}
+    assert {lane.host.output for lane in split.stage._lanes} == {"rgbi" if interleaved else "rgb"}
 
 
 @pytest.mark.gpu
