@@ -1,7 +1,7 @@
 """Write webdataset tar shards (img2dataset layout) from the built-in digits, the rendered scenes or an image folder.
 
     python launch/make_shards.py --digits --out data/digits [--image-size 32 --samples-per-shard 256]
-    python launch/make_shards.py --image-dir photos/ --out data/photos [--captions captions.tsv]
+    python launch/make_shards.py --image-dir photos/ --out data/photos [--captions captions.tsv] [--resize 256]
     python launch/make_shards.py --scenes 100000 --out data/scenes --scene-size 224 --samples-per-shard 1000
         (what ds_configs/scenes_vitb32.json reads; --scenes counts training pairs, the eval splits come on top)
 
@@ -31,6 +31,11 @@ def main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--captions", help="--image-dir: caption table (.tsv filename<TAB>caption or .jsonl)")
     parser.add_argument("--image-size", type=int, default=32, help="--digits: image side in pixels")
     parser.add_argument("--samples-per-shard", type=int, default=256)
+    parser.add_argument("--resize", type=int, metavar="SIDE", default=None,
+                        help="--image-dir: every image as a baseline JPEG whose shorter side is at most SIDE pixels "
+                             "(img2dataset's keep_ratio; larger ones scaled down, EXIF orientation applied, "
+                             "baseline RGB JPEGs no larger copied as they are): 256 is what the GPU decode path "
+                             "feeds fastest (docs/data.md)")
     parser.add_argument("--image-format", default="jpg", choices=["jpg", "png", "webp"],
                         help="--digits: encoding (folder images are copied as they are)")
     parser.add_argument("--prefix", default="shard", help="shard file name prefix")
@@ -57,7 +62,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
                                      image_format=args.image_format)
         result = {"train": result["train"], "test": result["test"]}
     else:
-        paths = write_shards(folder_samples(args.image_dir, captions=args.captions), args.out, prefix=args.prefix,
+        paths = write_shards(folder_samples(args.image_dir, captions=args.captions, resize=args.resize), args.out,
+                             prefix=args.prefix,
                              samples_per_shard=args.samples_per_shard)
         result = {"train": brace_url(paths)}
     for split, url in result.items():

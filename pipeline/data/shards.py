@@ -42,6 +42,7 @@ __all__ = [
     "brace_url",
     "digits_samples",
     "folder_samples",
+    "resized_jpeg",
     "write_digits_shards",
     "write_digits_test_shards",
     "write_shards",
@@ -355,17 +356,59 @@ def _is_image(path: Path) -> bool:
         return False
 
 
-def folder_samples(image_dir: Union[str, Path], captions: Optional[Union[str, Path, Mapping[str, str]]] = None
-                   ) -> Iterator[Sample]:
+def _baseline_rgb_jpeg(img: Image.Image) -> bool:
+    """Whether an opened image is what the GPU decode path decodes as it is: a baseline (not
+    progressive) colour JPEG."""
+    return img.format == "JPEG" and img.mode == "RGB" and not img.info.get("progressive")
+
+
+def resized_jpeg(data: bytes, side: int) -> Tuple[bytes, Dict[str, int]]:
+    """One encoded image made ready for training at ``side`` pixels, as img2dataset's ``keep_ratio``
+    resize does: turned upright by its EXIF orientation, its shorter side scaled down to ``side``
+    when longer (never up; a JPEG decoded at the smallest DCT scale that still covers the target,
+    then a Lanczos filter), and re-encoded as a baseline RGB JPEG of quality 95. A baseline RGB
+    JPEG already no larger and upright is returned as it is (no second lossy encode).
+    Returns the bytes and ``{"original_width", "original_height"}``."""
+    import math
+
+    from PIL import ImageOps
+
+    with Image.open(io.BytesIO(data)) as img:
+        original = {"original_width": img.width, "original_height": img.height}
+        upright = img.getexif().get(0x0112, 1) in (0, 1)  # 0x0112: EXIF orientation
+        scale = side / min(img.size)
+        if scale >= 1 and _baseline_rgb_jpeg(img) and upright:
+            return data, original
+        if scale < 1 and img.format == "JPEG":
+            img.draft("RGB", (math.ceil(img.width * scale), math.ceil(img.height * scale)))
+        img = ImageOps.exif_transpose(img)
+        if img.mode != "RGB":  # palette, grey, CMYK, alpha: composed on white, as a browser shows them
+            rgba = img.convert("RGBA")
+            img = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+        w, h = img.size  # drafted and turned upright
+        if min(w, h) > side:
+            size = (side, max(side, round(h * side / w))) if w <= h else (max(side, round(w * side / h)), side)
+            img = img.resize(size, Image.Resampling.LANCZOS)
+        buf = io.BytesIO()
+        img.save(buf, format="JPEG", quality=95, progressive=False)
+    return buf.getvalue(), original
+
+
+def folder_samples(image_dir: Union[str, Path], captions: Optional[Union[str, Path, Mapping[str, str]]] = None,
+                   resize: Optional[int] = None) -> Iterator[Sample]:
     """Yield ``(EncodedImage, caption, {"filename": name})`` for the images in ``image_dir``.
 
     Captions come from ``captions`` (a mapping filename -> caption, or a ``.tsv``
     ``filename<TAB>caption`` / ``.jsonl`` ``{"file", "caption"}`` file), else from
     ``image_dir/captions.tsv`` or ``captions.jsonl`` when present, else from a sidecar
-    ``<stem>.txt`` beside each image. Images are copied as encoded (no re-encode); sorted by name.
+    ``<stem>.txt`` beside each image. Images are copied as encoded (no re-encode), or with
+    ``resize`` made baseline JPEGs whose shorter side is at most ``resize`` pixels
+    (:func:`resized_jpeg`; the metadata then also holds the original size); sorted by name.
     Raises ``ValueError`` listing the images that have no caption, or the files that are not images
     (before yielding anything).
     """
+    if resize is not None and resize < 1:
+        raise ValueError(f"resize must be a side of at least 1 pixel, got {resize}")
     image_dir = Path(image_dir)
     if not image_dir.is_dir():
         raise FileNotFoundError(f"image folder not found: {image_dir}")
@@ -403,4 +446,8 @@ def folder_samples(image_dir: Union[str, Path], captions: Optional[Union[str, Pa
         raise ValueError(f"{len(not_images)} file(s) in {image_dir} are not images PIL can read, whatever their "
                          f"extension: {shown}")
     for path, caption in resolved:
-        yield EncodedImage(path.read_bytes(), path.suffix.lower().lstrip(".")), caption, {"filename": path.name}
+        if resize is None:
+            yield EncodedImage(path.read_bytes(), path.suffix.lower().lstrip(".")), caption, {"filename": path.name}
+            continue
+        data, original = resized_jpeg(path.read_bytes(), resize)
+        yield EncodedImage(data, "jpg"), caption, {"filename": path.name, **original}

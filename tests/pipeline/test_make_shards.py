@@ -55,3 +55,51 @@ def test_image_dir_cli(tmp_path, digits_shards):
     (src / "p5.jpg").write_bytes((src / "p0.jpg").read_bytes())
     with pytest.raises(ValueError, match="p5.jpg"):
         make_shards.main(["--image-dir", str(src), "--out", str(tmp_path / "t")])
+
+
+def test_resize_makes_every_image_a_baseline_jpeg_no_larger_than_the_side(tmp_path):
+    """--resize 256, as img2dataset's keep_ratio: a large photo's shorter side scaled to 256 (from a
+    drafted decode), a PNG with alpha and a progressive JPEG re-encoded as baseline RGB JPEGs, a
+    quarter-turned EXIF photo turned upright, a small baseline JPEG copied byte for byte; the
+    metadata keeps each original size; the shards' members are what the GPU decode path takes."""
+    import io
+    import json
+    import tarfile
+
+    import numpy as np
+    from PIL import Image
+
+    from infclip.pipeline.data.jpeg_boxes import gpu_decodable
+
+    src = tmp_path / "imgs"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    photo = Image.fromarray(rng.integers(0, 256, (600, 900, 3), dtype=np.uint8))
+    photo.save(src / "a_wide.jpg", quality=90)
+    Image.new("RGBA", (300, 500), (0, 128, 255, 128)).save(src / "b_alpha.png")
+    photo.resize((300, 200)).save(src / "c_progressive.jpg", progressive=True)
+    photo.resize((200, 120)).save(src / "d_small.jpg", quality=90)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored sideways: shown turned a quarter clockwise
+    photo.resize((640, 400)).save(src / "e_turned.jpg", exif=exif)
+    (src / "captions.tsv").write_text("".join(f"{p.name}\tcaption {p.stem}\n" for p in sorted(src.glob("*.*"))))
+    out = make_shards.main(["--image-dir", str(src), "--out", str(tmp_path / "s"), "--resize", "256"])
+    members = {}
+    for path in expand_urls(out["train"]):
+        with tarfile.open(path) as tar:
+            members.update({m.name: tar.extractfile(m).read() for m in tar.getmembers()})
+    images = {json.loads(members[k[:-4] + ".json"])["filename"]: members[k] for k in members if k.endswith(".jpg")}
+    metas = {json.loads(v)["filename"]: json.loads(v) for k, v in members.items() if k.endswith(".json")}
+    sizes = {}
+    for name, data in images.items():
+        with Image.open(io.BytesIO(data)) as img:
+            sizes[name] = img.size
+            assert gpu_decodable(img, img.mode), name
+    assert sizes == {"a_wide.jpg": (384, 256), "b_alpha.png": (256, 427), "c_progressive.jpg": (300, 200),
+                     "d_small.jpg": (200, 120), "e_turned.jpg": (256, 410)}
+    assert images["d_small.jpg"] == (src / "d_small.jpg").read_bytes()
+    assert metas["a_wide.jpg"]["original_width"] == 900 and metas["e_turned.jpg"]["original_height"] == 400
+    with Image.open(io.BytesIO(images["b_alpha.png"])) as img:  # half-transparent blue on white
+        assert np.abs(np.asarray(img, dtype=float).mean((0, 1)) - (127, 191, 255)).max() < 3
+    with pytest.raises(ValueError, match="resize must be a side of at least 1 pixel, got 0"):
+        make_shards.main(["--image-dir", str(src), "--out", str(tmp_path / "t"), "--resize", "0"])
