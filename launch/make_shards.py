@@ -45,7 +45,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     scenes.add_argument("--eval-samples", type=int, default=2000, help="pairs per zero-shot split (6 splits)")
     scenes.add_argument("--retrieval-samples", type=int, default=5000, help="retrieval pairs (groups of 5)")
     scenes.add_argument("--seed", type=int, default=0, help="same seed -> byte-identical shards")
-    scenes.add_argument("--workers", type=int, default=None, help="processes (default: all usable cores)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="--scenes, and --image-dir with --resize: processes (default: all usable cores)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
@@ -62,8 +63,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
                                      image_format=args.image_format)
         result = {"train": result["train"], "test": result["test"]}
     else:
-        paths = write_shards(folder_samples(args.image_dir, captions=args.captions, resize=args.resize), args.out,
-                             prefix=args.prefix,
+        samples = folder_samples(args.image_dir, captions=args.captions, resize=args.resize, workers=args.workers)
+        paths = write_shards(samples, args.out, prefix=args.prefix,
                              samples_per_shard=args.samples_per_shard)
         result = {"train": brace_url(paths)}
     for split, url in result.items():

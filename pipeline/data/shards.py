@@ -394,8 +394,13 @@ def resized_jpeg(data: bytes, side: int) -> Tuple[bytes, Dict[str, int]]:
     return buf.getvalue(), original
 
 
+def _resized_file(args: Tuple[str, int]) -> Tuple[bytes, Dict[str, int]]:
+    path, side = args
+    return resized_jpeg(Path(path).read_bytes(), side)
+
+
 def folder_samples(image_dir: Union[str, Path], captions: Optional[Union[str, Path, Mapping[str, str]]] = None,
-                   resize: Optional[int] = None) -> Iterator[Sample]:
+                   resize: Optional[int] = None, workers: Optional[int] = None) -> Iterator[Sample]:
     """Yield ``(EncodedImage, caption, {"filename": name})`` for the images in ``image_dir``.
 
     Captions come from ``captions`` (a mapping filename -> caption, or a ``.tsv``
@@ -403,7 +408,8 @@ def folder_samples(image_dir: Union[str, Path], captions: Optional[Union[str, Pa
     ``image_dir/captions.tsv`` or ``captions.jsonl`` when present, else from a sidecar
     ``<stem>.txt`` beside each image. Images are copied as encoded (no re-encode), or with
     ``resize`` made baseline JPEGs whose shorter side is at most ``resize`` pixels
-    (:func:`resized_jpeg`; the metadata then also holds the original size); sorted by name.
+    (:func:`resized_jpeg`, in ``workers`` processes, default one a usable core; the metadata then
+    also holds the original size); sorted by name.
     Raises ``ValueError`` listing the images that have no caption, or the files that are not images
     (before yielding anything).
     """
@@ -445,9 +451,15 @@ def folder_samples(image_dir: Union[str, Path], captions: Optional[Union[str, Pa
         shown = ", ".join(not_images[:10]) + (f" (+{len(not_images) - 10} more)" if len(not_images) > 10 else "")
         raise ValueError(f"{len(not_images)} file(s) in {image_dir} are not images PIL can read, whatever their "
                          f"extension: {shown}")
-    for path, caption in resolved:
-        if resize is None:
+    if resize is None:
+        for path, caption in resolved:
             yield EncodedImage(path.read_bytes(), path.suffix.lower().lstrip(".")), caption, {"filename": path.name}
-            continue
-        data, original = resized_jpeg(path.read_bytes(), resize)
-        yield EncodedImage(data, "jpg"), caption, {"filename": path.name, **original}
+        return
+    from concurrent.futures import ProcessPoolExecutor
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    procs = workers or cores
+    jobs = [(str(path), resize) for path, _ in resolved]
+    with ProcessPoolExecutor(max(1, min(procs, len(jobs)))) as pool:
+        for (path, caption), (data, original) in zip(resolved, pool.map(_resized_file, jobs, chunksize=16)):
+            yield EncodedImage(data, "jpg"), caption, {"filename": path.name, **original}

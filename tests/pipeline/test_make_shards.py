@@ -101,5 +101,8 @@ def test_resize_makes_every_image_a_baseline_jpeg_no_larger_than_the_side(tmp_pa
     assert metas["a_wide.jpg"]["original_width"] == 900 and metas["e_turned.jpg"]["original_height"] == 400
     with Image.open(io.BytesIO(images["b_alpha.png"])) as img:  # half-transparent blue on white
         assert np.abs(np.asarray(img, dtype=float).mean((0, 1)) - (127, 191, 255)).max() < 3
+    one = make_shards.main(["--image-dir", str(src), "--out", str(tmp_path / "one"), "--resize", "256", "--workers", "1"])
+    assert [Path(p).read_bytes() for p in expand_urls(one["train"])] == \
+        [Path(p).read_bytes() for p in expand_urls(out["train"])]  # the same shards from one process or several
     with pytest.raises(ValueError, match="resize must be a side of at least 1 pixel, got 0"):
         make_shards.main(["--image-dir", str(src), "--out", str(tmp_path / "t"), "--resize", "0"])
