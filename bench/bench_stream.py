@@ -36,7 +36,9 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
+from typing import Optional
 from concurrent.futures import ProcessPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -143,9 +145,22 @@ def _host_now() -> dict:
             "children": children}
 
 
-def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0) -> dict:
+def renice_decode_threads(nice: int) -> int:
+    """Give the decode stage's threads (the lanes and their feeder) the scheduling niceness ``nice``
+    (Linux: a thread is a task of its own), so that the training thread wins a contested core; how
+    many were changed."""
+    changed = 0
+    for thread in threading.enumerate():
+        if thread.name.startswith("infclip-decode") and thread.native_id:
+            os.setpriority(os.PRIO_PROCESS, thread.native_id, nice)
+            changed += 1
+    return changed
+
+
+def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nice: Optional[int] = None) -> dict:
     """``warmup`` + ``steps`` steps of the training loop on ``build``'s batches; the timed ones' rate
-    (and, with ``profile``, that many more steps under torch.profiler: :func:`gpu_timeline`)."""
+    (and, with ``profile``, that many more steps under torch.profiler: :func:`gpu_timeline`). With
+    ``nice``, the decode threads run at that niceness from the end of the warm-up."""
     from infclip.pipeline.train.loop import Batches, EvalSchedule, TrainLoop
     from infclip.pipeline.train.metrics import TrainLogger
     from infclip.pipeline.train.run_state import RunState
@@ -179,6 +194,7 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0) -> 
     tcfg.steps = warmup
     loop.run()
     torch.cuda.synchronize()
+    reniced = renice_decode_threads(nice) if nice is not None else 0
     tcfg.steps = warmup + steps
     waits0 = waits[0]
     h0 = _host_now()
@@ -220,6 +236,7 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0) -> 
             "main_cpu_ms": 1e3 * (h1["cpu_s"] - h0["cpu_s"]) / steps,
             "main_preempted": (h1["switches"] - h0["switches"]) / steps,
             "threads": h1["threads"], "children": h1["children"],
+            "decode_nice": nice, "decode_threads_reniced": reniced,
             **({"profile": timeline} if timeline else {})}
 
 
@@ -230,10 +247,11 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
                    help="image_set:decode phases (web256, web512, web256mixed, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][*LANES]"
-                        "[^PRIORITY][+interleaved]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
+                        "[^PRIORITY][+interleaved][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
                         "data.gpu_decode_host_max_pixels PIXELS, "
                         "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal, "
-                        "data.gpu_decode_host_interleaved true)")
+                        "data.gpu_decode_host_interleaved true; !NICE: the decode threads at that scheduling "
+                        "niceness, e.g. !10, so the training thread wins a contested core)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
     p.add_argument("--shards", type=int, default=32)
@@ -309,10 +327,12 @@ def main(argv=None) -> int:
     for phase in phases:
         phase, interval = phase if isinstance(phase, tuple) else (phase, None)
         sys.setswitchinterval(interval or default_interval)
+        nice = ""
         if phase == "synthetic":
             build = lambda epoch, start: synthetic  # noqa: E731
         else:
             name, decode = phase.split(":")
+            decode, _, nice = decode.partition("!")  # gpu!10: the decode threads at niceness 10
             crop = [1.0, 1.0] if name.startswith("scenes") else args.crop_scale
             build = loader(sets[name], decode, crop)
         gpu = ":gpu" in phase
@@ -323,11 +343,11 @@ def main(argv=None) -> int:
                "gpu_decode_host_max_pixels": run_cfg.data.gpu_decode_host_max_pixels if gpu else None,
                "gpu_decode_host_interleaved": run_cfg.data.gpu_decode_host_interleaved if gpu else None,
                "switch_interval": sys.getswitchinterval(),
-               **run_phase(te, run_cfg, build, args.warmup, args.steps, args.profile)}
+               **run_phase(te, run_cfg, build, args.warmup, args.steps, args.profile, int(nice) if nice else None)}
         rows.append(row)
         print(f"{phase:>14} (switch {1e3 * row['switch_interval']:.2g} ms): {row['samples_per_s']:8.0f} samples/s, "
               f"step {row['step_ms']:6.1f} ms (training thread's CPU {row['main_cpu_ms']:.1f} ms, descheduled "
-              f"{row['main_preempted']:.0f}x; {row['threads']} threads, {row['children']} child processes), "
+              f"{row['main_preempted']:.1f}x a step; {row['threads']} threads, {row['children']} child processes), "
               f"waiting {row['wait_fraction']:.1%}"
               + (f" (+ {row['gpu_stall_fraction']:.1%} on the GPU)" if row["gpu_stall_fraction"] is not None else "")
               + (f", decode {row['gpu_decode_ms']:.1f} ms a batch on the GPU, thread waits "
