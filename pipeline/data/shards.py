@@ -396,7 +396,10 @@ def resized_jpeg(data: bytes, side: int) -> Tuple[bytes, Dict[str, int]]:
 
 def _resized_file(args: Tuple[str, int]) -> Tuple[bytes, Dict[str, int]]:
     path, side = args
-    return resized_jpeg(Path(path).read_bytes(), side)
+    try:
+        return resized_jpeg(Path(path).read_bytes(), side)
+    except (OSError, ValueError, SyntaxError) as exc:  # its header read, its body not: a cut or broken file
+        raise ValueError(f"{path}: the image cannot be decoded to resize it ({exc})") from None
 
 
 def folder_samples(image_dir: Union[str, Path], captions: Optional[Union[str, Path, Mapping[str, str]]] = None,

@@ -104,5 +104,10 @@ def test_resize_makes_every_image_a_baseline_jpeg_no_larger_than_the_side(tmp_pa
     one = make_shards.main(["--image-dir", str(src), "--out", str(tmp_path / "one"), "--resize", "256", "--workers", "1"])
     assert [Path(p).read_bytes() for p in expand_urls(one["train"])] == \
         [Path(p).read_bytes() for p in expand_urls(out["train"])]  # the same shards from one process or several
+    (src / "f_cut.jpg").write_bytes((src / "a_wide.jpg").read_bytes()[:3000])  # its header whole, its body cut
+    with open(src / "captions.tsv", "a") as f:
+        f.write("f_cut.jpg\tcaption f_cut\n")
+    with pytest.raises(ValueError, match="f_cut.jpg: the image cannot be decoded to resize it"):
+        make_shards.main(["--image-dir", str(src), "--out", str(tmp_path / "cut"), "--resize", "256"])
     with pytest.raises(ValueError, match="resize must be a side of at least 1 pixel, got 0"):
         make_shards.main(["--image-dir", str(src), "--out", str(tmp_path / "t"), "--resize", "0"])
