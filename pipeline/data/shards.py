@@ -356,28 +356,25 @@ def _is_image(path: Path) -> bool:
         return False
 
 
-def _baseline_rgb_jpeg(img: Image.Image) -> bool:
-    """Whether an opened image is what the GPU decode path decodes as it is: a baseline (not
-    progressive) colour JPEG."""
-    return img.format == "JPEG" and img.mode == "RGB" and not img.info.get("progressive")
-
-
 def resized_jpeg(data: bytes, side: int) -> Tuple[bytes, Dict[str, int]]:
     """One encoded image made ready for training at ``side`` pixels, as img2dataset's ``keep_ratio``
     resize does: turned upright by its EXIF orientation, its shorter side scaled down to ``side``
     when longer (never up; a JPEG decoded at the smallest DCT scale that still covers the target,
-    then a Lanczos filter), and re-encoded as a baseline RGB JPEG of quality 95. A baseline RGB
-    JPEG already no larger and upright is returned as it is (no second lossy encode).
+    then a Lanczos filter), and re-encoded as a baseline RGB JPEG of quality 95. A JPEG the GPU
+    decode path takes as it is (:func:`~pipeline.data.jpeg_boxes.gpu_decodable`), already no
+    larger and upright, is returned as it is (no second lossy encode).
     Returns the bytes and ``{"original_width", "original_height"}``."""
     import math
 
     from PIL import ImageOps
 
+    from .jpeg_boxes import gpu_decodable
+
     with Image.open(io.BytesIO(data)) as img:
         original = {"original_width": img.width, "original_height": img.height}
         upright = img.getexif().get(0x0112, 1) in (0, 1)  # 0x0112: EXIF orientation
         scale = side / min(img.size)
-        if scale >= 1 and _baseline_rgb_jpeg(img) and upright:
+        if scale >= 1 and gpu_decodable(img, img.mode) and upright:
             return data, original
         if scale < 1 and img.format == "JPEG":
             img.draft("RGB", (math.ceil(img.width * scale), math.ceil(img.height * scale)))
