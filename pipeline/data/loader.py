@@ -205,6 +205,8 @@ class ShardLoader:
             _end_workers(workers)
 
     def _batches(self, records: Iterator[Dict[str, Any]], left: Optional[int]) -> Iterator[Dict[str, Any]]:
+        if self.stage is not None:  # only the GPU decode stage's batches carry a ready event
+            from .gpu_decode import wait_for_batch
         for batch in records:
             worker = int(batch.get(WORKER, 0))
             if self._account(batch):  # a worker's stream ended: its last skips, not a batch
@@ -219,8 +221,6 @@ class ShardLoader:
                 batch["pixel_values"] = self.normalize(batch["pixel_values"])
             ready = batch.pop("ready", None)
             if ready is not None:  # made on the stage's side stream: the step's stream waits for it
-                from .gpu_decode import wait_for_batch
-
                 stream = torch.cuda.current_stream(batch["pixel_values"].device)
                 batch["stall_ms"] = wait_for_batch(ready, stream)
                 for key in ("pixel_values", "input_ids", "attention_mask"):
