@@ -9,7 +9,8 @@ free their blocks every few microseconds, as a training step's kernels fall betw
 reports the host's time inside the call and the time until the batch is decoded. With
 ``--profile`` it also records each decoder's call under the largest load with ``torch.profiler``
 and lists the CUDA runtime calls, kernels and copies it made, by count and time: where the host
-waits (the JPEG engines), and what the host-side decoder (``hybrid``) hands the GPU. One JSONL row per (backend, output, load) in bench/results/nvjpeg.jsonl.
+waits (the JPEG engines), and what the host-side decoder (``hybrid``) hands the GPU. One JSONL
+row per (backend, output, load) in bench/results/nvjpeg.jsonl.
 
 Run (one GPU, torchvision installed: the library is the one its wheel ships):
 ``python bench/bench_nvjpeg.py --batch 1024 --gemm_sizes 8192 2048 --profile`` (``--outputs rgb yuv``:

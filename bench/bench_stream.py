@@ -38,8 +38,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Optional
 from concurrent.futures import ProcessPoolExecutor
+from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -196,13 +196,14 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
     torch.cuda.synchronize()
     reniced = renice_decode_threads(nice) if nice is not None else 0
     tcfg.steps = warmup + steps
-    waits0 = waits[0]
+    waits0, decoded0, stalled0 = waits[0], len(decode_ms), len(stall_ms)
     h0 = _host_now()
     t0 = time.perf_counter()
     loop.run()
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     h1 = _host_now()
+    timed, stalled = decode_ms[decoded0:], stall_ms[stalled0:]  # the timed steps' batches, not the profiled ones
     stage = getattr(loaders[-1], "stage", None) if loaders else None
     host = dict(stage.host_s) if stage is not None else None
     timeline = None
@@ -219,8 +220,6 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
         timeline = gpu_timeline(path, profile)
     loop.batches.close()  # the phase's loader workers and decode threads end here, not at exit
     samples = steps * run_cfg.micro_batch_size * te.engine.gradient_accumulation_steps() * te.dp_world
-    timed = decode_ms[-steps * te.engine.gradient_accumulation_steps():] if decode_ms else []
-    stalled = stall_ms[-steps * te.engine.gradient_accumulation_steps():]
     return {"samples_per_s": samples / elapsed, "step_ms": 1e3 * elapsed / steps,
             "wait_fraction": (waits[0] - waits0) / elapsed,
             "gpu_decode_ms": sum(float(t) for t in timed) / len(timed) if timed else None,
