@@ -245,9 +245,9 @@ def main(argv=None) -> int:
     p.add_argument("--micro_batch", type=int, default=None, help="default: the preset's")
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
-                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][~BUDGET][*LANES]"
+                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][*LANES]"
                         "[^PRIORITY][+interleaved][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
-                        "data.gpu_decode_host_max_pixels PIXELS, data.gpu_decode_host_budget BUDGET, "
+                        "data.gpu_decode_host_max_pixels PIXELS, "
                         "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal, "
                         "data.gpu_decode_host_interleaved true; !NICE: the decode threads at that scheduling "
                         "niceness, e.g. !10, so the training thread wins a contested core)")
@@ -292,7 +292,7 @@ def main(argv=None) -> int:
 
     default_share, default_lanes = run_cfg.data.gpu_decode_share, run_cfg.data.gpu_decode_lanes
     default_priority, default_host = run_cfg.data.gpu_decode_priority, run_cfg.data.gpu_decode_host_max_pixels
-    default_interleaved, default_budget = run_cfg.data.gpu_decode_host_interleaved, run_cfg.data.gpu_decode_host_budget
+    default_interleaved = run_cfg.data.gpu_decode_host_interleaved
 
     def loader(urls, decode, crop):
         cfg = run_cfg.data
@@ -302,8 +302,6 @@ def main(argv=None) -> int:
         cfg.gpu_decode_priority = priority or default_priority
         decode, _, lanes = decode.partition("*")  # gpu*1: data.gpu_decode_lanes 1
         cfg.gpu_decode_lanes = int(lanes) if lanes else default_lanes
-        decode, _, budget = decode.partition("~")  # gpu%300000~150000: data.gpu_decode_host_budget 150000
-        cfg.gpu_decode_host_budget = int(budget) if budget else default_budget
         decode, _, host = decode.partition("%")  # gpu%70000: data.gpu_decode_host_max_pixels 70000
         cfg.gpu_decode_host_max_pixels = int(host) if host else default_host
         decode, _, share = decode.partition("@")  # gpu@0.5: data.gpu_decode_share 0.5
@@ -343,7 +341,6 @@ def main(argv=None) -> int:
                "gpu_decode_priority": run_cfg.data.gpu_decode_priority if gpu else None,
                "gpu_decode_host_max_pixels": run_cfg.data.gpu_decode_host_max_pixels if gpu else None,
                "gpu_decode_host_interleaved": run_cfg.data.gpu_decode_host_interleaved if gpu else None,
-               "gpu_decode_host_budget": run_cfg.data.gpu_decode_host_budget if gpu else None,
                "switch_interval": sys.getswitchinterval(),
                **run_phase(te, run_cfg, build, args.warmup, args.steps, args.profile, int(nice) if nice else None)}
         rows.append(row)

@@ -94,13 +94,6 @@ class DataConfig:
     0: every JPEG on the GPU. Huffman decoding is most of what decode costs the GPU, and a host
     thread decodes about 6,000 256-px JPEGs a second but only 2,400 512-px ones: give small
     images to the host, with 2 lanes (docs/data.md)."""
-    gpu_decode_host_budget: int = 0
-    """With ``gpu_decode_host_max_pixels``, the pixels a JPEG of the batch, on average, that the
-    host decodes at most: of each batch's JPEGs small enough for the host, the smallest go there
-    until the batch's budget (this x its JPEG count) is spent, the rest to the GPU; 0: no limit.
-    A host decodes so many pixels a second: when a batch's small JPEGs are more than the lanes
-    decode in a step, this splits them between the host's cores and the GPU instead of letting
-    the host set the pace (docs/data.md). Which JPEG goes where depends on the batch alone."""
     gpu_decode_host_interleaved: bool = False
     """The JPEGs decoded on the host (``gpu_decode_host_max_pixels``) written as one plane of
     interleaved RGB pixels each instead of three planes; the crop kernel reads either. The hybrid
@@ -127,7 +120,7 @@ class DataConfig:
         require_at_least(self, 1, "vocab_size", "tokenizer_train_captions", "prefetch_factor", "digits_image_size")
         if self.vocab_size < 259:
             raise ConfigError(f"'vocab_size' must be >= 259 (256 bytes + 3 special tokens), got {self.vocab_size}")
-        require_at_least(self, 0, "workers", "shuffle_buffer", "gpu_decode_host_max_pixels", "gpu_decode_host_budget")
+        require_at_least(self, 0, "workers", "shuffle_buffer", "gpu_decode_host_max_pixels")
         require_at_least(self, 1, "samples_per_epoch", optional=True)
         if self.resampled and self.samples_per_epoch is None:
             raise ConfigError("'resampled': true needs 'samples_per_epoch' (a resampled stream never ends)")

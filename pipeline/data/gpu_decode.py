@@ -156,15 +156,12 @@ class DecodeStage:
             ones theirs on the GPU; 0: none (``data.gpu_decode_host_max_pixels``).
         host_interleaved: the host-decoded JPEGs written as one plane of interleaved pixels each
             instead of three planes (``data.gpu_decode_host_interleaved``).
-        host_budget: pixels a JPEG of the batch, on average, that the host decodes at most: the
-            smallest of those under ``host_max_pixels`` go there until the batch's budget is
-            spent, the rest to the GPU; 0: no limit (``data.gpu_decode_host_budget``).
     """
 
     def __init__(self, device: torch.device, dtype: torch.dtype, mean: Sequence[float], std: Sequence[float],
                  decode_fn: Optional[Callable[[List[torch.Tensor], torch.device], List[torch.Tensor]]] = None,
                  decoder: str = "auto", lanes: int = 1, priority: str = "high", host_max_pixels: int = 0,
-                 host_interleaved: bool = False, host_budget: int = 0) -> None:
+                 host_interleaved: bool = False) -> None:
         self.device, self.dtype = torch.device(device), dtype
         self.mean, self.std = list(mean), list(std)
         cuda = self.device.type == "cuda"
@@ -186,7 +183,6 @@ class DecodeStage:
         # torchvision's decoder (and the CPU) decode one batch at a time: one lane
         self.lanes = max(1, int(lanes)) if nvjpeg is not None else 1
         self.host_max_pixels = int(host_max_pixels) if host is not None else 0
-        self.host_budget = int(host_budget)
         self._lanes = [_Lane(self.device, nvjpeg if k == 0 else nvjpeg.another(), priority,
                              host if k == 0 or host is None else host.another()) if cuda
                        else _Lane(None, None) for k in range(self.lanes)]
@@ -278,8 +274,7 @@ class DecodeStage:
             return False
         m = 0
         if run.host is not None:
-            data, offsets, sizes, boxes, dest, m = small_first(data, offsets, sizes, boxes, dest, self.host_max_pixels,
-                                                                self.host_budget)
+            data, offsets, sizes, boxes, dest, m = small_first(data, offsets, sizes, boxes, dest, self.host_max_pixels)
         try:
             t0 = time.perf_counter()
             flat, starts = self._nvjpeg_decode(run, data, offsets, sizes, m)
@@ -354,18 +349,11 @@ class DecodeStage:
 
 
 def small_first(data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor,
-                dest: torch.Tensor, max_pixels: int, budget: int = 0) -> tuple:
-    """A GPU-decode batch's JPEGs reordered so that those for the host come first (each keeping
-    its size, box and row), and their count: ``(data, offsets, sizes, boxes, dest, m)``. For the
-    host: the JPEGs of at most ``max_pixels`` pixels; with a ``budget`` > 0, of those only the
-    smallest whose pixels add up to at most ``budget`` x the batch's JPEG count. A batch already in
-    that order (all for the host, or none) is returned as it is."""
-    pixels = sizes[:, 0] * sizes[:, 1]
-    small = pixels <= max_pixels
-    if budget > 0 and int(pixels[small].sum()) > budget * len(pixels):
-        by_size = torch.sort(torch.where(small, pixels, pixels.max() + 1), stable=True).indices
-        small = torch.zeros_like(small)
-        small[by_size[torch.cumsum(pixels[by_size], 0) <= budget * len(pixels)]] = True
+                dest: torch.Tensor, max_pixels: int) -> tuple:
+    """A GPU-decode batch's JPEGs reordered so that those of at most ``max_pixels`` pixels come
+    first (each keeping its size, box and row), and their count: ``(data, offsets, sizes, boxes,
+    dest, m)``. A batch already in that order (all small, or none) is returned as it is."""
+    small = sizes[:, 0] * sizes[:, 1] <= max_pixels
     m = int(small.sum())
     if bool(small[:m].all()):
         return data, offsets, sizes, boxes, dest, m

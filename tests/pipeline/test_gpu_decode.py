@@ -477,28 +477,6 @@ def test_small_first_reorders_files_with_their_sizes_boxes_and_rows():
     assert small_first(data, offsets, sizes, boxes, dest, 0)[-1] == 0
 
 
-def test_the_host_budget_sends_the_smallest_jpegs_to_the_host_until_it_is_spent():
-    from infclip.pipeline.data.gpu_decode import pack_jpegs, small_first
-
-    files = [bytes([k]) * (2 + k) for k in range(6)]
-    data, offsets = pack_jpegs(files)
-    # pixels 100, 1600, 25, 900, 99, 100; a budget of 120 a JPEG: 720 for the batch of 6
-    sizes = torch.tensor([[10, 10], [40, 40], [5, 5], [30, 30], [9, 11], [50, 2]])
-    boxes, dest = torch.arange(24).view(6, 4), torch.tensor([7, 3, 5, 0, 1, 2])
-    d, o, s, b, r, m = small_first(data, offsets, sizes, boxes, dest, 1000, budget=120)
-    # under 1000 pixels: 0, 2, 3, 4, 5; the smallest first (25, 99, 100, 100: 324; + 900 > 720)
-    order = [0, 2, 4, 5, 1, 3]
-    assert m == 4 and [d[o[k]:o[k + 1]].numpy().tobytes() for k in range(6)] == [files[i] for i in order]
-    assert torch.equal(s, sizes[order]) and torch.equal(b, boxes[order]) and torch.equal(r, dest[order])
-    assert small_first(data, offsets, sizes, boxes, dest, 1000, budget=20)[-1] == 1  # 25 <= 120 < 25 + 99
-    # a tie in size goes by batch order: of the two 100-pixel JPEGs the batch's first (25 + 99 + 100 <= 300)
-    tie = small_first(data, offsets, sizes, boxes, dest, 1000, budget=50)
-    assert tie[-1] == 3 and torch.equal(tie[4], dest[[0, 2, 4, 1, 3, 5]])
-    # a budget that covers every small JPEG changes nothing
-    whole = small_first(data, offsets, sizes, boxes, dest, 1000, budget=10**6)
-    assert whole[-1] == 5 and torch.equal(whole[3], boxes[[0, 2, 3, 4, 5, 1]])
-
-
 def test_the_gpu_share_picks_the_same_samples_every_time(tmp_path, tok):
     """gpu_decode_share: which JPEGs go to the GPU is a function of (shard name, key) alone: the
     same samples at every pass, about the share asked for, none at 0."""
