@@ -98,7 +98,8 @@ class DataConfig:
     """The JPEGs decoded on the host (``gpu_decode_host_max_pixels``) written as one plane of
     interleaved RGB pixels each instead of three planes; the crop kernel reads either. The hybrid
     decoder copies each plane to the GPU on its own (three copies an image, each a call into
-    the CUDA driver beside the training thread's): this asks for one."""
+    the CUDA driver beside the training thread's): this asks for one. Measured no faster in the
+    step than the planes (docs/data.md)."""
     gpu_decode_priority: str = "high"
     """The decode lanes' CUDA stream priority: ``"high"`` (the decode and crop kernels' blocks go
     ahead of the step's queued ones, so a batch is ready sooner) or ``"normal"`` (the step's
