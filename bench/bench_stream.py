@@ -91,16 +91,19 @@ class _Synthetic:
             yield dict(self.batch)
 
 
-def gpu_timeline(trace_path: str, steps: int) -> dict:
+def gpu_timeline(trace_path: str, steps: int, training_thread: Optional[int] = None) -> dict:
     """Per step, from a torch.profiler trace: each CUDA stream's kernels and copies (count, ms),
     the time any kernel ran (ms, the union over streams) and the host's CUDA runtime calls
-    (count, ms) by name, the five longest. Where the step's GPU time goes while a phase decodes."""
+    (count, ms) by name, the five longest, of all threads and of ``training_thread`` (its native
+    id) alone. Where the step's GPU time goes while a phase decodes, and whether the training
+    thread's own calls are what slows it."""
     import collections
 
     with open(trace_path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     streams = collections.defaultdict(lambda: [0, 0.0])
     calls = collections.defaultdict(lambda: [0, 0.0])
+    mine = collections.defaultdict(lambda: [0, 0.0])
     spans = []
     for e in events:
         cat, dur = e.get("cat"), e.get("dur", 0) / 1e3
@@ -111,8 +114,9 @@ def gpu_timeline(trace_path: str, steps: int) -> dict:
             if cat == "kernel":
                 spans.append((e["ts"], e["ts"] + e.get("dur", 0)))
         elif cat == "cuda_runtime":
-            calls[e["name"]][0] += 1
-            calls[e["name"]][1] += dur
+            for d in (calls, mine) if e.get("tid") == training_thread else (calls,):
+                d[e["name"]][0] += 1
+                d[e["name"]][1] += dur
     busy, end = 0.0, float("-inf")
     for a, b in sorted(spans):
         if b > end:
@@ -122,7 +126,8 @@ def gpu_timeline(trace_path: str, steps: int) -> dict:
     per = lambda d: {k: [round(c / steps, 1), round(ms / steps, 2)] for k, (c, ms) in  # noqa: E731
                      sorted(d.items(), key=lambda kv: -kv[1][1])}
     return {"kernel_busy_ms": busy / 1e3 / steps, "kernel_span_ms": wall / steps, "streams": per(streams),
-            "runtime_calls": dict(list(per(calls).items())[:5])}
+            "runtime_calls": dict(list(per(calls).items())[:5]),
+            "training_thread_calls": dict(list(per(mine).items())[:5])}
 
 
 def _host_now() -> dict:
@@ -217,7 +222,7 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
             torch.cuda.synchronize()
         path = os.path.join(tempfile.mkdtemp(prefix="bench_stream_trace_"), "trace.json")
         prof.export_chrome_trace(path)
-        timeline = gpu_timeline(path, profile)
+        timeline = gpu_timeline(path, profile, threading.get_native_id())
     loop.batches.close()  # the phase's loader workers and decode threads end here, not at exit
     samples = steps * run_cfg.micro_batch_size * te.engine.gradient_accumulation_steps() * te.dp_world
     return {"samples_per_s": samples / elapsed, "step_ms": 1e3 * elapsed / steps,

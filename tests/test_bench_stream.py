@@ -1,0 +1,44 @@
+"""bench/bench_stream.py's profile summary, on a trace written as torch.profiler writes one: stream
+times, the union of kernel time, and the CUDA runtime calls of every thread and of the training
+thread alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+import bench_stream  # noqa: E402
+
+
+def _trace(tmp_path, events):
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": [{"ph": "X", **e} for e in events]}))
+    return str(path)
+
+
+def test_the_profile_summary_splits_streams_kernel_time_and_the_training_threads_calls(tmp_path):
+    us = 1000  # the trace counts microseconds
+    path = _trace(tmp_path, [
+        # two steps: the step's stream 7, a decode lane's stream 9 overlapping it by 2 ms
+        {"cat": "kernel", "ts": 0, "dur": 10 * us, "args": {"stream": 7}},
+        {"cat": "kernel", "ts": 8 * us, "dur": 4 * us, "args": {"stream": 9}},
+        {"cat": "gpu_memcpy", "ts": 12 * us, "dur": 1 * us, "args": {"stream": 9}},
+        {"cat": "kernel", "ts": 20 * us, "dur": 10 * us, "args": {"stream": 7}},
+        # runtime calls: the training thread (11) launches, a decode thread (12) copies
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 11, "ts": 0, "dur": 3 * us},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 11, "ts": 5 * us, "dur": 5 * us},
+        {"cat": "cuda_runtime", "name": "cudaMemcpyAsync", "tid": 12, "ts": 1 * us, "dur": 20 * us},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 12, "ts": 2 * us, "dur": 2 * us},
+        {"cat": "cpu_op", "name": "aten::mm", "tid": 11, "ts": 0, "dur": 50 * us},
+    ])
+    got = bench_stream.gpu_timeline(path, steps=2, training_thread=11)
+    assert got["kernel_busy_ms"] == 11.0  # (0-12 ms, the overlap once) + 10 ms, over 2 steps
+    assert got["kernel_span_ms"] == 15.0  # first kernel's start to the last one's end
+    assert got["streams"] == {"stream 7 kernels": [1.0, 10.0], "stream 9 kernels": [0.5, 2.0],
+                              "stream 9 copies": [0.5, 0.5]}
+    assert got["runtime_calls"] == {"cudaMemcpyAsync": [0.5, 10.0], "cudaLaunchKernel": [1.5, 5.0]}
+    assert got["training_thread_calls"] == {"cudaLaunchKernel": [1.0, 4.0]}
+    # no thread named: every call is counted, none as the training thread's
+    assert bench_stream.gpu_timeline(path, steps=2)["training_thread_calls"] == {}
