@@ -9,6 +9,7 @@ boxes, the order, the resume position, the fallbacks. The ``gpu`` tests run nvJP
 from __future__ import annotations
 
 import io
+import logging
 import threading
 import time
 
@@ -219,6 +220,40 @@ def test_a_jpeg_body_nobody_can_decode_is_counted_and_the_batch_keeps_its_size(t
     assert gpu.skipped_by_reason == {"bad_image": 1}
     assert all(b["pixel_values"].shape[0] == 4 for b in got_gpu) and len(got_gpu) == 2 == len(got_cpu)
     assert sum(int(b["num_skipped"]) for b in got_gpu) == 1
+
+
+def _size_warnings(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.name == "infclip.pipeline.data.gpu_decode" and "training JPEGs average" in r.getMessage()]
+
+
+def test_jpegs_far_larger_than_the_input_get_one_warning_naming_the_shards_to_make(tmp_path, tok, caplog):
+    """The stage judges the JPEGs' size once, after its first batches: here 29 x 47 to 64 x 64
+    pixels against a 16 x 16 input (well above 3 times), so one warning, with the side to store
+    them at."""
+    url = _mixed_shards(tmp_path / "mixed", n=60, per_shard=12)
+    caplog.set_level(logging.WARNING, logger="infclip.pipeline.data.gpu_decode")
+    assert len(list(_loader(url, tok, "gpu"))) == 15
+    (message,) = _size_warnings(caplog)
+    assert "times the model's 16 x 16 input" in message and "--resize 18" in message
+
+
+def test_the_size_warning_waits_for_its_batches_and_spares_jpegs_near_the_input(caplog):
+    from infclip.pipeline.data import gpu_decode
+
+    caplog.set_level(logging.WARNING, logger="infclip.pipeline.data.gpu_decode")
+    near = gpu_decode.DecodeStage(torch.device("cpu"), torch.float32, CLIP_MEAN, CLIP_STD)
+    for _ in range(2 * gpu_decode.LARGE_AFTER_BATCHES):
+        near._note_sizes(torch.tensor([[256, 256], [224, 340]]), 224)  # 1.5 times a 224 x 224 input
+    assert _size_warnings(caplog) == []
+    large = gpu_decode.DecodeStage(torch.device("cpu"), torch.float32, CLIP_MEAN, CLIP_STD)
+    for k in range(gpu_decode.LARGE_AFTER_BATCHES - 1):
+        large._note_sizes(torch.tensor([[512, 512], [512, 384]]), 224)  # 4.6 times
+    assert _size_warnings(caplog) == []  # not judged before its batches
+    for _ in range(3):
+        large._note_sizes(torch.tensor([[512, 512]]), 224)
+    (message,) = _size_warnings(caplog)
+    assert "4.6 times the model's 224 x 224 input" in message and "--image_size 256" in message
 
 
 def test_decode_setting_is_checked():
