@@ -110,8 +110,10 @@ class DataConfig:
     loader cannot keep up with a small model. Needs ``crop_scale`` [1, 1]; ignores ``resampled``
     (an epoch is a seeded permutation of the cached set)."""
     generate_digits: bool = False
-    """If local train/val shards are missing, write the scikit-learn digits data set (train split
-    to ``train_shards``, held-out split with labels to ``val_shards``) at those exact paths."""
+    """If none of the local train/val shards listed is there, write the scikit-learn digits data
+    set (train split to ``train_shards``, held-out split with labels to ``val_shards``) at those
+    exact paths. A list of which some files are there and some are not is refused: the digits are
+    never written over existing files."""
     digits_image_size: int = 32
     """Side of the generated digits images (8x8 originals, upscaled)."""
 

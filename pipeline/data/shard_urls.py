@@ -55,14 +55,22 @@ def check_shards_exist(urls: Sequence[str], what: str = "shard") -> None:
 
 def resolve_shards(urls: Union[str, Sequence[str]], *, generate_digits_split: Optional[str] = None,
                    digits_image_size: int = 32) -> List[str]:
-    """Expand ``urls``; if some local ones are missing and ``generate_digits_split`` is
-    ``"train"``/``"test"``, write that digits split to exactly those paths; then check they exist."""
+    """Expand ``urls``; if every local one is missing and ``generate_digits_split`` is
+    ``"train"``/``"test"``, write that digits split to exactly those paths; then check they exist.
+    Some present and some missing: a ``ConfigError`` (the digits are never written over files that
+    are there)."""
     expanded = expand_urls(urls)
     if generate_digits_split is not None:
         local = [_local_path(u) for u in expanded]
         if any(p is None for p in local):
             raise ConfigError("'generate_digits' needs local shard paths, got a remote URL")
-        if not all(os.path.isfile(p) for p in local):
+        there = [p for p in local if os.path.exists(p)]
+        if there and len(there) < len(local):
+            missing = [p for p in local if not os.path.exists(p)]
+            raise ConfigError(f"'generate_digits': {len(missing)} of the {len(local)} shards in {urls!r} are missing "
+                              f"(first: {missing[0]}) and {len(there)} are there (first: {there[0]}); the digits are "
+                              f"only written where none is: fix the URL, or set 'generate_digits' to false")
+        if not there:
             logger.info("writing digits %s split to %d shard(s): %s", generate_digits_split, len(local), urls)
             write_shards_to_paths(digits_samples(generate_digits_split, seed=_DIGITS_SPLIT_SEED,
                                                  image_size=digits_image_size), local)

@@ -510,6 +510,19 @@ def test_generate_digits_writes_the_configured_shards(tmp_path, tok):
     assert first["pixel_values"].shape == (8, 3, 16, 16)
 
 
+def test_generate_digits_never_writes_over_shards_that_are_there(tmp_path):
+    """A shard list of which some files exist (a user's shards, a URL one off) is refused, every
+    file left as it was; the digits go only where no listed file is."""
+    mine = [tmp_path / f"mine-{k}.tar" for k in range(2)]
+    for k, path in enumerate(mine):
+        path.write_bytes(b"a user's shard %d" % k)
+    cfg = DataConfig.from_dict({"train_shards": str(tmp_path / "mine-{0..2}.tar"), "generate_digits": True})
+    with pytest.raises(ConfigError, match=r"1 of the 3 shards .* are missing .*mine-2.tar.* 2 are there"):
+        prepare_shards(cfg, "train")
+    assert [p.read_bytes() for p in mine] == [b"a user's shard 0", b"a user's shard 1"]
+    assert sorted(os.listdir(tmp_path)) == ["mine-0.tar", "mine-1.tar"]
+
+
 def test_measure_loader_throughput(digits_shards, tok):
     cfg = DataConfig.from_dict({"train_shards": digits_shards["train"], "workers": 0})
     rate = measure_loader_throughput(_train(cfg, tok, batch_size=16), num_batches=5)
