@@ -12,7 +12,9 @@ section (``train_shards``, ``val_shards``).
 from __future__ import annotations
 
 import argparse
+import glob
 import logging
+import os
 import sys
 from typing import List, Optional
 
@@ -39,6 +41,9 @@ def main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--image-format", default="jpg", choices=["jpg", "png", "webp"],
                         help="--digits: encoding (folder images are copied as they are)")
     parser.add_argument("--prefix", default="shard", help="shard file name prefix")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="--image-dir: replace the shards of --prefix an earlier call wrote to --out (the old "
+                             "ones the new set does not rewrite are removed once it is written)")
     parser.add_argument("--debug", action="store_true", help="show the traceback of input errors too")
     scenes = parser.add_argument_group("--scenes")
     scenes.add_argument("--scene-size", type=int, default=256, help="image side in pixels")
@@ -63,13 +68,24 @@ def main(argv: Optional[List[str]] = None) -> dict:
                                      image_format=args.image_format)
         result = {"train": result["train"], "test": result["test"]}
     else:
+        old = _shards_in(args.out, args.prefix)
+        if old and not args.overwrite:
+            raise ValueError(f"{args.out} already holds {len(old)} shard(s) named {args.prefix}-NNNNNN.tar (first: "
+                             f"{old[0]}): write to another --out or --prefix, or pass --overwrite to replace them")
         samples = folder_samples(args.image_dir, captions=args.captions, resize=args.resize, workers=args.workers)
         paths = write_shards(samples, args.out, prefix=args.prefix,
                              samples_per_shard=args.samples_per_shard)
+        for stale in set(old) - set(paths):  # a smaller set: no old shard left for a glob to pick up
+            os.remove(stale)
         result = {"train": brace_url(paths)}
     for split, url in result.items():
         sys.stdout.write(f"{split}: {url}\n")
     return result
+
+
+def _shards_in(out: str, prefix: str) -> List[str]:
+    """The shard files ``write_shards`` names for ``prefix`` that ``out`` holds, in order."""
+    return sorted(glob.glob(os.path.join(glob.escape(out), glob.escape(prefix) + "-" + "[0-9]" * 6 + ".tar")))
 
 
 if __name__ == "__main__":

@@ -57,6 +57,30 @@ def test_image_dir_cli(tmp_path, digits_shards):
         make_shards.main(["--image-dir", str(src), "--out", str(tmp_path / "t")])
 
 
+def test_an_out_folder_holding_shards_is_refused_unless_overwrite_replaces_them(tmp_path):
+    from PIL import Image
+
+    src = tmp_path / "imgs"
+    src.mkdir()
+    for i in range(5):
+        Image.new("RGB", (9, 7), (i * 40, 0, 0)).save(src / f"p{i}.jpg")
+        (src / f"p{i}.txt").write_text(f"red square {i}")
+    out = tmp_path / "s"
+    first = expand_urls(make_shards.main(["--image-dir", str(src), "--out", str(out), "--samples-per-shard", "2"])["train"])
+    before = {p: Path(p).read_bytes() for p in first}
+    (out / "notes.txt").write_text("the user's")
+    with pytest.raises(ValueError, match=r"already holds 3 shard\(s\) named shard-NNNNNN.tar .*--overwrite"):
+        make_shards.main(["--image-dir", str(src), "--out", str(out), "--samples-per-shard", "1"])
+    assert {p: Path(p).read_bytes() for p in first} == before
+    # another prefix is another set: allowed beside it
+    assert expand_urls(make_shards.main(["--image-dir", str(src), "--out", str(out), "--prefix", "b"])["train"]) == [
+        str(out / "b-000000.tar")]
+    # --overwrite with fewer, larger shards: the old third shard is gone, the rest rewritten
+    again = make_shards.main(["--image-dir", str(src), "--out", str(out), "--samples-per-shard", "3", "--overwrite"])
+    assert expand_urls(again["train"]) == first[:2]
+    assert sorted(p.name for p in out.iterdir()) == ["b-000000.tar", "notes.txt", "shard-000000.tar", "shard-000001.tar"]
+
+
 def test_resize_makes_every_image_a_baseline_jpeg_no_larger_than_the_side(tmp_path):
     """--resize 256, as img2dataset's keep_ratio: a large photo's shorter side scaled to 256 (from a
     drafted decode), a PNG with alpha and a progressive JPEG re-encoded as baseline RGB JPEGs, a
