@@ -128,7 +128,9 @@ def main(argv=None) -> int:
             print(f"nvJPEG's hybrid backend cannot be used ({why})", file=sys.stderr)
             return 2
         stream = torch.cuda.Stream()
-        reference = decode_once(first, batch, "device", stream).cpu()
+        reference = decode_once(first, batch, "device", stream)
+        stream.synchronize()  # the decode ran on the lane's stream, the copy below runs on the current one
+        reference = reference.cpu()
         for target in args.targets:
             row = {**base, "output": output, "target": target}
             if target == "host":
