@@ -199,10 +199,10 @@ class DecodeStage:
         """JPEGs decoded by PIL after the GPU decoder rejected them, those nobody could decode, and
         batches the direct decoder's batched call failed on (decoded file by file instead)."""
         self.host_s = {"waiting": 0.0, "queueing": 0.0, "in_nvjpeg": 0.0, "batches": 0}
-        self._seen: Optional[List[int]] = [0, 0, 0]  # batches, JPEGs, pixels; None once judged
         """The decode threads' wall time, summed over lanes: waiting for the lane's previous batch's
         GPU work, queueing this one's (the host side of a batch: the decode call, the crop's
         launches, the copies), the part of that spent inside the direct nvJPEG call, and the batch count."""
+        self._seen: Optional[List[int]] = [0, 0, 0]  # batches, JPEGs, pixels; None once judged
 
     @property
     def stream(self) -> Optional[torch.cuda.Stream]:
