@@ -112,8 +112,9 @@ class DataConfig:
     generate_digits: bool = False
     """If none of the local train/val shards listed is there, write the scikit-learn digits data
     set (train split to ``train_shards``, held-out split with labels to ``val_shards``) at those
-    exact paths. A list of which some files are there and some are not is refused: the digits are
-    never written over existing files."""
+    exact paths. Some there and some not: a generation cut short (the files there are the digits'
+    own, byte for byte) is completed, any other list is refused; the digits are never written
+    over other files."""
     digits_image_size: int = 32
     """Side of the generated digits images (8x8 originals, upscaled)."""
 

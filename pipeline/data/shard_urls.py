@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import filecmp
 import logging
 import os
+import shutil
+import tempfile
 from typing import List, Optional, Sequence, Union
 from urllib.parse import urlparse
 
@@ -57,8 +60,8 @@ def resolve_shards(urls: Union[str, Sequence[str]], *, generate_digits_split: Op
                    digits_image_size: int = 32) -> List[str]:
     """Expand ``urls``; if every local one is missing and ``generate_digits_split`` is
     ``"train"``/``"test"``, write that digits split to exactly those paths; then check they exist.
-    Some present and some missing: a ``ConfigError`` (the digits are never written over files that
-    are there)."""
+    Some there and some missing: an interrupted generation is completed (:func:`_complete_digits`),
+    anything else is a ``ConfigError``; the digits are never written over other files."""
     expanded = expand_urls(urls)
     if generate_digits_split is not None:
         local = [_local_path(u) for u in expanded]
@@ -66,16 +69,39 @@ def resolve_shards(urls: Union[str, Sequence[str]], *, generate_digits_split: Op
             raise ConfigError("'generate_digits' needs local shard paths, got a remote URL")
         there = [p for p in local if os.path.exists(p)]
         if there and len(there) < len(local):
-            missing = [p for p in local if not os.path.exists(p)]
-            raise ConfigError(f"'generate_digits': {len(missing)} of the {len(local)} shards in {urls!r} are missing "
-                              f"(first: {missing[0]}) and {len(there)} are there (first: {there[0]}); the digits are "
-                              f"only written where none is: fix the URL, or set 'generate_digits' to false")
-        if not there:
+            _complete_digits(local, generate_digits_split, digits_image_size, urls)
+        elif not there:
             logger.info("writing digits %s split to %d shard(s): %s", generate_digits_split, len(local), urls)
-            write_shards_to_paths(digits_samples(generate_digits_split, seed=_DIGITS_SPLIT_SEED,
-                                                 image_size=digits_image_size), local)
+            write_shards_to_paths(_digits(generate_digits_split, digits_image_size), local)
     check_shards_exist(expanded)
     return expanded
+
+
+def _digits(split: str, image_size: int):
+    return digits_samples(split, seed=_DIGITS_SPLIT_SEED, image_size=image_size)
+
+
+def _complete_digits(local: List[str], split: str, image_size: int, urls: Union[str, Sequence[str]]) -> None:
+    """Some of ``local`` there, some missing: when the ones there are this digits split's own shards
+    byte for byte (a generation cut short), write the missing ones; else a ``ConfigError`` naming
+    both (a user's shard list that is one file off), every file left as it is. The shards are
+    deterministic, so the split is written to a temporary folder beside them and compared."""
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(local[0]))) as tmp:
+        fresh = write_shards_to_paths(_digits(split, image_size), [os.path.join(tmp, f"{k}.tar")
+                                                                   for k in range(len(local))])
+        there = [(p, f) for p, f in zip(local, fresh) if os.path.exists(p)]
+        if not all(os.path.isfile(p) and filecmp.cmp(p, f, shallow=False) for p, f in there):
+            missing = [p for p in local if not os.path.exists(p)]
+            raise ConfigError(f"'generate_digits': {len(missing)} of the {len(local)} shards in {urls!r} are missing "
+                              f"(first: {missing[0]}) and {len(there)} are there (first: {there[0][0]}) that are not "
+                              f"the digits' own; the digits are never written over other files: fix the URL, or set "
+                              f"'generate_digits' to false")
+        logger.info("completing the digits %s split: %d of %d shard(s) were missing", split,
+                    len(local) - len(there), len(local))
+        for p, f in zip(local, fresh):
+            if not os.path.exists(p):
+                os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
+                shutil.move(f, p)
 
 
 def prepare_shards(cfg: DataConfig, split: str = "train") -> Optional[List[str]]:

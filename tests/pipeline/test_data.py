@@ -517,10 +517,29 @@ def test_generate_digits_never_writes_over_shards_that_are_there(tmp_path):
     for k, path in enumerate(mine):
         path.write_bytes(b"a user's shard %d" % k)
     cfg = DataConfig.from_dict({"train_shards": str(tmp_path / "mine-{0..2}.tar"), "generate_digits": True})
-    with pytest.raises(ConfigError, match=r"1 of the 3 shards .* are missing .*mine-2.tar.* 2 are there"):
+    with pytest.raises(ConfigError, match=r"1 of the 3 shards .* are missing .*mine-2.tar.* 2 are there .* not the "
+                                          r"digits' own"):
         prepare_shards(cfg, "train")
     assert [p.read_bytes() for p in mine] == [b"a user's shard 0", b"a user's shard 1"]
     assert sorted(os.listdir(tmp_path)) == ["mine-0.tar", "mine-1.tar"]
+
+
+def test_generate_digits_completes_a_generation_cut_short(tmp_path):
+    """Shards the digits generation wrote before it was stopped are recognised (byte for byte) and
+    the missing ones written; one that is not the digits' own still refuses the list."""
+    cfg = DataConfig.from_dict({"train_shards": str(tmp_path / "tr-{0..2}.tar"), "generate_digits": True,
+                                "digits_image_size": 16})
+    paths = prepare_shards(cfg, "train")
+    whole = [Path(p).read_bytes() for p in paths]
+    Path(paths[1]).unlink()
+    Path(paths[2]).unlink()
+    assert prepare_shards(cfg, "train") == paths and [Path(p).read_bytes() for p in paths] == whole
+    assert sorted(os.listdir(tmp_path)) == ["tr-0.tar", "tr-1.tar", "tr-2.tar"]  # no temporary folder left
+    Path(paths[0]).write_bytes(b"someone else's shard")
+    Path(paths[2]).unlink()
+    with pytest.raises(ConfigError, match="not the digits' own"):
+        prepare_shards(cfg, "train")
+    assert Path(paths[0]).read_bytes() == b"someone else's shard" and not Path(paths[2]).exists()
 
 
 def test_measure_loader_throughput(digits_shards, tok):
