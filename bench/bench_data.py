@@ -62,6 +62,16 @@ def jpeg_bytes(img: Image.Image, index: int, mixed: bool = False) -> bytes:
     return buf.getvalue()
 
 
+def jpeg_batch(n: int, size: int) -> tuple:
+    """``n`` web-like ``size``-px JPEGs as a decoder takes them: (their bytes end to end in pinned
+    memory, offsets [n + 1], sizes [n, 2])."""
+    from infclip.pipeline.data.gpu_decode import pack_jpegs
+
+    rng = np.random.default_rng(0)
+    data, offsets = pack_jpegs([jpeg_bytes(picture(rng, size), i) for i in range(n)])
+    return data.pin_memory(), offsets, torch.tensor([[size, size]] * n)
+
+
 def write_jpeg_shards(out_dir: str, shards: int, per_shard: int, size: int = 256, first_shard: int = 0,
                       seed: int = 0, mixed: bool = False) -> str:
     """``shards`` tar files of ``per_shard`` JPEG + caption pairs under ``out_dir`` (named from

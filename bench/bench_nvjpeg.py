@@ -32,10 +32,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bench_data import jpeg_bytes, picture  # noqa: E402
+from bench_data import jpeg_batch  # noqa: E402
 from gpu_queue import queue_gpu_work  # noqa: E402  (bench/, on sys.path as the script's folder)
 
 
@@ -98,13 +97,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_nvjpeg needs a CUDA GPU", file=sys.stderr)
         return 2
-    from infclip.pipeline.data.gpu_decode import pack_jpegs
     from infclip.pipeline.data.nvjpeg import load_decoder
 
-    rng = np.random.default_rng(0)
-    files = [jpeg_bytes(picture(rng, args.size), i) for i in range(args.batch)]
-    data, offsets = pack_jpegs(files)
-    batch = (data.pin_memory(), offsets, torch.tensor([[args.size, args.size]] * args.batch))
+    batch = jpeg_batch(args.batch, args.size)
     stream, other = torch.cuda.Stream(priority=-1), torch.cuda.Stream()
     base = {"bench": "nvjpeg", "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name(), "batch": args.batch, "size": args.size, "load_ms": args.load_ms}
