@@ -6,15 +6,17 @@ GPU itself, plane by plane, through the CUDA driver the training thread launches
 ``--lanes`` threads decode one batch of ``--batch`` web-like JPEGs (``bench_data.picture``,
 ``--size`` px) over and over, each with its own decoder and stream, while the main thread times
 the host side of small kernel launches on a stream of its own (``--seconds`` each). Targets:
-``device`` (as the loader does it: the decoder writes the GPU buffer) and ``host`` (the decoder
-writes a pinned host buffer, then one copy a batch moves it to the GPU). Before timing, the
+``device`` (as the loader does it: the decoder writes the GPU buffer), ``host`` (the decoder
+writes a pinned host buffer, then one copy a batch moves it to the GPU) and ``pil`` (no nvJPEG:
+PIL decodes each JPEG at half its DCT scale, as the CPU path does when the crop allows it, into
+a pinned buffer of interleaved pixels copied once a batch; a quarter of the bytes). Before timing, the
 ``host`` target's bytes are checked against the ``device`` target's. Reports per (output, target,
 lanes): the launch's host time (microseconds, mean and 99th percentile) and the images decoded a
 second; ``--lanes 0`` is the launch time with nothing beside it. One JSONL row each in
 bench/results/host_decode.jsonl.
 
 Run (one GPU, torchvision installed: the library is the one its wheel ships):
-``python bench/bench_host_decode.py --size 512 --lanes 0 2 4 --targets device host``.
+``python bench/bench_host_decode.py --size 512 --lanes 0 2 4 --targets device host pil``.
 """
 
 from __future__ import annotations
@@ -56,12 +58,39 @@ class _Lane(threading.Thread):
             self.error = exc
 
 
+def pil_half_scale(data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """The batch's JPEGs (all of one size) decoded by PIL at half their DCT scale (``draft``, as the
+    CPU path decodes a JPEG whose crop allows it) into one pinned buffer of interleaved pixels,
+    [n, H / 2, W / 2, 3]."""
+    import io
+
+    from PIL import Image
+
+    raw = data.numpy()
+    w, h = (int(v) // 2 for v in sizes[0])
+    host = torch.empty(offsets.numel() - 1, h, w, 3, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+    view = host.numpy()
+    for k in range(offsets.numel() - 1):
+        with Image.open(io.BytesIO(raw[int(offsets[k]):int(offsets[k + 1])].tobytes())) as im:
+            im.draft("RGB", (w, h))
+            view[k] = np.asarray(im.convert("RGB"))[:h, :w]
+    return host
+
+
 def decode_once(decoder, batch, target: str, stream: torch.cuda.Stream) -> torch.Tensor:
-    """The batch decoded on ``stream`` into a device buffer, directly (``device``) or through a
-    pinned host buffer and one copy (``host``); the device buffer (valid once the stream has run)."""
+    """The batch decoded on ``stream`` into a device buffer, directly (``device``), through a
+    pinned host buffer and one copy (``host``), or by PIL at half scale into a pinned buffer and
+    one copy (``pil``, no decoder); the device buffer (valid once the stream has run)."""
     from infclip.pipeline.data.nvjpeg import plane_buffer
 
     data, offsets, sizes = batch
+    if target == "pil":
+        host = pil_half_scale(data, offsets, sizes)
+        flat = torch.empty(host.numel(), dtype=torch.uint8, device="cuda")
+        with torch.cuda.stream(stream):
+            flat.copy_(host.view(-1), non_blocking=True)
+        stream.synchronize()
+        return flat
     flat, starts = plane_buffer(sizes, stream)
     if target == "device":
         decoder.decode(data, offsets, sizes, stream, out=(flat, starts))
@@ -96,7 +125,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--size", type=int, default=512, help="the JPEGs' side in pixels")
     p.add_argument("--lanes", type=int, nargs="+", default=[0, 2, 4], help="decode threads beside the launches")
-    p.add_argument("--targets", nargs="+", default=["device", "host"], choices=["device", "host"])
+    p.add_argument("--targets", nargs="+", default=["device", "host", "pil"], choices=["device", "host", "pil"])
     p.add_argument("--outputs", nargs="+", default=["rgb"], choices=["rgb", "rgbi"])
     p.add_argument("--seconds", type=float, default=3.0, help="launch timing per row")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "host_decode.jsonl"))
@@ -137,8 +166,10 @@ def main(argv=None) -> int:
                     print(f"{output}, host target: {rows[-1]['error']}", flush=True)
                     continue
                 row["same_bytes"] = same
+            if target == "pil" and output != args.outputs[0]:
+                continue  # no nvJPEG output format: once
             for lanes in args.lanes:
-                if target == "host" and lanes == 0:
+                if target != "device" and lanes == 0:
                     continue  # nothing beside the launches: the device row's
                 stop = threading.Event()
                 threads = [_Lane(first if k == 0 else first.another(), batch, target, stop) for k in range(lanes)]
