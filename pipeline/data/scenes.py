@@ -54,7 +54,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from PIL import Image, ImageDraw
 
-from .shards import EncodedImage, brace_url, write_shards_to_paths
+from .shards import EncodedImage, brace_url, usable_cores, write_shards_to_paths
 
 __all__ = [
     "COLOURS",
@@ -513,7 +513,7 @@ def write_scenes(out_dir: Union[str, Path], num_train: int, num_eval: int = 2000
             jobs.append(_ShardJob(split, path, start, min(n, start + samples_per_shard), seed, image_size,
                                   jpeg_quality, group_size))
     t0 = time.perf_counter()
-    cpu_s = _run_jobs(jobs, workers or len(os.sched_getaffinity(0)), sum(counts[s] for s in splits))
+    cpu_s = _run_jobs(jobs, workers or usable_cores(), sum(counts[s] for s in splits))
     wall_s = time.perf_counter() - t0
     for split in ZEROSHOT_SPLITS:
         if split in splits:

@@ -43,6 +43,7 @@ __all__ = [
     "digits_samples",
     "folder_samples",
     "resized_jpeg",
+    "usable_cores",
     "write_digits_shards",
     "write_digits_test_shards",
     "write_shards",
@@ -356,6 +357,12 @@ def _is_image(path: Path) -> bool:
         return False
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the platform has one): the shard
+    writers' default process count, and what the loader's advice counts against."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def resized_jpeg(data: bytes, side: int) -> Tuple[bytes, Dict[str, int]]:
     """One encoded image made ready for training at ``side`` pixels, as img2dataset's ``keep_ratio``
     resize does: turned upright by its EXIF orientation, its shorter side scaled down to ``side``
@@ -457,8 +464,7 @@ def folder_samples(image_dir: Union[str, Path], captions: Optional[Union[str, Pa
         return
     from concurrent.futures import ProcessPoolExecutor
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    procs = workers or cores
+    procs = workers or usable_cores()
     jobs = [(str(path), resize) for path, _ in resolved]
     with ProcessPoolExecutor(max(1, min(procs, len(jobs)))) as pool:
         for (path, caption), (data, original) in zip(resolved, pool.map(_resized_file, jobs, chunksize=16)):

@@ -133,7 +133,9 @@ class TrainLogger:
                         fmt_time(rate * (self.total_steps - step)))
             if wait_fraction > 0.1 and not w["first"] and not self._starved_warned:
                 self._starved_warned = True  # once per run: the TensorBoard curve has the rest
-                cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+                from ..data.shards import usable_cores
+
+                cores = usable_cores()
                 advice = ("raise data.workers" if self.workers < cores - 1 else
                           f"the workers and the trainer already fill the {cores} cores: the loader needs faster cores, "
                           "smaller images on disk, or a smaller data.workers to leave the trainer a core")
