@@ -84,19 +84,15 @@ def decode_once(decoder, batch, target: str, stream: torch.cuda.Stream) -> torch
     from infclip.pipeline.data.nvjpeg import plane_buffer
 
     data, offsets, sizes = batch
-    if target == "pil":
-        host = pil_half_scale(data, offsets, sizes)
-        flat = torch.empty(host.numel(), dtype=torch.uint8, device="cuda")
-        with torch.cuda.stream(stream):
-            flat.copy_(host.view(-1), non_blocking=True)
-        stream.synchronize()
-        return flat
-    flat, starts = plane_buffer(sizes, stream)
+    flat, starts = plane_buffer(sizes // 2 if target == "pil" else sizes, stream)
     if target == "device":
         decoder.decode(data, offsets, sizes, stream, out=(flat, starts))
         return flat
-    host = torch.empty(flat.numel(), dtype=torch.uint8, pin_memory=True)
-    decoder.decode(data, offsets, sizes, stream, out=(host, starts))
+    if target == "pil":
+        host = pil_half_scale(data, offsets, sizes).view(-1)
+    else:
+        host = torch.empty(flat.numel(), dtype=torch.uint8, pin_memory=True)
+        decoder.decode(data, offsets, sizes, stream, out=(host, starts))
     with torch.cuda.stream(stream):
         flat.copy_(host, non_blocking=True)
     stream.synchronize()  # before the host buffer goes back to the pinned-memory cache
@@ -172,7 +168,8 @@ def main(argv=None) -> int:
                 if target != "device" and lanes == 0:
                     continue  # nothing beside the launches: the device row's
                 stop = threading.Event()
-                threads = [_Lane(first if k == 0 else first.another(), batch, target, stop) for k in range(lanes)]
+                threads = [_Lane(first if k == 0 or target == "pil" else first.another(), batch, target, stop)
+                           for k in range(lanes)]  # pil: no decoder of its own
                 for t in threads:
                     t.start()
                 time.sleep(0.5 if lanes else 0.0)  # the lanes under way
