@@ -247,7 +247,7 @@ def test_the_size_warning_waits_for_its_batches_and_spares_jpegs_near_the_input(
         near._note_sizes(torch.tensor([[256, 256], [224, 340]]), 224)  # 1.5 times a 224 x 224 input
     assert _size_warnings(caplog) == []
     large = gpu_decode.DecodeStage(torch.device("cpu"), torch.float32, CLIP_MEAN, CLIP_STD)
-    for k in range(gpu_decode.LARGE_AFTER_BATCHES - 1):
+    for _ in range(gpu_decode.LARGE_AFTER_BATCHES - 1):
         large._note_sizes(torch.tensor([[512, 512], [512, 384]]), 224)  # 4.6 times
     assert _size_warnings(caplog) == []  # not judged before its batches
     for _ in range(3):
