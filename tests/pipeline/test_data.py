@@ -648,3 +648,47 @@ def test_uint8_training_crop_matches_a_reference_resize_of_the_same_box():
     ref = np.asarray(img.resize((32, 32), Image.BILINEAR, box=(x, y, x + w, y + h)), dtype=np.float32)
     assert got.dtype == torch.uint8 and got.shape == (3, 32, 32)
     assert np.abs(got.permute(1, 2, 0).numpy().astype(np.float32) - ref).max() <= 2.0
+
+
+@pytest.mark.parametrize("side,box,step", [
+    (512, (20, 9, 470, 480), 2),    # a 0.9-1.0 crop of a 512-px JPEG: half scale
+    (512, (0, 0, 400, 512), 1),     # shorter side 400 < 0.9 * 224 * 2: decoded whole
+    (1024, (15, 3, 480, 500), 2),   # drawn on the half-scale draft, decoded at a quarter
+    (200, (0, 0, 200, 200), 1),     # smaller than two crops: whole
+])
+def test_workers_decode_a_crop_at_the_coarsest_dct_scale_that_keeps_it(side, box, step):
+    """A training crop decoded in a worker: the JPEG at the coarsest DCT scale that still leaves
+    the box's shorter side 0.9 of the input (on top of the draft the box was drawn on), the box
+    moved to that scale's pixels; the crop is the whole-image crop's region: within a few levels
+    of it, while a box moved by two of its pixels is further off on these gradients."""
+    import io
+    import math
+
+    import numpy as np
+
+    from infclip.pipeline.data.transforms import MIN_DECODED_CROP, _coarser_draft, _cpu_crop, _resized_box_uint8
+
+    yy, xx = np.mgrid[0:side, 0:side]
+    arr = np.stack([xx * 255 / side, yy * 255 / side, (xx + yy) * 127 / side], -1).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr, "RGB").save(buf, format="JPEG", quality=95)
+    data = buf.getvalue()
+    need = math.ceil(224 * math.sqrt(4 / 3 / 0.9))  # the draft the box is drawn on (decode_samples)
+    with Image.open(io.BytesIO(data)) as img:
+        img.draft("RGB", (need, need))
+        first = round(side / img.size[0])
+        coarse, moved = _coarser_draft(data, img, box, (side, side), 224)
+        assert round(side / coarse.size[0]) == first * step
+        assert moved[0] + moved[2] <= coarse.size[0] and moved[1] + moved[3] <= coarse.size[1]
+        assert min(moved[2:]) >= MIN_DECODED_CROP * 224 or step == 1
+        for a, b in zip(moved, box):
+            assert abs(a - b / step) <= 0.5 + 1e-9
+        got = _cpu_crop(data, img, box, (side, side), 224).float()
+    full = Image.open(io.BytesIO(data))
+    whole = [b * first for b in box]
+    ref = _resized_box_uint8(full.convert("RGB"), whole, 224).float()
+    off = 2 * first * step  # two pixels of the coarse decode
+    shifted = _resized_box_uint8(full.convert("RGB"), [whole[0] + off, whole[1] + off, *whole[2:]], 224).float()
+    assert (got - ref).abs().mean() < 1.0, (got - ref).abs().mean()
+    if step > 1:
+        assert (shifted - ref).abs().mean() > 1.0

@@ -136,8 +136,9 @@ def test_gpu_path_gives_the_cpu_paths_samples_boxes_and_positions(tmp_path, tok)
     progressive, grey, CMYK and PNG members: the same samples in the same order (tokens equal),
     the same crop regions, the same loader positions. Pixels: where the CPU path decodes a JPEG
     at a reduced DCT scale (PIL's draft, when the crop allows it) the GPU decodes it whole and
-    filters the same region down, which moves edges (none in these smooth pictures) by more; elsewhere within the two
-    resizes' rounding."""
+    filters the same region down; the coarse decode puts the box's edges on its nearest pixel, up
+    to 2 image pixels off on these gradients of 3-5 levels a pixel (a sample's neighbour, or a box
+    a few pixels over, is tens of levels off); elsewhere within the two resizes' rounding."""
     url = _mixed_shards(tmp_path / "mixed")
     cpu, gpu = _loader(url, tok, "cpu"), _loader(url, tok, "gpu")
     got_cpu, got_gpu = list(cpu), list(gpu)
@@ -146,7 +147,7 @@ def test_gpu_path_gives_the_cpu_paths_samples_boxes_and_positions(tmp_path, tok)
         assert torch.equal(a["input_ids"], b["input_ids"])
         assert a["pixel_values"].shape == b["pixel_values"].shape and b["pixel_values"].dtype == torch.float32
         diff = (_levels(a["pixel_values"]) - _levels(b["pixel_values"])).abs()
-        assert diff.max() <= 3.01 and diff.mean() < 0.5, (diff.max(), diff.mean())
+        assert diff.max() <= 10.01 and diff.mean() < 1.5, (diff.max(), diff.mean())
     assert cpu.position() == gpu.position()
     assert cpu.stats["samples"] == gpu.stats["samples"] and cpu.skipped_by_reason == gpu.skipped_by_reason
 
