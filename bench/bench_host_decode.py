@@ -12,8 +12,10 @@ PIL decodes each JPEG at half its DCT scale, as the CPU path does when the crop 
 a pinned buffer of interleaved pixels copied once a batch; a quarter of the bytes). Before timing, the
 ``host`` target's bytes are checked against the ``device`` target's. Reports per (output, target,
 lanes): the launch's host time (microseconds, mean and 99th percentile) and the images decoded a
-second; ``--lanes 0`` is the launch time with nothing beside it. One JSONL row each in
-bench/results/host_decode.jsonl.
+second; ``--lanes 0`` is the launch time with nothing beside it. ``--load_ms`` adds, per value, a
+thread that keeps about that many milliseconds of 8,192^3 bf16 products queued on a stream of its
+own (0: an idle GPU), as a training step keeps the GPU busy while the lanes decode. One JSONL row
+each in bench/results/host_decode.jsonl.
 
 Run (one GPU, torchvision installed: the library is the one its wheel ships):
 ``python bench/bench_host_decode.py --size 512 --lanes 0 2 4 --targets device host pil``.
@@ -37,6 +39,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench_data import jpeg_batch  # noqa: E402
+from gpu_queue import queue_gpu_work  # noqa: E402
 
 
 class _Lane(threading.Thread):
@@ -99,6 +102,28 @@ def decode_once(decoder, batch, target: str, stream: torch.cuda.Stream) -> torch
     return flat
 
 
+class _Load(threading.Thread):
+    """A thread keeping about ``ms`` of GEMMs queued on a stream of its own until ``stop`` is set:
+    it queues ``ms`` at a time and waits for the chunk before last, so two are in flight."""
+
+    def __init__(self, ms: float, stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.ms, self.stop = ms, stop
+        self.stream = torch.cuda.Stream()
+
+    def run(self) -> None:
+        pending = []
+        with torch.cuda.stream(self.stream):
+            while not self.stop.is_set():
+                queue_gpu_work(self.ms, gemm_size=8192)
+                done = torch.cuda.Event(blocking=True)
+                done.record()
+                pending.append(done)
+                if len(pending) > 1:
+                    pending.pop(0).synchronize()
+        self.stream.synchronize()
+
+
 def launch_times(seconds: float, per_sync: int = 64) -> np.ndarray:
     """The host time of each small kernel launch (microseconds) on a stream of this thread's own,
     for ``seconds``; the stream is drained every ``per_sync`` launches, outside the timing."""
@@ -124,6 +149,8 @@ def main(argv=None) -> int:
     p.add_argument("--targets", nargs="+", default=["device", "host", "pil"], choices=["device", "host", "pil"])
     p.add_argument("--outputs", nargs="+", default=["rgb"], choices=["rgb", "rgbi"])
     p.add_argument("--seconds", type=float, default=3.0, help="launch timing per row")
+    p.add_argument("--load_ms", type=float, nargs="+", default=[0.0],
+                   help="GPU time of 8,192^3 products kept queued on another stream (0: none)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "host_decode.jsonl"))
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -164,10 +191,13 @@ def main(argv=None) -> int:
                 row["same_bytes"] = same
             if target == "pil" and output != args.outputs[0]:
                 continue  # no nvJPEG output format: once
-            for lanes in args.lanes:
+            for load_ms, lanes in ((m, n) for m in args.load_ms for n in args.lanes):
                 if target != "device" and lanes == 0:
                     continue  # nothing beside the launches: the device row's
                 stop = threading.Event()
+                load = [_Load(load_ms, stop)] if load_ms else []
+                for t in load:
+                    t.start()
                 threads = [_Lane(first if k == 0 or target == "pil" else first.another(), batch, target, stop)
                            for k in range(lanes)]  # pil: no decoder of its own
                 for t in threads:
@@ -178,14 +208,14 @@ def main(argv=None) -> int:
                 us = launch_times(args.seconds)
                 rate = (sum(t.images for t in threads) - n0) / (time.perf_counter() - t0)
                 stop.set()
-                for t in threads:
+                for t in threads + load:
                     t.join()
                 errors = [repr(t.error) for t in threads if t.error is not None]
-                keep({**row, "lanes": lanes, "launch_us_mean": float(us.mean()),
+                keep({**row, "load_ms": load_ms, "lanes": lanes, "launch_us_mean": float(us.mean()),
                       "launch_us_p99": float(np.percentile(us, 99)), "launches": int(us.size),
                       "images_per_s": rate, **({"errors": errors} if errors else {})})
                 r = rows[-1]
-                print(f"{output}, decoder writes {target:>6}, {lanes} lanes: launch {r['launch_us_mean']:6.1f} us "
+                print(f"{output}, decoder writes {target:>6}, load {load_ms:g} ms, {lanes} lanes: launch {r['launch_us_mean']:6.1f} us "
                       f"(p99 {r['launch_us_p99']:7.1f}), {rate:8.0f} images/s"
                       f"{', bytes as the device target' if r.get('same_bytes') else ''}"
                       f"{', errors: ' + '; '.join(errors) if errors else ''}", flush=True)
