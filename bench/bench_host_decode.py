@@ -215,7 +215,8 @@ def main(argv=None) -> int:
                       "launch_us_p99": float(np.percentile(us, 99)), "launches": int(us.size),
                       "images_per_s": rate, **({"errors": errors} if errors else {})})
                 r = rows[-1]
-                print(f"{output}, decoder writes {target:>6}, load {load_ms:g} ms, {lanes} lanes: launch {r['launch_us_mean']:6.1f} us "
+                print(f"{output}, decoder writes {target:>6}, load {load_ms:g} ms, {lanes} lanes: "
+                      f"launch {r['launch_us_mean']:6.1f} us "
                       f"(p99 {r['launch_us_p99']:7.1f}), {rate:8.0f} images/s"
                       f"{', bytes as the device target' if r.get('same_bytes') else ''}"
                       f"{', errors: ' + '; '.join(errors) if errors else ''}", flush=True)

@@ -5,10 +5,11 @@ name and the sample key, so the same shards in another folder crop the same), de
 DCT scale where the image is a JPEG (PIL's draft mode: first the scale that leaves every possible
 box at least ``image_size`` wide, on which the box is drawn, then, for the drawn box, the coarsest
 scale that leaves it :data:`MIN_DECODED_CROP` of ``image_size``) and resized by torch's
-antialiased bilinear filter to uint8: a quarter of the bytes of float32 through the workers' queues, normalised by the loader (:mod:`pipeline.data.loader`).
-With GPU decoding, a JPEG nvJPEG takes leaves as its box and size instead
-(:mod:`pipeline.data.jpeg_boxes`). Eval: the centred square, bicubic, normalised float32.
-Images over :data:`MAX_IMAGE_PIXELS` are skipped from their header, before anything is decoded.
+antialiased bilinear filter to uint8: a quarter of the bytes of float32 through the workers'
+queues, normalised by the loader (:mod:`pipeline.data.loader`). With GPU decoding, a JPEG nvJPEG
+takes leaves as its box and size instead (:mod:`pipeline.data.jpeg_boxes`). Eval: the centred
+square, bicubic, normalised float32. Images over :data:`MAX_IMAGE_PIXELS` are skipped from their
+header, before anything is decoded.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ __all__ = ["MAX_IMAGE_PIXELS", "MIN_DECODED_CROP", "crop_box", "decode_samples",
 MAX_IMAGE_PIXELS = 64 << 20
 #: A training crop the workers decode may come out of the JPEG's DCT scaling with its shorter side
 #: down to this fraction of ``image_size`` (the resize then enlarges it by at most 1/0.9). With the
-#: usual 0.9-1.0 crops, a 512-px JPEG then decodes at half scale, a quarter of the pixels and about
-#: twice as fast as whole.
+#: usual 0.9-1.0 crops, a 512-px JPEG then decodes at half scale: a quarter of the pixels to
+#: transform and convert.
 MIN_DECODED_CROP = 0.9
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, TypeError, Image.DecompressionBombError)
 
