@@ -30,8 +30,9 @@ def gpu_decodable(img: Image.Image, mode: str) -> bool:
 
 
 def full_resolution_box(box: Sequence[int], drafted: Sequence[int], full: Sequence[int]) -> tuple:
-    """``box`` drawn on a JPEG's draft size (PIL's DCT scaling by 1, 2, 4 or 8, which the CPU path
-    decodes at) in the pixels of the full image, which the GPU decodes: the same region."""
+    """``box`` drawn on a JPEG's draft size (its size at a DCT scale of 1, 2, 4 or 8,
+    :func:`pipeline.data.transforms.draft_factor`) in the pixels of the full image, which the GPU
+    decodes: the same region."""
     f = max(1, round(full[0] / drafted[0]))
     x, y, w, h = box
     return x * f, y * f, min(w * f, full[0] - x * f), min(h * f, full[1] - y * f)

@@ -1,10 +1,10 @@
 """The loader workers' per-sample work: an image decoded, cropped and resized, its label read.
 
 Training: a random box of ``crop_scale`` of the image's area (seeded by the epoch, the shard's file
-name and the sample key, so the same shards in another folder crop the same), decoded at a reduced
-DCT scale where the image is a JPEG (PIL's draft mode: first the scale that leaves every possible
-box at least ``image_size`` wide, on which the box is drawn, then, for the drawn box, the coarsest
-scale that leaves it :data:`MIN_DECODED_CROP` of ``image_size``) and resized by torch's
+name and the sample key, so the same shards in another folder crop the same), drawn on a JPEG's
+size at the DCT scale that leaves every possible box at least ``image_size`` wide (PIL's draft
+rule: the same box on either decode path), decoded at the coarsest DCT scale that leaves the drawn
+box :data:`MIN_DECODED_CROP` of ``image_size`` (PIL's draft mode, one call) and resized by torch's
 antialiased bilinear filter to uint8: a quarter of the bytes of float32 through the workers'
 queues, normalised by the loader (:mod:`pipeline.data.loader`). With GPU decoding, a JPEG nvJPEG
 takes leaves as its box and size instead (:mod:`pipeline.data.jpeg_boxes`). Eval: the centred
@@ -30,7 +30,8 @@ from PIL import Image
 from .jpeg_boxes import full_resolution_box, gpu_decodable
 from .spec import SkipCounter, StreamSpec, stable_seed
 
-__all__ = ["MAX_IMAGE_PIXELS", "MIN_DECODED_CROP", "crop_box", "decode_samples", "eval_pixels", "shard_name"]
+__all__ = ["MAX_IMAGE_PIXELS", "MIN_DECODED_CROP", "crop_box", "decode_samples", "draft_factor", "eval_pixels",
+           "shard_name"]
 
 #: Images with more pixels are skipped (counted as ``too_many_pixels``) before they are decoded: a
 #: small PNG can hold 144 Mpx, 2.8 GB in one loader worker once decoded in full.
@@ -84,26 +85,21 @@ def _resized_box_uint8(img: Image.Image, box: Sequence[int], size: int) -> torch
                                            align_corners=False)[0]
 
 
-def _coarser_draft(data: bytes, img: Image.Image, box: Sequence[int], full: Sequence[int],
-                   size: int) -> tuple[Image.Image, tuple]:
-    """``img`` (a JPEG opened at a draft size) and ``box`` drawn on it, or where a coarser DCT scale
-    still leaves the box's shorter side :data:`MIN_DECODED_CROP` of ``size``, the JPEG opened anew
-    at that scale and the box in its pixels (PIL takes one draft call an image)."""
-    scale = max(1, round(full[0] / img.size[0]))
+def draft_factor(full: Sequence[int], need: int) -> int:
+    """The DCT scale (1, 2, 4 or 8) PIL's JPEG ``draft`` picks for a requested (``need``, ``need``):
+    the largest that leaves both sides at least ``need``, or 1. The box is drawn on the image's size
+    at that scale, whether or not the worker decodes it there."""
+    fit = min(full[0] // need, full[1] // need)
+    return next(f for f in (8, 4, 2, 1) if fit >= f or f == 1)
+
+
+def _decode_scale(box: Sequence[int], drawn: int, size: int) -> int:
+    """The coarsest DCT scale (a multiple of ``drawn``, at most 8) at which ``box``, drawn at scale
+    ``drawn``, keeps its shorter side :data:`MIN_DECODED_CROP` of ``size``."""
     step = 1
-    while scale * step * 2 <= 8 and min(box[2], box[3]) >= MIN_DECODED_CROP * size * step * 2:
+    while drawn * step * 2 <= 8 and min(box[2], box[3]) >= MIN_DECODED_CROP * size * step * 2:
         step *= 2
-    if step == 1:
-        return img, tuple(box)
-    coarse = _open_image(data)
-    coarse.draft("RGB", (max(1, full[0] // (scale * step)), max(1, full[1] // (scale * step))))
-    if round(full[0] / coarse.size[0]) != scale * step:  # draft declined (more than one tile)
-        coarse.close()
-        return img, tuple(box)
-    x, y, w, h = box  # edges rounded to the nearest coarse pixel
-    left, top = min(round(x / step), coarse.size[0] - 1), min(round(y / step), coarse.size[1] - 1)
-    right, bottom = min(round((x + w) / step), coarse.size[0]), min(round((y + h) / step), coarse.size[1])
-    return coarse, (left, top, max(1, right - left), max(1, bottom - top))
+    return drawn * step
 
 
 def _to_tensor(img: Image.Image, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -120,17 +116,22 @@ def eval_pixels(img: Image.Image, size: int, mean: torch.Tensor, std: torch.Tens
     return _to_tensor(_center_crop_resize(img.convert("RGB"), size), mean, std)
 
 
-def _cpu_crop(data: bytes, img: Image.Image, box: Sequence[int], full: Sequence[int], size: int) -> torch.Tensor:
-    """A training crop decoded in the worker: uint8 [3, size, size] (a JPEG at its coarsest
-    usable DCT scale, :func:`_coarser_draft`)."""
-    if img.format != "JPEG":
-        return _resized_box_uint8(img.convert("RGB"), box, size)
-    coarse, box = _coarser_draft(data, img, box, full, size)
-    try:
-        return _resized_box_uint8(coarse.convert("RGB"), box, size)
-    finally:
-        if coarse is not img:
-            coarse.close()
+def _cpu_crop(img: Image.Image, box: Sequence[int], drawn: int, full: Sequence[int], size: int) -> torch.Tensor:
+    """A training crop decoded in the worker: uint8 [3, size, size]. ``box`` is drawn on the image
+    at DCT scale ``drawn``; a JPEG is decoded at its coarsest usable scale (:func:`_decode_scale`,
+    one ``draft`` call) and the box moved to that scale's pixels, its edges to the nearest one."""
+    if img.format == "JPEG":
+        scale = _decode_scale(box, drawn, size)
+        if scale > 1:
+            img.draft("RGB", (full[0] // scale, full[1] // scale))
+    got = max(1, round(full[0] / img.size[0]))  # 1 where PIL declined the draft
+    if got != drawn:
+        x, y, w, h = box
+        r = drawn / got
+        left, top = min(round(x * r), img.size[0] - 1), min(round(y * r), img.size[1] - 1)
+        right, bottom = min(round((x + w) * r), img.size[0]), min(round((y + h) * r), img.size[1])
+        box = (left, top, max(1, right - left), max(1, bottom - top))
+    return _resized_box_uint8(img.convert("RGB"), box, size)
 
 
 def _open_image(data: bytes) -> Image.Image:
@@ -157,17 +158,19 @@ def decode_samples(s: StreamSpec, raw: Iterable[Dict[str, Any]], counter: SkipCo
                     counter.add("too_many_pixels", f"{item['url']}:{item['key']}: {img.width}x{img.height}")
                     continue
                 full, mode = img.size, img.mode
-                if img.format == "JPEG":
-                    img.draft("RGB", (need, need))
                 if s.train:
+                    drawn = draft_factor(full, need) if img.format == "JPEG" else 1
+                    on = (-(-full[0] // drawn), -(-full[1] // drawn))  # the size at that scale, as PIL rounds it
                     rng = random.Random(stable_seed("crop", s.seed, s.epoch, shard_name(item["url"]), item["key"]))
-                    box = crop_box(*img.size, s.crop_scale, rng)
+                    box = crop_box(*on, s.crop_scale, rng)
                     if s.gpu_decode and gpu_decodable(img, mode) and \
                             stable_seed("decode", shard_name(item["url"]), item["key"]) < s.gpu_share * 2**64:
-                        pixels = (*full_resolution_box(box, img.size, full), *full)  # GPU: box, size
+                        pixels = (*full_resolution_box(box, on, full), *full)  # GPU: box, size
                     else:  # uint8: a quarter of the bytes through the workers' queues; normalised later
-                        pixels = _cpu_crop(item["image"], img, box, full, s.image_size)
+                        pixels = _cpu_crop(img, box, drawn, full, s.image_size)
                 else:
+                    if img.format == "JPEG":
+                        img.draft("RGB", (need, need))
                     pixels = eval_pixels(img, s.image_size, mean, std)
         except _DECODE_ERRORS as exc:
             counter.add("bad_image", f"{item['url']}:{item['key']}: {exc!r}"[:300])

@@ -650,6 +650,23 @@ def test_uint8_training_crop_matches_a_reference_resize_of_the_same_box():
     assert np.abs(got.permute(1, 2, 0).numpy().astype(np.float32) - ref).max() <= 2.0
 
 
+def test_the_box_is_drawn_at_the_dct_scale_pil_would_decode_at():
+    """draft_factor and the size it gives are PIL's own draft choice, over sizes around each
+    scale's edges, so the boxes stay where the earlier draft call put them (on either path)."""
+    import io
+
+    from infclip.pipeline.data.transforms import draft_factor
+
+    for w, h, need in [(512, 512, 273), (546, 600, 273), (545, 2000, 273), (1092, 1100, 273), (2184, 3000, 273),
+                       (4400, 2300, 273), (100, 90, 273), (64, 40, 20), (79, 80, 20), (161, 170, 20)]:
+        buf = io.BytesIO()
+        Image.new("RGB", (w, h), (90, 140, 200)).save(buf, format="JPEG")
+        with Image.open(io.BytesIO(buf.getvalue())) as img:
+            img.draft("RGB", (need, need))
+            f = draft_factor((w, h), need)
+            assert img.size == (-(-w // f), -(-h // f)), (w, h, need, f, img.size)
+
+
 @pytest.mark.parametrize("side,box,step", [
     (512, (20, 9, 470, 480), 2),    # a 0.9-1.0 crop of a 512-px JPEG: half scale
     (512, (0, 0, 400, 512), 1),     # shorter side 400 < 0.9 * 224 * 2: decoded whole
@@ -658,32 +675,28 @@ def test_uint8_training_crop_matches_a_reference_resize_of_the_same_box():
 ])
 def test_workers_decode_a_crop_at_the_coarsest_dct_scale_that_keeps_it(side, box, step):
     """A training crop decoded in a worker: the JPEG at the coarsest DCT scale that still leaves
-    the box's shorter side 0.9 of the input (on top of the draft the box was drawn on), the box
-    moved to that scale's pixels; the crop is the whole-image crop's region: within a few levels
-    of it, while a box moved by two of its pixels is further off on these gradients."""
+    the box's shorter side 0.9 of the input (``step`` times the scale the box was drawn at, one
+    draft call), the box moved to that scale's pixels; the crop is the whole-image crop's region:
+    within a few levels of it, while a box moved by two of its pixels is further off on these
+    gradients."""
     import io
     import math
 
     import numpy as np
 
-    from infclip.pipeline.data.transforms import MIN_DECODED_CROP, _coarser_draft, _cpu_crop, _resized_box_uint8
+    from infclip.pipeline.data.transforms import _cpu_crop, _decode_scale, _resized_box_uint8, draft_factor
 
     yy, xx = np.mgrid[0:side, 0:side]
     arr = np.stack([xx * 255 / side, yy * 255 / side, (xx + yy) * 127 / side], -1).astype(np.uint8)
     buf = io.BytesIO()
     Image.fromarray(arr, "RGB").save(buf, format="JPEG", quality=95)
     data = buf.getvalue()
-    need = math.ceil(224 * math.sqrt(4 / 3 / 0.9))  # the draft the box is drawn on (decode_samples)
+    need = math.ceil(224 * math.sqrt(4 / 3 / 0.9))  # the scale the box is drawn at (decode_samples)
+    first = draft_factor((side, side), need)
+    assert _decode_scale(box, first, 224) == first * step
     with Image.open(io.BytesIO(data)) as img:
-        img.draft("RGB", (need, need))
-        first = round(side / img.size[0])
-        coarse, moved = _coarser_draft(data, img, box, (side, side), 224)
-        assert round(side / coarse.size[0]) == first * step
-        assert moved[0] + moved[2] <= coarse.size[0] and moved[1] + moved[3] <= coarse.size[1]
-        assert min(moved[2:]) >= MIN_DECODED_CROP * 224 or step == 1
-        for a, b in zip(moved, box):
-            assert abs(a - b / step) <= 0.5 + 1e-9
-        got = _cpu_crop(data, img, box, (side, side), 224).float()
+        got = _cpu_crop(img, box, first, (side, side), 224).float()
+        assert round(side / img.size[0]) == first * step  # decoded at that scale
     full = Image.open(io.BytesIO(data))
     whole = [b * first for b in box]
     ref = _resized_box_uint8(full.convert("RGB"), whole, 224).float()
