@@ -137,8 +137,8 @@ def test_gpu_path_gives_the_cpu_paths_samples_boxes_and_positions(tmp_path, tok)
     the same crop regions, the same loader positions. Pixels: where the CPU path decodes a JPEG
     at a reduced DCT scale (PIL's draft, when the crop allows it) the GPU decodes it whole and
     filters the same region down; the coarse decode puts the box's edges on its nearest pixel, up
-    to 2 image pixels off on these gradients of 3-5 levels a pixel (a sample's neighbour, or a box
-    a few pixels over, is tens of levels off); elsewhere within the two resizes' rounding."""
+    to 2 image pixels off on these gradients of 3-5 levels a pixel (the next sample is about 4
+    levels off on average, a box 4 pixels over 12-20); elsewhere within the two resizes' rounding."""
     url = _mixed_shards(tmp_path / "mixed")
     cpu, gpu = _loader(url, tok, "cpu"), _loader(url, tok, "gpu")
     got_cpu, got_gpu = list(cpu), list(gpu)
