@@ -202,7 +202,7 @@ def main(argv=None) -> int:
                            for k in range(lanes)]  # pil: no decoder of its own
                 for t in threads:
                     t.start()
-                time.sleep(0.5 if lanes else 0.0)  # the lanes under way
+                time.sleep(0.5 if lanes or load else 0.0)  # the lanes and the load under way
                 n0 = sum(t.images for t in threads)
                 t0 = time.perf_counter()
                 us = launch_times(args.seconds)
