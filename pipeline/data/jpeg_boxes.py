@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Sequence
 import torch
 from PIL import Image
 
-__all__ = ["batch_pixels", "full_resolution_box", "gpu_decodable"]
+__all__ = ["batch_pixels", "gpu_decodable", "scaled_box"]
 
 
 def gpu_decodable(img: Image.Image, mode: str) -> bool:
@@ -29,13 +29,15 @@ def gpu_decodable(img: Image.Image, mode: str) -> bool:
     return JpegImagePlugin.get_sampling(img) in (0, 1, 2)
 
 
-def full_resolution_box(box: Sequence[int], drafted: Sequence[int], full: Sequence[int]) -> tuple:
-    """``box`` drawn on a JPEG's draft size (its size at a DCT scale of 1, 2, 4 or 8,
-    :func:`pipeline.data.transforms.draft_factor`) in the pixels of the full image, which the GPU
-    decodes: the same region."""
-    f = max(1, round(full[0] / drafted[0]))
+def scaled_box(box: Sequence[int], ratio: float, size: Sequence[int]) -> tuple:
+    """``box`` (x, y, w, h) drawn on a JPEG at one DCT scale (1, 2, 4 or 8) in its pixels at another:
+    ``ratio`` is the first scale over the second, ``size`` the image's (W, H) at the second. Each
+    edge goes to the nearest pixel there (exact when the ratio is whole: the GPU path's full-image
+    box), inside the image and at least a pixel wide."""
     x, y, w, h = box
-    return x * f, y * f, min(w * f, full[0] - x * f), min(h * f, full[1] - y * f)
+    left, top = min(round(x * ratio), size[0] - 1), min(round(y * ratio), size[1] - 1)
+    right, bottom = min(round((x + w) * ratio), size[0]), min(round((y + h) * ratio), size[1])
+    return left, top, max(1, right - left), max(1, bottom - top)
 
 
 def batch_pixels(items: List[Dict[str, Any]], size: int) -> Dict[str, Any]:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .jpeg_boxes import full_resolution_box, gpu_decodable
+from .jpeg_boxes import gpu_decodable, scaled_box
 from .spec import SkipCounter, StreamSpec, stable_seed
 
 __all__ = ["MAX_IMAGE_PIXELS", "MIN_DECODED_CROP", "crop_box", "decode_samples", "draft_factor", "eval_pixels",
@@ -126,11 +126,7 @@ def _cpu_crop(img: Image.Image, box: Sequence[int], drawn: int, full: Sequence[i
             img.draft("RGB", (full[0] // scale, full[1] // scale))
     got = max(1, round(full[0] / img.size[0]))  # 1 where PIL declined the draft
     if got != drawn:
-        x, y, w, h = box
-        r = drawn / got
-        left, top = min(round(x * r), img.size[0] - 1), min(round(y * r), img.size[1] - 1)
-        right, bottom = min(round((x + w) * r), img.size[0]), min(round((y + h) * r), img.size[1])
-        box = (left, top, max(1, right - left), max(1, bottom - top))
+        box = scaled_box(box, drawn / got, img.size)
     return _resized_box_uint8(img.convert("RGB"), box, size)
 
 
@@ -165,7 +161,7 @@ def decode_samples(s: StreamSpec, raw: Iterable[Dict[str, Any]], counter: SkipCo
                     box = crop_box(*on, s.crop_scale, rng)
                     if s.gpu_decode and gpu_decodable(img, mode) and \
                             stable_seed("decode", shard_name(item["url"]), item["key"]) < s.gpu_share * 2**64:
-                        pixels = (*full_resolution_box(box, on, full), *full)  # GPU: box, size
+                        pixels = (*scaled_box(box, drawn, full), *full)  # GPU: box in the full image, size
                     else:  # uint8: a quarter of the bytes through the workers' queues; normalised later
                         pixels = _cpu_crop(img, box, drawn, full, s.image_size)
                 else:

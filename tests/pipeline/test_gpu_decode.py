@@ -158,7 +158,7 @@ def test_workers_send_jpeg_files_and_decode_the_rest(tmp_path, tok):
     grey and CMYK JPEGs and PNGs as uint8 crops; every row of the batch exactly once."""
     import random
 
-    from infclip.pipeline.data.jpeg_boxes import full_resolution_box
+    from infclip.pipeline.data.jpeg_boxes import scaled_box
     from infclip.pipeline.data.spec import stable_seed
     from infclip.pipeline.data.transforms import crop_box, shard_name
 
@@ -180,7 +180,7 @@ def test_workers_send_jpeg_files_and_decode_the_rest(tmp_path, tok):
             full = img.size
             img.draft("RGB", (need, need))
             rng = random.Random(stable_seed("crop", spec.seed, spec.epoch, shard_name(url), key))
-            want = full_resolution_box(crop_box(*img.size, spec.crop_scale, rng), img.size, full)
+            want = scaled_box(crop_box(*img.size, spec.crop_scale, rng), round(full[0] / img.size[0]), full)
         x, y, w, h = record["jpeg_boxes"][k].tolist()
         assert (x, y, w, h) == want
         assert 0 <= x and 0 <= y and w >= 1 and h >= 1 and x + w <= full[0] and y + h <= full[1]
