@@ -12,14 +12,13 @@ section (``train_shards``, ``val_shards``).
 from __future__ import annotations
 
 import argparse
-import glob
 import logging
 import os
 import sys
 from typing import List, Optional
 
 from infclip.pipeline.data.scenes import write_scenes
-from infclip.pipeline.data.shards import brace_url, folder_samples, write_digits_shards, write_shards
+from infclip.pipeline.data.shards import brace_url, folder_samples, shards_written, write_digits_shards, write_shards
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
@@ -68,7 +67,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
                                      image_format=args.image_format)
         result = {"train": result["train"], "test": result["test"]}
     else:
-        old = _shards_in(args.out, args.prefix)
+        old = shards_written(args.out, args.prefix)
         if old and not args.overwrite:
             raise ValueError(f"{args.out} already holds {len(old)} shard(s) named {args.prefix}-NNNNNN.tar (first: "
                              f"{old[0]}): write to another --out or --prefix, or pass --overwrite to replace them")
@@ -81,11 +80,6 @@ def main(argv: Optional[List[str]] = None) -> dict:
     for split, url in result.items():
         sys.stdout.write(f"{split}: {url}\n")
     return result
-
-
-def _shards_in(out: str, prefix: str) -> List[str]:
-    """The shard files ``write_shards`` names for ``prefix`` that ``out`` holds, in order."""
-    return sorted(glob.glob(os.path.join(glob.escape(out), glob.escape(prefix) + "-" + "[0-9]" * 6 + ".tar")))
 
 
 if __name__ == "__main__":

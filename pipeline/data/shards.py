@@ -20,6 +20,7 @@ tokenizer's caption pass alike, and tells a shard cut short from a whole one
 
 from __future__ import annotations
 
+import glob
 import io
 import json
 import logging
@@ -43,6 +44,7 @@ __all__ = [
     "digits_samples",
     "folder_samples",
     "resized_jpeg",
+    "shards_written",
     "usable_cores",
     "write_digits_shards",
     "write_digits_test_shards",
@@ -244,6 +246,13 @@ def _flush(out_dir: Path, prefix: str, index: int, pending: List) -> str:
     path = out_dir / f"{prefix}-{index:06d}.tar"
     _write_tar_atomic(path, pending)
     return str(path)
+
+
+def shards_written(out_dir: Union[str, Path], prefix: str) -> List[str]:
+    """The shard files :func:`write_shards` names for ``prefix`` (``prefix-NNNNNN.tar``, as
+    ``_flush`` writes them) that ``out_dir`` already holds, in order."""
+    pattern = glob.escape(prefix) + "-" + "[0-9]" * 6 + ".tar"
+    return sorted(glob.glob(os.path.join(glob.escape(str(out_dir)), pattern)))
 
 
 def write_shards_to_paths(samples: Iterable[Sample], paths: Sequence[Union[str, Path]],
