@@ -23,8 +23,9 @@ Three backends (``backend``):
   host-to-device copy a plane (three an image) on the stream; a profile of a training step shows
   no kernel of its own. What ``data.gpu_decode_host_max_pixels`` uses for small JPEGs: the GPU is
   spared their decode, Huffman kernels (the largest part of the GPU backend's time) included.
-  The copies are the cost: made from several lanes at 512 px, they hold the CUDA driver long
-  enough that the training thread's launches take ten times as long (docs/data.md).
+  With several lanes decoding 512-px JPEGs beside a training step, those copies spend about 70 us
+  each in the CUDA driver and the training thread's launches take ten times as long; beside an
+  idle GPU they do not (``bench/bench_host_decode.py``). The cause is not established (docs/data.md).
 
 The library is found where torchvision's wheel puts it (the ``nvidia`` packages beside torch, or
 ``torchvision.libs``), or by the system's loader; :func:`load_decoder` says in one phrase why
