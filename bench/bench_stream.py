@@ -251,10 +251,10 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
                    help="image_set:decode phases (web256, web512, web256mixed, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][*LANES]"
-                        "[^PRIORITY][+interleaved][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
+                        "[^PRIORITY][+interleaved][+batchcopy][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
                         "data.gpu_decode_host_max_pixels PIXELS, "
                         "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal, "
-                        "data.gpu_decode_host_interleaved true; !NICE: the decode threads at that scheduling "
+                        "data.gpu_decode_host_interleaved true, data.gpu_decode_host_copy batch; !NICE: the decode threads at that scheduling "
                         "niceness, e.g. !10, so the training thread wins a contested core)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
@@ -297,12 +297,16 @@ def main(argv=None) -> int:
 
     default_share, default_lanes = run_cfg.data.gpu_decode_share, run_cfg.data.gpu_decode_lanes
     default_priority, default_host = run_cfg.data.gpu_decode_priority, run_cfg.data.gpu_decode_host_max_pixels
-    default_interleaved = run_cfg.data.gpu_decode_host_interleaved
+    default_interleaved, default_copy = run_cfg.data.gpu_decode_host_interleaved, run_cfg.data.gpu_decode_host_copy
 
     def loader(urls, decode, crop):
         cfg = run_cfg.data
-        decode, _, layout = decode.partition("+")  # gpu+interleaved: data.gpu_decode_host_interleaved true
-        cfg.gpu_decode_host_interleaved = layout == "interleaved" if layout else default_interleaved
+        decode, *flags = decode.split("+")  # gpu+interleaved+batchcopy: the host decoder's layout and copy
+        unknown = set(flags) - {"interleaved", "batchcopy"}
+        if unknown:
+            raise SystemExit(f"unknown phase flag(s) {sorted(unknown)}: +interleaved or +batchcopy")
+        cfg.gpu_decode_host_interleaved = "interleaved" in flags or default_interleaved
+        cfg.gpu_decode_host_copy = "batch" if "batchcopy" in flags else default_copy
         decode, _, priority = decode.partition("^")  # gpu^normal: data.gpu_decode_priority normal
         cfg.gpu_decode_priority = priority or default_priority
         decode, _, lanes = decode.partition("*")  # gpu*1: data.gpu_decode_lanes 1
@@ -346,6 +350,7 @@ def main(argv=None) -> int:
                "gpu_decode_priority": run_cfg.data.gpu_decode_priority if gpu else None,
                "gpu_decode_host_max_pixels": run_cfg.data.gpu_decode_host_max_pixels if gpu else None,
                "gpu_decode_host_interleaved": run_cfg.data.gpu_decode_host_interleaved if gpu else None,
+               "gpu_decode_host_copy": run_cfg.data.gpu_decode_host_copy if gpu else None,
                "switch_interval": sys.getswitchinterval(),
                **run_phase(te, run_cfg, build, args.warmup, args.steps, args.profile, int(nice) if nice else None)}
         rows.append(row)

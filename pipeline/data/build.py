@@ -159,7 +159,8 @@ def _pixel_stage(cfg: DataConfig, gpu_decode: bool, device: Optional[torch.devic
         return None, DecodeStage(device, dtype, cfg.image_mean, cfg.image_std, decoder=cfg.gpu_decoder,
                                  lanes=cfg.gpu_decode_lanes, priority=cfg.gpu_decode_priority,
                                  host_max_pixels=cfg.gpu_decode_host_max_pixels,
-                                 host_interleaved=cfg.gpu_decode_host_interleaved)
+                                 host_interleaved=cfg.gpu_decode_host_interleaved,
+                                 host_copy=cfg.gpu_decode_host_copy)
 
     def normalize(pixels: torch.Tensor) -> torch.Tensor:
         if device is not None:

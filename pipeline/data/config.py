@@ -100,6 +100,11 @@ class DataConfig:
     decoder copies each plane to the GPU on its own (three copies an image, each a call into
     the CUDA driver beside the training thread's): this asks for one. Measured no faster in the
     step than the planes (docs/data.md)."""
+    gpu_decode_host_copy: str = "plane"
+    """How the JPEGs decoded on the host (``gpu_decode_host_max_pixels``) reach the GPU:
+    ``"plane"`` (nvJPEG's hybrid decoder writes the GPU buffer itself, one host-to-device copy a
+    plane, three an image) or ``"batch"`` (it writes a pinned host buffer, and one copy a batch
+    moves all of them: a call into the CUDA driver a batch instead of thousands)."""
     gpu_decode_priority: str = "high"
     """The decode lanes' CUDA stream priority: ``"high"`` (the decode and crop kernels' blocks go
     ahead of the step's queued ones, so a batch is ready sooner) or ``"normal"`` (the step's
@@ -146,6 +151,8 @@ class DataConfig:
         require_at_least(self, 1, "gpu_decode_lanes")  # an integer: the section's typed read checks that
         if self.gpu_decode_lanes > 8:
             raise ConfigError(f"'gpu_decode_lanes' must be <= 8, got {self.gpu_decode_lanes}")
+        if self.gpu_decode_host_copy not in ("plane", "batch"):
+            raise ConfigError(f"'gpu_decode_host_copy' must be \"plane\" or \"batch\", got {self.gpu_decode_host_copy!r}")
         if self.gpu_decode_priority not in ("high", "normal"):
             raise ConfigError(f"'gpu_decode_priority' must be \"high\" or \"normal\", got {self.gpu_decode_priority!r}")
         if self.gpu_decoder not in GPU_DECODERS:

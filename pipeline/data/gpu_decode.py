@@ -163,12 +163,15 @@ class DecodeStage:
             ones theirs on the GPU; 0: none (``data.gpu_decode_host_max_pixels``).
         host_interleaved: the host-decoded JPEGs written as one plane of interleaved pixels each
             instead of three planes (``data.gpu_decode_host_interleaved``).
+        host_copy: ``"plane"`` (the hybrid decoder copies each plane to the GPU buffer itself) or
+            ``"batch"`` (it writes a pinned host buffer, moved by one copy a batch;
+            ``data.gpu_decode_host_copy``).
     """
 
     def __init__(self, device: torch.device, dtype: torch.dtype, mean: Sequence[float], std: Sequence[float],
                  decode_fn: Optional[Callable[[List[torch.Tensor], torch.device], List[torch.Tensor]]] = None,
                  decoder: str = "auto", lanes: int = 1, priority: str = "high", host_max_pixels: int = 0,
-                 host_interleaved: bool = False) -> None:
+                 host_interleaved: bool = False, host_copy: str = "plane") -> None:
         self.device, self.dtype = torch.device(device), dtype
         self.mean, self.std = list(mean), list(std)
         cuda = self.device.type == "cuda"
@@ -190,6 +193,9 @@ class DecodeStage:
         # torchvision's decoder (and the CPU) decode one batch at a time: one lane
         self.lanes = max(1, int(lanes)) if nvjpeg is not None else 1
         self.host_max_pixels = int(host_max_pixels) if host is not None else 0
+        if host_copy not in ("plane", "batch"):
+            raise ValueError(f"host_copy must be 'plane' or 'batch', got {host_copy!r}")
+        self.host_copy = host_copy
         self._lanes = [_Lane(self.device, nvjpeg if k == 0 else nvjpeg.another(), priority,
                              host if k == 0 or host is None else host.another()) if cuda
                        else _Lane(None, None) for k in range(self.lanes)]
@@ -326,13 +332,21 @@ class DecodeStage:
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """(buffer, offsets) of the batch's JPEGs decoded by the lane's direct decoders: all but the
         first ``m`` wholly on the GPU (queued first, so the GPU starts at once), then the first
-        ``m`` decoded here, on the host, while it runs."""
+        ``m`` decoded here, on the host, while it runs: into the buffer, or with ``host_copy``
+        "batch" into pinned host memory laid out as the buffer's start, then copied there at once
+        (the pinned block is reused only after that copy has run: torch records it on the stream)."""
         if not data.is_pinned():  # once for both calls
             data = data.pin_memory()
         flat, starts = plane_buffer(sizes, run.stream)
-        if m < offsets.numel() - 1:
+        n = offsets.numel() - 1
+        if m < n:
             run.nvjpeg.decode(data, offsets[m:], sizes[m:], run.stream, out=(flat, starts[m:]))
-        if m:
+        if m and self.host_copy == "batch":
+            head = int(starts[m]) if m < n else flat.numel()  # the small JPEGs' planes come first
+            staging = torch.empty(head, dtype=torch.uint8, pin_memory=True)
+            run.host.decode(data, offsets[:m + 1], sizes[:m], run.stream, out=(staging, starts[:m]))
+            flat[:head].copy_(staging, non_blocking=True)  # on the lane's stream, after the decoder's writes
+        elif m:
             run.host.decode(data, offsets[:m + 1], sizes[:m], run.stream, out=(flat, starts[:m]))
         return flat, starts
 

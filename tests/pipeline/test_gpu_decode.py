@@ -69,7 +69,8 @@ def _loader(url, tok, decode, device="cpu", **kw):
     cfg = DataConfig(train_shards=url, workers=kw.pop("workers", 2), shuffle_buffer=8, seed=5, decode=decode,
                      crop_scale=[0.4, 1.0], gpu_decode_share=kw.pop("share", 1.0),
                      gpu_decoder=kw.pop("decoder", "auto"), gpu_decode_host_max_pixels=kw.pop("host_pixels", 0),
-                     gpu_decode_lanes=kw.pop("lanes", 1), gpu_decode_host_interleaved=kw.pop("interleaved", False))
+                     gpu_decode_lanes=kw.pop("lanes", 1), gpu_decode_host_interleaved=kw.pop("interleaved", False),
+                     gpu_decode_host_copy=kw.pop("host_copy", "plane"))
     return build_train_loader(cfg, tok, image_size=16, context_length=16, batch_size=4,
                               device=torch.device(device), **kw)
 
@@ -280,6 +281,9 @@ def test_decode_setting_is_checked():
     assert DataConfig(train_shards="x.tar", gpu_decode_priority="normal").gpu_decode_priority == "normal"
     with pytest.raises(ConfigError, match="'gpu_decode_priority' must be \"high\" or \"normal\", got 'low'"):
         DataConfig(train_shards="x.tar", gpu_decode_priority="low")
+    assert DataConfig(train_shards="x.tar").gpu_decode_host_copy == "plane"
+    with pytest.raises(ConfigError, match="'gpu_decode_host_copy' must be \"plane\" or \"batch\", got 'image'"):
+        DataConfig(train_shards="x.tar", gpu_decode_host_copy="image")
 
 
 def test_gpu_decode_on_a_cpu_run_needs_tritons_interpreter(monkeypatch):
@@ -422,6 +426,23 @@ def test_host_decode_gives_the_gpu_backends_batches(tmp_path, tok, host_pixels, 
     assert d.mean() < 0.5 and d.max() <= 4, (d.mean(), d.max())
     assert split.stage.fallbacks == {"cpu_decode": 0, "bad_image": 0, "batch_retry": 0}
     assert {lane.host.output for lane in split.stage._lanes} == {"rgbi" if interleaved else "rgb"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("host_pixels,interleaved", [(1300, False), (10**6, True)])
+def test_host_decode_copied_once_a_batch_gives_the_same_batches(tmp_path, tok, host_pixels, interleaved):
+    """data.gpu_decode_host_copy "batch": the host-decoded JPEGs written to pinned memory and moved
+    by one copy give the batches the decoder's own plane copies give, bit for bit (some JPEGs of a
+    batch on the host, or all)."""
+    url = _mixed_shards(tmp_path / "mixed", n=48, per_shard=12)
+    kw = dict(device="cuda", decoder="nvjpeg", host_pixels=host_pixels, lanes=2, interleaved=interleaved)
+    planes, batched = _loader(url, tok, "gpu", **kw), _loader(url, tok, "gpu", host_copy="batch", **kw)
+    got = list(zip(planes, batched))
+    assert len(got) == 12 and batched.stage.host_copy == "batch"
+    for a, b in got:
+        assert torch.equal(a["input_ids"], b["input_ids"])
+        assert torch.equal(a["pixel_values"], b["pixel_values"])
+    assert batched.stage.fallbacks == {"cpu_decode": 0, "bad_image": 0, "batch_retry": 0}
 
 
 @pytest.mark.gpu
