@@ -36,6 +36,8 @@ __all__ = ["normalize_pixels", "resized_crop_normalize", "resized_crop_normalize
            "taps_for", "upload"]
 
 _BLOCK = 256
+_ROWS = 8
+KERNEL = "point"
 
 
 def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -113,6 +115,69 @@ def _resized_crop_kernel(src_ptr, meta_ptr, out_ptr, mean_ptr, std_ptr, S: tl.co
             acc2 += w * tl.load(ptr + 2 * cstep, mask=ok, other=0).to(tl.float32)
     norm = 1.0 / tl.maximum(wy_sum * wx_sum, 1e-30)  # lanes past the image's last pixel sum to 0
     out = out_ptr + dest * (3 * S * S) + idx
+    _store_level(out, acc0 * norm, mean_ptr, std_ptr, 0, S, inside)
+    _store_level(out, acc1 * norm, mean_ptr, std_ptr, 1, S, inside)
+    _store_level(out, acc2 * norm, mean_ptr, std_ptr, 2, S, inside)
+
+
+@triton.jit
+def _resized_crop_band_kernel(src_ptr, meta_ptr, out_ptr, mean_ptr, std_ptr, S: tl.constexpr, TAPS: tl.constexpr,
+                              ROWS: tl.constexpr, COLS: tl.constexpr):
+    """The same values as :func:`_resized_crop_kernel` for ROWS whole output rows of one image,
+    the filter's two axes applied in turn: each input row the band's rows reach is filtered along
+    x once (TAPS loads an output column), then added into every output row it weighs in. A
+    downscale by ``s`` thus reads about ``(ROWS s + 2 s) / ROWS`` input rows' x-sums an output pixel
+    instead of ``TAPS`` rows of ``TAPS`` pixels; same meta rows."""
+    img = tl.program_id(0)
+    row = meta_ptr + img * 10
+    base = tl.load(row)
+    W = tl.load(row + 2).to(tl.int32)
+    bx = tl.load(row + 3).to(tl.int32)
+    by = tl.load(row + 4).to(tl.int32)
+    bw = tl.load(row + 5).to(tl.int32)
+    bh = tl.load(row + 6).to(tl.int32)
+    dest = tl.load(row + 7)
+    cstep = tl.load(row + 8)
+    pstep = tl.load(row + 9).to(tl.int32)
+    oy = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    ox = tl.arange(0, COLS)
+    row_ok = oy < S
+    col_ok = ox < S
+    cy, ylo, yhi, inv_y = _axis_range(oy, bh.to(tl.float32) / S, bh)
+    cx, xlo, xhi, inv_x = _axis_range(ox, bw.to(tl.float32) / S, bw)
+    wx_sum = tl.zeros([COLS], dtype=tl.float32)
+    for tx in tl.static_range(TAPS):
+        x = xlo + tx
+        wx = tl.maximum(1.0 - tl.abs((x.to(tl.float32) - cx + 0.5) * inv_x), 0.0)
+        wx_sum += tl.where(x < xhi, wx, 0.0)
+    y_first = tl.min(tl.where(row_ok, ylo, bh), axis=0)
+    y_end = tl.max(tl.where(row_ok, yhi, 0), axis=0)
+    acc0 = tl.zeros([ROWS, COLS], dtype=tl.float32)
+    acc1 = tl.zeros([ROWS, COLS], dtype=tl.float32)
+    acc2 = tl.zeros([ROWS, COLS], dtype=tl.float32)
+    wy_sum = tl.zeros([ROWS], dtype=tl.float32)
+    for y in range(y_first, y_end):
+        line = base + ((by + y).to(tl.int64) * W + bx) * pstep
+        h0 = tl.zeros([COLS], dtype=tl.float32)
+        h1 = tl.zeros([COLS], dtype=tl.float32)
+        h2 = tl.zeros([COLS], dtype=tl.float32)
+        for tx in tl.static_range(TAPS):
+            x = xlo + tx
+            ok = col_ok & (x < xhi)
+            wx = tl.where(ok, tl.maximum(1.0 - tl.abs((x.to(tl.float32) - cx + 0.5) * inv_x), 0.0), 0.0)
+            ptr = src_ptr + line + x * pstep
+            h0 += wx * tl.load(ptr, mask=ok, other=0).to(tl.float32)
+            h1 += wx * tl.load(ptr + cstep, mask=ok, other=0).to(tl.float32)
+            h2 += wx * tl.load(ptr + 2 * cstep, mask=ok, other=0).to(tl.float32)
+        wy = tl.maximum(1.0 - tl.abs((y + 0.0 - cy + 0.5) * inv_y), 0.0)  # y + 0.0: fp32 (a Python int when interpreted)
+        wy = tl.where(row_ok & (y >= ylo) & (y < yhi), wy, 0.0)
+        wy_sum += wy
+        acc0 += wy[:, None] * h0[None, :]
+        acc1 += wy[:, None] * h1[None, :]
+        acc2 += wy[:, None] * h2[None, :]
+    norm = 1.0 / tl.maximum(wy_sum[:, None] * wx_sum[None, :], 1e-30)
+    inside = row_ok[:, None] & col_ok[None, :]
+    out = out_ptr + dest * (3 * S * S) + oy[:, None] * S + ox[None, :]
     _store_level(out, acc0 * norm, mean_ptr, std_ptr, 0, S, inside)
     _store_level(out, acc1 * norm, mean_ptr, std_ptr, 1, S, inside)
     _store_level(out, acc2 * norm, mean_ptr, std_ptr, 2, S, inside)
@@ -202,9 +267,14 @@ def resized_crop_normalize_flat(flat: torch.Tensor, starts: torch.Tensor, sizes:
     s = upload(torch.tensor(list(std), dtype=torch.float32), out.device)
     for t in taps.unique().tolist():
         members = taps == t
-        part = meta if bool(members.all()) else meta[members]
-        grid = (part.shape[0], triton.cdiv(size * size, _BLOCK))
-        _resized_crop_kernel[grid](flat, upload(part, out.device), out, m, s, S=size, TAPS=t, BLOCK=_BLOCK)
+        part = upload(meta if bool(members.all()) else meta[members], out.device)
+        if KERNEL == "band":
+            grid = (part.shape[0], triton.cdiv(size, _ROWS))
+            _resized_crop_band_kernel[grid](flat, part, out, m, s, S=size, TAPS=t, ROWS=_ROWS,
+                                            COLS=triton.next_power_of_2(size))
+        else:
+            grid = (part.shape[0], triton.cdiv(size * size, _BLOCK))
+            _resized_crop_kernel[grid](flat, part, out, m, s, S=size, TAPS=t, BLOCK=_BLOCK)
     return out
 
 

@@ -21,6 +21,7 @@ from PIL import Image
 from infclip.ops.config import ConfigError
 from infclip.pipeline.data.build import build_train_loader
 from infclip.pipeline.data.config import CLIP_MEAN, CLIP_STD, DataConfig
+from infclip.pipeline.data import image_ops
 from infclip.pipeline.data.image_ops import resized_crop_normalize, resized_crop_normalize_reference
 from infclip.pipeline.data.shards import brace_url, write_shards
 from infclip.pipeline.data.tokenizer import load_tokenizer
@@ -81,10 +82,13 @@ def _levels(pixels: torch.Tensor) -> torch.Tensor:
     return (pixels.float().cpu() * std + mean) * 255
 
 
-def test_crop_kernel_equals_the_float_reference_on_awkward_shapes():
+@pytest.mark.parametrize("kernel", ["point", "band"])
+def test_crop_kernel_equals_the_float_reference_on_awkward_shapes(kernel, monkeypatch):
     """Downscales and upscales, boxes at the edges, images of odd sizes in one launch (grouped
-    by taps), rows written where asked and nowhere else. The kernel's separable product and the
-    reference's two passes round differently only at a level's half: at most one level, rarely."""
+    by taps), rows written where asked and nowhere else, by either kernel (a lane an output pixel,
+    or a band of rows with the axes in turn). The kernel's separable product and the reference's
+    two passes round differently only at a level's half: at most one level, rarely."""
+    monkeypatch.setattr(image_ops, "KERNEL", kernel)
     g = torch.Generator().manual_seed(0)
     shapes = [(37, 41), (20, 50), (64, 64), (9, 13), (100, 23), (5, 5)]
     images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in shapes]
@@ -99,9 +103,11 @@ def test_crop_kernel_equals_the_float_reference_on_awkward_shapes():
     assert (out[[1, 5]] == 99.0).all()  # rows no image was sent to are untouched
 
 
-def test_crop_kernel_reads_interleaved_images_as_it_reads_planes():
+@pytest.mark.parametrize("kernel", ["point", "band"])
+def test_crop_kernel_reads_interleaved_images_as_it_reads_planes(kernel, monkeypatch):
     """Images laid as [H, W, 3] pixels (what a decoder's interleaved output gives) beside planar ones
     in one buffer: the same values, bit for bit, as all of them laid as planes."""
+    monkeypatch.setattr(image_ops, "KERNEL", kernel)
     from infclip.pipeline.data.image_ops import resized_crop_normalize_flat
 
     g = torch.Generator().manual_seed(1)
