@@ -18,10 +18,14 @@ up to fp32 rounding. The CPU path resizes uint8 with torch's fixed-point filter,
 between its two passes: the two paths' levels differ by at most one or two (the CPU tests
 compare against the float reference below, exactly, and against the CPU path's own crop).
 
-Limit: the kernel loops over a square of taps per output pixel (``taps`` per axis, from the
-image's downscale), so its cost grows with the square of the downscale factor;
-images are grouped by the taps they need, one launch a group, so one huge photo does not slow
-the rest of the batch.
+Two kernels give these values (``KERNEL``). ``"point"``: a lane an output pixel, looping over a
+square of taps (``taps`` per axis, from the image's downscale), so its loads grow with the square
+of the downscale factor. ``"band"``: a program a band of output rows, each input row the band
+reaches filtered along x once and added into the rows it weighs in, so its loads grow with the
+factor, not its square; they sum in another order, which may move a level's rounding (at most one
+level). ``python bench/bench_crop_kernel.py`` times the two on the loader's batches. Either way,
+images are grouped by the taps they need, one launch a group, so one huge photo does not slow the
+rest of the batch.
 """
 
 from __future__ import annotations
