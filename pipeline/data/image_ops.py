@@ -69,24 +69,22 @@ def _axis_range(i, scale, side):
 
 
 @triton.jit
+def _meta_row(row):
+    """One image's meta row: its offset in the buffer, W, the box (x, y, w, h), its row of the output
+    and its channel and pixel steps (the row's H, at ``row + 1``, the steps already hold)."""
+    return (tl.load(row), tl.load(row + 2).to(tl.int32), tl.load(row + 3).to(tl.int32), tl.load(row + 4).to(tl.int32),
+            tl.load(row + 5).to(tl.int32), tl.load(row + 6).to(tl.int32), tl.load(row + 7), tl.load(row + 8),
+            tl.load(row + 9).to(tl.int32))
+
+
+@triton.jit
 def _resized_crop_kernel(src_ptr, meta_ptr, out_ptr, mean_ptr, std_ptr, S: tl.constexpr, TAPS: tl.constexpr,
                          BLOCK: tl.constexpr):
     """out[dest, c, oy, ox] = ((round(sum_{y,x} wy wx src[c, by + y, bx + x]) / 255) - mean_c) / std_c
     for one image's BLOCK output pixels; meta row: (offset, H, W, bx, by, bw, bh, dest, channel step,
     pixel step): planar images (3 planes) step H * W bytes between channels and 1 between pixels,
     interleaved ones (RGB RGB ...) 1 and 3."""
-    img = tl.program_id(0)
-    row = meta_ptr + img * 10
-    base = tl.load(row)
-    # row + 1: H, which the steps already hold
-    W = tl.load(row + 2).to(tl.int32)
-    bx = tl.load(row + 3).to(tl.int32)
-    by = tl.load(row + 4).to(tl.int32)
-    bw = tl.load(row + 5).to(tl.int32)
-    bh = tl.load(row + 6).to(tl.int32)
-    dest = tl.load(row + 7)
-    cstep = tl.load(row + 8)
-    pstep = tl.load(row + 9).to(tl.int32)
+    base, W, bx, by, bw, bh, dest, cstep, pstep = _meta_row(meta_ptr + tl.program_id(0) * 10)
     idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = idx < S * S
     oy = idx // S
@@ -132,17 +130,7 @@ def _resized_crop_band_kernel(src_ptr, meta_ptr, out_ptr, mean_ptr, std_ptr, S: 
     x once (TAPS loads an output column), then added into every output row it weighs in. A
     downscale by ``s`` thus reads about ``(ROWS s + 2 s) / ROWS`` input rows' x-sums an output pixel
     instead of ``TAPS`` rows of ``TAPS`` pixels; same meta rows."""
-    img = tl.program_id(0)
-    row = meta_ptr + img * 10
-    base = tl.load(row)
-    W = tl.load(row + 2).to(tl.int32)
-    bx = tl.load(row + 3).to(tl.int32)
-    by = tl.load(row + 4).to(tl.int32)
-    bw = tl.load(row + 5).to(tl.int32)
-    bh = tl.load(row + 6).to(tl.int32)
-    dest = tl.load(row + 7)
-    cstep = tl.load(row + 8)
-    pstep = tl.load(row + 9).to(tl.int32)
+    base, W, bx, by, bw, bh, dest, cstep, pstep = _meta_row(meta_ptr + tl.program_id(0) * 10)
     oy = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     ox = tl.arange(0, COLS)
     row_ok = oy < S
