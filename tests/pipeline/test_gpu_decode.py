@@ -139,13 +139,14 @@ from infclip.pipeline.data import image_ops
 tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 pointers = {"src_ptr": "*u8", "meta_ptr": "*i64", "out_ptr": "*bf16", "mean_ptr": "*fp32", "std_ptr": "*fp32"}
 usage = {}
-for name, fn, extra in (("point", image_ops._resized_crop_kernel, {"BLOCK": 256}),
-                        ("band", image_ops._resized_crop_band_kernel, {"ROWS": 8, "COLS": 256})):
+for name, fn, extra, warps in (("point", image_ops._resized_crop_kernel, {"BLOCK": 256}, 4),
+                               ("band", image_ops._resized_crop_band_kernel, {"ROWS": 8, "COLS": 256},
+                                image_ops._BAND_WARPS)):
     for taps in (4, 6):
         consts = {"S": 224, "TAPS": taps, **extra}
         src = ASTSource(fn=fn, signature={**pointers, **{k: "constexpr" for k in consts}},
                         constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-        cubin = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+        cubin = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["cubin"]
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(cubin)
             f.flush()
@@ -173,6 +174,7 @@ def test_crop_kernels_compile_for_hopper_without_spilling():
     assert set(usage) == {"point4", "point6", "band4", "band6"}
     for name, use in usage.items():
         assert use["LOCAL"] == 0 and 0 < use["REG"] <= 255, (name, use)
+    assert max(usage["band4"]["REG"], usage["band6"]["REG"]) <= 128, usage  # two blocks of 256 threads resident
 
 
 def test_crop_kernel_writes_the_model_dtype():
