@@ -244,6 +244,23 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
             **({"profile": timeline} if timeline else {})}
 
 
+def write_anchored(rows: list, written: int, out: str, final: bool = False) -> int:
+    """Append to ``out`` the rows from ``written`` on whose phases on either side have run (all of
+    them when ``final``), each with its anchor, the mean of the synthetic phases beside it (the GPU's
+    clock drifts over a call: heat, power cap), and its ratio to that; the count written. Written as
+    they complete, so a call cut short keeps its finished phases."""
+    end = len(rows) if final else len(rows) - 1
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "a") as f:
+        for i in range(written, end):
+            row = rows[i]
+            near = [r["samples_per_s"] for r in rows[max(i - 1, 0):i + 2] if r["phase"] == "synthetic" and r is not row]
+            row["anchor_samples_per_s"] = sum(near) / len(near) if near else row["samples_per_s"]
+            row["ratio"] = row["samples_per_s"] / row["anchor_samples_per_s"]
+            f.write(json.dumps(row) + "\n")
+    return max(end, written)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="ds_configs/vitb32.json")
@@ -330,7 +347,7 @@ def main(argv=None) -> int:
             "cpu_count": os.cpu_count(), "device": torch.cuda.get_device_name(), "steps": args.steps}
     streamed = [(s, i) for i in args.switch_intervals for s in args.sets]
     phases = ["synthetic"] + [p for s in streamed for p in (s, "synthetic")]  # each streamed phase between two anchors
-    rows = []
+    rows, written = [], 0
     default_interval = sys.getswitchinterval()
     for phase in phases:
         phase, interval = phase if isinstance(phase, tuple) else (phase, None)
@@ -365,15 +382,8 @@ def main(argv=None) -> int:
               flush=True)
         if "profile" in row:
             print(f"{'':>14}  per step under the profiler: {json.dumps(row['profile'])}", flush=True)
-    # the GPU's clock drifts over a call (heat, power cap): each row against the anchors on either side
-    for i, row in enumerate(rows):
-        near = [r["samples_per_s"] for r in rows[max(i - 1, 0):i + 2] if r["phase"] == "synthetic" and r is not row]
-        row["anchor_samples_per_s"] = sum(near) / len(near) if near else row["samples_per_s"]
-        row["ratio"] = row["samples_per_s"] / row["anchor_samples_per_s"]
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "a") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+        written = write_anchored(rows, written, args.out)
+    write_anchored(rows, written, args.out, final=True)
     for row in rows:
         if row["phase"] != "synthetic":
             print(f"{row['phase']:>14}: {row['ratio']:.1%} of the synthetic step on either side "

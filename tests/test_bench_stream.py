@@ -1,6 +1,6 @@
 """bench/bench_stream.py's profile summary, on a trace written as torch.profiler writes one: stream
 times, the union of kernel time, and the CUDA runtime calls of every thread and of the training
-thread alone."""
+thread alone; and its rows, written as their anchors complete."""
 
 from __future__ import annotations
 
@@ -42,3 +42,25 @@ def test_the_profile_summary_splits_streams_kernel_time_and_the_training_threads
     assert got["training_thread_calls"] == {"cudaLaunchKernel": [1.0, 4.0]}
     # no thread named: every call is counted, none as the training thread's
     assert bench_stream.gpu_timeline(path, steps=2)["training_thread_calls"] == {}
+
+
+def test_rows_are_written_as_their_anchors_complete_and_once(tmp_path):
+    """A streamed phase's row is written once the synthetic phases on either side have run, with
+    their mean as its anchor; a call cut short keeps the rows already anchored; none twice."""
+    out = tmp_path / "rows.jsonl"
+    phases = [("synthetic", 100.0), ("web512:gpu", 90.0), ("synthetic", 80.0), ("web256:gpu", 85.0), ("synthetic", 90.0)]
+    rows, written = [], 0
+    for phase, rate in phases[:3]:  # cut short after the second anchor
+        rows.append({"phase": phase, "samples_per_s": rate})
+        written = bench_stream.write_anchored(rows, written, str(out))
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["phase"] for r in kept] == ["synthetic", "web512:gpu"]
+    assert kept[1]["anchor_samples_per_s"] == 90.0 and abs(kept[1]["ratio"] - 1.0) < 1e-12
+    for phase, rate in phases[3:]:
+        rows.append({"phase": phase, "samples_per_s": rate})
+        written = bench_stream.write_anchored(rows, written, str(out))
+    bench_stream.write_anchored(rows, written, str(out), final=True)
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["phase"] for r in kept] == [p for p, _ in phases]
+    assert kept[3]["anchor_samples_per_s"] == 85.0 and kept[3]["ratio"] == 1.0
+    assert kept[0]["anchor_samples_per_s"] == 100.0  # a synthetic row's own rate where no synthetic is beside it
