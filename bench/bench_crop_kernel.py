@@ -86,7 +86,7 @@ def main(argv=None) -> int:
             "device": torch.cuda.get_device_name(), "batch": args.batch, "out_side": args.out_side,
             "repeats": args.repeats}
     stream = torch.cuda.Stream(priority=-1)
-    rows = []
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
     for side in args.sizes:
         batch = crop_batch(args.batch, side, args.out_side)
         outs = {}
@@ -103,15 +103,13 @@ def main(argv=None) -> int:
             for kernel in ("point", "band"):
                 image_ops.KERNEL = kernel
                 ms = time_crop(batch, out, load_ms, args.repeats, stream)
-                rows.append({**base, "size": side, "kernel": kernel, "load_ms": load_ms, "crop_ms": ms,
-                             "max_diff_levels": levels})
+                row = {**base, "size": side, "kernel": kernel, "load_ms": load_ms, "crop_ms": ms,
+                       "max_diff_levels": levels}
+                with open(args.out, "a") as f:  # as it comes: a call cut short keeps its rows
+                    f.write(json.dumps(row) + "\n")
                 print(f"{side} px, {kernel:>5}, behind {load_ms:g} ms of GEMMs: {ms:7.2f} ms a batch "
                       f"(kernels differ by at most {levels:.2f} levels)", flush=True)
     image_ops.KERNEL = "point"
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "a") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
     return 0
 
 
