@@ -429,6 +429,36 @@ def test_the_direct_decoder_says_why_it_cannot_load():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["point", "band"])
+def test_compiled_crop_kernels_equal_the_float_reference(kernel, monkeypatch):
+    """Both crop kernels compiled on the GPU (what the interpreter's tests cannot reach): downscales
+    of 256- to 700-px images and upscales of small ones, boxes at the edges, planar and interleaved
+    images in one buffer, fp32 and bf16 outputs; within one level of the float reference."""
+    from infclip.pipeline.data.image_ops import resized_crop_normalize_flat
+
+    monkeypatch.setattr(image_ops, "KERNEL", kernel)
+    g = torch.Generator().manual_seed(3)
+    shapes = [(256, 341), (512, 683), (700, 467), (97, 130), (40, 31), (224, 224)]
+    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in shapes]
+    boxes = torch.tensor([(0, 0, 341, 256), (30, 20, 600, 470), (5, 100, 460, 590), (10, 0, 87, 97), (0, 3, 31, 20),
+                          (1, 1, 222, 223)])
+    sizes = torch.tensor([(w, h) for h, w in shapes])
+    dest = torch.tensor([5, 0, 3, 1, 4, 2])
+    mixed = torch.tensor([False, True, False, True, False, False])
+    flat = torch.cat([(im.permute(1, 2, 0) if m else im).flatten() for im, m in zip(images, mixed.tolist())]).cuda()
+    numel = torch.tensor([im.numel() for im in images])
+    ref = resized_crop_normalize_reference(images, boxes.tolist(), 224, CLIP_MEAN, CLIP_STD)
+    for dtype, bound in ((torch.float32, LEVEL * 1.001), (torch.bfloat16, LEVEL * 1.001 + 0.02)):
+        out = torch.zeros(6, 3, 224, 224, dtype=dtype, device="cuda")
+        resized_crop_normalize_flat(flat, torch.cumsum(numel, 0) - numel, sizes, boxes, out, dest, CLIP_MEAN, CLIP_STD,
+                                    interleaved=mixed)
+        diff = (out[dest.cuda()].float().cpu() - ref).abs()
+        assert diff.max() <= bound, (dtype, diff.max())
+        if dtype == torch.float32:
+            assert (diff > 1e-5).float().mean() < 0.01
+
+
+@pytest.mark.gpu
 def test_nvjpeg_path_matches_the_cpu_path_on_the_gpu(tmp_path, tok):
     """nvJPEG (batched; the baseline colour JPEGs, the rest decoded by the workers) + the kernel against PIL + the
     CPU crop on the same boxes: the decoders' IDCT and chroma upsampling differ by a few levels."""
