@@ -4,9 +4,9 @@ a program with the filter's axes applied in turn (``band``), on the batches the 
 Design: with GPU decoding, the crop kernel is what is left of the data path on the GPU once the
 JPEGs are decoded on the host, and a part of it otherwise; every millisecond it runs beside the
 step is shared with the step's own kernels. Here a batch of ``--batch`` decoded images of
-``--sizes`` px (their shorter side; 4:3, as web images are) with random boxes of 0.9-1.0 of the area
-(the data section's default ``crop_scale``) is cropped to 224 px by each kernel, alone on the GPU
-(``queued 0``) and behind ``--load_ms`` of 8,192^3 bf16 products on another stream (the time is then
+``--sizes`` px (their shorter side; 4:3, as web images are) with boxes drawn as the loader draws them,
+0.9-1.0 of the area (the data section's default ``crop_scale``), is cropped to 224 px by each kernel, alone on the GPU
+(``--load_ms 0``) and behind ``--load_ms`` of 8,192^3 bf16 products on another stream (the time is then
 the crop's from its first to its last block, on its own stream, as the decode lanes run it).
 Before timing, the two kernels' outputs are compared (they may differ in a level's rounding, at
 most one level). One JSONL row per (size, kernel, load) in bench/results/crop_kernel.jsonl.
@@ -20,6 +20,7 @@ import argparse
 import datetime
 import json
 import os
+import random
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,29 +31,25 @@ import torch  # noqa: E402
 
 from gpu_queue import queue_gpu_work  # noqa: E402
 
-MEAN, STD = (0.481, 0.458, 0.408), (0.269, 0.261, 0.276)
-
-
-def crop_batch(n: int, side: int, out_side: int, seed: int = 0):
+def crop_batch(n: int, side: int, scale=(0.9, 1.0), seed: int = 0):
     """(flat uint8 planes on the GPU, starts, sizes, boxes, dest): ``n`` random images of ``side``
-    x ``4 side / 3`` px with boxes of 0.9-1.0 of the area and aspect 3/4-4/3, drawn as the loader does."""
+    x ``4 side / 3`` px with boxes drawn by the loader's own ``crop_box`` (area ``scale``)."""
+    from infclip.pipeline.data.transforms import crop_box
+
     g = torch.Generator().manual_seed(seed)
     h, w = side, side * 4 // 3
     flat = torch.randint(0, 256, (n * 3 * h * w,), dtype=torch.uint8, generator=g).cuda()
-    area = torch.empty(n).uniform_(0.9, 1.0, generator=g) * h * w
-    aspect = torch.exp(torch.empty(n).uniform_(-0.2877, 0.2877, generator=g))
-    bw = torch.clamp(torch.sqrt(area * aspect).round().long(), 1, w)
-    bh = torch.clamp(torch.sqrt(area / aspect).round().long(), 1, h)
-    bx = (torch.rand(n, generator=g) * (w - bw + 1)).long()
-    by = (torch.rand(n, generator=g) * (h - bh + 1)).long()
+    rng = random.Random(seed)
+    boxes = torch.tensor([crop_box(w, h, scale, rng) for _ in range(n)], dtype=torch.int64)
     starts = torch.arange(n, dtype=torch.int64) * (3 * h * w)
     sizes = torch.tensor([[w, h]] * n, dtype=torch.int64)
-    return flat, starts, sizes, torch.stack([bx, by, bw, bh], 1), torch.arange(n, dtype=torch.int64)
+    return flat, starts, sizes, boxes, torch.arange(n, dtype=torch.int64)
 
 
 def time_crop(batch, out: torch.Tensor, load_ms: float, repeats: int, stream: torch.cuda.Stream) -> float:
     """Mean ms of one crop of ``batch`` into ``out`` on ``stream``, behind ``load_ms`` of GEMMs on the
     current stream each time (0: alone)."""
+    from infclip.pipeline.data.config import CLIP_MEAN, CLIP_STD
     from infclip.pipeline.data.image_ops import resized_crop_normalize_flat
 
     times = []
@@ -61,7 +58,7 @@ def time_crop(batch, out: torch.Tensor, load_ms: float, repeats: int, stream: to
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(stream):
             start.record()
-            resized_crop_normalize_flat(*batch[:4], out, batch[4], MEAN, STD)
+            resized_crop_normalize_flat(*batch[:4], out, batch[4], CLIP_MEAN, CLIP_STD)
             end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
@@ -81,6 +78,7 @@ def main(argv=None) -> int:
         print("bench_crop_kernel needs a CUDA GPU", file=sys.stderr)
         return 2
     import infclip.pipeline.data.image_ops as image_ops
+    from infclip.pipeline.data.config import CLIP_STD
 
     base = {"bench": "crop_kernel", "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name(), "batch": args.batch, "out_side": args.out_side,
@@ -88,13 +86,13 @@ def main(argv=None) -> int:
     stream = torch.cuda.Stream(priority=-1)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     for side in args.sizes:
-        batch = crop_batch(args.batch, side, args.out_side)
+        batch = crop_batch(args.batch, side)
         outs = {}
         for kernel in ("point", "band"):  # compared in fp32, timed into the model's bf16
             image_ops.KERNEL = kernel
             outs[kernel] = torch.zeros(args.batch, 3, args.out_side, args.out_side, device="cuda")
             time_crop(batch, outs[kernel], 0.0, 1, stream)
-        levels = (outs["band"] - outs["point"]).abs().max().item() * 255 * max(STD)
+        levels = (outs["band"] - outs["point"]).abs().max().item() * 255 * max(CLIP_STD)
         out = torch.zeros(args.batch, 3, args.out_side, args.out_side, dtype=torch.bfloat16, device="cuda")
         for kernel in ("point", "band"):
             image_ops.KERNEL = kernel
