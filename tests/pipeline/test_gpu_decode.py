@@ -131,7 +131,7 @@ def test_crop_kernel_reads_interleaved_images_as_it_reads_planes(kernel, monkeyp
 
 
 _COMPILE_FOR_HOPPER = """
-import json, os, re, subprocess, sys, tempfile
+import json, os, re, subprocess, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -139,9 +139,10 @@ from infclip.pipeline.data import image_ops
 tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 pointers = {"src_ptr": "*u8", "meta_ptr": "*i64", "out_ptr": "*bf16", "mean_ptr": "*fp32", "std_ptr": "*fp32"}
 usage = {}
-for name, fn, extra, warps in (("point", image_ops._resized_crop_kernel, {"BLOCK": 256}, 4),
-                               ("band", image_ops._resized_crop_band_kernel, {"ROWS": 8, "COLS": 256},
-                                image_ops._BAND_WARPS)):
+# the launches' own settings: what resized_crop_normalize_flat runs at a 224-px output
+for name, fn, extra, warps in (("point", image_ops._resized_crop_kernel, {"BLOCK": image_ops._BLOCK}, 4),
+                               ("band", image_ops._resized_crop_band_kernel,
+                                {"ROWS": image_ops._ROWS, "COLS": triton.next_power_of_2(224)}, image_ops._BAND_WARPS)):
     for taps in (4, 6):
         consts = {"S": 224, "TAPS": taps, **extra}
         src = ASTSource(fn=fn, signature={**pointers, **{k: "constexpr" for k in consts}},
