@@ -267,9 +267,9 @@ def main(argv=None) -> int:
     p.add_argument("--micro_batch", type=int, default=None, help="default: the preset's")
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
-                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][*LANES]"
+                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][#HOSTSHARE][*LANES]"
                         "[^PRIORITY][+interleaved][+batchcopy][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
-                        "data.gpu_decode_host_max_pixels PIXELS, "
+                        "data.gpu_decode_host_max_pixels PIXELS, data.gpu_decode_host_share HOSTSHARE, "
                         "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal, "
                         "data.gpu_decode_host_interleaved true, data.gpu_decode_host_copy batch; !NICE: the decode threads at that scheduling "
                         "niceness, e.g. !10, so the training thread wins a contested core)")
@@ -315,6 +315,7 @@ def main(argv=None) -> int:
     default_share, default_lanes = run_cfg.data.gpu_decode_share, run_cfg.data.gpu_decode_lanes
     default_priority, default_host = run_cfg.data.gpu_decode_priority, run_cfg.data.gpu_decode_host_max_pixels
     default_interleaved, default_copy = run_cfg.data.gpu_decode_host_interleaved, run_cfg.data.gpu_decode_host_copy
+    default_host_share = run_cfg.data.gpu_decode_host_share
 
     def loader(urls, decode, crop):
         cfg = run_cfg.data
@@ -328,6 +329,8 @@ def main(argv=None) -> int:
         cfg.gpu_decode_priority = priority or default_priority
         decode, _, lanes = decode.partition("*")  # gpu*1: data.gpu_decode_lanes 1
         cfg.gpu_decode_lanes = int(lanes) if lanes else default_lanes
+        decode, _, host_share = decode.partition("#")  # gpu%300000#0.4: data.gpu_decode_host_share 0.4
+        cfg.gpu_decode_host_share = float(host_share) if host_share else default_host_share
         decode, _, host = decode.partition("%")  # gpu%70000: data.gpu_decode_host_max_pixels 70000
         cfg.gpu_decode_host_max_pixels = int(host) if host else default_host
         decode, _, share = decode.partition("@")  # gpu@0.5: data.gpu_decode_share 0.5
@@ -368,6 +371,7 @@ def main(argv=None) -> int:
                "gpu_decode_host_max_pixels": run_cfg.data.gpu_decode_host_max_pixels if gpu else None,
                "gpu_decode_host_interleaved": run_cfg.data.gpu_decode_host_interleaved if gpu else None,
                "gpu_decode_host_copy": run_cfg.data.gpu_decode_host_copy if gpu else None,
+               "gpu_decode_host_share": run_cfg.data.gpu_decode_host_share if gpu else None,
                "switch_interval": sys.getswitchinterval(),
                **run_phase(te, run_cfg, build, args.warmup, args.steps, args.profile, int(nice) if nice else None)}
         rows.append(row)

@@ -105,6 +105,10 @@ class DataConfig:
     ``"plane"`` (nvJPEG's hybrid decoder writes the GPU buffer itself, one host-to-device copy a
     plane, three an image) or ``"batch"`` (it writes a pinned host buffer, and one copy a batch
     moves all of them: a call into the CUDA driver a batch instead of thousands)."""
+    gpu_decode_host_share: float = 1.0
+    """Of each batch's JPEGs, at most this share is decoded on the host (the first of those within
+    ``gpu_decode_host_max_pixels``, in batch order), the rest by GPU kernels: splits a batch of
+    equal-sized JPEGs between the host threads and the GPU, so each decodes a part of it at once."""
     gpu_decode_priority: str = "high"
     """The decode lanes' CUDA stream priority: ``"high"`` (the decode and crop kernels' blocks go
     ahead of the step's queued ones, so a batch is ready sooner) or ``"normal"`` (the step's
@@ -151,6 +155,8 @@ class DataConfig:
         require_at_least(self, 1, "gpu_decode_lanes")  # an integer: the section's typed read checks that
         if self.gpu_decode_lanes > 8:
             raise ConfigError(f"'gpu_decode_lanes' must be <= 8, got {self.gpu_decode_lanes}")
+        if not 0.0 < self.gpu_decode_host_share <= 1.0:
+            raise ConfigError(f"'gpu_decode_host_share' must be in (0, 1], got {self.gpu_decode_host_share}")
         if self.gpu_decode_host_copy not in ("plane", "batch"):
             raise ConfigError(f"'gpu_decode_host_copy' must be \"plane\" or \"batch\", got {self.gpu_decode_host_copy!r}")
         if self.gpu_decode_priority not in ("high", "normal"):

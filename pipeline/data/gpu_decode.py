@@ -166,12 +166,15 @@ class DecodeStage:
         host_copy: ``"plane"`` (the hybrid decoder copies each plane to the GPU buffer itself) or
             ``"batch"`` (it writes a pinned host buffer, moved by one copy a batch;
             ``data.gpu_decode_host_copy``).
+        host_share: at most this share of a batch's JPEGs is decoded on the host (the first of
+            those within ``host_max_pixels``, in batch order); the rest on the GPU
+            (``data.gpu_decode_host_share``).
     """
 
     def __init__(self, device: torch.device, dtype: torch.dtype, mean: Sequence[float], std: Sequence[float],
                  decode_fn: Optional[Callable[[List[torch.Tensor], torch.device], List[torch.Tensor]]] = None,
                  decoder: str = "auto", lanes: int = 1, priority: str = "high", host_max_pixels: int = 0,
-                 host_interleaved: bool = False, host_copy: str = "plane") -> None:
+                 host_interleaved: bool = False, host_copy: str = "plane", host_share: float = 1.0) -> None:
         self.device, self.dtype = torch.device(device), dtype
         self.mean, self.std = list(mean), list(std)
         cuda = self.device.type == "cuda"
@@ -196,6 +199,9 @@ class DecodeStage:
         if host_copy not in ("plane", "batch"):
             raise ValueError(f"host_copy must be 'plane' or 'batch', got {host_copy!r}")
         self.host_copy = host_copy
+        if not 0.0 < host_share <= 1.0:
+            raise ValueError(f"host_share must be in (0, 1], got {host_share}")
+        self.host_share = float(host_share)
         self._lanes = [_Lane(self.device, nvjpeg if k == 0 else nvjpeg.another(), priority,
                              host if k == 0 or host is None else host.another()) if cuda
                        else _Lane(None, None) for k in range(self.lanes)]
@@ -312,7 +318,9 @@ class DecodeStage:
             return False
         m = 0
         if run.host is not None:
-            data, offsets, sizes, boxes, dest, m = small_first(data, offsets, sizes, boxes, dest, self.host_max_pixels)
+            cap = None if self.host_share >= 1.0 else round(self.host_share * len(dest))
+            data, offsets, sizes, boxes, dest, m = small_first(data, offsets, sizes, boxes, dest, self.host_max_pixels,
+                                                               cap)
         try:
             t0 = time.perf_counter()
             flat, starts = self._nvjpeg_decode(run, data, offsets, sizes, m)
@@ -395,11 +403,14 @@ class DecodeStage:
 
 
 def small_first(data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor,
-                dest: torch.Tensor, max_pixels: int) -> tuple:
+                dest: torch.Tensor, max_pixels: int, max_count: Optional[int] = None) -> tuple:
     """A GPU-decode batch's JPEGs reordered so that those of at most ``max_pixels`` pixels come
     first (each keeping its size, box and row), and their count: ``(data, offsets, sizes, boxes,
-    dest, m)``. A batch already in that order (all small, or none) is returned as it is."""
+    dest, m)``; with ``max_count``, only the first ``max_count`` such JPEGs in batch order count as
+    small. A batch already in that order (all small, or none) is returned as it is."""
     small = sizes[:, 0] * sizes[:, 1] <= max_pixels
+    if max_count is not None:
+        small &= torch.cumsum(small, 0) <= max_count
     m = int(small.sum())
     if bool(small[:m].all()):
         return data, offsets, sizes, boxes, dest, m

@@ -71,7 +71,8 @@ def _loader(url, tok, decode, device="cpu", **kw):
                      crop_scale=[0.4, 1.0], gpu_decode_share=kw.pop("share", 1.0),
                      gpu_decoder=kw.pop("decoder", "auto"), gpu_decode_host_max_pixels=kw.pop("host_pixels", 0),
                      gpu_decode_lanes=kw.pop("lanes", 1), gpu_decode_host_interleaved=kw.pop("interleaved", False),
-                     gpu_decode_host_copy=kw.pop("host_copy", "plane"))
+                     gpu_decode_host_copy=kw.pop("host_copy", "plane"),
+                     gpu_decode_host_share=kw.pop("host_share", 1.0))
     return build_train_loader(cfg, tok, image_size=16, context_length=16, batch_size=4,
                               device=torch.device(device), **kw)
 
@@ -338,6 +339,10 @@ def test_decode_setting_is_checked():
     assert DataConfig(train_shards="x.tar").gpu_decode_host_copy == "plane"
     with pytest.raises(ConfigError, match="'gpu_decode_host_copy' must be \"plane\" or \"batch\", got 'image'"):
         DataConfig(train_shards="x.tar", gpu_decode_host_copy="image")
+    assert DataConfig(train_shards="x.tar").gpu_decode_host_share == 1.0
+    for share in (0.0, 1.5):
+        with pytest.raises(ConfigError, match=f"'gpu_decode_host_share' must be in \\(0, 1\\], got {share}"):
+            DataConfig(train_shards="x.tar", gpu_decode_host_share=share)
 
 
 def test_gpu_decode_on_a_cpu_run_needs_tritons_interpreter(monkeypatch):
@@ -491,18 +496,20 @@ def test_direct_nvjpeg_call_gives_torchvisions_batches(tmp_path, tok):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("host_pixels,lanes,interleaved", [(1300, 2, False), (10**6, 3, False), (1300, 2, True)])
-def test_host_decode_gives_the_gpu_backends_batches(tmp_path, tok, host_pixels, lanes, interleaved):
+@pytest.mark.parametrize("host_pixels,lanes,interleaved,host_share",
+                         [(1300, 2, False, 1.0), (10**6, 3, False, 1.0), (1300, 2, True, 1.0), (10**6, 2, False, 0.5)])
+def test_host_decode_gives_the_gpu_backends_batches(tmp_path, tok, host_pixels, lanes, interleaved, host_share):
     """data.gpu_decode_host_max_pixels: the batch's small JPEGs (some of them, interleaved with
-    larger ones; or all) decoded on the host (nvJPEG's hybrid backend), as planes or as interleaved
-    pixels, into the same buffer as the rest: the same samples in the same rows, pixels within a
-    few levels of the GPU backend's (the backends' IDCTs round apart)."""
+    larger ones; or all; or, with a host share, a part of them) decoded on the host (nvJPEG's
+    hybrid backend), as planes or as interleaved pixels, into the same buffer as the rest: the
+    same samples in the same rows, pixels within a few levels of the GPU backend's (the backends'
+    IDCTs round apart)."""
     url = _mixed_shards(tmp_path / "mixed", n=48, per_shard=12)
     gpu = _loader(url, tok, "gpu", device="cuda", decoder="nvjpeg")
     split = _loader(url, tok, "gpu", device="cuda", decoder="nvjpeg", host_pixels=host_pixels, lanes=lanes,
-                    interleaved=interleaved)
+                    interleaved=interleaved, host_share=host_share)
     got = list(zip(gpu, split))
-    assert len(got) == 12 and split.stage.host_max_pixels == host_pixels
+    assert len(got) == 12 and split.stage.host_max_pixels == host_pixels and split.stage.host_share == host_share
     assert all(lane.host is not None for lane in split.stage._lanes) and len(split.stage._lanes) == lanes
     d = torch.cat([(_levels(a["pixel_values"]) - _levels(b["pixel_values"])).abs().flatten() for a, b in got])
     for a, b in got:
@@ -616,6 +623,12 @@ def test_small_first_reorders_files_with_their_sizes_boxes_and_rows():
     ordered = small_first(d, o, s, b, r, 100)
     assert ordered[0] is d and ordered[-1] == 4  # already in order: returned as it is
     assert small_first(data, offsets, sizes, boxes, dest, 0)[-1] == 0
+    # a cap on the count: the first small ones in batch order, the rest go with the large
+    d, o, s, b, r, m = small_first(data, offsets, sizes, boxes, dest, 100, max_count=2)
+    order = [0, 2, 1, 3, 4, 5]
+    assert m == 2 and [d[o[k]:o[k + 1]].numpy().tobytes() for k in range(6)] == [files[i] for i in order]
+    assert torch.equal(s, sizes[order]) and torch.equal(b, boxes[order]) and torch.equal(r, dest[order])
+    assert small_first(data, offsets, sizes, boxes, dest, 10**6, max_count=0)[-1] == 0
 
 
 def test_the_gpu_share_picks_the_same_samples_every_time(tmp_path, tok):
