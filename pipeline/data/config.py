@@ -104,11 +104,13 @@ class DataConfig:
     """How the JPEGs decoded on the host (``gpu_decode_host_max_pixels``) reach the GPU:
     ``"plane"`` (nvJPEG's hybrid decoder writes the GPU buffer itself, one host-to-device copy a
     plane, three an image) or ``"batch"`` (it writes a pinned host buffer, and one copy a batch
-    moves all of them: a call into the CUDA driver a batch instead of thousands)."""
+    moves all of them: a call into the CUDA driver a batch instead of thousands). Measured slower
+    in the step than the planes (docs/data.md)."""
     gpu_decode_host_share: float = 1.0
     """Of each batch's JPEGs, at most this share is decoded on the host (the first of those within
     ``gpu_decode_host_max_pixels``, in batch order), the rest by GPU kernels: splits a batch of
-    equal-sized JPEGs between the host threads and the GPU, so each decodes a part of it at once."""
+    equal-sized JPEGs between the host threads and the GPU, so each decodes a part of it at once.
+    On 16 cores a share of 512-px JPEGs measured no faster than the GPU alone (docs/data.md)."""
     gpu_decode_priority: str = "high"
     """The decode lanes' CUDA stream priority: ``"high"`` (the decode and crop kernels' blocks go
     ahead of the step's queued ones, so a batch is ready sooner) or ``"normal"`` (the step's
