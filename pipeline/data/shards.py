@@ -13,6 +13,10 @@ upscaled to RGB and captioned from templates over the digit names, so that a CPU
 real CLIP on real image-text pairs and be evaluated zero-shot on the held-out split (the json
 member holds ``{"label": int, "classname": str}``).
 
+Copying: :func:`resize_shards` rewrites existing shards under their own names with each image
+resized for training (img2dataset's ``keep_ratio``), the other members kept as they are, a process
+a shard.
+
 Reading: :func:`tar_members` streams a shard's members for the training loader and the
 tokenizer's caption pass alike, and tells a shard cut short from a whole one
 (:func:`check_tar_end`), which tarfile's stream mode does not.
@@ -27,6 +31,7 @@ import logging
 import os
 import random
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Literal, Mapping, Optional, Sequence, Tuple, Union
@@ -43,6 +48,7 @@ __all__ = [
     "brace_url",
     "digits_samples",
     "folder_samples",
+    "resize_shards",
     "resized_jpeg",
     "shards_written",
     "usable_cores",
@@ -161,21 +167,32 @@ def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def _write_tar_atomic(path: Path, samples: Sequence[Tuple[str, bytes, str, str, Optional[Mapping]]]) -> None:
-    """Write one shard; ``samples`` holds (key, image bytes, image ext, caption, meta)."""
+def _write_members_atomic(path: Path, members: Iterable[Tuple[str, bytes]], tar_format: int = tarfile.USTAR_FORMAT
+                          ) -> None:
+    """Write one shard of ``(name, bytes)`` members under a temporary name, renamed into place
+    once whole (an error or a kill leaves no shard under ``path``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
-            for key, img, ext, caption, meta in samples:
-                _add_member(tar, f"{key}.{ext}", img)
-                _add_member(tar, f"{key}.txt", caption.encode("utf-8"))
-                if meta is not None:
-                    _add_member(tar, f"{key}.json", json.dumps(dict(meta), sort_keys=True).encode("utf-8"))
+        with tarfile.open(tmp, "w", format=tar_format) as tar:
+            for name, data in members:
+                _add_member(tar, name, data)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _write_tar_atomic(path: Path, samples: Sequence[Tuple[str, bytes, str, str, Optional[Mapping]]]) -> None:
+    """Write one shard; ``samples`` holds (key, image bytes, image ext, caption, meta)."""
+    def members() -> Iterator[Tuple[str, bytes]]:
+        for key, img, ext, caption, meta in samples:
+            yield f"{key}.{ext}", img
+            yield f"{key}.txt", caption.encode("utf-8")
+            if meta is not None:
+                yield f"{key}.json", json.dumps(dict(meta), sort_keys=True).encode("utf-8")
+
+    _write_members_atomic(path, members())
 
 
 def _prepare(samples: Iterable[Sample], image_format: str, start_key: int
@@ -478,3 +495,131 @@ def folder_samples(image_dir: Union[str, Path], captions: Optional[Union[str, Pa
     with ProcessPoolExecutor(max(1, min(procs, len(jobs)))) as pool:
         for (path, caption), (data, original) in zip(resolved, pool.map(_resized_file, jobs, chunksize=16)):
             yield EncodedImage(data, "jpg"), caption, {"filename": path.name, **original}
+
+
+def _sample_groups(members: Iterable[Tuple[str, bytes]]) -> Iterator[Tuple[Optional[str], List[Tuple[str, bytes]]]]:
+    """A shard's members grouped into samples: runs of adjacent members with one key (webdataset's:
+    the name up to the first dot of its last part), as ``(key, members)``; a member with no
+    extension comes alone, with key None."""
+    from webdataset.tariterators import base_plus_ext
+
+    key: Optional[str] = None
+    group: List[Tuple[str, bytes]] = []
+    for name, data in members:
+        prefix, _ = base_plus_ext(name)
+        if group and (prefix is None or prefix != key):
+            yield key, group
+            group = []
+        key = prefix
+        group.append((name, data))
+    if group:
+        yield key, group
+
+
+def _resized_sample(key: str, members: List[Tuple[str, bytes]], side: int, counts: Dict[str, Any]
+                    ) -> List[Tuple[str, bytes]]:
+    """One sample's members with its image member (the first with an image extension) made ready
+    for ``side`` by :func:`resized_jpeg` as ``KEY.jpg``, and the ``width`` / ``height`` of its json
+    member, where it has them (img2dataset's), set to the new size; every other member as it is.
+    An image that cannot be decoded is kept as it is, and counted with its name."""
+    counts["samples"] += 1
+    pick = next((i for i, (name, _) in enumerate(members)
+                 if name[len(key) + 1:].lower() in IMAGE_EXTENSIONS), None)
+    if pick is None:
+        counts["no_image"] += 1
+        return members
+    name, data = members[pick]
+    try:
+        new, _ = resized_jpeg(data, side)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        counts["unreadable"] += 1
+        if len(counts["unreadable_names"]) < 5:
+            counts["unreadable_names"].append(f"{name} ({str(exc).strip()[:80]})")
+        return members
+    new_name = f"{key}.jpg"
+    if new is data or (new_name != name and any(n == new_name for n, _ in members)):
+        counts["kept"] += 1  # already right; or a second image member holds the name
+        return members
+    counts["resized"] += 1
+    out = list(members)
+    out[pick] = (new_name, new)
+    for i, (n, d) in enumerate(out):
+        if n == f"{key}.json":
+            try:
+                meta = json.loads(d)
+            except ValueError:
+                break
+            if isinstance(meta, dict) and ("width" in meta or "height" in meta):
+                with Image.open(io.BytesIO(new)) as img:
+                    meta.update(width=img.width, height=img.height)
+                out[i] = (n, json.dumps(meta, sort_keys=True).encode("utf-8"))
+            break
+    return out
+
+
+def _resize_shard(job: Tuple[str, str, int]) -> Dict[str, Any]:
+    """One shard written to ``dst`` with each sample's image made ready for ``side`` (see
+    :func:`resize_shards`); its counts."""
+    src, dst, side = job
+    counts: Dict[str, Any] = {"shard": dst, "samples": 0, "resized": 0, "kept": 0, "no_image": 0, "unreadable": 0,
+                              "unreadable_names": []}
+
+    def members() -> Iterator[Tuple[str, bytes]]:
+        with open(src, "rb") as stream:
+            for key, group in _sample_groups(tar_members(stream, lambda name: True)):
+                yield from (group if key is None else _resized_sample(key, group, side, counts))
+
+    _write_members_atomic(Path(dst), members(), tarfile.PAX_FORMAT)  # PAX: input names of any length
+    return counts
+
+
+def resize_shards(sources: Sequence[Union[str, Path]], out_dir: Union[str, Path], side: int,
+                  workers: Optional[int] = None, overwrite: bool = False,
+                  progress: Optional[Callable[[int, int, Dict[str, Any]], None]] = None) -> List[Dict[str, Any]]:
+    """Existing shards rewritten into ``out_dir`` under the same file names, each sample's image made
+    a baseline JPEG whose shorter side is at most ``side`` (:func:`resized_jpeg`: what the GPU
+    decode path feeds fastest), its other members (caption, json, anything else) kept in order,
+    byte for byte but for the json's ``width`` / ``height``. One process a shard (``workers``,
+    default one a usable core); each shard is written whole or not at all.
+
+    Refused (``ValueError``, before anything is written): a side below 1, two sources of one file
+    name, ``out_dir`` holding a source itself, or (without ``overwrite``) holding shards of those
+    names. A source that cannot be read to its end (cut short, damaged) is not written; the others
+    are, and then a ``ValueError`` names the failures. Returns each shard's counts (``samples``,
+    ``resized``, ``kept`` as they were, ``no_image``, ``unreadable`` images kept as they were),
+    in order; ``progress(done, total, counts)`` after each shard."""
+    if side < 1:
+        raise ValueError(f"resize must be a side of at least 1 pixel, got {side}")
+    out_dir = Path(out_dir)
+    dsts = [out_dir / Path(src).name for src in sources]
+    seen: Dict[str, str] = {}
+    for src, dst in zip(sources, dsts):
+        if dst.name in seen:
+            raise ValueError(f"{seen[dst.name]} and {src} have one file name: their resized copies would be one file")
+        seen[dst.name] = str(src)
+        if dst.exists() and os.path.samefile(src, dst):
+            raise ValueError(f"{out_dir} holds the shards themselves ({src}): write the resized copies to another "
+                             f"folder")
+    there = [str(dst) for dst in dsts if dst.exists()]
+    if there and not overwrite:
+        raise ValueError(f"{out_dir} already holds {len(there)} of the {len(dsts)} shard names (first: {there[0]}): "
+                         f"write to another folder, or pass --overwrite to replace them")
+    from concurrent.futures import ProcessPoolExecutor
+
+    results: List[Dict[str, Any]] = []
+    failed: List[str] = []
+    jobs = [(str(src), str(dst), side) for src, dst in zip(sources, dsts)]
+    with ProcessPoolExecutor(max(1, min(workers or usable_cores(), len(jobs)))) as pool:
+        for k, (job, future) in enumerate(zip(jobs, [pool.submit(_resize_shard, job) for job in jobs])):
+            try:
+                results.append(future.result())
+            except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error) as exc:  # as tar_members raises
+                failed.append(f"{job[0]}: {type(exc).__name__}: {str(exc).strip()[:160]}")
+                continue
+            if progress is not None:
+                progress(k + 1, len(jobs), results[-1])
+    if failed:
+        raise ValueError(f"{len(failed)} of {len(jobs)} shard(s) could not be read to their end and were not written "
+                         f"(the other {len(jobs) - len(failed)} were): {failed[0]}"
+                         + (f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""))
+    return results

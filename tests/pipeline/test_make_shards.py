@@ -135,3 +135,122 @@ def test_resize_makes_every_image_a_baseline_jpeg_no_larger_than_the_side(tmp_pa
         make_shards.main(["--image-dir", str(src), "--out", str(tmp_path / "cut"), "--resize", "256"])
     with pytest.raises(ValueError, match="resize must be a side of at least 1 pixel, got 0"):
         make_shards.main(["--image-dir", str(src), "--out", str(tmp_path / "t"), "--resize", "0"])
+
+
+def _tar(path: Path, members) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def _read_tar(path) -> list:
+    import tarfile
+
+    with tarfile.open(path) as tar:
+        return [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]
+
+
+def test_existing_shards_are_copied_with_their_images_resized(tmp_path, digits_shards):
+    """--shards URL --resize 256: every shard written under its own name to --out, its samples in
+    order; a large JPEG and a PNG become baseline JPEGs of shorter side 256 (the json's width and
+    height follow), a small baseline JPEG, an image nobody can decode and every other member are
+    copied byte for byte; the loader reads the same captions from the copies; the originals are
+    untouched."""
+    import io
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from infclip.pipeline.data.jpeg_boxes import gpu_decodable
+
+    def encoded(img, **kw):
+        buf = io.BytesIO()
+        img.save(buf, **kw)
+        return buf.getvalue()
+
+    rng = np.random.default_rng(1)
+    photo = Image.fromarray(rng.integers(0, 256, (512, 768, 3), dtype=np.uint8))
+    large = encoded(photo, format="JPEG", quality=90)
+    small = encoded(photo.resize((200, 120)), format="JPEG", quality=90)
+    png = encoded(Image.new("RGBA", (300, 500), (0, 128, 255, 128)), format="PNG")
+    broken = large[:len(large) // 3]  # its header reads, its body is cut
+    meta = json.dumps({"width": 768, "height": 512, "original_width": 1536, "url": "http://x/1"}).encode()
+    src = tmp_path / "in"
+    src.mkdir()
+    shards = [
+        [("000000000.jpg", large), ("000000000.txt", b"a large photo"), ("000000000.json", meta),
+         ("000000001.png", png), ("000000001.txt", b"a png"), ("000000001.cls", b"7"),
+         ("000000002.txt", b"a caption without an image")],
+        [("000000003.jpg", small), ("000000003.txt", b"a small photo"),
+         ("000000004.jpg", broken), ("000000004.txt", b"a broken photo")],
+    ]
+    for k, members in enumerate(shards):
+        _tar(src / f"{k:05d}.tar", members)
+    before = {p.name: p.read_bytes() for p in src.iterdir()}
+    url = str(src / "{00000..00001}.tar")
+    out = make_shards.main(["--shards", url, "--resize", "256", "--out", str(tmp_path / "out"), "--workers", "2"])
+    assert out == {"shards": str(tmp_path / "out" / "{00000..00001}.tar")}
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == before
+
+    first, second = (_read_tar(p) for p in expand_urls(out["shards"]))
+    assert [n for n, _ in first] == ["000000000.jpg", "000000000.txt", "000000000.json", "000000001.jpg",
+                                     "000000001.txt", "000000001.cls", "000000002.txt"]
+    assert second == shards[1]  # already small enough, and undecodable: both as they were
+    got = dict(first)
+    for name in ("000000000.jpg", "000000001.jpg"):
+        with Image.open(io.BytesIO(got[name])) as img:
+            assert min(img.size) == 256 and gpu_decodable(img, img.mode), (name, img.size)
+    with Image.open(io.BytesIO(got["000000000.jpg"])) as img:
+        assert img.size == (384, 256)
+    assert json.loads(got["000000000.json"]) == {"width": 384, "height": 256, "original_width": 1536,
+                                                 "url": "http://x/1"}
+    for name in ("000000000.txt", "000000001.txt", "000000001.cls", "000000002.txt"):
+        assert got[name] == dict(shards[0])[name]
+
+    tok = load_tokenizer(digits_shards["tokenizer_dir"])
+
+    def captions(shard_url):
+        return [c for b in build_eval_loader(shard_url, tok, image_size=16, context_length=16, batch_size=8,
+                                             with_labels=False) for c in b["caption"]]
+
+    assert captions(out["shards"]) == captions(url) == ["a large photo", "a png", "a small photo"]
+
+
+def test_copying_shards_refuses_what_would_lose_or_replace_files(tmp_path):
+    """--shards: no --resize, the shards' own folder as --out, or an --out holding those names
+    (without --overwrite) are refused before anything is written; a shard cut short is named
+    and not written, the others are."""
+    from PIL import Image
+    import io
+
+    buf = io.BytesIO()
+    Image.new("RGB", (300, 300), (9, 9, 9)).save(buf, format="JPEG")
+    src = tmp_path / "in"
+    src.mkdir()
+    for k in range(2):
+        _tar(src / f"s{k}.tar", [(f"{k:09d}.jpg", buf.getvalue()), (f"{k:09d}.txt", b"grey")])
+    url, out = str(src / "s{0..1}.tar"), tmp_path / "out"
+    with pytest.raises(ValueError, match="give the side with --resize"):
+        make_shards.main(["--shards", url, "--out", str(out)])
+    with pytest.raises(ValueError, match="holds the shards themselves"):
+        make_shards.main(["--shards", url, "--resize", "256", "--out", str(src)])
+    assert not out.exists()
+    make_shards.main(["--shards", url, "--resize", "256", "--out", str(out)])
+    written = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ValueError, match=r"already holds 2 of the 2 shard names .*--overwrite"):
+        make_shards.main(["--shards", url, "--resize", "128", "--out", str(out)])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == written
+    make_shards.main(["--shards", url, "--resize", "128", "--out", str(out), "--overwrite"])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} != written
+
+    cut = src / "s1.tar"
+    cut.write_bytes(cut.read_bytes()[:700])  # inside the first member
+    with pytest.raises(ValueError, match=r"1 of 2 shard\(s\) could not be read to their end .*s1\.tar"):
+        make_shards.main(["--shards", url, "--resize", "256", "--out", str(tmp_path / "again")])
+    assert sorted(p.name for p in (tmp_path / "again").iterdir()) == ["s0.tar"]
