@@ -45,12 +45,12 @@ def _resize_shards(args: argparse.Namespace) -> str:
                      f"({'; '.join(counts['unreadable_names'])})" if counts["unreadable"] else "")
 
     results = resize_shards(sources, args.out, args.resize, workers=args.workers, overwrite=args.overwrite,
-                            progress=progress)
+                            resume=args.resume, progress=progress)
     total = {key: sum(r[key] for r in results) for key in ("samples", "resized", "kept", "no_image", "unreadable")}
-    logging.info("%d shards: %d samples, %d images resized, %d kept as they were, %d without an image, %d that "
+    logging.info("%d shards written: %d samples, %d images resized, %d kept as they were, %d without an image, %d that "
                  "cannot be decoded", len(results), total["samples"], total["resized"], total["kept"],
                  total["no_image"], total["unreadable"])
-    paths = [r["shard"] for r in results]
+    paths = [os.path.join(args.out, os.path.basename(src)) for src in sources]
     url = os.path.join(args.out, os.path.basename(args.shards))  # braces in the file name: the same pattern there
     return url if expand_urls(url) == paths else json.dumps(paths)  # else the list, as train_shards takes it
 
@@ -80,6 +80,9 @@ def main(argv: Optional[List[str]] = None) -> dict:
                         help="--image-dir: replace the shards of --prefix an earlier call wrote to --out (the old "
                              "ones the new set does not rewrite are removed once it is written); --shards: replace "
                              "the shards of the same names in --out")
+    parser.add_argument("--resume", action="store_true",
+                        help="--shards: keep the shards already in --out (each was written whole) and write the "
+                             "missing ones: a copy that was stopped goes on")
     parser.add_argument("--debug", action="store_true", help="show the traceback of input errors too")
     scenes = parser.add_argument_group("--scenes")
     scenes.add_argument("--scene-size", type=int, default=256, help="image side in pixels")

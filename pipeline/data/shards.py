@@ -574,7 +574,7 @@ def _resize_shard(job: Tuple[str, str, int]) -> Dict[str, Any]:
 
 
 def resize_shards(sources: Sequence[Union[str, Path]], out_dir: Union[str, Path], side: int,
-                  workers: Optional[int] = None, overwrite: bool = False,
+                  workers: Optional[int] = None, overwrite: bool = False, resume: bool = False,
                   progress: Optional[Callable[[int, int, Dict[str, Any]], None]] = None) -> List[Dict[str, Any]]:
     """Existing shards rewritten into ``out_dir`` under the same file names, each sample's image made
     a baseline JPEG whose shorter side is at most ``side`` (:func:`resized_jpeg`: what the GPU
@@ -583,11 +583,14 @@ def resize_shards(sources: Sequence[Union[str, Path]], out_dir: Union[str, Path]
     default one a usable core); each shard is written whole or not at all.
 
     Refused (``ValueError``, before anything is written): a side below 1, two sources of one file
-    name, ``out_dir`` holding a source itself, or (without ``overwrite``) holding shards of those
-    names. A source that cannot be read to its end (cut short, damaged) is not written; the others
-    are, and then a ``ValueError`` names the failures. Returns each shard's counts (``samples``,
-    ``resized``, ``kept`` as they were, ``no_image``, ``unreadable`` images kept as they were),
-    in order; ``progress(done, total, counts)`` after each shard."""
+    name, ``out_dir`` holding a source itself, or (without ``overwrite`` or ``resume``) holding
+    shards of those names. With ``resume`` the shards already there are kept (each was written
+    whole) and only the missing ones written, after the temporary files that a killed copy left
+    under those names are removed. A source that cannot be read to its end (cut short, damaged) is
+    not written; the others are, and then a ``ValueError`` names the failures. Returns the counts
+    of each shard written (``samples``, ``resized``, ``kept`` as they were, ``no_image``,
+    ``unreadable`` images kept as they were), in order; ``progress(done, total, counts)`` after
+    each."""
     if side < 1:
         raise ValueError(f"resize must be a side of at least 1 pixel, got {side}")
     out_dir = Path(out_dir)
@@ -601,14 +604,24 @@ def resize_shards(sources: Sequence[Union[str, Path]], out_dir: Union[str, Path]
             raise ValueError(f"{out_dir} holds the shards themselves ({src}): write the resized copies to another "
                              f"folder")
     there = [str(dst) for dst in dsts if dst.exists()]
-    if there and not overwrite:
+    if there and not (overwrite or resume):
         raise ValueError(f"{out_dir} already holds {len(there)} of the {len(dsts)} shard names (first: {there[0]}): "
-                         f"write to another folder, or pass --overwrite to replace them")
+                         f"write to another folder, pass --resume to write only the missing ones, or --overwrite to "
+                         f"replace them")
+    jobs = [(str(src), str(dst), side) for src, dst in zip(sources, dsts) if not (resume and dst.exists())]
+    if resume:
+        for dst in dsts:  # what _write_members_atomic leaves when killed: ours, never a whole shard
+            for stale in glob.glob(os.path.join(glob.escape(str(out_dir)), f".{glob.escape(dst.name)}.tmp-[0-9]*")):
+                os.remove(stale)
+        if there:
+            logger.info("%d of the %d shards are in %s already: writing the other %d", len(there), len(dsts),
+                        out_dir, len(jobs))
+    if not jobs:
+        return []
     from concurrent.futures import ProcessPoolExecutor
 
     results: List[Dict[str, Any]] = []
     failed: List[str] = []
-    jobs = [(str(src), str(dst), side) for src, dst in zip(sources, dsts)]
     with ProcessPoolExecutor(max(1, min(workers or usable_cores(), len(jobs)))) as pool:
         for k, (job, future) in enumerate(zip(jobs, [pool.submit(_resize_shard, job) for job in jobs])):
             try:

@@ -243,11 +243,20 @@ def test_copying_shards_refuses_what_would_lose_or_replace_files(tmp_path):
     assert not out.exists()
     make_shards.main(["--shards", url, "--resize", "256", "--out", str(out)])
     written = {p.name: p.read_bytes() for p in out.iterdir()}
-    with pytest.raises(ValueError, match=r"already holds 2 of the 2 shard names .*--overwrite"):
+    with pytest.raises(ValueError, match=r"already holds 2 of the 2 shard names .*--resume .*--overwrite"):
         make_shards.main(["--shards", url, "--resize", "128", "--out", str(out)])
     assert {p.name: p.read_bytes() for p in out.iterdir()} == written
     make_shards.main(["--shards", url, "--resize", "128", "--out", str(out), "--overwrite"])
     assert {p.name: p.read_bytes() for p in out.iterdir()} != written
+
+    # a copy that was killed: one shard whole, the other's temporary file; --resume writes the other
+    (out / "s1.tar").unlink()
+    (out / ".s1.tar.tmp-4242").write_bytes(b"half a shard")
+    kept = (out / "s0.tar").stat()
+    assert make_shards.main(["--shards", url, "--resize", "256", "--out", str(out), "--resume"]) == {
+        "shards": str(out / "s{0..1}.tar")}
+    assert sorted(p.name for p in out.iterdir()) == ["s0.tar", "s1.tar"]
+    assert (out / "s0.tar").stat().st_mtime_ns == kept.st_mtime_ns and (out / "s1.tar").read_bytes() == written["s1.tar"]
 
     cut = src / "s1.tar"
     cut.write_bytes(cut.read_bytes()[:700])  # inside the first member
