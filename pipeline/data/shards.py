@@ -170,11 +170,12 @@ def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def _write_members_atomic(path: Path, members: Iterable[Tuple[str, bytes]], tar_format: int = tarfile.USTAR_FORMAT
                           ) -> None:
     """Write one shard of ``(name, bytes)`` members under a temporary name, renamed into place
-    once whole (an error or a kill leaves no shard under ``path``)."""
+    once whole (an error or a kill leaves no shard under ``path``); gzipped when its name says so."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    mode = "w:gz" if path.name.endswith((".gz", ".tgz")) else "w"
     try:
-        with tarfile.open(tmp, "w", format=tar_format) as tar:
+        with tarfile.open(tmp, mode, format=tar_format) as tar:
             for name, data in members:
                 _add_member(tar, name, data)
         os.replace(tmp, path)

@@ -263,3 +263,25 @@ def test_copying_shards_refuses_what_would_lose_or_replace_files(tmp_path):
     with pytest.raises(ValueError, match=r"1 of 2 shard\(s\) could not be read to their end .*s1\.tar"):
         make_shards.main(["--shards", url, "--resize", "256", "--out", str(tmp_path / "again")])
     assert sorted(p.name for p in (tmp_path / "again").iterdir()) == ["s0.tar"]
+
+
+def test_a_gzipped_shard_is_copied_gzipped(tmp_path):
+    import gzip
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (400, 300), (9, 90, 9)).save(buf, format="JPEG")
+    plain = tmp_path / "s.tar"
+    _tar(plain, [("000000000.jpg", buf.getvalue()), ("000000000.txt", b"green")])
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "s.tar.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    out = make_shards.main(["--shards", str(tmp_path / "in" / "s.tar.gz"), "--resize", "100", "--out",
+                            str(tmp_path / "out")])
+    copy = Path(out["shards"])
+    assert copy == tmp_path / "out" / "s.tar.gz" and copy.read_bytes()[:2] == b"\x1f\x8b"
+    members = dict(_read_tar(copy))
+    assert members["000000000.txt"] == b"green"
+    with Image.open(io.BytesIO(members["000000000.jpg"])) as img:
+        assert img.size == (133, 100)
