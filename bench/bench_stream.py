@@ -20,7 +20,8 @@ Image sets (written once per ``--dir``, several processes rendering them): ``web
 ``web512``: smooth colour fields with shapes, baseline JPEG quality 90 (``bench_data.picture``;
 the sizes of web images cut to 256 px, or left at 512 px), with the preset's random resized crop
 (``--crop_scale``); ``web256mixed``: the same with a fifth progressive and a tenth greyscale, as
-web images come (nvJPEG's batched decoder takes neither: the loader workers decode those); ``scenes224``: the rendered
+web images come (nvJPEG's batched decoder takes neither: the loader workers decode those);
+``web512as256``: the web512 shards copied by ``make_shards.py --shards URL --resize 256``; ``scenes224``: the rendered
 scenes at 224 px, used whole (the scenes presets' ``crop_scale`` [1, 1]). One JSONL row per
 phase in bench/results/stream.jsonl.
 
@@ -72,6 +73,12 @@ def image_set(work: str, name: str, shards: int, per_shard: int) -> list:
                         str(shards * per_shard), "--out", out_dir, "--scene-size", size, "--samples-per-shard",
                         str(per_shard), "--eval-samples", "100", "--retrieval-samples", "100"], check=True)
         return sorted(glob.glob(os.path.join(out_dir, "train", "*.tar")))[:shards]
+    if "as" in name:  # web512as256: the web512 set copied as make_shards.py --shards --resize 256 copies it
+        from infclip.pipeline.data.shards import resize_shards
+
+        base, _, side = name.partition("as")
+        resize_shards(image_set(work, base, shards, per_shard), out_dir, int(side), overwrite=True)
+        return sorted(glob.glob(os.path.join(out_dir, "*.tar")))[:shards]
     mixed = name.endswith("mixed")
     size = int(name[len("web"):len(name) - (5 if mixed else 0)])
     jobs = [(out_dir, i, 1, per_shard, size, mixed) for i in range(shards)]
@@ -267,7 +274,7 @@ def main(argv=None) -> int:
     p.add_argument("--micro_batch", type=int, default=None, help="default: the preset's")
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
-                   help="image_set:decode phases (web256, web512, web256mixed, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][#HOSTSHARE][*LANES]"
+                   help="image_set:decode phases (web256, web512, web256mixed, web512as256, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][#HOSTSHARE][*LANES]"
                         "[^PRIORITY][+interleaved][+batchcopy][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
                         "data.gpu_decode_host_max_pixels PIXELS, data.gpu_decode_host_share HOSTSHARE, "
                         "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal, "

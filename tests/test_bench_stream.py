@@ -64,3 +64,25 @@ def test_rows_are_written_as_their_anchors_complete_and_once(tmp_path):
     assert [r["phase"] for r in kept] == [p for p, _ in phases]
     assert kept[3]["anchor_samples_per_s"] == 85.0 and kept[3]["ratio"] == 1.0
     assert kept[0]["anchor_samples_per_s"] == 100.0  # a synthetic row's own rate where no synthetic is beside it
+
+
+def test_the_resized_copy_set_is_the_512_px_set_as_make_shards_copies_it(tmp_path):
+    """web512as256: the web512 shards, each image's shorter side 256, the same captions in order."""
+    import io
+    import tarfile
+
+    from PIL import Image
+
+    def members(path):
+        with tarfile.open(path) as tar:
+            return [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]
+
+    (large,), (small,) = bench_stream.image_set(str(tmp_path), "web512", 1, 3), \
+        bench_stream.image_set(str(tmp_path), "web512as256", 1, 3)
+    before, after = members(large), members(small)
+    assert [n for n, _ in before] == [n for n, _ in after]
+    assert [d for n, d in before if n.endswith(".txt")] == [d for n, d in after if n.endswith(".txt")]
+    for name, data in after:
+        if name.endswith(".jpg"):
+            with Image.open(io.BytesIO(data)) as img:
+                assert min(img.size) == 256, img.size
