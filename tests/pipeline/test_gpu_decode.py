@@ -311,6 +311,7 @@ def test_the_size_warning_waits_for_its_batches_and_spares_jpegs_near_the_input(
         large._note_sizes(torch.tensor([[512, 512]]), 224)
     (message,) = _size_warnings(caplog)
     assert "4.6 times the model's 224 x 224 input" in message and "--image_size 256" in message
+    assert "make_shards.py --shards URL --resize 256" in message  # the copy of the shards the user has
 
 
 def test_decode_setting_is_checked():
