@@ -32,11 +32,13 @@ def _resize_shards(args: argparse.Namespace) -> str:
     if args.resize is None:
         raise ValueError("--shards copies shards with their images resized: give the side with --resize (256 is what "
                          "the GPU decode path feeds fastest)")
+    if args.resume and args.overwrite:
+        raise ValueError("--resume keeps the shards already copied, --overwrite replaces them: give one of the two")
     sources = expand_urls(args.shards)
-    check_shards_exist(sources)
     remote = [url for url in sources if "://" in url or url.startswith("pipe:")]
     if remote:
         raise ValueError(f"--shards reads local files only, got {remote[0]}")
+    check_shards_exist(sources)
 
     def progress(done: int, total: int, counts: dict) -> None:
         logging.info("%d/%d %s: %d samples, %d images resized, %d already small enough%s", done, total,
@@ -69,9 +71,9 @@ def main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--image-size", type=int, default=32, help="--digits: image side in pixels")
     parser.add_argument("--samples-per-shard", type=int, default=256)
     parser.add_argument("--resize", type=int, metavar="SIDE", default=None,
-                        help="--image-dir, --shards: every image as a baseline JPEG whose shorter side is at most SIDE pixels "
-                             "(img2dataset's keep_ratio; larger ones scaled down, EXIF orientation applied, "
-                             "baseline RGB JPEGs no larger copied as they are): 256 is what the GPU decode path "
+                        help="--image-dir, --shards: every image as a baseline JPEG whose shorter side is at most "
+                             "SIDE pixels (img2dataset's keep_ratio; larger ones scaled down, EXIF orientation "
+                             "applied, baseline RGB JPEGs no larger copied as they are): 256 is what the GPU decode path "
                              "feeds fastest (docs/data.md)")
     parser.add_argument("--image-format", default="jpg", choices=["jpg", "png", "webp"],
                         help="--digits: encoding (folder images are copied as they are)")

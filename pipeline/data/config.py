@@ -160,7 +160,8 @@ class DataConfig:
         if not 0.0 < self.gpu_decode_host_share <= 1.0:
             raise ConfigError(f"'gpu_decode_host_share' must be in (0, 1], got {self.gpu_decode_host_share}")
         if self.gpu_decode_host_copy not in ("plane", "batch"):
-            raise ConfigError(f"'gpu_decode_host_copy' must be \"plane\" or \"batch\", got {self.gpu_decode_host_copy!r}")
+            raise ConfigError(f"'gpu_decode_host_copy' must be \"plane\" or \"batch\", "
+                              f"got {self.gpu_decode_host_copy!r}")
         if self.gpu_decode_priority not in ("high", "normal"):
             raise ConfigError(f"'gpu_decode_priority' must be \"high\" or \"normal\", got {self.gpu_decode_priority!r}")
         if self.gpu_decoder not in GPU_DECODERS:

@@ -305,10 +305,10 @@ class DecodeStage:
             short = round(side * 8 / 7)
             logger.warning("the training JPEGs average %d pixels, %.1f times the model's %d x %d input: decoding "
                            "them costs the step (vitb32 on one H100: 91%% of its synthetic step from 512-px JPEGs, "
-                           "98%% from 256-px ones). Shards stored at a shorter side near %d feed it faster: copy these with "
-                           "launch/make_shards.py --shards URL --resize %d --out DIR, or write them with img2dataset "
-                           "--image_size %d --resize_mode keep_ratio (docs/data.md)", round(mean), mean / (side * side),
-                           side, side, short, short, short)
+                           "98%% from 256-px ones). Shards stored at a shorter side near %d feed it faster: copy "
+                           "these with launch/make_shards.py --shards URL --resize %d --out DIR, or write them with "
+                           "img2dataset --image_size %d --resize_mode keep_ratio (docs/data.md)", round(mean),
+                           mean / (side * side), side, side, short, short, short)
 
     def _decode_batched(self, run: "_Lane", data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor,
                         boxes: torch.Tensor, out: torch.Tensor, dest: torch.Tensor) -> bool:

@@ -238,6 +238,8 @@ def test_copying_shards_refuses_what_would_lose_or_replace_files(tmp_path):
     url, out = str(src / "s{0..1}.tar"), tmp_path / "out"
     with pytest.raises(ValueError, match="give the side with --resize"):
         make_shards.main(["--shards", url, "--out", str(out)])
+    with pytest.raises(ValueError, match="give one of the two"):
+        make_shards.main(["--shards", url, "--resize", "256", "--out", str(out), "--resume", "--overwrite"])
     with pytest.raises(ValueError, match="holds the shards themselves"):
         make_shards.main(["--shards", url, "--resize", "256", "--out", str(src)])
     assert not out.exists()
@@ -256,7 +258,8 @@ def test_copying_shards_refuses_what_would_lose_or_replace_files(tmp_path):
     assert make_shards.main(["--shards", url, "--resize", "256", "--out", str(out), "--resume"]) == {
         "shards": str(out / "s{0..1}.tar")}
     assert sorted(p.name for p in out.iterdir()) == ["s0.tar", "s1.tar"]
-    assert (out / "s0.tar").stat().st_mtime_ns == kept.st_mtime_ns and (out / "s1.tar").read_bytes() == written["s1.tar"]
+    assert (out / "s0.tar").stat().st_mtime_ns == kept.st_mtime_ns
+    assert (out / "s1.tar").read_bytes() == written["s1.tar"]
 
     cut = src / "s1.tar"
     cut.write_bytes(cut.read_bytes()[:700])  # inside the first member
