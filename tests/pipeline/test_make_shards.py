@@ -288,3 +288,38 @@ def test_a_gzipped_shard_is_copied_gzipped(tmp_path):
     assert members["000000000.txt"] == b"green"
     with Image.open(io.BytesIO(members["000000000.jpg"])) as img:
         assert img.size == (133, 100)
+
+
+def test_a_copy_killed_mid_way_goes_on_with_resume_to_the_same_shards(tmp_path):
+    """kill -9 during --shards (after its first shard): --resume completes it, and the shards equal
+    those of a copy that was never stopped, byte for byte; no temporary file is left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import numpy as np
+    from PIL import Image
+
+    from infclip.pipeline.data.shards import write_shards
+
+    rng = np.random.default_rng(3)
+    pictures = ((Image.fromarray(rng.integers(0, 256, (384, 512, 3), dtype=np.uint8)), f"noise {i}", None)
+                for i in range(48))
+    write_shards(pictures, tmp_path / "in", samples_per_shard=8)
+    url = str(tmp_path / "in" / "shard-{000000..000005}.tar")
+    cli = [sys.executable, str(Path(make_shards.__file__)), "--shards", url, "--resize", "128", "--workers", "1"]
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(cli + ["--out", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    while proc.poll() is None and not (killed / "shard-000000.tar").exists():
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "shard-000005.tar").exists()  # stopped mid-way: one worker, a shard at a time
+    subprocess.run(cli + ["--out", str(killed), "--resume"], check=True, capture_output=True)
+    subprocess.run(cli + ["--out", str(tmp_path / "whole")], check=True, capture_output=True)
+    copies = {p.name: p.read_bytes() for p in killed.iterdir()}
+    assert copies == {p.name: p.read_bytes() for p in (tmp_path / "whole").iterdir()}
+    assert len(copies) == 6
