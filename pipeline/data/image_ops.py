@@ -70,6 +70,13 @@ def _axis_range(i, scale, side):
 
 
 @triton.jit
+def _tap_weight(j, centre, inv):
+    """The triangle filter's weight of input pixel ``j`` (fp32) for an output pixel of filter centre
+    ``centre`` and inverse width ``inv`` (:func:`_axis_range`), before normalisation."""
+    return tl.maximum(1.0 - tl.abs((j - centre + 0.5) * inv), 0.0)
+
+
+@triton.jit
 def _meta_row(row):
     """One image's meta row: its offset in the buffer, W, the box (x, y, w, h), its row of the output
     and its channel and pixel steps (the row's H, at ``row + 1``, the steps already hold)."""
@@ -99,17 +106,17 @@ def _resized_crop_kernel(src_ptr, meta_ptr, out_ptr, mean_ptr, std_ptr, S: tl.co
     wx_sum = tl.zeros([BLOCK], dtype=tl.float32)
     for tx in range(TAPS):
         x = xlo + tx
-        wx = tl.maximum(1.0 - tl.abs((x.to(tl.float32) - cx + 0.5) * inv_x), 0.0)
+        wx = _tap_weight(x.to(tl.float32), cx, inv_x)
         wx_sum += tl.where(x < xhi, wx, 0.0)
     for ty in range(TAPS):
         y = ylo + ty
-        wy = tl.maximum(1.0 - tl.abs((y.to(tl.float32) - cy + 0.5) * inv_y), 0.0)
+        wy = _tap_weight(y.to(tl.float32), cy, inv_y)
         y_ok = y < yhi
         wy_sum += tl.where(y_ok, wy, 0.0)
         line = base + ((by + y).to(tl.int64) * W + bx) * pstep
         for tx in range(TAPS):
             x = xlo + tx
-            wx = tl.maximum(1.0 - tl.abs((x.to(tl.float32) - cx + 0.5) * inv_x), 0.0)
+            wx = _tap_weight(x.to(tl.float32), cx, inv_x)
             ok = inside & y_ok & (x < xhi)
             w = tl.where(ok, wy * wx, 0.0)
             ptr = src_ptr + line + x * pstep
@@ -141,7 +148,7 @@ def _resized_crop_band_kernel(src_ptr, meta_ptr, out_ptr, mean_ptr, std_ptr, S: 
     wx_sum = tl.zeros([COLS], dtype=tl.float32)
     for tx in tl.static_range(TAPS):
         x = xlo + tx
-        wx = tl.maximum(1.0 - tl.abs((x.to(tl.float32) - cx + 0.5) * inv_x), 0.0)
+        wx = _tap_weight(x.to(tl.float32), cx, inv_x)
         wx_sum += tl.where(x < xhi, wx, 0.0)
     y_first = tl.min(tl.where(row_ok, ylo, bh), axis=0)
     y_end = tl.max(tl.where(row_ok, yhi, 0), axis=0)
@@ -157,12 +164,12 @@ def _resized_crop_band_kernel(src_ptr, meta_ptr, out_ptr, mean_ptr, std_ptr, S: 
         for tx in tl.static_range(TAPS):
             x = xlo + tx
             ok = col_ok & (x < xhi)
-            wx = tl.where(ok, tl.maximum(1.0 - tl.abs((x.to(tl.float32) - cx + 0.5) * inv_x), 0.0), 0.0)
+            wx = tl.where(ok, _tap_weight(x.to(tl.float32), cx, inv_x), 0.0)
             ptr = src_ptr + line + x * pstep
             h0 += wx * tl.load(ptr, mask=ok, other=0).to(tl.float32)
             h1 += wx * tl.load(ptr + cstep, mask=ok, other=0).to(tl.float32)
             h2 += wx * tl.load(ptr + 2 * cstep, mask=ok, other=0).to(tl.float32)
-        wy = tl.maximum(1.0 - tl.abs((y + 0.0 - cy + 0.5) * inv_y), 0.0)  # y + 0.0: fp32 (a Python int when interpreted)
+        wy = _tap_weight(y + 0.0, cy, inv_y)  # y + 0.0: fp32 (a Python int when interpreted)
         wy = tl.where(row_ok & (y >= ylo) & (y < yhi), wy, 0.0)
         wy_sum += wy
         acc0 += wy[:, None] * h0[None, :]
