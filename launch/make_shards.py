@@ -22,7 +22,7 @@ import sys
 from typing import List, Optional
 
 from infclip.pipeline.data.scenes import write_scenes
-from infclip.pipeline.data.shard_urls import check_shards_exist, expand_urls
+from infclip.pipeline.data.shard_urls import check_shards_exist, expand_urls, local_path
 from infclip.pipeline.data.shards import (brace_url, folder_samples, resize_shards, shards_written, write_digits_shards,
                                           write_shards)
 
@@ -34,11 +34,12 @@ def _resize_shards(args: argparse.Namespace) -> str:
                          "the GPU decode path feeds fastest)")
     if args.resume and args.overwrite:
         raise ValueError("--resume keeps the shards already copied, --overwrite replaces them: give one of the two")
-    sources = expand_urls(args.shards)
-    remote = [url for url in sources if "://" in url or url.startswith("pipe:")]
+    urls = expand_urls(args.shards)
+    remote = [url for url in urls if local_path(url) is None]
     if remote:
         raise ValueError(f"--shards reads local files only, got {remote[0]}")
-    check_shards_exist(sources)
+    check_shards_exist(urls)
+    sources = [local_path(url) for url in urls]
 
     def progress(done: int, total: int, counts: dict) -> None:
         logging.info("%d/%d %s: %d samples, %d images resized, %d already small enough%s", done, total,

@@ -15,7 +15,7 @@ from infclip.ops.config import ConfigError
 from .config import DataConfig
 from .shards import digits_samples, write_shards_to_paths
 
-__all__ = ["check_shards_exist", "expand_urls", "prepare_shards", "resolve_shards"]
+__all__ = ["check_shards_exist", "expand_urls", "local_path", "prepare_shards", "resolve_shards"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,8 @@ def expand_urls(urls: Union[str, Sequence[str]]) -> List[str]:
     return out
 
 
-def _local_path(url: str) -> Optional[str]:
+def local_path(url: str) -> Optional[str]:
+    """The file a shard URL names on this machine (a path, or ``file://``), None for a remote one."""
     parsed = urlparse(url)
     if parsed.scheme == "file":
         return parsed.path
@@ -50,7 +51,7 @@ def check_shards_exist(urls: Sequence[str], what: str = "shard") -> None:
 
     Remote URLs (``http://``, ``s3://``, ``pipe:``) are not checked.
     """
-    missing = [u for u in urls if (p := _local_path(u)) is not None and not os.path.isfile(p)]
+    missing = [u for u in urls if (p := local_path(u)) is not None and not os.path.isfile(p)]
     if missing:
         shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
         raise FileNotFoundError(f"{len(missing)} of {len(urls)} {what} file(s) not found: {shown}")
@@ -64,7 +65,7 @@ def resolve_shards(urls: Union[str, Sequence[str]], *, generate_digits_split: Op
     anything else is a ``ConfigError``; the digits are never written over other files."""
     expanded = expand_urls(urls)
     if generate_digits_split is not None:
-        local = [_local_path(u) for u in expanded]
+        local = [local_path(u) for u in expanded]
         if any(p is None for p in local):
             raise ConfigError("'generate_digits' needs local shard paths, got a remote URL")
         there = [p for p in local if os.path.exists(p)]
