@@ -275,9 +275,9 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
                    help="image_set:decode phases (web256, web512, web256mixed, web512as256, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][#HOSTSHARE][*LANES]"
-                        "[^PRIORITY][+interleaved][+batchcopy][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
+                        "[^PRIORITY][~WORKERS][+interleaved][+batchcopy][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
                         "data.gpu_decode_host_max_pixels PIXELS, data.gpu_decode_host_share HOSTSHARE, "
-                        "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal, "
+                        "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal, data.workers WORKERS, "
                         "data.gpu_decode_host_interleaved true, data.gpu_decode_host_copy batch; !NICE: the decode threads at that scheduling "
                         "niceness, e.g. !10, so the training thread wins a contested core)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
@@ -322,7 +322,7 @@ def main(argv=None) -> int:
     default_share, default_lanes = run_cfg.data.gpu_decode_share, run_cfg.data.gpu_decode_lanes
     default_priority, default_host = run_cfg.data.gpu_decode_priority, run_cfg.data.gpu_decode_host_max_pixels
     default_interleaved, default_copy = run_cfg.data.gpu_decode_host_interleaved, run_cfg.data.gpu_decode_host_copy
-    default_host_share = run_cfg.data.gpu_decode_host_share
+    default_host_share, default_workers = run_cfg.data.gpu_decode_host_share, run_cfg.data.workers
 
     def loader(urls, decode, crop):
         cfg = run_cfg.data
@@ -332,6 +332,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"unknown phase flag(s) {sorted(unknown)}: +interleaved or +batchcopy")
         cfg.gpu_decode_host_interleaved = "interleaved" in flags or default_interleaved
         cfg.gpu_decode_host_copy = "batch" if "batchcopy" in flags else default_copy
+        decode, _, workers = decode.partition("~")  # gpu@0.5~14: data.workers 14 for this phase
+        cfg.workers = int(workers) if workers else default_workers
         decode, _, priority = decode.partition("^")  # gpu^normal: data.gpu_decode_priority normal
         cfg.gpu_decode_priority = priority or default_priority
         decode, _, lanes = decode.partition("*")  # gpu*1: data.gpu_decode_lanes 1
@@ -371,7 +373,8 @@ def main(argv=None) -> int:
             crop = [1.0, 1.0] if name.startswith("scenes") else args.crop_scale
             build = loader(sets[name], decode, crop)
         gpu = ":gpu" in phase
-        row = {**base, "phase": phase, "gpu_decode_share": run_cfg.data.gpu_decode_share if gpu else None,
+        row = {**base, "phase": phase,
+               "workers": base["workers"] if phase == "synthetic" else run_cfg.data.workers, "gpu_decode_share": run_cfg.data.gpu_decode_share if gpu else None,
                "gpu_decoder": run_cfg.data.gpu_decoder if gpu else None,
                "gpu_decode_lanes": run_cfg.data.gpu_decode_lanes if gpu else None,
                "gpu_decode_priority": run_cfg.data.gpu_decode_priority if gpu else None,
