@@ -17,9 +17,7 @@ Copying: :func:`resize_shards` rewrites existing shards under their own names wi
 resized for training (img2dataset's ``keep_ratio``), the other members kept as they are, a process
 a shard.
 
-Reading: :func:`tar_members` streams a shard's members for the training loader and the
-tokenizer's caption pass alike, and tells a shard cut short from a whole one
-(:func:`check_tar_end`), which tarfile's stream mode does not.
+Reading a shard's members: :mod:`pipeline.data.tar_read`.
 """
 
 from __future__ import annotations
@@ -38,6 +36,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Literal, Mappi
 
 import numpy as np
 from PIL import Image
+
+from .tar_read import tar_members
 
 __all__ = [
     "DIGITS_CLASSNAMES",
@@ -117,44 +117,6 @@ def _encode_image(image: ImageLike, image_format: str) -> Tuple[bytes, str]:
         img.save(buf, format=_PIL_FORMATS[image_format], **kwargs)
         return buf.getvalue(), image_format
     raise TypeError(f"image must be a PIL.Image, bytes or EncodedImage, got {type(image).__name__}")
-
-
-def check_tar_end(tar: tarfile.TarFile) -> None:
-    """Raise ``tarfile.ReadError`` unless a tar read in stream mode (``"r|*"``) to its last member
-    ended as a whole archive does. tarfile's stream mode reads a shard cut at a header or member
-    boundary as a quiet end; a whole tar has two zero blocks after its last member, and nothing but
-    zeros after them (else a damaged header ended the members early). Reads the rest of the
-    uncompressed stream (``tar.fileobj``, so a ``.tar.gz`` is measured after decompression)."""
-    rest, nonzero = tar.fileobj, False
-    while chunk := rest.read(tarfile.RECORDSIZE):
-        nonzero = nonzero or chunk.count(0) != len(chunk)
-    # tar.offset: where the member headers ended (the first end-of-archive block, or the cut)
-    if rest.pos < tar.offset + 2 * tarfile.BLOCKSIZE:
-        raise tarfile.ReadError(f"cut short: {rest.pos} bytes, without the end-of-archive blocks after "
-                                f"its members' {tar.offset}; the samples after the cut are lost")
-    if nonzero:
-        raise tarfile.ReadError(f"data after the end of its members at byte {tar.offset} (a damaged "
-                                "header, or tars concatenated): the rest is not read")
-
-
-def tar_members(stream: Any, wanted: Callable[[str], bool], max_bytes: Optional[int] = None,
-                too_big: Optional[Callable[[str, int], None]] = None) -> Iterator[Tuple[str, bytes]]:
-    """``(name, bytes)`` of each regular member of the tar read from ``stream`` (plain or
-    compressed, in stream mode) whose name ``wanted`` accepts, in order; the others are passed over
-    unread, and so is a wanted member larger than ``max_bytes`` (None: no limit), reported to
-    ``too_big(name, size)``. At the end, :func:`check_tar_end`. Damage raises from tarfile
-    (``tarfile.TarError``, ``EOFError``, ``zlib.error``, ``OSError``) where it is met: the members
-    before it were given."""
-    with tarfile.open(fileobj=stream, mode="r|*") as tar:
-        for member in tar:
-            if member.isreg() and wanted(member.name):
-                if max_bytes is not None and member.size > max_bytes:
-                    if too_big is not None:
-                        too_big(member.name, member.size)
-                else:
-                    yield member.name, tar.extractfile(member).read()
-            tar.members = []  # stream mode keeps every header otherwise
-        check_tar_end(tar)
 
 
 def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:

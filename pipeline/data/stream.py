@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 import torch
 
 from .jpeg_boxes import batch_pixels
-from .shards import tar_members
+from .tar_read import tar_members
 from .spec import END_OF_STREAM, SKIPS, WORKER, SkipCounter, StreamSpec, stable_seed
 from .tokenizer import tokenize
 from .transforms import decode_samples
@@ -52,7 +52,7 @@ def tar_samples(url: str, on_error: Callable[[str], None]) -> Iterator[Dict[str,
     A shard that cannot be read calls ``on_error`` once, naming it, and ends there; the samples
     before the damage are kept and the one it cut short is marked ``__cut__``. Damage includes a
     shard cut short at a header or member boundary, which tarfile's stream mode reads as a quiet
-    end (:func:`pipeline.data.shards.tar_members`, which the tokenizer's caption pass reads with too).
+    end (:func:`pipeline.data.tar_read.tar_members`, which the tokenizer's caption pass reads with too).
     A second member of the same name in a sample is ignored with a warning (once a shard): the
     sample is used, nothing is skipped.
     """

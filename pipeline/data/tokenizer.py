@@ -56,7 +56,7 @@ import torch
 
 from infclip.ops.config import ConfigError
 
-from .shards import tar_members
+from .tar_read import tar_members
 
 __all__ = [
     "BOS_TOKEN",
