@@ -356,7 +356,9 @@ def main(argv=None) -> int:
     base = {"bench": "stream", "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "preset": args.preset, "overrides": args.overrides, "micro_batch": run_cfg.micro_batch_size,
             "workers": run_cfg.data.workers,
-            "cpu_count": os.cpu_count(), "device": torch.cuda.get_device_name(), "steps": args.steps}
+            "cpu_count": os.cpu_count(), "device": torch.cuda.get_device_name(), "steps": args.steps,
+            # the GPU's hardware work queues the process's streams share (CUDA's default: 8)
+            "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
     streamed = [(s, i) for i in args.switch_intervals for s in args.sets]
     phases = ["synthetic"] + [p for s in streamed for p in (s, "synthetic")]  # each streamed phase between two anchors
     rows, written = [], 0
