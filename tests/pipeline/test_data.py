@@ -705,3 +705,24 @@ def test_workers_decode_a_crop_at_the_coarsest_dct_scale_that_keeps_it(side, box
     assert (got - ref).abs().mean() < 1.0, (got - ref).abs().mean()
     if step > 1:
         assert (shifted - ref).abs().mean() > 1.0
+
+
+class _Crops(torch.utils.data.IterableDataset):
+    """Batches made as a loader worker makes them, with whether their pixels came out shared."""
+
+    def __iter__(self):
+        from infclip.pipeline.data.jpeg_boxes import batch_pixels
+
+        items = [{"pixels": torch.full((3, 4, 4), i, dtype=torch.uint8), "jpeg": None} for i in range(5)]
+        pixels = batch_pixels(items, 4)["pixel_values"]
+        yield pixels.is_shared(), pixels
+
+
+def test_a_workers_batch_is_stacked_into_shared_memory_with_the_same_pixels():
+    """In a worker process the crops are stacked straight into shared memory (no second copy on the
+    way to the training process); in the training process itself, plainly."""
+    expected = torch.arange(5, dtype=torch.uint8).view(5, 1, 1, 1).expand(5, 3, 4, 4)
+    (shared, pixels), = torch.utils.data.DataLoader(_Crops(), batch_size=None, num_workers=1)
+    assert shared and torch.equal(pixels, expected)
+    (shared, pixels), = torch.utils.data.DataLoader(_Crops(), batch_size=None, num_workers=0)
+    assert not shared and torch.equal(pixels, expected)
