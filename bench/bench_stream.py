@@ -376,7 +376,8 @@ def main(argv=None) -> int:
             build = loader(sets[name], decode, crop)
         gpu = ":gpu" in phase
         row = {**base, "phase": phase,
-               "workers": base["workers"] if phase == "synthetic" else run_cfg.data.workers, "gpu_decode_share": run_cfg.data.gpu_decode_share if gpu else None,
+               "workers": base["workers"] if phase == "synthetic" else run_cfg.data.workers,
+               "gpu_decode_share": run_cfg.data.gpu_decode_share if gpu else None,
                "gpu_decoder": run_cfg.data.gpu_decoder if gpu else None,
                "gpu_decode_lanes": run_cfg.data.gpu_decode_lanes if gpu else None,
                "gpu_decode_priority": run_cfg.data.gpu_decode_priority if gpu else None,
