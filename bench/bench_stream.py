@@ -12,7 +12,8 @@ call as it heats) is what the data path costs the step: loader
 starvation and, with ``gpu`` decode, the decode kernels sharing the GPU with the step. A phase's
 loader is closed when the phase ends (its worker processes and decode threads stop): left open,
 they slow every later phase, the anchors included. Each row also says where the step's time went
-on the host (the training thread's CPU time a step and how often it was descheduled) and, with
+on the host (the training thread's CPU time a step and how often it was descheduled; the same
+for the decode lanes' threads together) and, with
 ``gpu`` decode, the GPU time the step's stream stood waiting for a batch (``gpu_stall_fraction``);
 ``--profile N`` adds each CUDA stream's kernel time a step from ``torch.profiler``.
 
@@ -153,8 +154,30 @@ def _host_now() -> dict:
                     children += int(f.read().rsplit(")", 1)[1].split()[1]) == me
             except OSError:
                 continue
+    decode_cpu, decode_switches = _decode_threads_cpu()
     return {"cpu_s": time.thread_time(), "switches": switches, "threads": len(os.listdir("/proc/self/task")),
-            "children": children}
+            "children": children, "decode_cpu_s": decode_cpu, "decode_switches": decode_switches}
+
+
+def _decode_threads_cpu() -> tuple:
+    """The decode lanes' threads (``infclip-decode-*``) together: CPU seconds (user and system,
+    from /proc at the clock-tick resolution) and involuntary context switches. A lane's nvJPEG call
+    that takes longer with the same CPU time was waiting (a lock, the driver); with more switches,
+    for a core."""
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu, switches = 0.0, 0
+    for thread in threading.enumerate():
+        if not thread.name.startswith("infclip-decode-") or thread.native_id is None:
+            continue
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            cpu += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            with open(f"/proc/self/task/{thread.native_id}/status") as f:
+                switches += next(int(line.split()[1]) for line in f if line.startswith("nonvoluntary_ctxt_switches"))
+        except (OSError, StopIteration):
+            continue  # the thread ended between the listing and the read
+    return cpu, switches
 
 
 def renice_decode_threads(nice: int) -> int:
@@ -246,6 +269,9 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
             # and the process's threads and child processes while the phase ran
             "main_cpu_ms": 1e3 * (h1["cpu_s"] - h0["cpu_s"]) / steps,
             "main_preempted": (h1["switches"] - h0["switches"]) / steps,
+            # the decode lanes' threads together, a step: CPU time and times descheduled
+            "decode_cpu_ms": 1e3 * (h1["decode_cpu_s"] - h0["decode_cpu_s"]) / steps,
+            "decode_preempted": (h1["decode_switches"] - h0["decode_switches"]) / steps,
             "threads": h1["threads"], "children": h1["children"],
             "decode_nice": nice, "decode_threads_reniced": reniced,
             **({"profile": timeline} if timeline else {})}
@@ -395,7 +421,9 @@ def main(argv=None) -> int:
               + (f" (+ {row['gpu_stall_fraction']:.1%} on the GPU)" if row["gpu_stall_fraction"] is not None else "")
               + (f", decode {row['gpu_decode_ms']:.1f} ms a batch on the GPU, thread waits "
                  f"{row['decode_wait_ms']:.1f} ms + queues {row['decode_host_ms']:.1f} ms "
-                 f"({row['decode_in_nvjpeg_ms']:.1f} in the nvJPEG call)" if row["gpu_decode_ms"] else ""),
+                 f"({row['decode_in_nvjpeg_ms']:.1f} in the nvJPEG call); decode threads' CPU "
+                 f"{row['decode_cpu_ms']:.1f} ms, descheduled {row['decode_preempted']:.1f}x a step"
+                 if row["gpu_decode_ms"] else ""),
               flush=True)
         if "profile" in row:
             print(f"{'':>14}  per step under the profiler: {json.dumps(row['profile'])}", flush=True)

@@ -86,3 +86,33 @@ def test_the_resized_copy_set_is_the_512_px_set_as_make_shards_copies_it(tmp_pat
         if name.endswith(".jpg"):
             with Image.open(io.BytesIO(data)) as img:
                 assert min(img.size) == 256, img.size
+
+
+def test_the_decode_threads_cpu_time_is_theirs_alone():
+    """A thread named as a decode lane is counted, its CPU time growing as it works; another
+    thread working as hard beside it is not (both hash outside the interpreter lock, so on two
+    cores each gets about the wall time: counted together they would read about twice that)."""
+    import hashlib
+    import threading
+    import time
+
+    block = bytes(1 << 20)
+
+    def burn(stop):
+        while not stop.is_set():
+            hashlib.sha256(block).digest()
+
+    stop = threading.Event()
+    before = bench_stream._host_now()
+    t0 = time.perf_counter()
+    lane = threading.Thread(target=burn, args=(stop,), name="infclip-decode-0_0")
+    other = threading.Thread(target=burn, args=(stop,), name="someone-else")
+    lane.start(), other.start()
+    time.sleep(1.0)
+    during = bench_stream._host_now()
+    wall = time.perf_counter() - t0
+    stop.set()
+    lane.join(), other.join()
+    assert before["decode_cpu_s"] == 0.0  # no lane yet
+    assert 0.3 * wall <= during["decode_cpu_s"] <= 1.05 * wall + 0.02
+    assert bench_stream._host_now()["decode_cpu_s"] == 0.0  # the lane has ended: nothing counted
