@@ -13,7 +13,7 @@ starvation and, with ``gpu`` decode, the decode kernels sharing the GPU with the
 loader is closed when the phase ends (its worker processes and decode threads stop): left open,
 they slow every later phase, the anchors included. Each row also says where the step's time went
 on the host (the training thread's CPU time a step and how often it was descheduled; the same
-for the decode lanes' threads together) and, with
+for the decode stage's threads together) and, with
 ``gpu`` decode, the GPU time the step's stream stood waiting for a batch (``gpu_stall_fraction``);
 ``--profile N`` adds each CUDA stream's kernel time a step from ``torch.profiler``.
 
@@ -141,11 +141,7 @@ def gpu_timeline(trace_path: str, steps: int, training_thread: Optional[int] = N
 def _host_now() -> dict:
     """The training thread's CPU seconds and involuntary context switches (it was runnable and another
     thread got its core), this process's threads and its live child processes."""
-    switches = 0
-    with open("/proc/thread-self/status") as f:
-        for line in f:
-            if line.startswith("nonvoluntary_ctxt_switches"):
-                switches = int(line.split()[1])
+    switches = _involuntary_switches("/proc/thread-self/status")
     me, children = os.getpid(), 0
     for pid in os.listdir("/proc"):
         if pid.isdigit():
@@ -159,37 +155,44 @@ def _host_now() -> dict:
             "children": children, "decode_cpu_s": decode_cpu, "decode_switches": decode_switches}
 
 
+def _involuntary_switches(status: str) -> int:
+    """A task's involuntary context switches (it was runnable and another thread got its core), from
+    its /proc status file."""
+    with open(status) as f:
+        return next((int(line.split()[1]) for line in f if line.startswith("nonvoluntary_ctxt_switches")), 0)
+
+
+def _decode_threads() -> list:
+    """The native ids of the decode stage's threads (``infclip-decode-*``: the lanes and their feeder)."""
+    return [t.native_id for t in threading.enumerate() if t.name.startswith("infclip-decode-") and t.native_id]
+
+
 def _decode_threads_cpu() -> tuple:
-    """The decode lanes' threads (``infclip-decode-*``) together: CPU seconds (user and system,
+    """The decode stage's threads (:func:`_decode_threads`) together: CPU seconds (user and system,
     from /proc at the clock-tick resolution) and involuntary context switches. A lane's nvJPEG call
     that takes longer with the same CPU time was waiting (a lock, the driver); with more switches,
     for a core."""
     tick = os.sysconf("SC_CLK_TCK")
     cpu, switches = 0.0, 0
-    for thread in threading.enumerate():
-        if not thread.name.startswith("infclip-decode-") or thread.native_id is None:
-            continue
+    for tid in _decode_threads():
         try:
-            with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+            with open(f"/proc/self/task/{tid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             cpu += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-            with open(f"/proc/self/task/{thread.native_id}/status") as f:
-                switches += next(int(line.split()[1]) for line in f if line.startswith("nonvoluntary_ctxt_switches"))
-        except (OSError, StopIteration):
+            switches += _involuntary_switches(f"/proc/self/task/{tid}/status")
+        except OSError:
             continue  # the thread ended between the listing and the read
     return cpu, switches
 
 
 def renice_decode_threads(nice: int) -> int:
-    """Give the decode stage's threads (the lanes and their feeder) the scheduling niceness ``nice``
+    """Give the decode stage's threads (:func:`_decode_threads`) the scheduling niceness ``nice``
     (Linux: a thread is a task of its own), so that the training thread wins a contested core; how
     many were changed."""
-    changed = 0
-    for thread in threading.enumerate():
-        if thread.name.startswith("infclip-decode") and thread.native_id:
-            os.setpriority(os.PRIO_PROCESS, thread.native_id, nice)
-            changed += 1
-    return changed
+    tids = _decode_threads()
+    for tid in tids:
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+    return len(tids)
 
 
 def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nice: Optional[int] = None) -> dict:
@@ -269,7 +272,7 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
             # and the process's threads and child processes while the phase ran
             "main_cpu_ms": 1e3 * (h1["cpu_s"] - h0["cpu_s"]) / steps,
             "main_preempted": (h1["switches"] - h0["switches"]) / steps,
-            # the decode lanes' threads together, a step: CPU time and times descheduled
+            # the decode stage's threads (lanes, feeder) together, a step: CPU time and times descheduled
             "decode_cpu_ms": 1e3 * (h1["decode_cpu_s"] - h0["decode_cpu_s"]) / steps,
             "decode_preempted": (h1["decode_switches"] - h0["decode_switches"]) / steps,
             "threads": h1["threads"], "children": h1["children"],
