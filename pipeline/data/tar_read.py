@@ -40,14 +40,25 @@ def check_tar_end(tar: tarfile.TarFile) -> None:
     boundary as a quiet end; a whole tar has two zero blocks after its last member, and nothing but
     zeros after them (else a damaged header ended the members early). Reads the rest of the
     uncompressed stream (``tar.fileobj``, so a ``.tar.gz`` is measured after decompression)."""
-    rest, nonzero = tar.fileobj, False
-    while chunk := rest.read(tarfile.RECORDSIZE):
-        nonzero = nonzero or chunk.count(0) != len(chunk)
+    rest = tar.fileobj
+    _, nonzero = _drain(rest)
     # tar.offset: where the member headers ended (the first end-of-archive block, or the cut)
     _check_end(tar.offset, rest.pos, nonzero)
 
 
+def _drain(stream: Any) -> Tuple[int, bool]:
+    """Read ``stream`` to its end: (the bytes read, whether any of them was not zero)."""
+    count, nonzero = 0, False
+    while chunk := stream.read(tarfile.RECORDSIZE):
+        nonzero = nonzero or chunk.count(0) != len(chunk)
+        count += len(chunk)
+    return count, nonzero
+
+
 def _check_end(members_end: int, total: int, nonzero: bool) -> None:
+    """Raise ``tarfile.ReadError`` unless a stream of ``total`` bytes whose members ended at
+    ``members_end`` has the two end-of-archive blocks there and nothing but zeros after them
+    (``nonzero``: something else came after the members)."""
     if total < members_end + 2 * _BLOCK:
         raise tarfile.ReadError(f"cut short: {total} bytes, without the end-of-archive blocks after "
                                 f"its members' {members_end}; the samples after the cut are lost")
@@ -151,14 +162,9 @@ def _plain_members(stream: Any, head: bytes, wanted: Callable[[str], bool], max_
     while True:
         if len(block) < _BLOCK:  # the stream ended at or inside a header
             _check_end(at, at + len(block), False)
-        if block == _ZEROS:
-            second = _read_exact(stream, _BLOCK)
-            nonzero = second.count(0) != len(second)
-            total = at + _BLOCK + len(second)
-            while chunk := stream.read(tarfile.RECORDSIZE):
-                nonzero = nonzero or chunk.count(0) != len(chunk)
-                total += len(chunk)
-            _check_end(at, total, nonzero)
+        if block == _ZEROS:  # the first end-of-archive block: the second and only zeros must follow
+            rest, nonzero = _drain(stream)
+            _check_end(at, at + _BLOCK + rest, nonzero)
             return
         if not _header_ok(block, at):
             if at == 0:
