@@ -35,11 +35,11 @@ def _resize_shards(args: argparse.Namespace) -> str:
     if args.resume and args.overwrite:
         raise ValueError("--resume keeps the shards already copied, --overwrite replaces them: give one of the two")
     urls = expand_urls(args.shards)
-    remote = [url for url in urls if local_path(url) is None]
+    sources = [local_path(url) for url in urls]
+    remote = [url for url, path in zip(urls, sources) if path is None]
     if remote:
         raise ValueError(f"--shards reads local files only, got {remote[0]}")
     check_shards_exist(urls)
-    sources = [local_path(url) for url in urls]
 
     def progress(done: int, total: int, counts: dict) -> None:
         logging.info("%d/%d %s: %d samples, %d images resized, %d already small enough%s", done, total,
