@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
-from typing import Optional
+from typing import Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -51,6 +51,9 @@ import torch  # noqa: E402
 
 from bench_data import write_jpeg_shards  # noqa: E402
 from infclip.pipeline.config import load_config  # noqa: E402
+
+
+PADDING = (16 << 20, 8 << 20)  # "+pad": nvJPEG's device and pinned allocations padded by these bytes
 
 
 def _write_set(args: tuple) -> str:
@@ -99,19 +102,21 @@ class _Synthetic:
             yield dict(self.batch)
 
 
-def gpu_timeline(trace_path: str, steps: int, training_thread: Optional[int] = None) -> dict:
+def gpu_timeline(trace_path: str, steps: int, training_thread: Optional[int] = None,
+                 decode_threads: Sequence[int] = ()) -> dict:
     """Per step, from a torch.profiler trace: each CUDA stream's kernels and copies (count, ms),
-    the time any kernel ran (ms, the union over streams) and the host's CUDA runtime calls
-    (count, ms) by name, the five longest, of all threads and of ``training_thread`` (its native
-    id) alone. Where the step's GPU time goes while a phase decodes, and whether the training
-    thread's own calls are what slows it."""
+    the time any kernel ran (ms, the union over streams) and the host's CUDA runtime calls by name
+    (count and ms a step, and the longest single call in ms), of all threads, of ``training_thread``
+    (its native id) alone and of ``decode_threads`` (native ids) together. Where the step's GPU time
+    goes while a phase decodes, whose calls slow it, and whether a call waits on the GPU (a call
+    far longer than its mean)."""
     import collections
 
     with open(trace_path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     streams = collections.defaultdict(lambda: [0, 0.0])
-    calls = collections.defaultdict(lambda: [0, 0.0])
-    mine = collections.defaultdict(lambda: [0, 0.0])
+    calls, mine, decoders = (collections.defaultdict(lambda: [0, 0.0, 0.0]) for _ in range(3))
+    decode_threads = set(decode_threads)
     spans = []
     for e in events:
         cat, dur = e.get("cat"), e.get("dur", 0) / 1e3
@@ -122,20 +127,22 @@ def gpu_timeline(trace_path: str, steps: int, training_thread: Optional[int] = N
             if cat == "kernel":
                 spans.append((e["ts"], e["ts"] + e.get("dur", 0)))
         elif cat == "cuda_runtime":
-            for d in (calls, mine) if e.get("tid") == training_thread else (calls,):
-                d[e["name"]][0] += 1
-                d[e["name"]][1] += dur
+            tid = e.get("tid")
+            for d in (calls, mine if tid == training_thread else None, decoders if tid in decode_threads else None):
+                if d is not None:
+                    d[e["name"]][0] += 1
+                    d[e["name"]][1] += dur
+                    d[e["name"]][2] = max(d[e["name"]][2], dur)
     busy, end = 0.0, float("-inf")
     for a, b in sorted(spans):
         if b > end:
             busy += b - max(a, end)
             end = b
     wall = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e3 if spans else 0.0
-    per = lambda d: {k: [round(c / steps, 1), round(ms / steps, 2)] for k, (c, ms) in  # noqa: E731
-                     sorted(d.items(), key=lambda kv: -kv[1][1])}
+    per = lambda d: {k: [round(v[0] / steps, 1), round(v[1] / steps, 2)] + ([round(v[2], 3)] if len(v) > 2 else [])  # noqa: E731
+                     for k, v in sorted(d.items(), key=lambda kv: -kv[1][1])}
     return {"kernel_busy_ms": busy / 1e3 / steps, "kernel_span_ms": wall / steps, "streams": per(streams),
-            "runtime_calls": dict(list(per(calls).items())[:5]),
-            "training_thread_calls": dict(list(per(mine).items())[:5])}
+            "runtime_calls": per(calls), "training_thread_calls": per(mine), "decode_thread_calls": per(decoders)}
 
 
 def _host_now() -> dict:
@@ -255,7 +262,7 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
             torch.cuda.synchronize()
         path = os.path.join(tempfile.mkdtemp(prefix="bench_stream_trace_"), "trace.json")
         prof.export_chrome_trace(path)
-        timeline = gpu_timeline(path, profile, threading.get_native_id())
+        timeline = gpu_timeline(path, profile, threading.get_native_id(), _decode_threads())
     loop.batches.close()  # the phase's loader workers and decode threads end here, not at exit
     samples = steps * run_cfg.micro_batch_size * te.engine.gradient_accumulation_steps() * te.dp_world
     return {"samples_per_s": samples / elapsed, "step_ms": 1e3 * elapsed / steps,
@@ -304,10 +311,11 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
                    help="image_set:decode phases (web256, web512, web256mixed, web512as256, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][#HOSTSHARE][*LANES]"
-                        "[^PRIORITY][~WORKERS][+interleaved][+batchcopy][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
+                        "[^PRIORITY][~WORKERS][+interleaved][+batchcopy][+pad][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
                         "data.gpu_decode_host_max_pixels PIXELS, data.gpu_decode_host_share HOSTSHARE, "
                         "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal, data.workers WORKERS, "
-                        "data.gpu_decode_host_interleaved true, data.gpu_decode_host_copy batch; !NICE: the decode threads at that scheduling "
+                        "data.gpu_decode_host_interleaved true, data.gpu_decode_host_copy batch; +pad: nvJPEG's allocations padded by "
+                        "16 MiB (device) and 8 MiB (pinned host); !NICE: the decode threads at that scheduling "
                         "niceness, e.g. !10, so the training thread wins a contested core)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
@@ -325,6 +333,7 @@ def main(argv=None) -> int:
     p.add_argument("--dir", default=None, help="where the image sets are written (kept for reuse)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "stream.jsonl"))
     args = p.parse_args(argv)
+    from infclip.pipeline.data import nvjpeg
     from infclip.pipeline.data.build import build_train_loader
     from infclip.pipeline.data.tokenizer import iter_shard_captions, train_bpe_tokenizer
     from infclip.pipeline.engine.dist import init_distributed, single_process_env
@@ -352,13 +361,15 @@ def main(argv=None) -> int:
     default_priority, default_host = run_cfg.data.gpu_decode_priority, run_cfg.data.gpu_decode_host_max_pixels
     default_interleaved, default_copy = run_cfg.data.gpu_decode_host_interleaved, run_cfg.data.gpu_decode_host_copy
     default_host_share, default_workers = run_cfg.data.gpu_decode_host_share, run_cfg.data.workers
+    default_padding = nvjpeg.MEMORY_PADDING
 
     def loader(urls, decode, crop):
         cfg = run_cfg.data
         decode, *flags = decode.split("+")  # gpu+interleaved+batchcopy: the host decoder's layout and copy
-        unknown = set(flags) - {"interleaved", "batchcopy"}
+        unknown = set(flags) - {"interleaved", "batchcopy", "pad"}
         if unknown:
-            raise SystemExit(f"unknown phase flag(s) {sorted(unknown)}: +interleaved or +batchcopy")
+            raise SystemExit(f"unknown phase flag(s) {sorted(unknown)}: +interleaved, +batchcopy or +pad")
+        nvjpeg.MEMORY_PADDING = PADDING if "pad" in flags else default_padding
         cfg.gpu_decode_host_interleaved = "interleaved" in flags or default_interleaved
         cfg.gpu_decode_host_copy = "batch" if "batchcopy" in flags else default_copy
         decode, _, workers = decode.partition("~")  # gpu@0.5~14: data.workers 14 for this phase
@@ -414,6 +425,7 @@ def main(argv=None) -> int:
                "gpu_decode_host_interleaved": run_cfg.data.gpu_decode_host_interleaved if gpu else None,
                "gpu_decode_host_copy": run_cfg.data.gpu_decode_host_copy if gpu else None,
                "gpu_decode_host_share": run_cfg.data.gpu_decode_host_share if gpu else None,
+               "nvjpeg_memory_padding": list(nvjpeg.MEMORY_PADDING) if gpu else None,
                "switch_interval": sys.getswitchinterval(),
                **run_phase(te, run_cfg, build, args.warmup, args.steps, args.profile, int(nice) if nice else None)}
         rows.append(row)

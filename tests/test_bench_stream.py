@@ -1,6 +1,6 @@
 """bench/bench_stream.py's profile summary, on a trace written as torch.profiler writes one: stream
-times, the union of kernel time, and the CUDA runtime calls of every thread and of the training
-thread alone; and its rows, written as their anchors complete."""
+times, the union of kernel time, and the CUDA runtime calls of every thread, of the training
+thread alone and of the decode threads; and its rows, written as their anchors complete."""
 
 from __future__ import annotations
 
@@ -33,15 +33,18 @@ def test_the_profile_summary_splits_streams_kernel_time_and_the_training_threads
         {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 12, "ts": 2 * us, "dur": 2 * us},
         {"cat": "cpu_op", "name": "aten::mm", "tid": 11, "ts": 0, "dur": 50 * us},
     ])
-    got = bench_stream.gpu_timeline(path, steps=2, training_thread=11)
+    got = bench_stream.gpu_timeline(path, steps=2, training_thread=11, decode_threads=[12])
     assert got["kernel_busy_ms"] == 11.0  # (0-12 ms, the overlap once) + 10 ms, over 2 steps
     assert got["kernel_span_ms"] == 15.0  # first kernel's start to the last one's end
     assert got["streams"] == {"stream 7 kernels": [1.0, 10.0], "stream 9 kernels": [0.5, 2.0],
                               "stream 9 copies": [0.5, 0.5]}
-    assert got["runtime_calls"] == {"cudaMemcpyAsync": [0.5, 10.0], "cudaLaunchKernel": [1.5, 5.0]}
-    assert got["training_thread_calls"] == {"cudaLaunchKernel": [1.0, 4.0]}
-    # no thread named: every call is counted, none as the training thread's
-    assert bench_stream.gpu_timeline(path, steps=2)["training_thread_calls"] == {}
+    # count and ms a step, and the longest single call
+    assert got["runtime_calls"] == {"cudaMemcpyAsync": [0.5, 10.0, 20.0], "cudaLaunchKernel": [1.5, 5.0, 5.0]}
+    assert got["training_thread_calls"] == {"cudaLaunchKernel": [1.0, 4.0, 5.0]}
+    assert got["decode_thread_calls"] == {"cudaMemcpyAsync": [0.5, 10.0, 20.0], "cudaLaunchKernel": [0.5, 1.0, 2.0]}
+    # no thread named: every call is counted, none as the training thread's or a decode thread's
+    unnamed = bench_stream.gpu_timeline(path, steps=2)
+    assert unnamed["training_thread_calls"] == {} and unnamed["decode_thread_calls"] == {}
 
 
 def test_rows_are_written_as_their_anchors_complete_and_once(tmp_path):

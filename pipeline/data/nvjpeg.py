@@ -53,6 +53,11 @@ _STATUS_ARCH_MISMATCH = 7
 _MAX_COMPONENT = 4
 _CSS_420 = 2  # nvjpegChromaSubsampling_t: what web JPEGs mostly are
 _OPTIONAL = ("nvjpegDecodeBatchedPreAllocate",)  # nvJPEG 11.4 and later
+MEMORY_PADDING = (0, 0)
+"""Bytes nvJPEG adds to each of a handle's device and pinned host allocations
+(``nvjpegSetDeviceMemoryPadding``, ``nvjpegSetPinnedMemoryPadding``), so that a larger JPEG than
+any before does not make it free and allocate its buffers again: freeing device or pinned memory
+waits for the whole GPU."""
 
 
 class _Image(ctypes.Structure):
@@ -94,6 +99,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "nvjpegDecodeBatchedInitialize": [vp, vp, i, i, i],
         "nvjpegDecodeBatched": [vp, vp, p(vp), p(sz), p(_Image), vp],
         "nvjpegDecodeBatchedPreAllocate": [vp, vp, i, i, i, i, i],
+        "nvjpegSetDeviceMemoryPadding": [sz, vp],
+        "nvjpegSetPinnedMemoryPadding": [sz, vp],
     }
     for name, args in sigs.items():
         if not hasattr(lib, name) and name in _OPTIONAL:
@@ -135,6 +142,11 @@ class NvJpeg:
         if backend == "hardware" and status == _STATUS_ARCH_MISMATCH:  # no JPEG engines on this GPU
             status = lib.nvjpegCreateEx(_BACKEND_DEFAULT, None, None, 0, ctypes.byref(self.handle))
         self._check(status, "nvjpegCreateEx")
+        device_padding, pinned_padding = MEMORY_PADDING
+        if device_padding:
+            self._check(lib.nvjpegSetDeviceMemoryPadding(device_padding, self.handle), "nvjpegSetDeviceMemoryPadding")
+        if pinned_padding:
+            self._check(lib.nvjpegSetPinnedMemoryPadding(pinned_padding, self.handle), "nvjpegSetPinnedMemoryPadding")
         self._check(lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state)), "nvjpegJpegStateCreate")
         # the engines' pool is sized once, before the first batch, where the library can
         self._pooled = not (self.hardware and preallocate and hasattr(lib, _OPTIONAL[0]))
