@@ -311,11 +311,11 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
                    help="image_set:decode phases (web256, web512, web256mixed, web512as256, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][#HOSTSHARE][*LANES]"
-                        "[^PRIORITY][~WORKERS][+interleaved][+batchcopy][+pad][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
+                        "[^PRIORITY][~WORKERS][+interleaved][+batchcopy][+pad][+core][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
                         "data.gpu_decode_host_max_pixels PIXELS, data.gpu_decode_host_share HOSTSHARE, "
                         "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal, data.workers WORKERS, "
                         "data.gpu_decode_host_interleaved true, data.gpu_decode_host_copy batch; +pad: nvJPEG's allocations padded by "
-                        "16 MiB (device) and 8 MiB (pinned host); !NICE: the decode threads at that scheduling "
+                        "16 MiB (device) and 8 MiB (pinned host); +core: data.reserve_training_core true; !NICE: the decode threads at that scheduling "
                         "niceness, e.g. !10, so the training thread wins a contested core)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
@@ -335,6 +335,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from infclip.pipeline.data import nvjpeg
     from infclip.pipeline.data.build import build_train_loader
+    from infclip.pipeline.data.cores import physical_cores
     from infclip.pipeline.data.tokenizer import iter_shard_captions, train_bpe_tokenizer
     from infclip.pipeline.engine.dist import init_distributed, single_process_env
     from infclip.pipeline.engine.engine import build_engine
@@ -361,14 +362,15 @@ def main(argv=None) -> int:
     default_priority, default_host = run_cfg.data.gpu_decode_priority, run_cfg.data.gpu_decode_host_max_pixels
     default_interleaved, default_copy = run_cfg.data.gpu_decode_host_interleaved, run_cfg.data.gpu_decode_host_copy
     default_host_share, default_workers = run_cfg.data.gpu_decode_host_share, run_cfg.data.workers
-    default_padding = nvjpeg.MEMORY_PADDING
+    default_padding, default_core = nvjpeg.MEMORY_PADDING, run_cfg.data.reserve_training_core
 
     def loader(urls, decode, crop):
         cfg = run_cfg.data
         decode, *flags = decode.split("+")  # gpu+interleaved+batchcopy: the host decoder's layout and copy
-        unknown = set(flags) - {"interleaved", "batchcopy", "pad"}
+        unknown = set(flags) - {"interleaved", "batchcopy", "pad", "core"}
         if unknown:
-            raise SystemExit(f"unknown phase flag(s) {sorted(unknown)}: +interleaved, +batchcopy or +pad")
+            raise SystemExit(f"unknown phase flag(s) {sorted(unknown)}: +interleaved, +batchcopy, +pad or +core")
+        cfg.reserve_training_core = "core" in flags or default_core
         nvjpeg.MEMORY_PADDING = PADDING if "pad" in flags else default_padding
         cfg.gpu_decode_host_interleaved = "interleaved" in flags or default_interleaved
         cfg.gpu_decode_host_copy = "batch" if "batchcopy" in flags else default_copy
@@ -396,7 +398,8 @@ def main(argv=None) -> int:
     base = {"bench": "stream", "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "preset": args.preset, "overrides": args.overrides, "micro_batch": run_cfg.micro_batch_size,
             "workers": run_cfg.data.workers,
-            "cpu_count": os.cpu_count(), "device": torch.cuda.get_device_name(), "steps": args.steps,
+            "cpu_count": os.cpu_count(), "physical_cores": len(physical_cores(os.sched_getaffinity(0))),
+            "device": torch.cuda.get_device_name(), "steps": args.steps,
             # the GPU's hardware work queues the process's streams share (CUDA's default: 8)
             "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
     streamed = [(s, i) for i in args.switch_intervals for s in args.sets]
@@ -426,6 +429,7 @@ def main(argv=None) -> int:
                "gpu_decode_host_copy": run_cfg.data.gpu_decode_host_copy if gpu else None,
                "gpu_decode_host_share": run_cfg.data.gpu_decode_host_share if gpu else None,
                "nvjpeg_memory_padding": list(nvjpeg.MEMORY_PADDING) if gpu else None,
+               "reserve_training_core": run_cfg.data.reserve_training_core if phase != "synthetic" else None,
                "switch_interval": sys.getswitchinterval(),
                **run_phase(te, run_cfg, build, args.warmup, args.steps, args.profile, int(nice) if nice else None)}
         rows.append(row)

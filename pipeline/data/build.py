@@ -13,6 +13,7 @@ import torch
 from infclip.ops.config import ConfigError
 
 from .config import CLIP_MEAN, CLIP_STD, DataConfig
+from .cores import MIN_CORES_PER_RANK, CorePlan, plan_cores
 from .image_ops import normalize_pixels
 from .loader import ShardLoader, make_loader
 from .shard_urls import check_shards_exist, expand_urls, prepare_shards
@@ -104,10 +105,29 @@ def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_l
         batches_per_rank=batches_per_rank, start_batch=start_batch, crop_scale=cfg.crop_scale, drop_last=True)
     spec.gpu_decode, spec.gpu_share = decode_on_gpu(cfg, device), cfg.gpu_decode_share
     normalize, stage = _pixel_stage(cfg, spec.gpu_decode, device, dtype)
-    loader = make_loader(spec, workers, cfg.prefetch_factor, normalize, stage)
+    loader = make_loader(spec, workers, cfg.prefetch_factor, normalize, stage,
+                         cores=_training_cores(cfg) if workers > 0 or stage is not None else None)
     if position is not None:
         loader.seek(position)
     return loader
+
+
+def _training_cores(cfg: DataConfig) -> Optional[CorePlan]:
+    """With ``data.reserve_training_core``, this rank's placement over the host's cores
+    (:func:`pipeline.data.cores.plan_cores`, the local rank from the launcher's environment); None
+    without it or without room for it (said once)."""
+    if not cfg.reserve_training_core:
+        return None
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    plan = plan_cores(local_rank, local_world)
+    if plan is None:
+        _warn_once("cores", "data.reserve_training_core: not applied (needs Linux and at least %d physical cores "
+                   "per local rank; %d local rank(s) here)", MIN_CORES_PER_RANK, local_world)
+    elif local_rank == 0 and ("cores", plan) not in _WARNED:
+        _WARNED.add(("cores", plan))
+        logger.info("data.reserve_training_core: training thread on CPU(s) %s, loader on %d CPU(s)",
+                    ",".join(map(str, plan.training)), len(plan.loader))
+    return plan
 
 
 def _batches_per_rank(cfg: DataConfig, batch_size: int, world_size: int) -> Optional[int]:

@@ -115,6 +115,12 @@ class DataConfig:
     """The decode lanes' CUDA stream priority: ``"high"`` (the decode and crop kernels' blocks go
     ahead of the step's queued ones, so a batch is ready sooner) or ``"normal"`` (the step's
     priority: the decode fills the SM time the step leaves, and waits behind it otherwise)."""
+    reserve_training_core: bool = False
+    """While the training loader runs, keep the rank's training thread on a physical core of its own
+    (all its hyperthreads) and the loader's worker processes and decode threads on the other cores
+    (``pipeline.data.cores``; local rank ``r`` of a host takes the ``r``-th core from the end). Left to
+    the scheduler otherwise. Linux; skipped, with a log line, where the process may use fewer than
+    4 physical cores per local rank."""
     device_cache: bool = False
     """Decode every training sample once into device memory and serve batches from there
     (``pipeline.data.device_cache``): for data sets that fit (at most half the free memory), when the

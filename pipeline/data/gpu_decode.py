@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .cores import enter_cores
 from .image_ops import normalize_pixels, resized_crop_normalize, resized_crop_normalize_flat, upload
 from .nvjpeg import NvJpegError, load_decoder, plane_buffer
 
@@ -424,16 +425,18 @@ def small_first(data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, 
 
 
 def prefetched(records: Iterable[Dict[str, Any]], finish: Callable[[Dict[str, Any], int], Dict[str, Any]],
-               is_batch: Callable[[Dict[str, Any]], bool], depth: int = 2, lanes: int = 1) -> Iterator[Dict[str, Any]]:
+               is_batch: Callable[[Dict[str, Any]], bool], depth: int = 2, lanes: int = 1,
+               cpus: Optional[Sequence[int]] = None) -> Iterator[Dict[str, Any]]:
     """``records`` with ``finish(record, lane)`` applied to the batches among them, in order. A
     feeding thread reads ``records`` and hands batch ``i`` to lane ``i % lanes``, each lane a
     thread of its own, so ``lanes`` batches are finished at once, up to ``depth`` ahead of the
-    consumer. An error in a thread is raised here; closing the generator (or leaving it early)
-    stops the threads."""
+    consumer. The threads run on ``cpus`` when given. An error in a thread is raised here; closing
+    the generator (or leaving it early) stops the threads."""
     lanes = max(1, int(lanes))
     q: "queue.Queue" = queue.Queue(maxsize=depth + lanes - 1)
     stop = threading.Event()
-    pools = [ThreadPoolExecutor(1, thread_name_prefix=f"infclip-decode-{k}") for k in range(lanes)]
+    pools = [ThreadPoolExecutor(1, thread_name_prefix=f"infclip-decode-{k}", initializer=enter_cores,
+                                initargs=(cpus,)) for k in range(lanes)]
     _END = object()
 
     def ready(value: Any = None, error: Optional[BaseException] = None) -> Future:
@@ -451,6 +454,7 @@ def prefetched(records: Iterable[Dict[str, Any]], finish: Callable[[Dict[str, An
         return False
 
     def feed() -> None:
+        enter_cores(cpus)
         n = 0
         try:
             for record in records:

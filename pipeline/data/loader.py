@@ -38,11 +38,14 @@ when one runs out: a shard count not divisible by the world size is warned about
 
 from __future__ import annotations
 
+import functools
+import os
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import torch
 
+from .cores import CorePlan, enter_cores
 from .spec import END_OF_STREAM, SKIPS, WORKER, StreamSpec
 from .stream import ShardStream
 
@@ -78,8 +81,12 @@ class ShardLoader:
 
     def __init__(self, dataloader: torch.utils.data.DataLoader, spec: StreamSpec, *,
                  batches_per_epoch: Optional[int], normalize: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-                 stage: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None) -> None:
+                 stage: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
+                 cores: Optional[CorePlan] = None) -> None:
         self.dataloader, self._spec = dataloader, spec
+        self.cores = cores
+        """Where the training thread and the loader's threads run while the stream is iterated
+        (:mod:`pipeline.data.cores`); None: where the scheduler puts them."""
         self.normalize = normalize
         self.stage = stage
         """The GPU decode stage (:class:`pipeline.data.gpu_decode.DecodeStage`), run a batch or two
@@ -190,12 +197,15 @@ class ShardLoader:
         if left is not None and left <= 0:
             return
         workers = iter(self.dataloader)  # here: it draws from the global RNG
+        loader_cpus = self.cores.loader if self.cores is not None else None
+        _move_thread(getattr(workers, "_pin_memory_thread", None), loader_cpus)
+        training_before = enter_cores(self.cores.training if self.cores is not None else None)
         records: Iterator[Dict[str, Any]] = workers
         if self.stage is not None:
             from .gpu_decode import prefetched
 
             records = prefetched(workers, self.stage, lambda r: END_OF_STREAM not in r,
-                                 lanes=getattr(self.stage, "lanes", 1))
+                                 lanes=getattr(self.stage, "lanes", 1), cpus=loader_cpus)
         try:
             yield from self._batches(records, left)
         finally:
@@ -203,6 +213,7 @@ class ShardLoader:
             if callable(close):
                 close()
             _end_workers(workers)
+            enter_cores(training_before)
 
     def _batches(self, records: Iterator[Dict[str, Any]], left: Optional[int]) -> Iterator[Dict[str, Any]]:
         if self.stage is not None:  # only the GPU decode stage's batches carry a ready event
@@ -248,6 +259,23 @@ def _end_workers(it: Any) -> None:
             proc.join(timeout=5)
 
 
+def _move_thread(thread: Any, cpus: Optional[Sequence[int]]) -> None:
+    """Put a started ``threading.Thread`` of this process onto ``cpus`` (Linux: a thread is a task
+    of its own); nothing without either."""
+    tid = getattr(thread, "native_id", None)
+    if tid and cpus and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:  # ended meanwhile
+            pass
+
+
+def _init_worker(cpus: Optional[Sequence[int]], worker_id: int) -> None:
+    """Each loader worker's start: deaf to the stop signals, and on ``cpus`` when given."""
+    _ignore_stop_signals(worker_id)
+    enter_cores(cpus)
+
+
 def _ignore_stop_signals(worker_id: int) -> None:
     """In each loader worker: SIGTERM, SIGINT and SIGUSR1 ignored. torch's worker handler ends a
     worker on a SIGTERM from anyone but its parent, so a signal sent to the whole process group
@@ -270,17 +298,20 @@ def worker_start_method() -> Optional[str]:
 
 def make_loader(spec: StreamSpec, workers: int, prefetch_factor: int,
                 normalize: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-                stage: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None) -> ShardLoader:
+                stage: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
+                cores: Optional[CorePlan] = None) -> ShardLoader:
     """The loader of ``spec``'s stream: a DataLoader of ``workers`` processes (0: in this one) over
-    :class:`~pipeline.data.stream.ShardStream`, its workers deaf to the stop signals; ``normalize`` and
-    ``stage`` as :class:`ShardLoader` takes them."""
+    :class:`~pipeline.data.stream.ShardStream`, its workers deaf to the stop signals; ``normalize``,
+    ``stage`` and ``cores`` as :class:`ShardLoader` takes them."""
     kwargs: Dict[str, Any] = {}
     if workers > 0:
-        kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=False, worker_init_fn=_ignore_stop_signals,
+        init = functools.partial(_init_worker, cores.loader if cores is not None else None)
+        kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=False, worker_init_fn=init,
                       multiprocessing_context=worker_start_method())
     dl = torch.utils.data.DataLoader(ShardStream(spec), batch_size=None, num_workers=workers,
                                      pin_memory=torch.cuda.is_available(), **kwargs)
-    return ShardLoader(dl, spec, batches_per_epoch=spec.batches_per_rank, normalize=normalize, stage=stage)
+    return ShardLoader(dl, spec, batches_per_epoch=spec.batches_per_rank, normalize=normalize, stage=stage,
+                       cores=cores)
 
 
 def measure_loader_throughput(loader: Iterable[Dict[str, Any]], num_batches: int, warmup: int = 1) -> float:

@@ -72,7 +72,8 @@ def _loader(url, tok, decode, device="cpu", **kw):
                      gpu_decoder=kw.pop("decoder", "auto"), gpu_decode_host_max_pixels=kw.pop("host_pixels", 0),
                      gpu_decode_lanes=kw.pop("lanes", 1), gpu_decode_host_interleaved=kw.pop("interleaved", False),
                      gpu_decode_host_copy=kw.pop("host_copy", "plane"),
-                     gpu_decode_host_share=kw.pop("host_share", 1.0))
+                     gpu_decode_host_share=kw.pop("host_share", 1.0),
+                     reserve_training_core=kw.pop("reserve_training_core", False))
     return build_train_loader(cfg, tok, image_size=16, context_length=16, batch_size=4,
                               device=torch.device(device), **kw)
 
