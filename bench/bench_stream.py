@@ -311,11 +311,11 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
                    help="image_set:decode phases (web256, web512, web256mixed, web512as256, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][#HOSTSHARE][*LANES]"
-                        "[^PRIORITY][~WORKERS][+interleaved][+batchcopy][+pad][+core][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
+                        "[^PRIORITY][~WORKERS][+interleaved][+batchcopy][+pad][+core][+keepoff][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
                         "data.gpu_decode_host_max_pixels PIXELS, data.gpu_decode_host_share HOSTSHARE, "
                         "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal, data.workers WORKERS, "
                         "data.gpu_decode_host_interleaved true, data.gpu_decode_host_copy batch; +pad: nvJPEG's allocations padded by "
-                        "16 MiB (device) and 8 MiB (pinned host); +core: data.reserve_training_core true; !NICE: the decode threads at that scheduling "
+                        "16 MiB (device) and 8 MiB (pinned host); +core: data.reserve_training_core true; +keepoff: the same without moving the training thread (only the loader kept off its core); !NICE: the decode threads at that scheduling "
                         "niceness, e.g. !10, so the training thread wins a contested core)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
@@ -335,6 +335,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from infclip.pipeline.data import nvjpeg
     from infclip.pipeline.data.build import build_train_loader
+    from infclip.pipeline.data import cores
     from infclip.pipeline.data.cores import physical_cores
     from infclip.pipeline.data.tokenizer import iter_shard_captions, train_bpe_tokenizer
     from infclip.pipeline.engine.dist import init_distributed, single_process_env
@@ -367,10 +368,11 @@ def main(argv=None) -> int:
     def loader(urls, decode, crop):
         cfg = run_cfg.data
         decode, *flags = decode.split("+")  # gpu+interleaved+batchcopy: the host decoder's layout and copy
-        unknown = set(flags) - {"interleaved", "batchcopy", "pad", "core"}
+        unknown = set(flags) - {"interleaved", "batchcopy", "pad", "core", "keepoff"}
         if unknown:
-            raise SystemExit(f"unknown phase flag(s) {sorted(unknown)}: +interleaved, +batchcopy, +pad or +core")
-        cfg.reserve_training_core = "core" in flags or default_core
+            raise SystemExit(f"unknown phase flag(s) {sorted(unknown)}: +interleaved, +batchcopy, +pad, +core or +keepoff")
+        cfg.reserve_training_core = "core" in flags or "keepoff" in flags or default_core
+        cores.PIN_TRAINING_THREAD = "keepoff" not in flags
         nvjpeg.MEMORY_PADDING = PADDING if "pad" in flags else default_padding
         cfg.gpu_decode_host_interleaved = "interleaved" in flags or default_interleaved
         cfg.gpu_decode_host_copy = "batch" if "batchcopy" in flags else default_copy
@@ -430,6 +432,7 @@ def main(argv=None) -> int:
                "gpu_decode_host_share": run_cfg.data.gpu_decode_host_share if gpu else None,
                "nvjpeg_memory_padding": list(nvjpeg.MEMORY_PADDING) if gpu else None,
                "reserve_training_core": run_cfg.data.reserve_training_core if phase != "synthetic" else None,
+               "pin_training_thread": cores.PIN_TRAINING_THREAD if phase != "synthetic" else None,
                "switch_interval": sys.getswitchinterval(),
                **run_phase(te, run_cfg, build, args.warmup, args.steps, args.profile, int(nice) if nice else None)}
         rows.append(row)

@@ -21,12 +21,16 @@ import logging
 import os
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
-__all__ = ["CorePlan", "MIN_CORES_PER_RANK", "enter_cores", "parse_cpu_list", "physical_cores", "plan_cores"]
+__all__ = ["CorePlan", "MIN_CORES_PER_RANK", "PIN_TRAINING_THREAD", "enter_cores", "parse_cpu_list", "physical_cores", "plan_cores"]
 
 logger = logging.getLogger(__name__)
 
 MIN_CORES_PER_RANK = 4
 """Physical cores a local rank needs before one of them is kept for its training thread."""
+PIN_TRAINING_THREAD = True
+"""True: the training thread is moved onto its core; False: it keeps its CPUs and only the loader
+is kept off the reserved cores (the scheduler then leaves the training thread where it last ran,
+an idle core of its own once it ran there; threads and processes it starts keep every CPU)."""
 
 
 def parse_cpu_list(text: str) -> List[int]:

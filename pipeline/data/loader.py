@@ -45,6 +45,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 import torch
 
+from . import cores as placement
 from .cores import CorePlan, enter_cores
 from .spec import END_OF_STREAM, SKIPS, WORKER, StreamSpec
 from .stream import ShardStream
@@ -199,7 +200,8 @@ class ShardLoader:
         workers = iter(self.dataloader)  # here: it draws from the global RNG
         loader_cpus = self.cores.loader if self.cores is not None else None
         _move_thread(getattr(workers, "_pin_memory_thread", None), loader_cpus)
-        training_before = enter_cores(self.cores.training if self.cores is not None else None)
+        training_before = enter_cores(self.cores.training if self.cores is not None and placement.PIN_TRAINING_THREAD
+                                      else None)
         records: Iterator[Dict[str, Any]] = workers
         if self.stage is not None:
             from .gpu_decode import prefetched

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from infclip.pipeline.data import build as build_mod
+from infclip.pipeline.data import cores
 from infclip.pipeline.data.cores import CorePlan, MIN_CORES_PER_RANK, parse_cpu_list, physical_cores, plan_cores
 from infclip.pipeline.data.tokenizer import load_tokenizer
 
@@ -74,20 +75,22 @@ def _children() -> set:
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs Linux and two CPUs")
-@pytest.mark.parametrize("decode", ["cpu", "gpu"])
-def test_a_training_loader_puts_its_threads_where_the_plan_says_while_it_runs(tmp_path, tok, monkeypatch, decode):
+@pytest.mark.parametrize("decode,pin", [("cpu", True), ("gpu", True), ("gpu", False)])
+def test_a_training_loader_puts_its_threads_where_the_plan_says_while_it_runs(tmp_path, tok, monkeypatch, decode, pin):
     """data.reserve_training_core with a plan of one CPU each: while the loader is iterated the
-    training thread is on its CPU and every worker process and decode thread on the loader's;
-    when the loader ends the training thread is back where it was."""
+    training thread is on its CPU (without PIN_TRAINING_THREAD: where it was) and every worker
+    process and decode thread on the loader's; when the loader ends the training thread is back
+    where it was."""
     a, b = sorted(os.sched_getaffinity(0))[:2]
     monkeypatch.setattr(build_mod, "plan_cores", lambda *_: CorePlan(training=(b,), loader=(a,)))
+    monkeypatch.setattr(cores, "PIN_TRAINING_THREAD", pin)
     url = _mixed_shards(tmp_path / "mixed")
     before, old_children = os.sched_getaffinity(0), _children()
     loader = _loader(url, tok, decode, reserve_training_core=True)
     batches, workers_seen = 0, set()
     for _ in loader:
         batches += 1
-        assert os.sched_getaffinity(0) == {b}
+        assert os.sched_getaffinity(0) == ({b} if pin else before)
         workers = _children() - old_children  # those still running: the last batches may come after both ended
         assert len(workers) <= 2 and all(os.sched_getaffinity(p) == {a} for p in workers)
         workers_seen |= workers
