@@ -13,7 +13,8 @@ starvation and, with ``gpu`` decode, the decode kernels sharing the GPU with the
 loader is closed when the phase ends (its worker processes and decode threads stop): left open,
 they slow every later phase, the anchors included. Each row also says where the step's time went
 on the host (the training thread's CPU time a step and how often it was descheduled; the same
-for the decode stage's threads together) and, with
+for the decode stage's threads together), the GPU's SM clock, power and clock-event reasons
+while the timed steps ran (``nvidia-smi``), and, with
 ``gpu`` decode, the GPU time the step's stream stood waiting for a batch (``gpu_stall_fraction``);
 ``--profile N`` adds each CUDA stream's kernel time a step from ``torch.profiler``.
 
@@ -36,6 +37,9 @@ import argparse
 import datetime
 import json
 import os
+import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -202,6 +206,50 @@ def renice_decode_threads(nice: int) -> int:
     return len(tids)
 
 
+class GpuClocks:
+    """``nvidia-smi`` sampling the GPU every 200 ms while a phase's timed steps run: its SM clock,
+    power draw, temperature and active clock-event (throttle) reasons. A phase slowed by the GPU
+    holding a lower clock (power cap, heat) shows it here, not in the loader's counters. Nothing is
+    sampled where ``nvidia-smi`` is missing."""
+
+    FIELDS = "clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
+
+    def __init__(self, device_index: int) -> None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+        index = visible[device_index] if device_index < len(visible) and visible[device_index].strip().isdigit() \
+            else str(device_index)
+        exe = shutil.which("nvidia-smi")
+        line_buffered = ["stdbuf", "-oL"] if shutil.which("stdbuf") else []  # each sample reaches the pipe as taken
+        self.proc = subprocess.Popen(
+            line_buffered + [exe, f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits", "-lms", "200", "-i", index],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) if exe else None
+
+    def stop(self) -> dict:
+        if self.proc is None:
+            return {}
+        self.proc.send_signal(signal.SIGINT)  # nvidia-smi's loop ends on an interrupt as on Ctrl+C
+        try:
+            out, _ = self.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        samples = []
+        for line in out.splitlines():
+            try:
+                sm, power, temp, reasons = (v.strip() for v in line.split(","))
+                samples.append((float(sm), float(power), float(temp), int(reasons, 16)))
+            except ValueError:
+                continue
+        if not samples:
+            return {}
+        sm, power, temp, reasons = zip(*samples)
+        active = 0
+        for r in reasons:
+            active |= r & ~0x1  # 0x1: idle, not a throttle
+        return {"sm_clock_mhz": sum(sm) / len(sm), "sm_clock_min_mhz": min(sm), "power_w": sum(power) / len(power),
+                "temperature_c": max(temp), "clock_event_reasons": hex(active), "clock_samples": len(samples)}
+
+
 def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nice: Optional[int] = None) -> dict:
     """``warmup`` + ``steps`` steps of the training loop on ``build``'s batches; the timed ones' rate
     (and, with ``profile``, that many more steps under torch.profiler: :func:`gpu_timeline`). With
@@ -242,12 +290,14 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
     reniced = renice_decode_threads(nice) if nice is not None else 0
     tcfg.steps = warmup + steps
     waits0, decoded0, stalled0 = waits[0], len(decode_ms), len(stall_ms)
+    clocks = GpuClocks(torch.cuda.current_device())
     h0 = _host_now()
     t0 = time.perf_counter()
     loop.run()
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     h1 = _host_now()
+    gpu_clocks = clocks.stop()
     timed, stalled = decode_ms[decoded0:], stall_ms[stalled0:]  # the timed steps' batches, not the profiled ones
     stage = getattr(loaders[-1], "stage", None) if loaders else None
     host = dict(stage.host_s) if stage is not None else None
@@ -284,6 +334,8 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
             "decode_preempted": (h1["decode_switches"] - h0["decode_switches"]) / steps,
             "threads": h1["threads"], "children": h1["children"],
             "decode_nice": nice, "decode_threads_reniced": reniced,
+            # the GPU while the timed steps ran (nvidia-smi every 200 ms): SM clock, power, clock-event reasons
+            **gpu_clocks,
             **({"profile": timeline} if timeline else {})}
 
 
@@ -440,6 +492,8 @@ def main(argv=None) -> int:
               f"step {row['step_ms']:6.1f} ms (training thread's CPU {row['main_cpu_ms']:.1f} ms, descheduled "
               f"{row['main_preempted']:.1f}x a step; {row['threads']} threads, {row['children']} child processes), "
               f"waiting {row['wait_fraction']:.1%}"
+              + (f", SM clock {row['sm_clock_mhz']:.0f} MHz (min {row['sm_clock_min_mhz']:.0f}, "
+                 f"{row['power_w']:.0f} W, events {row['clock_event_reasons']})" if "sm_clock_mhz" in row else "")
               + (f" (+ {row['gpu_stall_fraction']:.1%} on the GPU)" if row["gpu_stall_fraction"] is not None else "")
               + (f", decode {row['gpu_decode_ms']:.1f} ms a batch on the GPU, thread waits "
                  f"{row['decode_wait_ms']:.1f} ms + queues {row['decode_host_ms']:.1f} ms "

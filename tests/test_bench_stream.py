@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 import bench_stream  # noqa: E402
@@ -119,3 +120,22 @@ def test_the_decode_threads_cpu_time_is_theirs_alone():
     assert before["decode_cpu_s"] == 0.0  # no lane yet
     assert 0.3 * wall <= during["decode_cpu_s"] <= 1.05 * wall + 0.02
     assert bench_stream._host_now()["decode_cpu_s"] == 0.0  # the lane has ended: nothing counted
+
+
+def test_the_gpu_clock_sampler_reads_nvidia_smi_and_keeps_only_throttle_reasons(tmp_path, monkeypatch):
+    # a stand-in nvidia-smi on PATH printing as the real one does with --format=csv,noheader,nounits
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n"
+                   "echo '1980, 650.5, 61, 0x0000000000000001'\n"  # idle: not a throttle
+                   "echo '1755, 699.5, 64, 0x0000000000000004'\n"  # software power cap
+                   "echo '[N/A], [N/A], [N/A], [N/A]'\n"
+                   "exec sleep 30\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    clocks = bench_stream.GpuClocks(0)
+    time.sleep(1.0)
+    got = clocks.stop()
+    assert got == {"sm_clock_mhz": 1867.5, "sm_clock_min_mhz": 1755.0, "power_w": 675.0, "temperature_c": 64.0,
+                   "clock_event_reasons": "0x4", "clock_samples": 2}
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert bench_stream.GpuClocks(0).stop() == {}
