@@ -14,7 +14,8 @@ loader is closed when the phase ends (its worker processes and decode threads st
 they slow every later phase, the anchors included. Each row also says where the step's time went
 on the host (the training thread's CPU time a step and how often it was descheduled; the same
 for the decode stage's threads together), the GPU's SM clock, power and clock-event reasons
-while the timed steps ran (``nvidia-smi``), and, with
+while the timed steps ran (``nvidia-smi``), how long a thread waits for the interpreter lock
+(:class:`GilProbe`), and, with
 ``gpu`` decode, the GPU time the step's stream stood waiting for a batch (``gpu_stall_fraction``);
 ``--profile N`` adds each CUDA stream's kernel time a step from ``torch.profiler``.
 
@@ -206,6 +207,33 @@ def renice_decode_threads(nice: int) -> int:
     return len(tids)
 
 
+class GilProbe:
+    """A thread that sleeps 1 ms again and again and records how late each sleep returns. Waking
+    needs the interpreter lock, so lateness is the wait any thread of the process meets for that
+    lock after a call that released it (a CUDA sync, the nvJPEG call): about 0.1 ms on a free lock,
+    up to the switch interval (``sys.getswitchinterval``, 5 ms) behind a thread running Python."""
+
+    def __init__(self) -> None:
+        self.late: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-gil-probe", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.perf_counter()
+            time.sleep(1e-3)
+            self.late.append(time.perf_counter() - t0 - 1e-3)
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        late = sorted(self.late)
+        if not late:
+            return {}
+        return {"gil_late_ms": 1e3 * sum(late) / len(late), "gil_late_p99_ms": 1e3 * late[int(0.99 * (len(late) - 1))]}
+
+
 class GpuClocks:
     """``nvidia-smi`` sampling the GPU every 200 ms while a phase's timed steps run: its SM clock,
     power draw, temperature and active clock-event (throttle) reasons. A phase slowed by the GPU
@@ -290,14 +318,14 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
     reniced = renice_decode_threads(nice) if nice is not None else 0
     tcfg.steps = warmup + steps
     waits0, decoded0, stalled0 = waits[0], len(decode_ms), len(stall_ms)
-    clocks = GpuClocks(torch.cuda.current_device())
+    clocks, gil = GpuClocks(torch.cuda.current_device()), GilProbe()
     h0 = _host_now()
     t0 = time.perf_counter()
     loop.run()
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     h1 = _host_now()
-    gpu_clocks = clocks.stop()
+    gpu_clocks, gil_waits = clocks.stop(), gil.stop()
     timed, stalled = decode_ms[decoded0:], stall_ms[stalled0:]  # the timed steps' batches, not the profiled ones
     stage = getattr(loaders[-1], "stage", None) if loaders else None
     host = dict(stage.host_s) if stage is not None else None
@@ -336,6 +364,8 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
             "decode_nice": nice, "decode_threads_reniced": reniced,
             # the GPU while the timed steps ran (nvidia-smi every 200 ms): SM clock, power, clock-event reasons
             **gpu_clocks,
+            # how late a 1 ms sleep in another thread returned (mean, 99th percentile): the interpreter lock's wait
+            **gil_waits,
             **({"profile": timeline} if timeline else {})}
 
 
@@ -492,6 +522,8 @@ def main(argv=None) -> int:
               f"step {row['step_ms']:6.1f} ms (training thread's CPU {row['main_cpu_ms']:.1f} ms, descheduled "
               f"{row['main_preempted']:.1f}x a step; {row['threads']} threads, {row['children']} child processes), "
               f"waiting {row['wait_fraction']:.1%}"
+              + (f", interpreter lock wait {row['gil_late_ms']:.2f} ms (p99 {row['gil_late_p99_ms']:.2f})"
+                 if "gil_late_ms" in row else "")
               + (f", SM clock {row['sm_clock_mhz']:.0f} MHz (min {row['sm_clock_min_mhz']:.0f}, "
                  f"{row['power_w']:.0f} W, events {row['clock_event_reasons']})" if "sm_clock_mhz" in row else "")
               + (f" (+ {row['gpu_stall_fraction']:.1%} on the GPU)" if row["gpu_stall_fraction"] is not None else "")

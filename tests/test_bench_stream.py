@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
@@ -139,3 +140,23 @@ def test_the_gpu_clock_sampler_reads_nvidia_smi_and_keeps_only_throttle_reasons(
                    "clock_event_reasons": "0x4", "clock_samples": 2}
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert bench_stream.GpuClocks(0).stop() == {}
+
+
+def test_the_interpreter_lock_probe_sees_a_thread_running_python():
+    quiet = bench_stream.GilProbe()
+    time.sleep(0.3)
+    idle = quiet.stop()
+    stop = time.perf_counter() + 0.6
+    busy = bench_stream.GilProbe()
+
+    def spin():  # pure Python: holds the lock until the switch interval asks for it
+        while time.perf_counter() < stop:
+            pass
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    spinner.join()
+    contended = busy.stop()
+    assert contended["gil_late_ms"] > idle["gil_late_ms"]
+    # behind a spinning thread each wake-up waits about a switch interval (5 ms)
+    assert contended["gil_late_ms"] > 0.5 * 1e3 * sys.getswitchinterval()
