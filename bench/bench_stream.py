@@ -324,8 +324,8 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
     loop.run()
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
+    gpu_clocks, gil_waits = clocks.stop(), gil.stop()  # before h1: neither is counted among the threads and children
     h1 = _host_now()
-    gpu_clocks, gil_waits = clocks.stop(), gil.stop()
     timed, stalled = decode_ms[decoded0:], stall_ms[stalled0:]  # the timed steps' batches, not the profiled ones
     stage = getattr(loaders[-1], "stage", None) if loaders else None
     host = dict(stage.host_s) if stage is not None else None
@@ -522,11 +522,11 @@ def main(argv=None) -> int:
               f"step {row['step_ms']:6.1f} ms (training thread's CPU {row['main_cpu_ms']:.1f} ms, descheduled "
               f"{row['main_preempted']:.1f}x a step; {row['threads']} threads, {row['children']} child processes), "
               f"waiting {row['wait_fraction']:.1%}"
+              + (f" (+ {row['gpu_stall_fraction']:.1%} on the GPU)" if row["gpu_stall_fraction"] is not None else "")
               + (f", interpreter lock wait {row['gil_late_ms']:.2f} ms (p99 {row['gil_late_p99_ms']:.2f})"
                  if "gil_late_ms" in row else "")
               + (f", SM clock {row['sm_clock_mhz']:.0f} MHz (min {row['sm_clock_min_mhz']:.0f}, "
                  f"{row['power_w']:.0f} W, events {row['clock_event_reasons']})" if "sm_clock_mhz" in row else "")
-              + (f" (+ {row['gpu_stall_fraction']:.1%} on the GPU)" if row["gpu_stall_fraction"] is not None else "")
               + (f", decode {row['gpu_decode_ms']:.1f} ms a batch on the GPU, thread waits "
                  f"{row['decode_wait_ms']:.1f} ms + queues {row['decode_host_ms']:.1f} ms "
                  f"({row['decode_in_nvjpeg_ms']:.1f} in the nvJPEG call); decode threads' CPU "
