@@ -55,6 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from bench_data import write_jpeg_shards  # noqa: E402
+from thread_samples import ThreadSamples  # noqa: E402
 from infclip.pipeline.config import load_config  # noqa: E402
 
 
@@ -154,6 +155,7 @@ def _host_now() -> dict:
     """The training thread's CPU seconds and involuntary context switches (it was runnable and another
     thread got its core), this process's threads and its live child processes."""
     switches = _involuntary_switches("/proc/thread-self/status")
+    voluntary = _involuntary_switches("/proc/thread-self/status", "voluntary_ctxt_switches")
     me, children = os.getpid(), 0
     for pid in os.listdir("/proc"):
         if pid.isdigit():
@@ -163,15 +165,28 @@ def _host_now() -> dict:
             except OSError:
                 continue
     decode_cpu, decode_switches = _decode_threads_cpu()
-    return {"cpu_s": time.thread_time(), "switches": switches, "threads": len(os.listdir("/proc/self/task")),
-            "children": children, "decode_cpu_s": decode_cpu, "decode_switches": decode_switches}
+    with open("/proc/stat") as f:  # the host's CPU time in clock ticks: user nice system idle iowait irq softirq steal
+        host = [int(v) for v in f.readline().split()[1:9]]
+    return {"cpu_s": time.thread_time(), "switches": switches, "voluntary": voluntary,
+            "threads": len(os.listdir("/proc/self/task")), "children": children, "decode_cpu_s": decode_cpu,
+            "decode_switches": decode_switches, "host_ticks": host}
 
 
-def _involuntary_switches(status: str) -> int:
-    """A task's involuntary context switches (it was runnable and another thread got its core), from
-    its /proc status file."""
+def _host_shares(h0: dict, h1: dict) -> dict:
+    """The host's cores between two :func:`_host_now` readings: the share busy and the share stolen by
+    the hypervisor for other guests (a virtual machine's cores slowed by its neighbours show here,
+    not as context switches)."""
+    d = [b - a for a, b in zip(h0["host_ticks"], h1["host_ticks"])]
+    total = sum(d) or 1
+    return {"host_busy": round((total - d[3] - d[4]) / total, 4), "host_steal": round(d[7] / total, 4)}
+
+
+def _involuntary_switches(status: str, field: str = "nonvoluntary_ctxt_switches") -> int:
+    """A task's involuntary context switches (it was runnable and another thread got its core), or
+    with ``field`` "voluntary_ctxt_switches" the times it blocked (a lock, a wait), from its /proc
+    status file."""
     with open(status) as f:
-        return next((int(line.split()[1]) for line in f if line.startswith("nonvoluntary_ctxt_switches")), 0)
+        return next((int(line.split()[1]) for line in f if line.startswith(field + ":")), 0)
 
 
 def _decode_threads() -> list:
@@ -278,10 +293,13 @@ class GpuClocks:
                 "temperature_c": max(temp), "clock_event_reasons": hex(active), "clock_samples": len(samples)}
 
 
-def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nice: Optional[int] = None) -> dict:
+def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nice: Optional[int] = None,
+              sampled: int = 0) -> dict:
     """``warmup`` + ``steps`` steps of the training loop on ``build``'s batches; the timed ones' rate
-    (and, with ``profile``, that many more steps under torch.profiler: :func:`gpu_timeline`). With
-    ``nice``, the decode threads run at that niceness from the end of the warm-up."""
+    (and, with ``profile``, that many more steps under torch.profiler: :func:`gpu_timeline`; with
+    ``sampled``, that many more with each thread's stack sampled by py-spy:
+    :class:`thread_samples.ThreadSamples`). With ``nice``, the decode threads run at that niceness
+    from the end of the warm-up."""
     from infclip.pipeline.train.loop import Batches, EvalSchedule, TrainLoop
     from infclip.pipeline.train.metrics import TrainLogger
     from infclip.pipeline.train.run_state import RunState
@@ -312,18 +330,28 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
 
     log.micro_step = watched
     loop = TrainLoop(te, Batches(tracked, state, None), state, tcfg, log, EvalSchedule(None, log), checkpoints=None)
+    guard_s = [0.0]
+    check = loop.guard._check
+
+    def timed_check(entry):  # the training thread waiting for the GPU: the loss one micro-step back
+        t = time.perf_counter()
+        check(entry)
+        guard_s[0] += time.perf_counter() - t
+
+    loop.guard._check = timed_check
     tcfg.steps = warmup
     loop.run()
     torch.cuda.synchronize()
     reniced = renice_decode_threads(nice) if nice is not None else 0
     tcfg.steps = warmup + steps
-    waits0, decoded0, stalled0 = waits[0], len(decode_ms), len(stall_ms)
+    waits0, decoded0, stalled0, guard0 = waits[0], len(decode_ms), len(stall_ms), guard_s[0]
     clocks, gil = GpuClocks(torch.cuda.current_device()), GilProbe()
     h0 = _host_now()
     t0 = time.perf_counter()
     loop.run()
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
+    guard_wait = guard_s[0] - guard0
     gpu_clocks, gil_waits = clocks.stop(), gil.stop()  # before h1: neither is counted among the threads and children
     h1 = _host_now()
     timed, stalled = decode_ms[decoded0:], stall_ms[stalled0:]  # the timed steps' batches, not the profiled ones
@@ -341,6 +369,13 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
         path = os.path.join(tempfile.mkdtemp(prefix="bench_stream_trace_"), "trace.json")
         prof.export_chrome_trace(path)
         timeline = gpu_timeline(path, profile, threading.get_native_id(), _decode_threads())
+    threads = None
+    if sampled:
+        tcfg.steps += sampled
+        sampler = ThreadSamples()
+        loop.run()
+        torch.cuda.synchronize()
+        threads = sampler.stop()
     loop.batches.close()  # the phase's loader workers and decode threads end here, not at exit
     samples = steps * run_cfg.micro_batch_size * te.engine.gradient_accumulation_steps() * te.dp_world
     return {"samples_per_s": samples / elapsed, "step_ms": 1e3 * elapsed / steps,
@@ -357,6 +392,11 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
             # and the process's threads and child processes while the phase ran
             "main_cpu_ms": 1e3 * (h1["cpu_s"] - h0["cpu_s"]) / steps,
             "main_preempted": (h1["switches"] - h0["switches"]) / steps,
+            # the training thread blocking a step (any wait: a lock, the GPU, a batch), and its wait for the
+            # GPU to finish the micro-step before last (near 0: the host, not the GPU, sets the pace)
+            "main_blocked": (h1["voluntary"] - h0["voluntary"]) / steps,
+            "main_gpu_wait_ms": 1e3 * guard_wait / steps,
+            **_host_shares(h0, h1),
             # the decode stage's threads (lanes, feeder) together, a step: CPU time and times descheduled
             "decode_cpu_ms": 1e3 * (h1["decode_cpu_s"] - h0["decode_cpu_s"]) / steps,
             "decode_preempted": (h1["decode_switches"] - h0["decode_switches"]) / steps,
@@ -366,7 +406,8 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
             **gpu_clocks,
             # how late a 1 ms sleep in another thread returned (mean, 99th percentile): the interpreter lock's wait
             **gil_waits,
-            **({"profile": timeline} if timeline else {})}
+            **({"profile": timeline} if timeline else {}),
+            **({"thread_samples": threads} if threads else {})}
 
 
 def write_anchored(rows: list, written: int, out: str, final: bool = False) -> int:
@@ -412,6 +453,10 @@ def main(argv=None) -> int:
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after each phase, N more steps under torch.profiler: per step, each CUDA stream's kernels "
                         "and copies, the time any kernel ran and the host's CUDA calls (printed and in the rows)")
+    p.add_argument("--sample_threads", type=int, default=0, metavar="N",
+                   help="after each phase, N more steps with every thread's stack sampled by py-spy (when "
+                        "installed): the share of each thread's time waiting for the interpreter lock, the GPU, "
+                        "the CUDA driver or work (thread_samples in the rows)")
     p.add_argument("--dir", default=None, help="where the image sets are written (kept for reuse)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "stream.jsonl"))
     args = p.parse_args(argv)
@@ -516,7 +561,8 @@ def main(argv=None) -> int:
                "reserve_training_core": run_cfg.data.reserve_training_core if phase != "synthetic" else None,
                "pin_training_thread": cores.PIN_TRAINING_THREAD if phase != "synthetic" else None,
                "switch_interval": sys.getswitchinterval(),
-               **run_phase(te, run_cfg, build, args.warmup, args.steps, args.profile, int(nice) if nice else None)}
+               **run_phase(te, run_cfg, build, args.warmup, args.steps, args.profile, int(nice) if nice else None,
+                           args.sample_threads)}
         rows.append(row)
         print(f"{phase:>14} (switch {1e3 * row['switch_interval']:.2g} ms): {row['samples_per_s']:8.0f} samples/s, "
               f"step {row['step_ms']:6.1f} ms (training thread's CPU {row['main_cpu_ms']:.1f} ms, descheduled "
@@ -533,8 +579,13 @@ def main(argv=None) -> int:
                  f"{row['decode_cpu_ms']:.1f} ms, descheduled {row['decode_preempted']:.1f}x a step"
                  if row["gpu_decode_ms"] else ""),
               flush=True)
+        print(f"{'':>14}  training thread a step: blocked {row['main_blocked']:.0f}x, waiting for the GPU "
+              f"{row['main_gpu_wait_ms']:.1f} ms; host cores busy {row['host_busy']:.0%}, stolen {row['host_steal']:.1%}",
+              flush=True)
         if "profile" in row:
             print(f"{'':>14}  per step under the profiler: {json.dumps(row['profile'])}", flush=True)
+        if "thread_samples" in row:
+            print(f"{'':>14}  threads sampled: {json.dumps(row['thread_samples'])}", flush=True)
         written = write_anchored(rows, written, args.out)
     write_anchored(rows, written, args.out, final=True)
     for row in rows:

@@ -160,3 +160,66 @@ def test_the_interpreter_lock_probe_sees_a_thread_running_python():
     assert contended["gil_late_ms"] > idle["gil_late_ms"]
     # behind a spinning thread each wake-up waits about a switch interval (5 ms)
     assert contended["gil_late_ms"] > 0.5 * 1e3 * sys.getswitchinterval()
+
+
+def test_thread_samples_sort_each_threads_stacks_by_what_it_waits_for():
+    """py-spy's raw lines (outermost frame first, the count last) -> each thread role's shares: the
+    interpreter lock's timed wait under torch's re-acquire, a CUDA event sync, a driver call, a queue
+    wait, and running code."""
+    import thread_samples
+
+    lib, c = "(libtorch_python.so)", "(libc.so.6)"
+    lines = [
+        f"thread (101): MainThread;step (loop.py:330);THPVariable_add_ {lib};pybind11::gil_scoped_release::~gil_scoped_release {lib};pthread_cond_timedwait {c};0x7f01 {c} 6",
+        f"thread (101): MainThread;_check (step.py:72);THCPEvent_synchronize {lib};cudaEventSynchronize (libcudart.so.12);0x7f02 (libcuda.so.1) 3",
+        f"thread (101): MainThread;step (loop.py:331);cuLaunchKernel (libcuda.so.1);0x7f03 (libcuda.so.1) 2",
+        f"thread (101): MainThread;step (loop.py:332);at::native::add_kernel (libtorch_cpu.so) 1",
+        f"thread (102): infclip-decode-0_0;get (queue.py:171);lock_PyThread_acquire_lock (python3.12);PyThread_acquire_lock_timed (python3.12);sem_clockwait {c} 4",
+        f"thread (103): infclip-decode-feed;feed (gpu_decode.py:460);PyEval_RestoreThread (python3.12);pthread_cond_timedwait {c} 1",
+        f"thread (104): Thread-3 (_pin_memory_loop);_pin_memory_loop (pin_memory.py:50);fn (x.py:1) 2",
+        "not a sample line",
+    ]
+    got = thread_samples.summarize(lines)
+    training = got["training"]
+    assert training["samples"] == 12
+    assert (training["gil"], training["gpu_wait"], training["cuda"], training["cpu"]) == (0.5, 0.25, round(2 / 12, 4),
+                                                                                           round(1 / 12, 4))
+    assert training["top"][0][0].startswith("gil: ")
+    assert got["decode"] == {"samples": 4, "idle": 1.0}
+    assert got["feed"] == {"samples": 1, "gil": 1.0}
+    assert got["pin"] == {"samples": 2, "cpu": 1.0}
+
+
+def test_thread_samples_record_this_process_with_py_spy():
+    """A real recording, where py-spy is installed: a thread spinning in Python keeps the main
+    thread's torch calls waiting for the interpreter lock."""
+    import shutil
+
+    import pytest
+    import torch
+
+    import thread_samples
+
+    if shutil.which("py-spy") is None:
+        pytest.skip("py-spy is not installed")
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            sum(range(10000))
+
+    spinner = threading.Thread(target=spin, name="infclip-decode-0_0")
+    spinner.start()
+    sampler = thread_samples.ThreadSamples(rate=100)
+    try:
+        time.sleep(0.5)  # py-spy attaches
+        x, t0 = torch.zeros(64), time.perf_counter()
+        while time.perf_counter() - t0 < 1.5:
+            x.add_(1)
+    finally:
+        stop.set()
+        spinner.join()
+        got = sampler.stop()
+    assert "error" not in got, got
+    assert got["decode"]["cpu"] > 0.8
+    assert got["training"].get("gil", 0.0) > 0.2
