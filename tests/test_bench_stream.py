@@ -172,11 +172,11 @@ def test_thread_samples_sort_each_threads_stacks_by_what_it_waits_for():
     lines = [
         f"thread (101): MainThread;step (loop.py:330);THPVariable_add_ {lib};pybind11::gil_scoped_release::~gil_scoped_release {lib};pthread_cond_timedwait {c};0x7f01 {c} 6",
         f"thread (101): MainThread;_check (step.py:72);THCPEvent_synchronize {lib};cudaEventSynchronize (libcudart.so.12);0x7f02 (libcuda.so.1) 3",
-        f"thread (101): MainThread;step (loop.py:331);cuLaunchKernel (libcuda.so.1);0x7f03 (libcuda.so.1) 2",
-        f"thread (101): MainThread;step (loop.py:332);at::native::add_kernel (libtorch_cpu.so) 1",
+        "thread (101): MainThread;step (loop.py:331);cuLaunchKernel (libcuda.so.1);0x7f03 (libcuda.so.1) 2",
+        "thread (101): MainThread;step (loop.py:332);at::native::add_kernel (libtorch_cpu.so) 1",
         f"thread (102): infclip-decode-0_0;get (queue.py:171);lock_PyThread_acquire_lock (python3.12);PyThread_acquire_lock_timed (python3.12);sem_clockwait {c} 4",
         f"thread (103): infclip-decode-feed;feed (gpu_decode.py:460);PyEval_RestoreThread (python3.12);pthread_cond_timedwait {c} 1",
-        f"thread (104): Thread-3 (_pin_memory_loop);_pin_memory_loop (pin_memory.py:50);fn (x.py:1) 2",
+        "thread (104): Thread-3 (_pin_memory_loop);_pin_memory_loop (pin_memory.py:50);fn (x.py:1) 2",
         "not a sample line",
     ]
     got = thread_samples.summarize(lines)
