@@ -294,12 +294,13 @@ class GpuClocks:
 
 
 def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nice: Optional[int] = None,
-              sampled: int = 0) -> dict:
+              sampled: int = 0, lead: int = 1) -> dict:
     """``warmup`` + ``steps`` steps of the training loop on ``build``'s batches; the timed ones' rate
     (and, with ``profile``, that many more steps under torch.profiler: :func:`gpu_timeline`; with
     ``sampled``, that many more with each thread's stack sampled by py-spy:
     :class:`thread_samples.ThreadSamples`). With ``nice``, the decode threads run at that niceness
-    from the end of the warm-up."""
+    from the end of the warm-up; ``lead``: the micro-steps the host runs ahead of the GPU
+    (:class:`pipeline.train.step.LossGuard`)."""
     from infclip.pipeline.train.loop import Batches, EvalSchedule, TrainLoop
     from infclip.pipeline.train.metrics import TrainLogger
     from infclip.pipeline.train.run_state import RunState
@@ -330,6 +331,7 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
 
     log.micro_step = watched
     loop = TrainLoop(te, Batches(tracked, state, None), state, tcfg, log, EvalSchedule(None, log), checkpoints=None)
+    loop.guard.lead = lead
     guard_s = [0.0]
     check = loop.guard._check
 
@@ -438,7 +440,7 @@ def main(argv=None) -> int:
                         "data.gpu_decode_host_max_pixels PIXELS, data.gpu_decode_host_share HOSTSHARE, "
                         "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal, data.workers WORKERS, "
                         "data.gpu_decode_host_interleaved true, data.gpu_decode_host_copy batch; +pad: nvJPEG's allocations padded by "
-                        "16 MiB (device) and 8 MiB (pinned host); +core: data.reserve_training_core true; +keepoff: the same without moving the training thread (only the loader kept off its core); !NICE: the decode threads at that scheduling "
+                        "16 MiB (device) and 8 MiB (pinned host); +core: data.reserve_training_core true; +keepoff: the same without moving the training thread (only the loader kept off its core); +leadN: the host runs N micro-steps ahead of the GPU instead of 1; !NICE: the decode threads at that scheduling "
                         "niceness, e.g. !10, so the training thread wins a contested core)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
@@ -495,9 +497,10 @@ def main(argv=None) -> int:
     def loader(urls, decode, crop):
         cfg = run_cfg.data
         decode, *flags = decode.split("+")  # gpu+interleaved+batchcopy: the host decoder's layout and copy
-        unknown = set(flags) - {"interleaved", "batchcopy", "pad", "core", "keepoff"}
+        unknown = {f for f in flags if not f.startswith("lead")} - {"interleaved", "batchcopy", "pad", "core", "keepoff"}
         if unknown:
-            raise SystemExit(f"unknown phase flag(s) {sorted(unknown)}: +interleaved, +batchcopy, +pad, +core or +keepoff")
+            raise SystemExit(f"unknown phase flag(s) {sorted(unknown)}: +interleaved, +batchcopy, +pad, +core, +keepoff "
+                             "or +leadN")
         cfg.reserve_training_core = "core" in flags or "keepoff" in flags or default_core
         cores.PIN_TRAINING_THREAD = "keepoff" not in flags
         nvjpeg.MEMORY_PADDING = PADDING if "pad" in flags else default_padding
@@ -538,12 +541,13 @@ def main(argv=None) -> int:
     for phase in phases:
         phase, interval = phase if isinstance(phase, tuple) else (phase, None)
         sys.setswitchinterval(interval or default_interval)
-        nice = ""
+        nice, lead = "", 1
         if phase == "synthetic":
             build = lambda epoch, start: synthetic  # noqa: E731
         else:
             name, decode = phase.split(":")
             decode, _, nice = decode.partition("!")  # gpu!10: the decode threads at niceness 10
+            lead = next((int(f[4:]) for f in decode.split("+") if f.startswith("lead")), 1)  # gpu+lead2
             crop = [1.0, 1.0] if name.startswith("scenes") else args.crop_scale
             build = loader(sets[name], decode, crop)
         gpu = ":gpu" in phase
@@ -560,9 +564,9 @@ def main(argv=None) -> int:
                "nvjpeg_memory_padding": list(nvjpeg.MEMORY_PADDING) if gpu else None,
                "reserve_training_core": run_cfg.data.reserve_training_core if phase != "synthetic" else None,
                "pin_training_thread": cores.PIN_TRAINING_THREAD if phase != "synthetic" else None,
-               "switch_interval": sys.getswitchinterval(),
+               "switch_interval": sys.getswitchinterval(), "host_lead": lead,
                **run_phase(te, run_cfg, build, args.warmup, args.steps, args.profile, int(nice) if nice else None,
-                           args.sample_threads)}
+                           args.sample_threads, lead)}
         rows.append(row)
         print(f"{phase:>14} (switch {1e3 * row['switch_interval']:.2g} ms): {row['samples_per_s']:8.0f} samples/s, "
               f"step {row['step_ms']:6.1f} ms (training thread's CPU {row['main_cpu_ms']:.1f} ms, descheduled "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from typing import Any, Callable, Optional
 
 import torch
@@ -27,10 +28,12 @@ class LossGuard:
     host wait for the device inside the step.
 
     On a GPU, :meth:`push` copies the loss into pinned host memory behind an event and checks the
-    loss pushed before it, waiting only for that copy: by then the host has queued the previous
-    optimizer step and this micro-step's forward and backward, so the device never idles on the
-    host. A non-finite loss therefore stops the run one micro-step after it happened (the error
-    names the step where it happened), after that step's update reached the weights in memory;
+    loss pushed ``lead`` micro-steps before it, waiting only for that copy: by then the host has
+    queued the optimizer steps and forwards and backwards since, so the device never idles on the
+    host while the host's work a micro-step is shorter than the device's (a larger ``lead`` keeps
+    more work queued, so a host slowed for a while does not starve the device). A non-finite loss
+    therefore stops the run ``lead`` micro-steps after it happened (the error names the step where
+    it happened), after those steps' updates reached the weights in memory;
     the caller calls :meth:`flush` before anything leaves the process (checkpoint, evaluation,
     export, logging), so no state after a non-finite loss is ever written. On the CPU every loss
     is checked as it is pushed.
@@ -38,14 +41,15 @@ class LossGuard:
     ``losses`` maps step -> the sum of its micro-steps' weighted losses, for the checked steps.
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, lead: int = 1) -> None:
         self._lag = device.type == "cuda"
-        self._pending: Optional[tuple] = None
+        self.lead = max(1, int(lead))
+        self._pending: deque = deque()
         self.losses: dict = {}
 
     def push(self, loss: torch.Tensor, step: int, weight: float, where: str) -> None:
         """Queue micro-step ``loss`` (0-dim) of optimizer step ``step``, counted as ``weight`` x
-        its value in ``losses[step]``; check the previously pushed one (on the CPU: this one)."""
+        its value in ``losses[step]``; check the one pushed ``lead`` before it (on the CPU: this one)."""
         if self._lag:
             host = torch.empty((), dtype=torch.float32, pin_memory=True)
             host.copy_(loss.detach().float(), non_blocking=True)
@@ -54,17 +58,14 @@ class LossGuard:
             entry = (host, ready, step, weight, where)
         else:
             entry = (loss.detach().float(), None, step, weight, where)
-        previous, self._pending = self._pending, entry
-        if previous is not None:
-            self._check(previous)
-        if not self._lag:
-            self.flush()
+        self._pending.append(entry)
+        while len(self._pending) > (self.lead if self._lag else 0):
+            self._check(self._pending.popleft())
 
     def flush(self) -> None:
-        """Check the loss still pending (waits for it)."""
-        if self._pending is not None:
-            entry, self._pending = self._pending, None
-            self._check(entry)
+        """Check the losses still pending (waits for them)."""
+        while self._pending:
+            self._check(self._pending.popleft())
 
     def _check(self, entry: tuple) -> None:
         value_t, ready, step, weight, where = entry
