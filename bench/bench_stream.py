@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import shutil
@@ -222,6 +223,36 @@ def renice_decode_threads(nice: int) -> int:
     return len(tids)
 
 
+class GcWatch:
+    """The interpreter's garbage collections while a phase's timed steps run: how many of each
+    generation, their total and longest time, and the share run by threads other than the training
+    thread (a collection holds the interpreter lock throughout, so every other thread that needs
+    it waits for its whole length)."""
+
+    def __init__(self) -> None:
+        self.runs: list = []
+        self._start: dict = {}
+        self._main = threading.main_thread().ident
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict) -> None:
+        me = threading.get_ident()
+        if phase == "start":
+            self._start[me] = time.perf_counter()
+        elif me in self._start:
+            self.runs.append((info["generation"], time.perf_counter() - self._start.pop(me), me == self._main))
+
+    def stop(self) -> dict:
+        if self._note in gc.callbacks:
+            gc.callbacks.remove(self._note)
+        out: dict = {}
+        for gen in (0, 1, 2):
+            times = [t for g, t, _ in self.runs if g == gen]
+            out[f"gc{gen}"] = [len(times), round(1e3 * sum(times), 2), round(1e3 * max(times, default=0.0), 2)]
+        out["gc_other_threads_ms"] = round(1e3 * sum(t for _, t, main in self.runs if not main), 2)
+        return out
+
+
 class GilProbe:
     """A thread that sleeps 1 ms again and again and records how late each sleep returns. Waking
     needs the interpreter lock, so lateness is the wait any thread of the process meets for that
@@ -294,13 +325,14 @@ class GpuClocks:
 
 
 def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nice: Optional[int] = None,
-              sampled: int = 0, lead: int = 1) -> dict:
+              sampled: int = 0, lead: int = 1, collect: bool = True, sample_path: Optional[str] = None) -> dict:
     """``warmup`` + ``steps`` steps of the training loop on ``build``'s batches; the timed ones' rate
     (and, with ``profile``, that many more steps under torch.profiler: :func:`gpu_timeline`; with
     ``sampled``, that many more with each thread's stack sampled by py-spy:
     :class:`thread_samples.ThreadSamples`). With ``nice``, the decode threads run at that niceness
     from the end of the warm-up; ``lead``: the micro-steps the host runs ahead of the GPU
-    (:class:`pipeline.train.step.LossGuard`)."""
+    (:class:`pipeline.train.step.LossGuard`); ``collect`` False: the interpreter's automatic garbage
+    collection off while the timed steps run. ``sample_path``: where py-spy's raw samples are kept."""
     from infclip.pipeline.train.loop import Batches, EvalSchedule, TrainLoop
     from infclip.pipeline.train.metrics import TrainLogger
     from infclip.pipeline.train.run_state import RunState
@@ -347,14 +379,17 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
     reniced = renice_decode_threads(nice) if nice is not None else 0
     tcfg.steps = warmup + steps
     waits0, decoded0, stalled0, guard0 = waits[0], len(decode_ms), len(stall_ms), guard_s[0]
-    clocks, gil = GpuClocks(torch.cuda.current_device()), GilProbe()
+    clocks, gil, gcs = GpuClocks(torch.cuda.current_device()), GilProbe(), GcWatch()
+    if not collect:
+        gc.disable()
     h0 = _host_now()
     t0 = time.perf_counter()
     loop.run()
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     guard_wait = guard_s[0] - guard0
-    gpu_clocks, gil_waits = clocks.stop(), gil.stop()  # before h1: neither is counted among the threads and children
+    gc.enable()
+    gpu_clocks, gil_waits, collections = clocks.stop(), gil.stop(), gcs.stop()  # before h1: neither is counted among the threads and children
     h1 = _host_now()
     timed, stalled = decode_ms[decoded0:], stall_ms[stalled0:]  # the timed steps' batches, not the profiled ones
     stage = getattr(loaders[-1], "stage", None) if loaders else None
@@ -378,6 +413,8 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
         loop.run()
         torch.cuda.synchronize()
         threads = sampler.stop()
+        if sample_path and os.path.exists(sampler.path):
+            shutil.copy(sampler.path, sample_path)
     loop.batches.close()  # the phase's loader workers and decode threads end here, not at exit
     samples = steps * run_cfg.micro_batch_size * te.engine.gradient_accumulation_steps() * te.dp_world
     return {"samples_per_s": samples / elapsed, "step_ms": 1e3 * elapsed / steps,
@@ -408,6 +445,8 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
             **gpu_clocks,
             # how late a 1 ms sleep in another thread returned (mean, 99th percentile): the interpreter lock's wait
             **gil_waits,
+            # the garbage collections: per generation [count, total ms, longest ms]
+            **collections, "gc_enabled": collect,
             **({"profile": timeline} if timeline else {}),
             **({"thread_samples": threads} if threads else {})}
 
@@ -440,7 +479,7 @@ def main(argv=None) -> int:
                         "data.gpu_decode_host_max_pixels PIXELS, data.gpu_decode_host_share HOSTSHARE, "
                         "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal, data.workers WORKERS, "
                         "data.gpu_decode_host_interleaved true, data.gpu_decode_host_copy batch; +pad: nvJPEG's allocations padded by "
-                        "16 MiB (device) and 8 MiB (pinned host); +core: data.reserve_training_core true; +keepoff: the same without moving the training thread (only the loader kept off its core); +leadN: the host runs N micro-steps ahead of the GPU instead of 1; !NICE: the decode threads at that scheduling "
+                        "16 MiB (device) and 8 MiB (pinned host); +core: data.reserve_training_core true; +keepoff: the same without moving the training thread (only the loader kept off its core); +leadN: the host runs N micro-steps ahead of the GPU instead of 1; +nogc: the interpreter's automatic garbage collection off while the timed steps run; !NICE: the decode threads at that scheduling "
                         "niceness, e.g. !10, so the training thread wins a contested core)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
@@ -459,9 +498,12 @@ def main(argv=None) -> int:
                    help="after each phase, N more steps with every thread's stack sampled by py-spy (when "
                         "installed): the share of each thread's time waiting for the interpreter lock, the GPU, "
                         "the CUDA driver or work (thread_samples in the rows)")
+    p.add_argument("--sample_dir", default=None, help="keep each phase's raw py-spy samples here")
     p.add_argument("--dir", default=None, help="where the image sets are written (kept for reuse)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "stream.jsonl"))
     args = p.parse_args(argv)
+    if args.sample_dir:
+        os.makedirs(args.sample_dir, exist_ok=True)
     from infclip.pipeline.data import nvjpeg
     from infclip.pipeline.data.build import build_train_loader
     from infclip.pipeline.data import cores
@@ -497,10 +539,11 @@ def main(argv=None) -> int:
     def loader(urls, decode, crop):
         cfg = run_cfg.data
         decode, *flags = decode.split("+")  # gpu+interleaved+batchcopy: the host decoder's layout and copy
-        unknown = {f for f in flags if not f.startswith("lead")} - {"interleaved", "batchcopy", "pad", "core", "keepoff"}
+        unknown = {f for f in flags if not f.startswith("lead")} - {"interleaved", "batchcopy", "pad", "core", "keepoff",
+                                                                    "nogc"}
         if unknown:
             raise SystemExit(f"unknown phase flag(s) {sorted(unknown)}: +interleaved, +batchcopy, +pad, +core, +keepoff "
-                             "or +leadN")
+                             "+nogc or +leadN")
         cfg.reserve_training_core = "core" in flags or "keepoff" in flags or default_core
         cores.PIN_TRAINING_THREAD = "keepoff" not in flags
         nvjpeg.MEMORY_PADDING = PADDING if "pad" in flags else default_padding
@@ -541,13 +584,14 @@ def main(argv=None) -> int:
     for phase in phases:
         phase, interval = phase if isinstance(phase, tuple) else (phase, None)
         sys.setswitchinterval(interval or default_interval)
-        nice, lead = "", 1
+        nice, lead, collect = "", 1, True
         if phase == "synthetic":
             build = lambda epoch, start: synthetic  # noqa: E731
         else:
             name, decode = phase.split(":")
             decode, _, nice = decode.partition("!")  # gpu!10: the decode threads at niceness 10
             lead = next((int(f[4:]) for f in decode.split("+") if f.startswith("lead")), 1)  # gpu+lead2
+            collect = "nogc" not in decode.split("+")
             crop = [1.0, 1.0] if name.startswith("scenes") else args.crop_scale
             build = loader(sets[name], decode, crop)
         gpu = ":gpu" in phase
@@ -566,7 +610,9 @@ def main(argv=None) -> int:
                "pin_training_thread": cores.PIN_TRAINING_THREAD if phase != "synthetic" else None,
                "switch_interval": sys.getswitchinterval(), "host_lead": lead,
                **run_phase(te, run_cfg, build, args.warmup, args.steps, args.profile, int(nice) if nice else None,
-                           args.sample_threads, lead)}
+                           args.sample_threads, lead, collect,
+                           os.path.join(args.sample_dir, f"{len(rows):02d}_{phase.replace(':', '_')}.txt")
+                           if args.sample_dir else None)}
         rows.append(row)
         print(f"{phase:>14} (switch {1e3 * row['switch_interval']:.2g} ms): {row['samples_per_s']:8.0f} samples/s, "
               f"step {row['step_ms']:6.1f} ms (training thread's CPU {row['main_cpu_ms']:.1f} ms, descheduled "
@@ -584,8 +630,9 @@ def main(argv=None) -> int:
                  if row["gpu_decode_ms"] else ""),
               flush=True)
         print(f"{'':>14}  training thread a step: blocked {row['main_blocked']:.0f}x, waiting for the GPU "
-              f"{row['main_gpu_wait_ms']:.1f} ms; host cores busy {row['host_busy']:.0%}, stolen {row['host_steal']:.1%}",
-              flush=True)
+              f"{row['main_gpu_wait_ms']:.1f} ms; host cores busy {row['host_busy']:.0%}, stolen {row['host_steal']:.1%}; "
+              f"garbage collections [count, ms, longest ms] gen0 {row['gc0']} gen1 {row['gc1']} gen2 {row['gc2']}, "
+              f"{row['gc_other_threads_ms']} ms in other threads", flush=True)
         if "profile" in row:
             print(f"{'':>14}  per step under the profiler: {json.dumps(row['profile'])}", flush=True)
         if "thread_samples" in row:

@@ -110,8 +110,9 @@ def summarize(raw_lines: Iterable[str]) -> Dict[str, dict]:
         role = thread_group(head.group(1).strip())
         kind = classify(parts[1:])
         counts[role][kind] += int(n)
-        if role == "training":
-            leaves[f"{kind}: " + " < ".join(_name(f) for f in reversed(parts[-3:]))] += int(n)
+        if role == "training":  # the innermost frames, and the innermost Python frame: who called them
+            python = next((_name(f) for f in reversed(parts[1:]) if ".py:" in f), "")
+            leaves[f"{kind}: " + " < ".join(_name(f) for f in reversed(parts[-3:])) + f" [{python}]"] += int(n)
     out: Dict[str, dict] = {}
     for role, c in counts.items():
         total = sum(c.values())

@@ -223,3 +223,19 @@ def test_thread_samples_record_this_process_with_py_spy():
     assert "error" not in got, got
     assert got["decode"]["cpu"] > 0.8
     assert got["training"].get("gil", 0.0) > 0.2
+
+
+def test_the_collection_watch_counts_collections_by_generation_and_thread():
+    """A full collection run in another thread is counted as gen2 and as another thread's time; one run
+    here, as the training thread's."""
+    import gc
+
+    watch = bench_stream.GcWatch()
+    gc.collect(0)
+    other = threading.Thread(target=gc.collect, args=(2,))
+    other.start()
+    other.join()
+    got = watch.stop()
+    assert got["gc0"][0] >= 1 and got["gc2"][0] >= 1
+    assert got["gc_other_threads_ms"] > 0
+    assert watch._note not in gc.callbacks
