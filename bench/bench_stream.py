@@ -325,16 +325,14 @@ class GpuClocks:
 
 
 def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nice: Optional[int] = None,
-              sampled: int = 0, lead: int = 1, auto_gc: bool = False, sample_path: Optional[str] = None) -> dict:
+              sampled: int = 0, lead: int = 1, collect: bool = True, sample_path: Optional[str] = None) -> dict:
     """``warmup`` + ``steps`` steps of the training loop on ``build``'s batches; the timed ones' rate
     (and, with ``profile``, that many more steps under torch.profiler: :func:`gpu_timeline`; with
     ``sampled``, that many more with each thread's stack sampled by py-spy:
     :class:`thread_samples.ThreadSamples`). With ``nice``, the decode threads run at that niceness
     from the end of the warm-up; ``lead``: the micro-steps the host runs ahead of the GPU
-    (:class:`pipeline.train.step.LossGuard`); ``auto_gc``: the interpreter's automatic garbage
-    collection instead of ``train.gc_every``'s schedule (:mod:`pipeline.train.collection`; with the
-    schedule, its one full collection runs before the timed steps). ``sample_path``: where py-spy's
-    raw samples are kept."""
+    (:class:`pipeline.train.step.LossGuard`); ``collect`` False: the interpreter's automatic garbage
+    collection off while the timed steps run. ``sample_path``: where py-spy's raw samples are kept."""
     from infclip.pipeline.train.loop import Batches, EvalSchedule, TrainLoop
     from infclip.pipeline.train.metrics import TrainLogger
     from infclip.pipeline.train.run_state import RunState
@@ -348,9 +346,6 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
         return loader
 
     tcfg = run_cfg.train
-    scheduled_gc = tcfg.gc_every
-    if auto_gc:
-        tcfg.gc_every = 0
     log = TrainLogger(None, total_steps=warmup + steps, start_step=0, micro_batch=run_cfg.micro_batch_size,
                       workers=run_cfg.data.workers)
     decode_ms: list = []
@@ -384,18 +379,16 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
     reniced = renice_decode_threads(nice) if nice is not None else 0
     tcfg.steps = warmup + steps
     waits0, decoded0, stalled0, guard0 = waits[0], len(decode_ms), len(stall_ms), guard_s[0]
-    took_over = tcfg.gc_every > 0 and gc.isenabled()
-    if took_over:  # what the loop's schedule does as it starts, here, untimed
-        gc.collect()
-        gc.freeze()
-        gc.disable()
     clocks, gil, gcs = GpuClocks(torch.cuda.current_device()), GilProbe(), GcWatch()
+    if not collect:
+        gc.disable()
     h0 = _host_now()
     t0 = time.perf_counter()
     loop.run()
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     guard_wait = guard_s[0] - guard0
+    gc.enable()
     gpu_clocks, gil_waits, collections = clocks.stop(), gil.stop(), gcs.stop()  # before h1: neither is counted among the threads and children
     h1 = _host_now()
     timed, stalled = decode_ms[decoded0:], stall_ms[stalled0:]  # the timed steps' batches, not the profiled ones
@@ -423,10 +416,6 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
         if sample_path and os.path.exists(sampler.path):
             shutil.copy(sampler.path, sample_path)
     loop.batches.close()  # the phase's loader workers and decode threads end here, not at exit
-    if took_over:
-        gc.unfreeze()
-        gc.enable()
-    gc_every, tcfg.gc_every = tcfg.gc_every, scheduled_gc
     samples = steps * run_cfg.micro_batch_size * te.engine.gradient_accumulation_steps() * te.dp_world
     return {"samples_per_s": samples / elapsed, "step_ms": 1e3 * elapsed / steps,
             "wait_fraction": (waits[0] - waits0) / elapsed,
@@ -457,7 +446,7 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
             # how late a 1 ms sleep in another thread returned (mean, 99th percentile): the interpreter lock's wait
             **gil_waits,
             # the garbage collections: per generation [count, total ms, longest ms]
-            **collections, "gc_every": gc_every,
+            **collections, "gc_enabled": collect,
             **({"profile": timeline} if timeline else {}),
             **({"thread_samples": threads} if threads else {})}
 
@@ -490,7 +479,7 @@ def main(argv=None) -> int:
                         "data.gpu_decode_host_max_pixels PIXELS, data.gpu_decode_host_share HOSTSHARE, "
                         "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal, data.workers WORKERS, "
                         "data.gpu_decode_host_interleaved true, data.gpu_decode_host_copy batch; +pad: nvJPEG's allocations padded by "
-                        "16 MiB (device) and 8 MiB (pinned host); +core: data.reserve_training_core true; +keepoff: the same without moving the training thread (only the loader kept off its core); +leadN: the host runs N micro-steps ahead of the GPU instead of 1; +autogc: the interpreter's automatic garbage collection instead of train.gc_every's schedule; !NICE: the decode threads at that scheduling "
+                        "16 MiB (device) and 8 MiB (pinned host); +core: data.reserve_training_core true; +keepoff: the same without moving the training thread (only the loader kept off its core); +leadN: the host runs N micro-steps ahead of the GPU instead of 1; +nogc: the interpreter's automatic garbage collection off while the timed steps run; !NICE: the decode threads at that scheduling "
                         "niceness, e.g. !10, so the training thread wins a contested core)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
@@ -551,10 +540,10 @@ def main(argv=None) -> int:
         cfg = run_cfg.data
         decode, *flags = decode.split("+")  # gpu+interleaved+batchcopy: the host decoder's layout and copy
         unknown = {f for f in flags if not f.startswith("lead")} - {"interleaved", "batchcopy", "pad", "core", "keepoff",
-                                                                    "autogc"}
+                                                                    "nogc"}
         if unknown:
             raise SystemExit(f"unknown phase flag(s) {sorted(unknown)}: +interleaved, +batchcopy, +pad, +core, +keepoff "
-                             "+autogc or +leadN")
+                             "+nogc or +leadN")
         cfg.reserve_training_core = "core" in flags or "keepoff" in flags or default_core
         cores.PIN_TRAINING_THREAD = "keepoff" not in flags
         nvjpeg.MEMORY_PADDING = PADDING if "pad" in flags else default_padding
@@ -595,14 +584,14 @@ def main(argv=None) -> int:
     for phase in phases:
         phase, interval = phase if isinstance(phase, tuple) else (phase, None)
         sys.setswitchinterval(interval or default_interval)
-        nice, lead, auto_gc = "", 1, False
+        nice, lead, collect = "", 1, True
         if phase == "synthetic":
             build = lambda epoch, start: synthetic  # noqa: E731
         else:
             name, decode = phase.split(":")
             decode, _, nice = decode.partition("!")  # gpu!10: the decode threads at niceness 10
             lead = next((int(f[4:]) for f in decode.split("+") if f.startswith("lead")), 1)  # gpu+lead2
-            auto_gc = "autogc" in decode.split("+")
+            collect = "nogc" not in decode.split("+")
             crop = [1.0, 1.0] if name.startswith("scenes") else args.crop_scale
             build = loader(sets[name], decode, crop)
         gpu = ":gpu" in phase
@@ -621,7 +610,7 @@ def main(argv=None) -> int:
                "pin_training_thread": cores.PIN_TRAINING_THREAD if phase != "synthetic" else None,
                "switch_interval": sys.getswitchinterval(), "host_lead": lead,
                **run_phase(te, run_cfg, build, args.warmup, args.steps, args.profile, int(nice) if nice else None,
-                           args.sample_threads, lead, auto_gc,
+                           args.sample_threads, lead, collect,
                            os.path.join(args.sample_dir, f"{len(rows):02d}_{phase.replace(':', '_')}.txt")
                            if args.sample_dir else None)}
         rows.append(row)

@@ -122,10 +122,6 @@ class TrainConfig:
     on_collapse: Literal["warn", "stop"] = "warn"
     """On a collapse: ``warn`` (once, the run goes on) or ``stop`` (TrainingCollapseError at that
     log step, before anything after it is evaluated or saved)."""
-    gc_every: int = 50
-    """Python's garbage collection: automatic collection off while training, the young generations
-    collected every this many optimizer steps (0: the interpreter's automatic collection, which
-    stops every thread for its whole pass wherever it falls; pipeline.train.collection)."""
     save_on_signal: List[str] = dataclasses.field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGINT"])
     """Signals that stop the run after the current step with a checkpoint, exit code 0 (pre-emption:
     SLURM and Kubernetes send SIGTERM before they kill a job, SLURM's ``--signal`` SIGUSR1 ahead of
@@ -136,7 +132,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         require_at_least(self, 1, "steps", "log_every")
-        require_at_least(self, 0, "save_every", "keep_last_checkpoints", "collapse_window", "gc_every")
+        require_at_least(self, 0, "save_every", "keep_last_checkpoints", "collapse_window")
         require_at_least(self, 1, "epochs", "chunk_size", optional=True)
         if not self.output_dir:
             raise ConfigError("'output_dir' must not be empty")

@@ -46,7 +46,6 @@ from ..engine.dist import barrier, cpu_group, world
 from ..engine.engine import TrainEngine
 from ..errors import NONFINITE_ADVICE, DataError, NonFiniteGradError, NonFiniteLossError, TrainingCollapseError
 from .collapse import CollapseWatch, effective_window
-from .collection import StepCollection
 from .metrics import TrainLogger
 from .run_state import Checkpointer, RunState
 from .signals import StopSignals
@@ -267,15 +266,13 @@ class TrainLoop:
         """Train until ``train.steps`` (or the data's ``train.epochs``); returns {step: loss}."""
         state, tcfg = self.state, self.tcfg
         self.te.engine.train()
-        with StepCollection(tcfg.gc_every) as collection:
-            while state.step < tcfg.steps:
-                if self.stop is not None and self.stop.agreed():
-                    break
-                if not self._step():
-                    break
-                state.step += 1
-                self._after_step(state.step)
-                collection.after_step(state.step)
+        while state.step < tcfg.steps:
+            if self.stop is not None and self.stop.agreed():
+                break
+            if not self._step():
+                break
+            state.step += 1
+            self._after_step(state.step)
         self._checked()
         stopped = self.stop is not None and self.stop.stopped_by is not None
         if (tcfg.save_final or stopped) and state.step != self._saved_at:
