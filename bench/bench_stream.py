@@ -15,9 +15,10 @@ they slow every later phase, the anchors included. Each row also says where the 
 on the host (the training thread's CPU time a step and how often it was descheduled; the same
 for the decode stage's threads together), the GPU's SM clock, power and clock-event reasons
 while the timed steps ran (``nvidia-smi``), how long a thread waits for the interpreter lock
-(:class:`GilProbe`), and, with
+(:class:`GilProbe`), the garbage collections (:class:`GcWatch`), and, with
 ``gpu`` decode, the GPU time the step's stream stood waiting for a batch (``gpu_stall_fraction``);
-``--profile N`` adds each CUDA stream's kernel time a step from ``torch.profiler``.
+``--profile N`` adds each CUDA stream's kernel time a step from ``torch.profiler``;
+``--sample_threads N`` each thread's waits from py-spy (:mod:`thread_samples`).
 
 Image sets (written once per ``--dir``, several processes rendering them): ``web256`` /
 ``web512``: smooth colour fields with shapes, baseline JPEG quality 90 (``bench_data.picture``;
