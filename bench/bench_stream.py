@@ -156,8 +156,8 @@ def gpu_timeline(trace_path: str, steps: int, training_thread: Optional[int] = N
 def _host_now() -> dict:
     """The training thread's CPU seconds and involuntary context switches (it was runnable and another
     thread got its core), this process's threads and its live child processes."""
-    switches = _involuntary_switches("/proc/thread-self/status")
-    voluntary = _involuntary_switches("/proc/thread-self/status", "voluntary_ctxt_switches")
+    switches = _context_switches("/proc/thread-self/status")
+    voluntary = _context_switches("/proc/thread-self/status", "voluntary_ctxt_switches")
     me, children = os.getpid(), 0
     for pid in os.listdir("/proc"):
         if pid.isdigit():
@@ -183,10 +183,10 @@ def _host_shares(h0: dict, h1: dict) -> dict:
     return {"host_busy": round((total - d[3] - d[4]) / total, 4), "host_steal": round(d[7] / total, 4)}
 
 
-def _involuntary_switches(status: str, field: str = "nonvoluntary_ctxt_switches") -> int:
-    """A task's involuntary context switches (it was runnable and another thread got its core), or
-    with ``field`` "voluntary_ctxt_switches" the times it blocked (a lock, a wait), from its /proc
-    status file."""
+def _context_switches(status: str, field: str = "nonvoluntary_ctxt_switches") -> int:
+    """A task's context switches from its /proc status file: involuntary ones (it was runnable and
+    another thread got its core), or with ``field`` "voluntary_ctxt_switches" the times it blocked
+    (a lock, a wait)."""
     with open(status) as f:
         return next((int(line.split()[1]) for line in f if line.startswith(field + ":")), 0)
 
@@ -208,7 +208,7 @@ def _decode_threads_cpu() -> tuple:
             with open(f"/proc/self/task/{tid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             cpu += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-            switches += _involuntary_switches(f"/proc/self/task/{tid}/status")
+            switches += _context_switches(f"/proc/self/task/{tid}/status")
         except OSError:
             continue  # the thread ended between the listing and the read
     return cpu, switches
@@ -389,7 +389,8 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     guard_wait = guard_s[0] - guard0
-    gc.enable()
+    if not collect:
+        gc.enable()
     gpu_clocks, gil_waits, collections = clocks.stop(), gil.stop(), gcs.stop()  # before h1: neither is counted among the threads and children
     h1 = _host_now()
     timed, stalled = decode_ms[decoded0:], stall_ms[stalled0:]  # the timed steps' batches, not the profiled ones
@@ -450,6 +451,22 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
             **collections, "gc_enabled": collect,
             **({"profile": timeline} if timeline else {}),
             **({"thread_samples": threads} if threads else {})}
+
+
+def _loop_flags(decode: str) -> tuple:
+    """A phase's decode spec without the flags that set the training loop rather than the loader:
+    ``(decode, lead, collect)`` from ``+leadN`` (the host N micro-steps ahead; default 1) and
+    ``+nogc`` (automatic garbage collection off while the timed steps run)."""
+    first, *flags = decode.split("+")
+    lead, collect, rest = 1, True, []
+    for flag in flags:
+        if flag == "nogc":
+            collect = False
+        elif flag.startswith("lead") and flag[4:].isdigit():
+            lead = int(flag[4:])
+        else:
+            rest.append(flag)
+    return "+".join([first, *rest]), lead, collect
 
 
 def write_anchored(rows: list, written: int, out: str, final: bool = False) -> int:
@@ -540,10 +557,9 @@ def main(argv=None) -> int:
     def loader(urls, decode, crop):
         cfg = run_cfg.data
         decode, *flags = decode.split("+")  # gpu+interleaved+batchcopy: the host decoder's layout and copy
-        unknown = {f for f in flags if not f.startswith("lead")} - {"interleaved", "batchcopy", "pad", "core", "keepoff",
-                                                                    "nogc"}
+        unknown = set(flags) - {"interleaved", "batchcopy", "pad", "core", "keepoff"}
         if unknown:
-            raise SystemExit(f"unknown phase flag(s) {sorted(unknown)}: +interleaved, +batchcopy, +pad, +core, +keepoff "
+            raise SystemExit(f"unknown phase flag(s) {sorted(unknown)}: +interleaved, +batchcopy, +pad, +core, +keepoff, "
                              "+nogc or +leadN")
         cfg.reserve_training_core = "core" in flags or "keepoff" in flags or default_core
         cores.PIN_TRAINING_THREAD = "keepoff" not in flags
@@ -591,8 +607,7 @@ def main(argv=None) -> int:
         else:
             name, decode = phase.split(":")
             decode, _, nice = decode.partition("!")  # gpu!10: the decode threads at niceness 10
-            lead = next((int(f[4:]) for f in decode.split("+") if f.startswith("lead")), 1)  # gpu+lead2
-            collect = "nogc" not in decode.split("+")
+            decode, lead, collect = _loop_flags(decode)
             crop = [1.0, 1.0] if name.startswith("scenes") else args.crop_scale
             build = loader(sets[name], decode, crop)
         gpu = ":gpu" in phase

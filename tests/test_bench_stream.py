@@ -239,3 +239,11 @@ def test_the_collection_watch_counts_collections_by_generation_and_thread():
     assert got["gc0"][0] >= 1 and got["gc2"][0] >= 1
     assert got["gc_other_threads_ms"] > 0
     assert watch._note not in gc.callbacks
+
+
+def test_the_loop_flags_leave_the_loader_flags_alone():
+    """+leadN and +nogc set the training loop and are taken out of the decode spec the loader gets;
+    a malformed +lead stays in it, for the loader to refuse."""
+    assert bench_stream._loop_flags("gpu%0+lead2+interleaved+nogc") == ("gpu%0+interleaved", 2, False)
+    assert bench_stream._loop_flags("gpu") == ("gpu", 1, True)
+    assert bench_stream._loop_flags("gpu+leadx") == ("gpu+leadx", 1, True)
