@@ -13,7 +13,9 @@ How:
   starts on a 64-element boundary, so every view is 128-byte aligned (fast GEMM and norm kernels);
 - :func:`bind_views`, run by the model before every forward, sets each module attribute
   (``mlp.fc1.weight`` ...) to a view into the current flat tensor: autograd takes the gradients to
-  the flat parameter, and DeepSpeed's replacement of a parameter's ``.data`` is followed;
+  the flat parameter, and DeepSpeed's replacement of a parameter's ``.data`` is followed. Views
+  bound once serve the next forwards while the flat tensor, its memory and version are unchanged
+  (:func:`_bound_key`);
 - a state-dict hook on each block writes the original names, and a load hook packs them back, so
   checkpoints, exports and evaluation see the keys of an unflattened model; a dict with the flat
   names (consolidated from ZeRO optimizer partitions) is turned into them by
@@ -58,6 +60,10 @@ __all__ = ["ALIGN", "bind_in_checkpoint", "bind_in_forward", "bind_views", "expa
 ALIGN = 64
 """Elements between the starts of two members of a flat tensor (128 bytes in bf16)."""
 MATRICES, VECTORS = "flat_matrices", "flat_vectors"
+REUSE_VIEWS = True
+"""Keep the views bound in a forward for the next ones while their flat tensors are unchanged
+(:func:`_bound_key`); False binds them anew every forward (for measuring what that costs:
+``bench/bench_stream.py --host_work per_tensor``)."""
 
 
 class _Member(NamedTuple):
@@ -129,37 +135,62 @@ def _split_sizes(members: List[_Member], total: int) -> List[int]:
     return sizes + [total - end]
 
 
-def _bind(block: nn.Module) -> None:
+def _bind(block: nn.Module, reuse: bool = False) -> None:
+    """Point ``block``'s member attributes at views of its flat tensors; with ``reuse``, a flat
+    tensor whose views are already bound (:func:`_bound_key`) is left as it is."""
     # one split per flat tensor: autograd gets one SplitWithSizesBackward node (one concatenation
     # of the members' gradients) instead of a slice node per member, each of which would add a
     # zero-filled copy of the whole flat tensor
+    held = block.__dict__.setdefault("_flat_bound", {})
     for name, members in block._flat_layout.items():
         flat = block._parameters[name]
         if flat.numel() != block._flat_numel[name]:
             continue  # partitioned by ZeRO-3: bound in the block's forward (bind_in_forward)
+        key = _bound_key(flat)
+        if reuse and held.get(name) == key:
+            continue
         pieces = flat.split(block._flat_sizes[name])
         for m, piece in zip(members, pieces[1::2]):
             # a plain attribute since flattening (not in _parameters): written straight into the
             # module's __dict__, as nn.Module.__setattr__ would after its checks (~40x faster;
             # 399 members per forward for ViT-B/32)
             m.module.__dict__[m.attr] = piece.view(m.shape)
+        held[name] = key
+
+
+def _bound_key(flat: Tensor) -> tuple:
+    """What views of ``flat`` depend on: the tensor, its memory, its version, and whether autograd
+    records them.
+
+    Views bound once serve every later forward while this is unchanged: they alias the flat
+    tensor's memory, and their autograd nodes (a split and a view per member, which save no
+    tensors) carry each backward's gradients to the flat parameter, so a backward may run through
+    them again. DeepSpeed's ZeRO-1/2 step writes the new weights through its own buffer and gives
+    the parameter a new ``.data`` at the same address, which changes none of this. An in-place
+    write to the parameter itself (a checkpoint loaded into it) bumps its version, and autograd
+    refuses views of a split whose base was written in place: those are bound anew. Binding anew
+    every forward costs about 400 tensor calls for ViT-B/32 (4-6 ms of host time a step on one
+    H100 host, at micro-batch 256 a tenth of the step)."""
+    return (id(flat), flat.data_ptr(), flat.dtype, flat._version, flat.requires_grad, torch.is_grad_enabled(),
+            torch.is_inference_mode_enabled())
 
 
 def _unbind(block: nn.Module) -> None:
     for members in block._flat_layout.values():
         for m in members:
             m.module.__dict__.pop(m.attr, None)
+    block.__dict__.get("_flat_bound", {}).clear()
 
 
 def bind_views(blocks: List[nn.Module]) -> None:
-    """Point every member attribute of ``blocks`` at its slice of the current flat tensors
-    (flat tensors partitioned by ZeRO-3 are left to :func:`bind_in_forward`, and so are blocks
-    that bind their views in their own forward: there the binding would be replaced before any
-    read, and dropped after the forward; under ZeRO-3 it bound each block's persistent vectors,
-    24 redundant bindings a ViT-B/32 step)."""
+    """Point every member attribute of ``blocks`` at its slice of the current flat tensors, unless
+    the views bound before still are (:func:`_bound_key`). Flat tensors partitioned by ZeRO-3 are
+    left to :func:`bind_in_forward`, and so are blocks that bind their views in their own forward:
+    there the binding would be replaced before any read, and dropped after the forward; under
+    ZeRO-3 it bound each block's persistent vectors, 24 redundant bindings a ViT-B/32 step."""
     for block in blocks:
         if not isinstance(block.__dict__.get("forward"), BindingForward):
-            _bind(block)
+            _bind(block, reuse=REUSE_VIEWS)
 
 
 class BindingForward:

@@ -102,6 +102,25 @@ def test_state_dict_loads_both_ways_and_follows_new_tensors(flat):
         assert flat.encode_image(batch()[0].double()).dtype == torch.float64
 
 
+def test_views_are_bound_again_after_an_in_place_load_or_a_no_grad_forward():
+    plain, flat = pair()
+    with torch.no_grad():  # views bound here record no graph: training must not reuse them
+        flat(*batch())
+    loss_of(flat).backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in flat.parameters())
+    flat.zero_grad()
+    with torch.no_grad():
+        for p in plain.parameters():
+            p.mul_(0.9)
+    flat.load_state_dict(plain.state_dict())  # copied into the flat tensors in place
+    loss_of(flat).backward()
+    loss_of(plain).backward()
+    grads, ref = named_grads(flat), named_grads(plain)
+    assert sorted(grads) == sorted(ref)
+    for name, g in ref.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize("flat", [True, "tower"])
 def test_deepspeed_zero2_trains_the_flat_model_as_the_plain_one(flat):
     deepspeed = pytest.importorskip("deepspeed")
@@ -116,12 +135,17 @@ def test_deepspeed_zero2_trains_the_flat_model_as_the_plain_one(flat):
     for name, model in zip(("plain", "flat"), pair(flat)):
         engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
         assert misaligned_parameters(engine.module) == []
-        steps = []
+        steps, bound = [], []
         for _ in range(4):
             loss = loss_of(engine)
             engine.backward(loss)
             engine.step()
             steps.append(loss.item())
+            if name == "flat":  # the views bound in a forward, by object
+                block = flat_blocks(engine.module)[0]
+                bound.append([m.module.__dict__[m.attr] for ms in block._flat_layout.values() for m in ms])
+        if name == "flat":  # bound once DeepSpeed gave the parameters their buffers, then reused
+            assert all(a is b is c for a, b, c in zip(*bound[1:]))
         losses[name], states[name] = steps, engine.module.state_dict()
         engine.destroy()
     assert losses["flat"][-1] < losses["flat"][0]  # it trains
