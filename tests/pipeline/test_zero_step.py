@@ -102,6 +102,41 @@ def test_zero_engine_trains_to_the_same_bits(stage, monkeypatch):
         assert torch.equal(s1[name], value), name
 
 
+def test_gradient_norm_gives_deepspeeds_values():
+    """The one-call gradient norm against DeepSpeed's loop on a real ZeRO-2 engine's partition:
+    the same bits for finite gradients, DeepSpeed's -1 for a NaN one, and the inf-norm left to
+    DeepSpeed."""
+    from infclip.pipeline.train.train import single_process_env
+
+    single_process_env()
+    ds = {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 1.0,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+          "zero_optimization": {"stage": 2}}
+    model = pair()[1]
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
+    try:
+        from infclip.pipeline.engine.zero_step import _grad_norm_direct
+
+        assert keep_step_on_device(engine)
+        opt = engine.optimizer
+        assert opt.get_grad_norm_direct.__func__ is _grad_norm_direct
+        engine.backward(loss_of(engine) * 50)
+        grads = [[torch.randn_like(p) * 3 for p in params] for params in opt.params_in_partition]
+        assert len(grads) >= 2 and sum(len(g) for g in grads) > 10
+        for group, params in zip(grads, opt.params_in_partition):
+            for norm_type in (2, 2.0, float("inf")):
+                want = DeepSpeedZeroOptimizer.get_grad_norm_direct(opt, group, params, norm_type)
+                got = opt.get_grad_norm_direct(group, params, norm_type)
+                assert got.dtype == want.dtype and torch.equal(got, want), norm_type
+            exact = torch.sqrt(sum(g.double().pow(2).sum() for g in group)).float()
+            torch.testing.assert_close(opt.get_grad_norm_direct(group, params), exact, rtol=1e-6, atol=0)
+            group[1][0] = float("nan")
+            assert DeepSpeedZeroOptimizer.get_grad_norm_direct(opt, group, params).item() == -1.0
+            assert opt.get_grad_norm_direct(group, params).item() == -1.0
+    finally:
+        engine.destroy()
+
+
 def test_every_engine_of_a_process_keeps_its_step_on_the_device():
     """The replacement is process-wide in DeepSpeed's ZeRO-1/2 module: a second engine built
     after the first had its step replaced must be accepted too (it was refused, running
