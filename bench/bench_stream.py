@@ -326,14 +326,16 @@ class GpuClocks:
 
 
 def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nice: Optional[int] = None,
-              sampled: int = 0, lead: int = 1, collect: bool = True, sample_path: Optional[str] = None) -> dict:
+              sampled: int = 0, lead: int = 1, collect: bool = True, sample_path: Optional[str] = None,
+              sample_rate: int = 100, sample_native: bool = True) -> dict:
     """``warmup`` + ``steps`` steps of the training loop on ``build``'s batches; the timed ones' rate
     (and, with ``profile``, that many more steps under torch.profiler: :func:`gpu_timeline`; with
     ``sampled``, that many more with each thread's stack sampled by py-spy:
     :class:`thread_samples.ThreadSamples`). With ``nice``, the decode threads run at that niceness
     from the end of the warm-up; ``lead``: the micro-steps the host runs ahead of the GPU
     (:class:`pipeline.train.step.LossGuard`); ``collect`` False: the interpreter's automatic garbage
-    collection off while the timed steps run. ``sample_path``: where py-spy's raw samples are kept."""
+    collection off while the timed steps run. ``sample_path``: where py-spy's raw samples are kept;
+    ``sample_rate``: samples a second; ``sample_native`` False: Python frames only."""
     from infclip.pipeline.train.loop import Batches, EvalSchedule, TrainLoop
     from infclip.pipeline.train.metrics import TrainLogger
     from infclip.pipeline.train.run_state import RunState
@@ -411,7 +413,7 @@ def run_phase(te, run_cfg, build, warmup: int, steps: int, profile: int = 0, nic
     threads = None
     if sampled:
         tcfg.steps += sampled
-        sampler = ThreadSamples()
+        sampler = ThreadSamples(sample_rate, sample_native)
         loop.run()
         torch.cuda.synchronize()
         threads = sampler.stop()
@@ -517,6 +519,15 @@ def main(argv=None) -> int:
                         "installed): the share of each thread's time waiting for the interpreter lock, the GPU, "
                         "the CUDA driver or work (thread_samples in the rows)")
     p.add_argument("--sample_dir", default=None, help="keep each phase's raw py-spy samples here")
+    p.add_argument("--sample_rate", type=int, default=100, help="py-spy samples a second")
+    p.add_argument("--sample_python", action="store_true",
+                   help="sample Python frames only: py-spy starts at once and disturbs the step less, and each "
+                        "thread's time is named by the Python function it is in (the rows' classes then read "
+                        "native waits as running)")
+    p.add_argument("--host_work", choices=["current", "per_tensor"], default="current",
+                   help="per_tensor: flat parameters' views bound anew every forward and DeepSpeed's gradient norm "
+                        "one tensor at a time, to measure what the default saves the host "
+                        "(pipeline.model.flat_params.REUSE_VIEWS, pipeline.engine.zero_step.ONE_CALL_NORM)")
     p.add_argument("--dir", default=None, help="where the image sets are written (kept for reuse)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "stream.jsonl"))
     args = p.parse_args(argv)
@@ -530,6 +541,11 @@ def main(argv=None) -> int:
     from infclip.pipeline.engine.dist import init_distributed, single_process_env
     from infclip.pipeline.engine.engine import build_engine
 
+    if args.host_work == "per_tensor":
+        from infclip.pipeline.engine import zero_step
+        from infclip.pipeline.model import flat_params
+
+        flat_params.REUSE_VIEWS = zero_step.ONE_CALL_NORM = False
     single_process_env()
     work = args.dir or tempfile.mkdtemp(prefix="bench_stream_")
     sets = {name: image_set(work, name, args.shards, args.per_shard)
@@ -591,7 +607,7 @@ def main(argv=None) -> int:
             "preset": args.preset, "overrides": args.overrides, "micro_batch": run_cfg.micro_batch_size,
             "workers": run_cfg.data.workers,
             "cpu_count": os.cpu_count(), "physical_cores": len(physical_cores(os.sched_getaffinity(0))),
-            "device": torch.cuda.get_device_name(), "steps": args.steps,
+            "device": torch.cuda.get_device_name(), "steps": args.steps, "host_work": args.host_work,
             # the GPU's hardware work queues the process's streams share (CUDA's default: 8)
             "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
     streamed = [(s, i) for i in args.switch_intervals for s in args.sets]
@@ -628,7 +644,7 @@ def main(argv=None) -> int:
                **run_phase(te, run_cfg, build, args.warmup, args.steps, args.profile, int(nice) if nice else None,
                            args.sample_threads, lead, collect,
                            os.path.join(args.sample_dir, f"{len(rows):02d}_{phase.replace(':', '_')}.txt")
-                           if args.sample_dir else None)}
+                           if args.sample_dir else None, args.sample_rate, not args.sample_python)}
         rows.append(row)
         print(f"{phase:>14} (switch {1e3 * row['switch_interval']:.2g} ms): {row['samples_per_s']:8.0f} samples/s, "
               f"step {row['step_ms']:6.1f} ms (training thread's CPU {row['main_cpu_ms']:.1f} ms, descheduled "

@@ -124,9 +124,11 @@ def summarize(raw_lines: Iterable[str]) -> Dict[str, dict]:
 
 
 class ThreadSamples:
-    """py-spy sampling this process at ``rate`` a second from construction to :meth:`stop`."""
+    """py-spy sampling this process at ``rate`` a second from construction to :meth:`stop`; with
+    ``native`` False, Python frames only (py-spy starts at once and pauses the process for less,
+    but a thread waiting in native code shows as its innermost Python call)."""
 
-    def __init__(self, rate: int = 100) -> None:
+    def __init__(self, rate: int = 100, native: bool = True) -> None:
         exe = shutil.which("py-spy")
         self.proc: Optional[subprocess.Popen] = None
         self.path = os.path.join(tempfile.mkdtemp(prefix="thread_samples_"), "raw.txt")
@@ -136,8 +138,9 @@ class ThreadSamples:
             ctypes.CDLL(None).prctl(0x59616D61, ctypes.c_ulong(-1 & 0xFFFFFFFFFFFFFFFF), 0, 0, 0)  # PR_SET_PTRACER_ANY
         except (OSError, AttributeError):
             pass
-        self.proc = subprocess.Popen([exe, "record", "--pid", str(os.getpid()), "--native", "--idle", "--threads",
-                                      "--rate", str(rate), "--format", "raw", "--output", self.path],
+        self.proc = subprocess.Popen([exe, "record", "--pid", str(os.getpid()), *(["--native"] if native else []),
+                                      "--idle", "--threads", "--rate", str(rate), "--format", "raw", "--output",
+                                      self.path],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def stop(self) -> dict:
