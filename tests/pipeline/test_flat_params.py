@@ -1,8 +1,9 @@
 """Flat per-block parameters (``model.flat_parameters``): the same model with fewer tensors.
 
 Checked against the unflattened model built from the same weights: features and gradients,
-state-dict keys and values both ways, a real DeepSpeed ZeRO-2 engine training both (CPU, gloo),
-compiled towers (no recompilation from the per-step views), a checkpoint consolidated and loaded
+state-dict keys and values both ways, a real DeepSpeed ZeRO-2 engine training both (CPU, gloo;
+fp32 and bf16) with the views bound once and reused, views bound anew where they must be,
+compiled towers (no recompilation from the views), a checkpoint consolidated and loaded
 for evaluation, and the configurations it refuses."""
 
 from __future__ import annotations
@@ -121,8 +122,8 @@ def test_views_are_bound_again_after_an_in_place_load_or_a_no_grad_forward():
         torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("flat", [True, "tower"])
-def test_deepspeed_zero2_trains_the_flat_model_as_the_plain_one(flat):
+@pytest.mark.parametrize("flat, bf16", [(True, False), ("tower", False), (True, True)])
+def test_deepspeed_zero2_trains_the_flat_model_as_the_plain_one(flat, bf16):
     deepspeed = pytest.importorskip("deepspeed")
     from infclip.pipeline.model.param_layout import misaligned_parameters
     from infclip.pipeline.train.train import single_process_env
@@ -130,7 +131,9 @@ def test_deepspeed_zero2_trains_the_flat_model_as_the_plain_one(flat):
     single_process_env()
     ds = {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 1.0,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "torch_adam": True}},
-          "zero_optimization": {"stage": 2}}
+          "zero_optimization": {"stage": 2}, "bf16": {"enabled": bf16}}
+    # bf16 (the presets' precision: DeepSpeed's bf16 weights and fp32 master copy) gives the same bits
+    tol = {"rtol": 0, "atol": 0} if bf16 else {"rtol": 1e-5, "atol": 1e-6}
     losses, states = {}, {}
     for name, model in zip(("plain", "flat"), pair(flat)):
         engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model), config=ds)
@@ -149,10 +152,10 @@ def test_deepspeed_zero2_trains_the_flat_model_as_the_plain_one(flat):
         losses[name], states[name] = steps, engine.module.state_dict()
         engine.destroy()
     assert losses["flat"][-1] < losses["flat"][0]  # it trains
-    torch.testing.assert_close(torch.tensor(losses["flat"]), torch.tensor(losses["plain"]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(losses["flat"]), torch.tensor(losses["plain"]), **tol)
     assert list(states["flat"]) == list(states["plain"])
     for name, value in states["plain"].items():
-        torch.testing.assert_close(states["flat"][name], value, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(states["flat"][name], value, **tol, msg=name)
 
 
 GRAPHS: list = []
