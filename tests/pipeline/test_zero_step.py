@@ -121,14 +121,15 @@ def test_gradient_norm_gives_deepspeeds_values():
         opt = engine.optimizer
         assert opt.get_grad_norm_direct.__func__ is _grad_norm_direct
         engine.backward(loss_of(engine) * 50)
-        grads = [[torch.randn_like(p) * 3 for p in params] for params in opt.params_in_partition]
+        grads = [[(torch.randn_like(p) * 3).to(dtype) for p in params]
+                 for params in opt.params_in_partition for dtype in (torch.float32, torch.bfloat16)]
         assert len(grads) >= 2 and sum(len(g) for g in grads) > 10
-        for group, params in zip(grads, opt.params_in_partition):
+        for group, params in zip(grads, [p for p in opt.params_in_partition for _ in range(2)]):
             for norm_type in (2, 2.0, float("inf")):
                 want = DeepSpeedZeroOptimizer.get_grad_norm_direct(opt, group, params, norm_type)
                 got = opt.get_grad_norm_direct(group, params, norm_type)
                 assert got.dtype == want.dtype and torch.equal(got, want), norm_type
-            exact = torch.sqrt(sum(g.double().pow(2).sum() for g in group)).float()
+            exact = torch.sqrt(sum(g.double().pow(2).sum() for g in group)).float()  # fp32 and bf16 gradients
             torch.testing.assert_close(opt.get_grad_norm_direct(group, params), exact, rtol=1e-6, atol=0)
             group[1][0] = float("nan")
             assert DeepSpeedZeroOptimizer.get_grad_norm_direct(opt, group, params).item() == -1.0
