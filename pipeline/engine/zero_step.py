@@ -102,8 +102,9 @@ def _grad_norm_direct(self, gradients, params, norm_type=2):
         if zero12.is_model_parallel_parameter(p) or self.model_parallel_rank == 0:
             chosen.append(g.detach())
     if chosen:
+        # without offload (refused by _why_not) every gradient is on the optimizer's device: one move
         norms = torch._foreach_norm(chosen, 2.0, dtype=zero12.get_norm_dtype())
-        total_norm = torch.stack([n.to(self.device) for n in norms]).pow(2.0).sum().float()
+        total_norm = torch.stack(norms).to(self.device).pow(2.0).sum().float()
     else:
         total_norm = torch.tensor(0.0, dtype=torch.float32).to(self.device)
     zero12.dist.all_reduce(total_norm, op=zero12.dist.ReduceOp.SUM, group=self.dp_process_group)
