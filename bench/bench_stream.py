@@ -494,9 +494,9 @@ def main(argv=None) -> int:
     p.add_argument("--micro_batch", type=int, default=None, help="default: the preset's")
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
-                   help="image_set:decode phases (web256, web512, web256mixed, web512as256, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][#HOSTSHARE][*LANES]"
+                   help="image_set:decode phases (web256, web512, web256mixed, web512as256, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][#HOSTSHARE][&ENGINESHARE][*LANES]"
                         "[^PRIORITY][~WORKERS][+interleaved][+batchcopy][+pad][+core][+keepoff][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
-                        "data.gpu_decode_host_max_pixels PIXELS, data.gpu_decode_host_share HOSTSHARE, "
+                        "data.gpu_decode_host_max_pixels PIXELS, data.gpu_decode_host_share HOSTSHARE, data.gpu_decode_engine_share ENGINESHARE, "
                         "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal, data.workers WORKERS, "
                         "data.gpu_decode_host_interleaved true, data.gpu_decode_host_copy batch; +pad: nvJPEG's allocations padded by "
                         "16 MiB (device) and 8 MiB (pinned host); +core: data.reserve_training_core true; +keepoff: the same without moving the training thread (only the loader kept off its core); +leadN: the host runs N micro-steps ahead of the GPU instead of 1; +nogc: the interpreter's automatic garbage collection off while the timed steps run; !NICE: the decode threads at that scheduling "
@@ -569,6 +569,7 @@ def main(argv=None) -> int:
     default_interleaved, default_copy = run_cfg.data.gpu_decode_host_interleaved, run_cfg.data.gpu_decode_host_copy
     default_host_share, default_workers = run_cfg.data.gpu_decode_host_share, run_cfg.data.workers
     default_padding, default_core = nvjpeg.MEMORY_PADDING, run_cfg.data.reserve_training_core
+    default_engines = run_cfg.data.gpu_decode_engine_share
 
     def loader(urls, decode, crop):
         cfg = run_cfg.data
@@ -588,6 +589,8 @@ def main(argv=None) -> int:
         cfg.gpu_decode_priority = priority or default_priority
         decode, _, lanes = decode.partition("*")  # gpu*1: data.gpu_decode_lanes 1
         cfg.gpu_decode_lanes = int(lanes) if lanes else default_lanes
+        decode, _, engines = decode.partition("&")  # gpu&0.5: data.gpu_decode_engine_share 0.5
+        cfg.gpu_decode_engine_share = float(engines) if engines else default_engines
         decode, _, host_share = decode.partition("#")  # gpu%300000#0.4: data.gpu_decode_host_share 0.4
         cfg.gpu_decode_host_share = float(host_share) if host_share else default_host_share
         decode, _, host = decode.partition("%")  # gpu%70000: data.gpu_decode_host_max_pixels 70000

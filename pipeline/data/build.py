@@ -180,7 +180,8 @@ def _pixel_stage(cfg: DataConfig, gpu_decode: bool, device: Optional[torch.devic
                                  lanes=cfg.gpu_decode_lanes, priority=cfg.gpu_decode_priority,
                                  host_max_pixels=cfg.gpu_decode_host_max_pixels,
                                  host_interleaved=cfg.gpu_decode_host_interleaved,
-                                 host_copy=cfg.gpu_decode_host_copy, host_share=cfg.gpu_decode_host_share)
+                                 host_copy=cfg.gpu_decode_host_copy, host_share=cfg.gpu_decode_host_share,
+                                 engine_share=cfg.gpu_decode_engine_share)
 
     def normalize(pixels: torch.Tensor) -> torch.Tensor:
         if device is not None:

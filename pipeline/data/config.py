@@ -111,6 +111,12 @@ class DataConfig:
     ``gpu_decode_host_max_pixels``, in batch order), the rest by GPU kernels: splits a batch of
     equal-sized JPEGs between the host threads and the GPU, so each decodes a part of it at once.
     On 16 cores a share of 512-px JPEGs measured no faster than the GPU alone (docs/data.md)."""
+    gpu_decode_engine_share: float = 0.0
+    """With the direct nvJPEG decoder's GPU backend, this share of each batch's JPEGs goes to the
+    GPU's JPEG engines (the hardware decoders of A100, H100 and later), decoded on a stream of their
+    own at the same time as the GPU backend's kernels decode the rest: the engines take no SM time
+    but for a small colour-conversion kernel an image, and their calls wait on the host, image by
+    image. 0: the GPU backend decodes every JPEG. Ignored, with a log line, on GPUs without engines."""
     gpu_decode_priority: str = "high"
     """The decode lanes' CUDA stream priority: ``"high"`` (the decode and crop kernels' blocks go
     ahead of the step's queued ones, so a batch is ready sooner) or ``"normal"`` (the step's
@@ -166,6 +172,8 @@ class DataConfig:
             raise ConfigError(f"'gpu_decode_lanes' must be <= 8, got {self.gpu_decode_lanes}")
         if not 0.0 < self.gpu_decode_host_share <= 1.0:
             raise ConfigError(f"'gpu_decode_host_share' must be in (0, 1], got {self.gpu_decode_host_share}")
+        if not 0.0 <= self.gpu_decode_engine_share < 1.0:
+            raise ConfigError(f"'gpu_decode_engine_share' must be in [0, 1), got {self.gpu_decode_engine_share}")
         if self.gpu_decode_host_copy not in ("plane", "batch"):
             raise ConfigError(f"'gpu_decode_host_copy' must be \"plane\" or \"batch\", "
                               f"got {self.gpu_decode_host_copy!r}")

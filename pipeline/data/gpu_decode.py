@@ -130,16 +130,19 @@ def wait_for_batch(ready: Any, stream: torch.cuda.Stream) -> _Elapsed:
 
 class _Lane:
     """Where one batch at a time is decoded: a direct decoder (or None), the direct decoder whose
-    decoding runs on the host (or None), a stream of ``priority`` (None on the CPU), and
-    the event after its previous batch."""
+    decoding runs on the host (or None), the one on the JPEG engines (or None) with a stream of
+    its own, a stream of ``priority`` (None on the CPU), and the event after its previous batch."""
 
-    def __init__(self, device: Optional[torch.device], nvjpeg: Any, priority: str = "high", host: Any = None) -> None:
-        self.nvjpeg, self.host = nvjpeg, host
+    def __init__(self, device: Optional[torch.device], nvjpeg: Any, priority: str = "high", host: Any = None,
+                 engines: Any = None) -> None:
+        self.nvjpeg, self.host, self.engines = nvjpeg, host, engines
         # high priority (the default): the crop's blocks go ahead of the step's queued ones, so a batch is
         # ready sooner and the lane's next decode, which waits for it, starts sooner (the GPU time is the
         # same); normal: the step's own priority
         level = -1 if priority == "high" else 0
         self.stream = torch.cuda.Stream(device, priority=level) if device is not None else None
+        # the engines' share runs beside the GPU backend's kernels, not behind them on the lane's stream
+        self.engine_stream = torch.cuda.Stream(device, priority=level) if engines is not None else None
         self.last: Any = None
 
 
@@ -170,18 +173,25 @@ class DecodeStage:
         host_share: at most this share of a batch's JPEGs is decoded on the host (the first of
             those within ``host_max_pixels``, in batch order); the rest on the GPU
             (``data.gpu_decode_host_share``).
+        engine_share: with the direct decoder's GPU backend, this share of the JPEGs the GPU
+            decodes goes to the GPU's JPEG engines instead, decoded on a second stream at the same
+            time as the rest (``data.gpu_decode_engine_share``); ignored, with a log line, on a
+            GPU without engines.
     """
 
     def __init__(self, device: torch.device, dtype: torch.dtype, mean: Sequence[float], std: Sequence[float],
                  decode_fn: Optional[Callable[[List[torch.Tensor], torch.device], List[torch.Tensor]]] = None,
                  decoder: str = "auto", lanes: int = 1, priority: str = "high", host_max_pixels: int = 0,
-                 host_interleaved: bool = False, host_copy: str = "plane", host_share: float = 1.0) -> None:
+                 host_interleaved: bool = False, host_copy: str = "plane", host_share: float = 1.0,
+                 engine_share: float = 0.0) -> None:
         self.device, self.dtype = torch.device(device), dtype
         self.mean, self.std = list(mean), list(std)
         cuda = self.device.type == "cuda"
         self.decode_fn = decode_fn or (_nvjpeg_decode if cuda else
                                        (lambda files, dev: [pil_decode(f).to(dev) for f in files]))
-        nvjpeg = host = None
+        if not 0.0 <= engine_share < 1.0:
+            raise ValueError(f"engine_share must be in [0, 1), got {engine_share}")
+        nvjpeg = host = engines = None
         if cuda and decoder != "torchvision":
             with torch.cuda.device(self.device):
                 nvjpeg, why = load_decoder("hardware" if decoder == "nvjpeg_hardware" else "gpu")
@@ -190,6 +200,12 @@ class DecodeStage:
                     if host is None:
                         raise RuntimeError(f"data.gpu_decode_host_max_pixels: nvJPEG's hybrid backend cannot be "
                                            f"used ({why})")
+                if nvjpeg is not None and engine_share > 0 and not nvjpeg.hardware:
+                    engines, why = load_decoder("hardware")
+                    if engines is not None and not engines.hardware:
+                        engines, why = None, "this GPU has no JPEG engines"
+                    if engines is None:
+                        logger.info("data.gpu_decode_engine_share %s ignored: %s", engine_share, why)
             if nvjpeg is None:
                 if decoder != "auto":
                     raise RuntimeError(f"data.gpu_decoder {decoder!r}: the library cannot be used ({why})")
@@ -203,8 +219,12 @@ class DecodeStage:
         if not 0.0 < host_share <= 1.0:
             raise ValueError(f"host_share must be in (0, 1], got {host_share}")
         self.host_share = float(host_share)
-        self._lanes = [_Lane(self.device, nvjpeg if k == 0 else nvjpeg.another(), priority,
-                             host if k == 0 or host is None else host.another()) if cuda
+        self.engine_share = float(engine_share) if engines is not None else 0.0
+
+        def own(decoder: Any, k: int) -> Any:  # lane k's own handle and state
+            return decoder if k == 0 or decoder is None else decoder.another()
+
+        self._lanes = [_Lane(self.device, own(nvjpeg, k), priority, own(host, k), own(engines, k)) if cuda
                        else _Lane(None, None) for k in range(self.lanes)]
         self.nvjpeg = nvjpeg
         self._lock = threading.Lock()
@@ -340,16 +360,24 @@ class DecodeStage:
     def _nvjpeg_decode(self, run: "_Lane", data: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, m: int
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """(buffer, offsets) of the batch's JPEGs decoded by the lane's direct decoders: all but the
-        first ``m`` wholly on the GPU (queued first, so the GPU starts at once), then the first
-        ``m`` decoded here, on the host, while it runs: into the buffer, or with ``host_copy``
-        "batch" into pinned host memory laid out as the buffer's start, then copied there at once
-        (the pinned block is reused only after that copy has run: torch records it on the stream)."""
-        if not data.is_pinned():  # once for both calls
+        first ``m`` on the GPU (queued first, so the GPU starts at once): with an engine share the
+        first ``engine_share`` of those on the JPEG engines, on the lane's second stream, while the
+        GPU backend's kernels decode the rest; then the first ``m`` decoded here, on the host, while
+        they run: into the buffer, or with ``host_copy`` "batch" into pinned host memory laid out as
+        the buffer's start, then copied there at once (the pinned block is reused only after that
+        copy has run: torch records it on the stream)."""
+        if not data.is_pinned():  # once for all calls
             data = data.pin_memory()
         flat, starts = plane_buffer(sizes, run.stream)
         n = offsets.numel() - 1
-        if m < n:
-            run.nvjpeg.decode(data, offsets[m:], sizes[m:], run.stream, out=(flat, starts[m:]))
+        e = round(self.engine_share * (n - m)) if run.engines is not None else 0
+        if e:  # the buffer was allocated on the lane's stream; the engines write it from theirs
+            run.engine_stream.wait_stream(run.stream)
+        if m + e < n:
+            run.nvjpeg.decode(data, offsets[m + e:], sizes[m + e:], run.stream, out=(flat, starts[m + e:]))
+        if e:  # returns when the engines have decoded them; their colour conversion may still be queued
+            run.engines.decode(data, offsets[m:m + e + 1], sizes[m:m + e], run.engine_stream, out=(flat, starts[m:m + e]))
+            run.stream.wait_stream(run.engine_stream)
         if m and self.host_copy == "batch":
             head = int(starts[m]) if m < n else flat.numel()  # the small JPEGs' planes come first
             staging = torch.empty(head, dtype=torch.uint8, pin_memory=True)

@@ -73,6 +73,7 @@ def _loader(url, tok, decode, device="cpu", **kw):
                      gpu_decode_lanes=kw.pop("lanes", 1), gpu_decode_host_interleaved=kw.pop("interleaved", False),
                      gpu_decode_host_copy=kw.pop("host_copy", "plane"),
                      gpu_decode_host_share=kw.pop("host_share", 1.0),
+                     gpu_decode_engine_share=kw.pop("engine_share", 0.0),
                      reserve_training_core=kw.pop("reserve_training_core", False))
     return build_train_loader(cfg, tok, image_size=16, context_length=16, batch_size=4,
                               device=torch.device(device), **kw)
@@ -345,6 +346,10 @@ def test_decode_setting_is_checked():
     for share in (0.0, 1.5):
         with pytest.raises(ConfigError, match=f"'gpu_decode_host_share' must be in \\(0, 1\\], got {share}"):
             DataConfig(train_shards="x.tar", gpu_decode_host_share=share)
+    assert DataConfig(train_shards="x.tar").gpu_decode_engine_share == 0.0
+    for share in (-0.1, 1.0):
+        with pytest.raises(ConfigError, match=f"'gpu_decode_engine_share' must be in \\[0, 1\\), got {share}"):
+            DataConfig(train_shards="x.tar", gpu_decode_engine_share=share)
 
 
 def test_gpu_decode_on_a_cpu_run_needs_tritons_interpreter(monkeypatch):
@@ -519,6 +524,33 @@ def test_host_decode_gives_the_gpu_backends_batches(tmp_path, tok, host_pixels, 
     assert d.mean() < 0.5 and d.max() <= 4, (d.mean(), d.max())
     assert split.stage.fallbacks == {"cpu_decode": 0, "bad_image": 0, "batch_retry": 0}
     assert {lane.host.output for lane in split.stage._lanes} == {"rgbi" if interleaved else "rgb"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine_share,host_pixels,lanes", [(0.5, 0, 2), (0.75, 1300, 3)])
+def test_engine_share_gives_the_gpu_backends_batches(tmp_path, tok, engine_share, host_pixels, lanes):
+    """data.gpu_decode_engine_share: a share of each batch decoded by the JPEG engines on a second
+    stream (alone beside the GPU backend, or with the host taking the small JPEGs too), into the
+    same buffer as the rest: the same samples in the same rows, pixels within a few levels of the
+    GPU backend's alone."""
+    from infclip.pipeline.data.nvjpeg import load_decoder
+
+    probe, why = load_decoder("hardware")
+    if probe is None or not probe.hardware:
+        pytest.skip(f"no JPEG engines here ({why or 'nvJPEG falls back to its default backend'})")
+    url = _mixed_shards(tmp_path / "mixed", n=48, per_shard=12)
+    gpu = _loader(url, tok, "gpu", device="cuda", decoder="nvjpeg")
+    split = _loader(url, tok, "gpu", device="cuda", decoder="nvjpeg", engine_share=engine_share,
+                    host_pixels=host_pixels, lanes=lanes)
+    got = list(zip(gpu, split))
+    assert len(got) == 12 and split.stage.engine_share == engine_share
+    assert all(lane.engines is not None and lane.engines.hardware for lane in split.stage._lanes)
+    assert len({id(lane.engines) for lane in split.stage._lanes}) == lanes  # a handle a lane
+    d = torch.cat([(_levels(a["pixel_values"]) - _levels(b["pixel_values"])).abs().flatten() for a, b in got])
+    for a, b in got:
+        assert torch.equal(a["input_ids"], b["input_ids"])
+    assert d.mean() < 0.5 and d.max() <= 4, (d.mean(), d.max())
+    assert split.stage.fallbacks == {"cpu_decode": 0, "bad_image": 0, "batch_retry": 0}
 
 
 @pytest.mark.gpu
