@@ -370,7 +370,7 @@ class DecodeStage:
             data = data.pin_memory()
         flat, starts = plane_buffer(sizes, run.stream)
         n = offsets.numel() - 1
-        e = round(self.engine_share * (n - m)) if run.engines is not None else 0
+        e = round(self.engine_share * (n - m))  # 0 unless the lanes have an engines decoder
         if e:  # the buffer was allocated on the lane's stream; the engines write it from theirs
             run.engine_stream.wait_stream(run.stream)
         if m + e < n:
