@@ -495,11 +495,11 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
                    help="image_set:decode phases (web256, web512, web256mixed, web512as256, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][#HOSTSHARE][&ENGINESHARE][*LANES]"
-                        "[^PRIORITY][~WORKERS][+interleaved][+batchcopy][+pad][+core][+keepoff][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
+                        "[^PRIORITY][~WORKERS][+interleaved][+batchcopy][+pad][+core][+keepoff][+band][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
                         "data.gpu_decode_host_max_pixels PIXELS, data.gpu_decode_host_share HOSTSHARE, data.gpu_decode_engine_share ENGINESHARE, "
                         "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal, data.workers WORKERS, "
                         "data.gpu_decode_host_interleaved true, data.gpu_decode_host_copy batch; +pad: nvJPEG's allocations padded by "
-                        "16 MiB (device) and 8 MiB (pinned host); +core: data.reserve_training_core true; +keepoff: the same without moving the training thread (only the loader kept off its core); +leadN: the host runs N micro-steps ahead of the GPU instead of 1; +nogc: the interpreter's automatic garbage collection off while the timed steps run; !NICE: the decode threads at that scheduling "
+                        "16 MiB (device) and 8 MiB (pinned host); +core: data.reserve_training_core true; +keepoff: the same without moving the training thread (only the loader kept off its core); +band: the crop kernel that filters a band of rows axis by axis (image_ops.KERNEL band); +leadN: the host runs N micro-steps ahead of the GPU instead of 1; +nogc: the interpreter's automatic garbage collection off while the timed steps run; !NICE: the decode threads at that scheduling "
                         "niceness, e.g. !10, so the training thread wins a contested core)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
@@ -533,7 +533,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.sample_dir:
         os.makedirs(args.sample_dir, exist_ok=True)
-    from infclip.pipeline.data import nvjpeg
+    from infclip.pipeline.data import image_ops, nvjpeg
     from infclip.pipeline.data.build import build_train_loader
     from infclip.pipeline.data import cores
     from infclip.pipeline.data.cores import physical_cores
@@ -569,15 +569,17 @@ def main(argv=None) -> int:
     default_interleaved, default_copy = run_cfg.data.gpu_decode_host_interleaved, run_cfg.data.gpu_decode_host_copy
     default_host_share, default_workers = run_cfg.data.gpu_decode_host_share, run_cfg.data.workers
     default_padding, default_core = nvjpeg.MEMORY_PADDING, run_cfg.data.reserve_training_core
+    default_kernel = image_ops.KERNEL
     default_engines = run_cfg.data.gpu_decode_engine_share
 
     def loader(urls, decode, crop):
         cfg = run_cfg.data
         decode, *flags = decode.split("+")  # gpu+interleaved+batchcopy: the host decoder's layout and copy
-        unknown = set(flags) - {"interleaved", "batchcopy", "pad", "core", "keepoff"}
+        unknown = set(flags) - {"interleaved", "batchcopy", "pad", "core", "keepoff", "band"}
         if unknown:
             raise SystemExit(f"unknown phase flag(s) {sorted(unknown)}: +interleaved, +batchcopy, +pad, +core, +keepoff, "
-                             "+nogc or +leadN")
+                             "+band, +nogc or +leadN")
+        image_ops.KERNEL = "band" if "band" in flags else default_kernel
         cfg.reserve_training_core = "core" in flags or "keepoff" in flags or default_core
         cores.PIN_TRAINING_THREAD = "keepoff" not in flags
         nvjpeg.MEMORY_PADDING = PADDING if "pad" in flags else default_padding
@@ -641,6 +643,7 @@ def main(argv=None) -> int:
                "gpu_decode_host_copy": run_cfg.data.gpu_decode_host_copy if gpu else None,
                "gpu_decode_host_share": run_cfg.data.gpu_decode_host_share if gpu else None,
                "nvjpeg_memory_padding": list(nvjpeg.MEMORY_PADDING) if gpu else None,
+               "crop_kernel": image_ops.KERNEL if gpu else None,
                "reserve_training_core": run_cfg.data.reserve_training_core if phase != "synthetic" else None,
                "pin_training_thread": cores.PIN_TRAINING_THREAD if phase != "synthetic" else None,
                "switch_interval": sys.getswitchinterval(), "host_lead": lead,
