@@ -102,9 +102,9 @@ def _resized_crop_kernel(src_ptr, meta_ptr, out_ptr, mean_ptr, std_ptr, S: tl.co
     pixel step): planar images (3 planes) step H * W bytes between channels and 1 between pixels,
     interleaved ones (RGB RGB ...) 1 and 3.
 
-    The taps are unrolled, so each axis's weights and offsets are computed once (the compiler
-    shares them between the rows), and a tap past the filter's end reads the last pixel inside it
-    with weight 0 rather than a masked load: every load is in the box, none is predicated."""
+    The x taps are unrolled, so their weights and offsets are computed once, outside the loop over
+    the rows (the compiler hoists them), and a tap past the filter's end reads the last pixel inside
+    it with weight 0 rather than a masked load: every load is in the box, none is predicated."""
     base, W, bx, by, bw, bh, dest, cstep, pstep = _meta_row(meta_ptr + tl.program_id(0) * 10)
     idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = idx < S * S
