@@ -2,7 +2,8 @@
 
 Design: one batch of ``--batch`` web-like JPEGs (``bench_data.picture``, ``--size`` px, baseline
 quality 90) decoded by :class:`pipeline.data.nvjpeg.NvJpeg` on a high-priority stream, once per
-backend (``gpu``: the batched kernels; ``hardware``: the JPEG engines) and per load: none, or
+backend (``gpu``: the batched kernels; ``hardware``: the JPEG engines; ``hybrid``: the host;
+``gpu_device`` and ``hardware_device``: the first two reading the files from device memory) and per load: none, or
 about ``--load_ms`` of bf16 matrix products queued on another stream just before the call (``N``
 in ``--gemm_sizes``: N^3 products; large ones hold every SM for a millisecond or more, small ones
 free their blocks every few microseconds, as a training step's kernels fall between). For each it
@@ -14,7 +15,8 @@ row per (backend, output, load) in bench/results/nvjpeg.jsonl.
 
 Run (one GPU, torchvision installed: the library is the one its wheel ships):
 ``python bench/bench_nvjpeg.py --batch 1024 --gemm_sizes 8192 2048 --profile`` (``--outputs rgb yuv``:
-the same without the colour conversion asked for).
+the same without the colour conversion asked for; ``--sm_carveout N``: the load's products through
+cuBLASLt, told to leave N SMs free, as ``bench_stream.py --sm_carveout`` runs the training step).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--size", type=int, default=256, help="the JPEGs' side in pixels")
-    p.add_argument("--backends", nargs="+", default=["gpu", "hardware"], choices=["gpu", "hardware", "hybrid"])
+    p.add_argument("--backends", nargs="+", default=["gpu", "hardware"], choices=["gpu", "hardware", "hybrid", "gpu_device", "hardware_device"])
     p.add_argument("--gemm_sizes", type=int, nargs="*", default=[8192, 2048],
                    help="loads: N^3 bf16 products on another stream (none is always run)")
     p.add_argument("--load_ms", type=float, default=400.0, help="GPU time queued as the load")
@@ -92,21 +94,28 @@ def main(argv=None) -> int:
                    help="the JPEG engines' buffer pool sized for the batch before the first call (on) or grown by "
                         "the library (off); both: each measured")
     p.add_argument("--profile", action="store_true", help="profile each decoder behind the largest load")
+    p.add_argument("--sm_carveout", type=int, default=None, metavar="N",
+                   help="the load's matrix products through cuBLASLt, told to leave N SMs free")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "nvjpeg.jsonl"))
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_nvjpeg needs a CUDA GPU", file=sys.stderr)
         return 2
     from infclip.pipeline.data.nvjpeg import load_decoder
+    from gpu_queue import carve_sms
+
+    if args.sm_carveout is not None:
+        carve_sms(args.sm_carveout)
 
     batch = jpeg_batch(args.batch, args.size)
     stream, other = torch.cuda.Stream(priority=-1), torch.cuda.Stream()
     base = {"bench": "nvjpeg", "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name(), "batch": args.batch, "size": args.size, "load_ms": args.load_ms}
+            "device": torch.cuda.get_device_name(), "batch": args.batch, "size": args.size, "load_ms": args.load_ms,
+            "sm_carveout": args.sm_carveout}
     rows = []
     decoders = {}
     combos = [(b, o, pre == "on") for o in args.outputs for b in args.backends
-              for pre in (args.preallocate if b == "hardware" else ["on"])]
+              for pre in (args.preallocate if b.startswith("hardware") else ["on"])]
     for backend, output, pre in combos:
         decoder, why = load_decoder(backend, output, pre)
         if decoder is None:
@@ -133,7 +142,7 @@ def main(argv=None) -> int:
     if args.profile and args.gemm_sizes:
         gemm = max(args.gemm_sizes)
         for (backend, output, pre), decoder in decoders.items():
-            print(f"\n{backend} backend ({output}{f', preallocate {pre}' if backend == 'hardware' else ''}) behind "
+            print(f"\n{backend} backend ({output}{f', preallocate {pre}' if backend.startswith('hardware') else ''}) behind "
                   f"{gemm}^3 gemms: calls by total time (count, ms)")
             for cat, name, count, ms in profile_summary(decoder, batch, stream, other, gemm, args.load_ms):
                 print(f"  {cat:<12} {name:<70} {count:6d} {ms:9.2f}")

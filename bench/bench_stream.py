@@ -528,9 +528,16 @@ def main(argv=None) -> int:
                    help="per_tensor: flat parameters' views bound anew every forward and DeepSpeed's gradient norm "
                         "one tensor at a time, to measure what the default saves the host "
                         "(pipeline.model.flat_params.REUSE_VIEWS, pipeline.engine.zero_step.ONE_CALL_NORM)")
+    p.add_argument("--sm_carveout", type=int, default=None, metavar="N",
+                   help="every phase's matrix products through cuBLASLt, told to leave N SMs free "
+                        "(torch._C._set_sm_carveout_experimental), set before the model is built")
     p.add_argument("--dir", default=None, help="where the image sets are written (kept for reuse)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "stream.jsonl"))
     args = p.parse_args(argv)
+    if args.sm_carveout is not None:
+        from gpu_queue import carve_sms
+
+        carve_sms(args.sm_carveout)
     if args.sample_dir:
         os.makedirs(args.sample_dir, exist_ok=True)
     from infclip.pipeline.data import image_ops, nvjpeg
@@ -614,7 +621,8 @@ def main(argv=None) -> int:
             "cpu_count": os.cpu_count(), "physical_cores": len(physical_cores(os.sched_getaffinity(0))),
             "device": torch.cuda.get_device_name(), "steps": args.steps, "host_work": args.host_work,
             # the GPU's hardware work queues the process's streams share (CUDA's default: 8)
-            "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
+            "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+            "sm_carveout": args.sm_carveout}
     streamed = [(s, i) for i in args.switch_intervals for s in args.sets]
     phases = ["synthetic"] + [p for s in streamed for p in (s, "synthetic")]  # each streamed phase between two anchors
     rows, written = [], 0

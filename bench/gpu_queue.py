@@ -54,3 +54,10 @@ def _gemm_state(device, size: int) -> tuple:
         end.synchronize()
         _GEMMS[key] = (a, out, start.elapsed_time(end) / 20)
     return _GEMMS[key]
+
+
+def carve_sms(n: int) -> None:
+    """Route matrix products through cuBLASLt and tell it to leave ``n`` SMs free for other streams'
+    kernels (``torch._C._set_sm_carveout_experimental``; cuBLAS's own path ignores it)."""
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    torch._C._set_sm_carveout_experimental(n)

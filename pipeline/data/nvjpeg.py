@@ -6,7 +6,7 @@ stream (the stage's high-priority one), straight into one flat uint8 buffer laid
 kernel reads it (image ``k``'s [3, H_k, W_k] planes at ``offsets[k]``). ctypes, not a compiled
 extension: the calls are few (one or two a batch) and nothing is built at install time.
 
-Three backends (``backend``):
+Backends (``backend``):
 
 - ``"gpu"`` (nvJPEG's GPU_HYBRID backend, the default): Huffman decoding, IDCT and colour
   conversion run as a few batched kernels on the stream, and the host returns once they are
@@ -26,6 +26,10 @@ Three backends (``backend``):
   With several lanes decoding 512-px JPEGs beside a training step, those copies spend about 70 us
   each in the CUDA driver and the training thread's launches take ten times as long; beside an
   idle GPU they do not (``bench/bench_host_decode.py``). The cause is not established (docs/data.md).
+- ``"gpu_device"`` and ``"hardware_device"``: the first two reading the files from device memory
+  (the batch copied there at once). For measurement only (``bench/bench_nvjpeg.py``): the engines
+  keep their per-image waits that way (486 against 488 ms for 1,024 512-px JPEGs behind 8,192^3
+  products, one H100) and add two copies an image.
 
 The library is found where torchvision's wheel puts it (the ``nvidia`` packages beside torch, or
 ``torchvision.libs``), or by the system's loader; :func:`load_decoder` says in one phrase why
@@ -47,7 +51,11 @@ import torch
 __all__ = ["NvJpeg", "NvJpegError", "batch_descriptors", "load_decoder", "plane_buffer"]
 
 _BACKEND_DEFAULT, _BACKEND_HYBRID, _BACKEND_GPU_HYBRID, _BACKEND_HARDWARE = 0, 1, 2, 3
-_BACKENDS = {"gpu": _BACKEND_GPU_HYBRID, "hardware": _BACKEND_HARDWARE, "hybrid": _BACKEND_HYBRID}
+_BACKEND_GPU_HYBRID_DEVICE, _BACKEND_HARDWARE_DEVICE = 4, 5  # the batched call reads the files from device memory
+_BACKENDS = {"gpu": _BACKEND_GPU_HYBRID, "hardware": _BACKEND_HARDWARE, "hybrid": _BACKEND_HYBRID,
+             "gpu_device": _BACKEND_GPU_HYBRID_DEVICE, "hardware_device": _BACKEND_HARDWARE_DEVICE}
+_ENGINES = ("hardware", "hardware_device")
+_DEVICE_INPUT = ("gpu_device", "hardware_device")
 _OUTPUTS = {"rgb": 3, "yuv": 1, "rgbi": 5}  # nvjpegOutputFormat_t
 _STATUS_ARCH_MISMATCH = 7
 _MAX_COMPONENT = 4
@@ -118,7 +126,10 @@ class NvJpeg:
         backend: ``"gpu"`` (batched kernels; the host returns once they are queued),
             ``"hybrid"`` (decoded on the calling thread, then copied plane by plane) or
             ``"hardware"`` (the JPEG engines; the call returns when its batch is decoded; the
-            library's default backend on GPUs without engines). See the module docstring.
+            library's default backend on GPUs without engines), or ``"gpu_device"`` and
+            ``"hardware_device"``: the same two reading the files from device memory (the batch
+            is copied there at once, on ``stream``; ``"gpu_device"`` on GPUs without engines).
+            See the module docstring.
         output: ``"rgb"`` (three planes an image), ``"rgbi"`` (one plane of interleaved pixels,
             [H, W, 3]; the crop kernel reads both) or ``"yuv"`` (the planes as coded, Y then Cb
             and Cr at the JPEG's chroma sampling, each at pitch W in the same slots: for measuring
@@ -138,9 +149,13 @@ class NvJpeg:
         self.backend = backend
         self.handle, self.state = ctypes.c_void_p(), ctypes.c_void_p()
         status = lib.nvjpegCreateEx(_BACKENDS[backend], None, None, 0, ctypes.byref(self.handle))
-        self.hardware = backend == "hardware" and status == 0
+        self.hardware = backend in _ENGINES and status == 0
+        self.device_input = backend in _DEVICE_INPUT
         if backend == "hardware" and status == _STATUS_ARCH_MISMATCH:  # no JPEG engines on this GPU
             status = lib.nvjpegCreateEx(_BACKEND_DEFAULT, None, None, 0, ctypes.byref(self.handle))
+        elif backend == "hardware_device" and status == _STATUS_ARCH_MISMATCH:  # the files stay on the device
+            self.backend = "gpu_device"
+            status = lib.nvjpegCreateEx(_BACKEND_GPU_HYBRID_DEVICE, None, None, 0, ctypes.byref(self.handle))
         self._check(status, "nvjpegCreateEx")
         device_padding, pinned_padding = MEMORY_PADDING
         if device_padding:
@@ -184,6 +199,9 @@ class NvJpeg:
         W, H = sizes[:, 0].to(torch.int64), sizes[:, 1].to(torch.int64)
         plane = W * H
         flat, starts = out if out is not None else plane_buffer(sizes, stream)
+        if self.device_input:  # one copy a batch; the library reads the files where the GPU can
+            with torch.cuda.stream(stream):
+                data = data.to(flat.device, non_blocking=True)
         pointers, lengths, images = batch_descriptors(data.data_ptr(), offsets, W, plane, starts, flat.data_ptr(),
                                                       interleaved=self.output == "rgbi")
         if not self._pooled:

@@ -394,7 +394,7 @@ def test_an_error_in_the_stage_ends_the_loader_workers_while_its_traceback_lives
 def test_the_direct_decoders_backend_and_output_are_checked():
     from infclip.pipeline.data.nvjpeg import NvJpeg
 
-    with pytest.raises(ValueError, match=r"backend must be one of \['gpu', 'hardware', 'hybrid'\], got 'dali'"):
+    with pytest.raises(ValueError, match=r"backend must be one of \['gpu', 'gpu_device', 'hardware', 'hardware_device', 'hybrid'\], got 'dali'"):
         NvJpeg(None, "dali")
     with pytest.raises(ValueError, match=r"output must be one of \['rgb', 'rgbi', 'yuv'\], got 'bgr'"):
         NvJpeg(None, "gpu", "bgr")
@@ -500,6 +500,28 @@ def test_direct_nvjpeg_call_gives_torchvisions_batches(tmp_path, tok):
         assert torch.equal(a["input_ids"], b["input_ids"])
         assert torch.equal(a["pixel_values"], b["pixel_values"])
     assert direct.stage.fallbacks == {"cpu_decode": 0, "bad_image": 0, "batch_retry": 0}
+
+
+@pytest.mark.gpu
+def test_the_engines_reading_device_memory_decode_as_from_host_memory():
+    """nvJPEG's hardware backend reading the files from device memory (the batch copied there at
+    once) decodes what it decodes from pinned host memory, pixel for pixel, into the same layout."""
+    from infclip.pipeline.data.gpu_decode import pack_jpegs
+    from infclip.pipeline.data.nvjpeg import load_decoder
+
+    host, why = load_decoder("hardware")
+    device, _ = load_decoder("hardware_device")
+    if host is None or not host.hardware:
+        pytest.skip(f"no JPEG engines here ({why or 'nvJPEG falls back to its default backend'})")
+    assert device.hardware and device.device_input and not host.device_input
+    sizes = [(40, 30), (64, 64), (97, 33), (33, 120)] * 3
+    files = [_encoded(_picture(i, size), "baseline") for i, size in enumerate(sizes)]
+    data, offsets = pack_jpegs(files)
+    wh = torch.tensor(sizes, dtype=torch.int64)
+    stream = torch.cuda.Stream()
+    (a, starts_a), (b, starts_b) = (d.decode(data, offsets, wh, stream) for d in (host, device))
+    stream.synchronize()
+    assert torch.equal(starts_a, starts_b) and torch.equal(a, b) and a.float().std() > 10
 
 
 @pytest.mark.gpu
