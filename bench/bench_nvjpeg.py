@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from bench_data import jpeg_batch  # noqa: E402
-from gpu_queue import queue_gpu_work  # noqa: E402  (bench/, on sys.path as the script's folder)
+from gpu_queue import carve_sms, queue_gpu_work  # noqa: E402  (bench/, on sys.path as the script's folder)
 
 
 def queue_gemms(n: int, ms: float, stream: torch.cuda.Stream) -> None:
@@ -102,7 +102,6 @@ def main(argv=None) -> int:
         print("bench_nvjpeg needs a CUDA GPU", file=sys.stderr)
         return 2
     from infclip.pipeline.data.nvjpeg import load_decoder
-    from gpu_queue import carve_sms
 
     if args.sm_carveout is not None:
         carve_sms(args.sm_carveout)

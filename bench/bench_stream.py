@@ -57,6 +57,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from bench_data import write_jpeg_shards  # noqa: E402
+from gpu_queue import carve_sms  # noqa: E402
 from thread_samples import ThreadSamples  # noqa: E402
 from infclip.pipeline.config import load_config  # noqa: E402
 
@@ -535,8 +536,6 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "stream.jsonl"))
     args = p.parse_args(argv)
     if args.sm_carveout is not None:
-        from gpu_queue import carve_sms
-
         carve_sms(args.sm_carveout)
     if args.sample_dir:
         os.makedirs(args.sample_dir, exist_ok=True)

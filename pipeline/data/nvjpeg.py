@@ -54,7 +54,8 @@ _BACKEND_DEFAULT, _BACKEND_HYBRID, _BACKEND_GPU_HYBRID, _BACKEND_HARDWARE = 0, 1
 _BACKEND_GPU_HYBRID_DEVICE, _BACKEND_HARDWARE_DEVICE = 4, 5  # the batched call reads the files from device memory
 _BACKENDS = {"gpu": _BACKEND_GPU_HYBRID, "hardware": _BACKEND_HARDWARE, "hybrid": _BACKEND_HYBRID,
              "gpu_device": _BACKEND_GPU_HYBRID_DEVICE, "hardware_device": _BACKEND_HARDWARE_DEVICE}
-_ENGINES = ("hardware", "hardware_device")
+_WITHOUT_ENGINES = {"hardware": _BACKEND_DEFAULT, "hardware_device": _BACKEND_GPU_HYBRID_DEVICE}
+"""The engines' backends, and what each falls back to on a GPU without JPEG engines."""
 _DEVICE_INPUT = ("gpu_device", "hardware_device")
 _OUTPUTS = {"rgb": 3, "yuv": 1, "rgbi": 5}  # nvjpegOutputFormat_t
 _STATUS_ARCH_MISMATCH = 7
@@ -149,13 +150,10 @@ class NvJpeg:
         self.backend = backend
         self.handle, self.state = ctypes.c_void_p(), ctypes.c_void_p()
         status = lib.nvjpegCreateEx(_BACKENDS[backend], None, None, 0, ctypes.byref(self.handle))
-        self.hardware = backend in _ENGINES and status == 0
+        self.hardware = backend in _WITHOUT_ENGINES and status == 0
         self.device_input = backend in _DEVICE_INPUT
-        if backend == "hardware" and status == _STATUS_ARCH_MISMATCH:  # no JPEG engines on this GPU
-            status = lib.nvjpegCreateEx(_BACKEND_DEFAULT, None, None, 0, ctypes.byref(self.handle))
-        elif backend == "hardware_device" and status == _STATUS_ARCH_MISMATCH:  # the files stay on the device
-            self.backend = "gpu_device"
-            status = lib.nvjpegCreateEx(_BACKEND_GPU_HYBRID_DEVICE, None, None, 0, ctypes.byref(self.handle))
+        if backend in _WITHOUT_ENGINES and status == _STATUS_ARCH_MISMATCH:  # no JPEG engines on this GPU
+            status = lib.nvjpegCreateEx(_WITHOUT_ENGINES[backend], None, None, 0, ctypes.byref(self.handle))
         self._check(status, "nvjpegCreateEx")
         device_padding, pinned_padding = MEMORY_PADDING
         if device_padding:
