@@ -496,11 +496,11 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=None, help="data.workers (default: the preset's)")
     p.add_argument("--sets", nargs="+", default=["web256:gpu", "web512:gpu", "web256:cpu"],
                    help="image_set:decode phases (web256, web512, web256mixed, web512as256, scenes224; cpu or gpu[/DECODER][@SHARE][%%PIXELS][#HOSTSHARE][&ENGINESHARE][*LANES]"
-                        "[^PRIORITY][~WORKERS][+interleaved][+batchcopy][+pad][+core][+keepoff][+band][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
+                        "[^PRIORITY][~WORKERS][+interleaved][+batchcopy][+pad][+core][+keepoff][+band][+scaled][+fullsize][!NICE]: data.gpu_decoder nvjpeg or torchvision, data.gpu_decode_share SHARE, "
                         "data.gpu_decode_host_max_pixels PIXELS, data.gpu_decode_host_share HOSTSHARE, data.gpu_decode_engine_share ENGINESHARE, "
                         "data.gpu_decode_lanes LANES, data.gpu_decode_priority high or normal, data.workers WORKERS, "
                         "data.gpu_decode_host_interleaved true, data.gpu_decode_host_copy batch; +pad: nvJPEG's allocations padded by "
-                        "16 MiB (device) and 8 MiB (pinned host); +core: data.reserve_training_core true; +keepoff: the same without moving the training thread (only the loader kept off its core); +band: the crop kernel that filters a band of rows axis by axis (image_ops.KERNEL band); +leadN: the host runs N micro-steps ahead of the GPU instead of 1; +nogc: the interpreter's automatic garbage collection off while the timed steps run; !NICE: the decode threads at that scheduling "
+                        "16 MiB (device) and 8 MiB (pinned host); +core: data.reserve_training_core true; +keepoff: the same without moving the training thread (only the loader kept off its core); +band: the crop kernel that filters a band of rows axis by axis (image_ops.KERNEL band); +scaled / +fullsize: data.gpu_decode_scaled true / false (JPEGs whose crop allows it decoded in the DCT domain at a reduced scale, or every JPEG by nvJPEG at full size); +leadN: the host runs N micro-steps ahead of the GPU instead of 1; +nogc: the interpreter's automatic garbage collection off while the timed steps run; !NICE: the decode threads at that scheduling "
                         "niceness, e.g. !10, so the training thread wins a contested core)")
     p.add_argument("--crop_scale", type=float, nargs=2, default=[0.9, 1.0],
                    help="random resized crop area range for the web sets (the data section's default)")
@@ -577,14 +577,16 @@ def main(argv=None) -> int:
     default_padding, default_core = nvjpeg.MEMORY_PADDING, run_cfg.data.reserve_training_core
     default_kernel = image_ops.KERNEL
     default_engines = run_cfg.data.gpu_decode_engine_share
+    default_scaled = run_cfg.data.gpu_decode_scaled
 
     def loader(urls, decode, crop):
         cfg = run_cfg.data
         decode, *flags = decode.split("+")  # gpu+interleaved+batchcopy: the host decoder's layout and copy
-        unknown = set(flags) - {"interleaved", "batchcopy", "pad", "core", "keepoff", "band"}
+        unknown = set(flags) - {"interleaved", "batchcopy", "pad", "core", "keepoff", "band", "scaled", "fullsize"}
         if unknown:
             raise SystemExit(f"unknown phase flag(s) {sorted(unknown)}: +interleaved, +batchcopy, +pad, +core, +keepoff, "
-                             "+band, +nogc or +leadN")
+                             "+band, +scaled, +fullsize, +nogc or +leadN")
+        cfg.gpu_decode_scaled = "scaled" in flags or ("fullsize" not in flags and default_scaled)
         image_ops.KERNEL = "band" if "band" in flags else default_kernel
         cfg.reserve_training_core = "core" in flags or "keepoff" in flags or default_core
         cores.PIN_TRAINING_THREAD = "keepoff" not in flags
@@ -643,6 +645,7 @@ def main(argv=None) -> int:
                "workers": base["workers"] if phase == "synthetic" else run_cfg.data.workers,
                "gpu_decode_share": run_cfg.data.gpu_decode_share if gpu else None,
                "gpu_decoder": run_cfg.data.gpu_decoder if gpu else None,
+               "gpu_decode_scaled": run_cfg.data.gpu_decode_scaled if gpu else None,
                "gpu_decode_lanes": run_cfg.data.gpu_decode_lanes if gpu else None,
                "gpu_decode_priority": run_cfg.data.gpu_decode_priority if gpu else None,
                "gpu_decode_host_max_pixels": run_cfg.data.gpu_decode_host_max_pixels if gpu else None,

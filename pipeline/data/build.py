@@ -104,6 +104,7 @@ def build_train_loader(cfg: DataConfig, tokenizer, *, image_size: int, context_l
         epoch=epoch, shard_shuffle=cfg.shard_shuffle, shuffle_buffer=cfg.shuffle_buffer, resampled=cfg.resampled,
         batches_per_rank=batches_per_rank, start_batch=start_batch, crop_scale=cfg.crop_scale, drop_last=True)
     spec.gpu_decode, spec.gpu_share = decode_on_gpu(cfg, device), cfg.gpu_decode_share
+    spec.gpu_scaled = spec.gpu_decode and cfg.gpu_decode_scaled
     normalize, stage = _pixel_stage(cfg, spec.gpu_decode, device, dtype)
     loader = make_loader(spec, workers, cfg.prefetch_factor, normalize, stage,
                          cores=_training_cores(cfg) if workers > 0 or stage is not None else None)

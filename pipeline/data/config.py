@@ -82,6 +82,14 @@ class DataConfig:
     which wait on the host once per image and so crawl while a step fills the GPU),
     ``"torchvision"`` (``torchvision.io.decode_jpeg``, the JPEG engines too) or ``"auto"``:
     nvjpeg when the library loads, else torchvision."""
+    gpu_decode_scaled: bool = False
+    """With GPU decoding, JPEGs whose crop needs at most half their resolution (a 0.9-1.0 crop of a
+    JPEG twice the input size or more) are decoded by the project's DCT-domain kernels at the
+    coarsest DCT scale that keeps the crop (``pipeline.data.dct_decode``; the loader workers take
+    the files apart), the rest by ``gpu_decoder``. The kernels skip the inverse transform of the
+    frequencies the crop cannot use and decode each JPEG's Huffman codes in one lane, taking far
+    less of the GPU from the step than nvJPEG's full-size decode. False: every JPEG to
+    ``gpu_decoder``."""
     gpu_decode_lanes: int = 1
     """With the direct nvJPEG decoder, how many batches are decoded at once, each in a lane of its
     own (a decoder state, a stream and a host thread). With the GPU backend one lane keeps the

@@ -47,6 +47,7 @@ import torch
 from PIL import Image
 
 from .cores import enter_cores
+from .dct_decode import DctBatch, decode_scans
 from .image_ops import normalize_pixels, resized_crop_normalize, resized_crop_normalize_flat, upload
 from .nvjpeg import NvJpegError, load_decoder, plane_buffer
 
@@ -63,10 +64,14 @@ pixels the crop throws away (on one H100 the vitb32 preset streams 512-px JPEGs 
 ones at 98%)."""
 
 JPEG_KEYS = ("jpeg_bytes", "jpeg_offsets", "jpeg_boxes", "jpeg_sizes", "jpeg_dest", "jpeg_names", "cpu_dest")
-"""A worker's GPU-decode batch: the JPEG files end to end (uint8), offsets [n + 1], boxes [n, 4]
-(x, y, w, h in the decoded image's pixels), the images' (W, H) [n, 2] from their headers, their
-rows in the batch, their names (``url:key``), and the rows of ``pixel_values`` (uint8 crops
+"""A worker's GPU-decode batch: the JPEG files for nvJPEG end to end (uint8), offsets [n + 1], boxes
+[n, 4] (x, y, w, h in the decoded image's pixels), the images' (W, H) [n, 2] from their headers,
+their rows in the batch, their names (``url:key``), and the rows of ``pixel_values`` (uint8 crops
 decoded in the worker) in the batch."""
+DCT_KEYS = ("dct", "dct_boxes", "dct_dest")
+"""Where some JPEGs are decoded in the DCT domain (:mod:`pipeline.data.dct_decode`), also: their
+packed :class:`~pipeline.data.dct_decode.DctBatch` (as a dict), their crop boxes in the pixels of the
+scale each is decoded at, and their rows."""
 
 
 def cuda_decode_available() -> Optional[str]:
@@ -283,12 +288,19 @@ class DecodeStage:
         data, offsets = batch.pop("jpeg_bytes"), batch.pop("jpeg_offsets")
         boxes, sizes, dest = batch.pop("jpeg_boxes"), batch.pop("jpeg_sizes"), batch.pop("jpeg_dest")
         names, cpu_dest = batch.pop("jpeg_names"), batch.pop("cpu_dest")
+        dct, dct_boxes, dct_dest = batch.pop("dct", None), batch.pop("dct_boxes", None), batch.pop("dct_dest", None)
         cpu_pixels = batch.pop("pixel_values")
         size = cpu_pixels.shape[-1]
-        self._note_sizes(sizes, size)
-        out = torch.empty(len(dest) + cpu_pixels.shape[0], 3, size, size, dtype=self.dtype, device=self.device)
+        rows = len(dest) + cpu_pixels.shape[0] + (len(dct_dest) if dct is not None else 0)
+        out = torch.empty(rows, 3, size, size, dtype=self.dtype, device=self.device)
+        if dct is not None:  # queued first: the DCT-domain kernels need no host work once queued
+            scans = DctBatch.from_dict(dct)
+            flat = decode_scans(scans, self.device)
+            resized_crop_normalize_flat(flat, scans.starts, scans.sizes, dct_boxes, out, dct_dest, self.mean, self.std)
         bad: List[int] = []
-        if not self._decode_batched(run, data, offsets, sizes, boxes, out, dest):
+        if len(dest):
+            self._note_sizes(sizes, size)
+        if len(dest) and not self._decode_batched(run, data, offsets, sizes, boxes, out, dest):
             files = list(torch.split(data, (offsets[1:] - offsets[:-1]).tolist()))
             images = self._decode(files, names)
             failed = [i for i, im in enumerate(images) if im is None]

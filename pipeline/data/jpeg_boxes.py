@@ -53,20 +53,39 @@ def _stacked(tensors: List[torch.Tensor]) -> torch.Tensor:
 def batch_pixels(items: List[Dict[str, Any]], size: int) -> Dict[str, Any]:
     """A batch's images: ``pixel_values`` stacked; or, where some are JPEGs left for the GPU
     (a tuple (x, y, w, h, W, H) instead of pixels: the box and the image's size), those packed
-    (``pipeline.data.gpu_decode.JPEG_KEYS``) and the rest as uint8 rows of ``pixel_values`` at
+    (``pipeline.data.gpu_decode.JPEG_KEYS``: for nvJPEG; ``DCT_KEYS``: those taken apart for the
+    DCT-domain decoder, an item's ``scan``) and the rest as uint8 rows of ``pixel_values`` at
     ``cpu_dest``."""
-    jpeg = [i for i, it in enumerate(items) if it["jpeg"] is not None]
-    if not jpeg:
+    gpu = [i for i, it in enumerate(items) if it["jpeg"] is not None]
+    if not gpu:
         return {"pixel_values": _stacked([it["pixels"] for it in items])}
     from .gpu_decode import pack_jpegs
 
+    jpeg = [i for i in gpu if items[i].get("scan") is None]
+    dct = [i for i in gpu if items[i].get("scan") is not None]
     rest = [i for i, it in enumerate(items) if it["jpeg"] is None]
     data, offsets = pack_jpegs([items[i]["jpeg"] for i in jpeg])
     pixels = _stacked([items[i]["pixels"] for i in rest]) if rest else \
         torch.zeros(0, 3, size, size, dtype=torch.uint8)
-    return {"pixel_values": pixels, "cpu_dest": torch.tensor(rest, dtype=torch.long),
-            "jpeg_bytes": data, "jpeg_offsets": offsets,
-            "jpeg_boxes": torch.tensor([items[i]["pixels"][:4] for i in jpeg], dtype=torch.long),
-            "jpeg_sizes": torch.tensor([items[i]["pixels"][4:] for i in jpeg], dtype=torch.long),
-            "jpeg_dest": torch.tensor(jpeg, dtype=torch.long),
-            "jpeg_names": [f"{items[i]['url']}:{items[i]['key']}" for i in jpeg]}
+    out = {"pixel_values": pixels, "cpu_dest": torch.tensor(rest, dtype=torch.long),
+           "jpeg_bytes": data, "jpeg_offsets": offsets,
+           "jpeg_boxes": torch.tensor([items[i]["pixels"][:4] for i in jpeg], dtype=torch.long).view(-1, 4),
+           "jpeg_sizes": torch.tensor([items[i]["pixels"][4:] for i in jpeg], dtype=torch.long).view(-1, 2),
+           "jpeg_dest": torch.tensor(jpeg, dtype=torch.long),
+           "jpeg_names": [f"{items[i]['url']}:{items[i]['key']}" for i in jpeg]}
+    if dct:
+        out.update(_dct_part([items[i] for i in dct], dct))
+    return out
+
+
+def _dct_part(items: List[Dict[str, Any]], rows: List[int]) -> Dict[str, Any]:
+    """``DCT_KEYS`` of the items whose ``scan`` is (the JPEG taken apart, its DCT scale): the packed
+    :class:`~pipeline.data.dct_decode.DctBatch` (as a dict), each crop box in the pixels of its scale,
+    and the rows."""
+    from .dct_decode import pack_scans, scaled_size
+
+    scans = [it["scan"][0] for it in items]
+    ks = [8 // it["scan"][1] for it in items]
+    boxes = [scaled_box(it["pixels"][:4], k / 8, scaled_size(*it["pixels"][4:], k)) for it, k in zip(items, ks)]
+    return {"dct": pack_scans(scans, ks).as_dict(), "dct_boxes": torch.tensor(boxes, dtype=torch.long),
+            "dct_dest": torch.tensor(rows, dtype=torch.long)}

@@ -63,6 +63,9 @@ class StreamSpec:
     """Training: JPEGs leave the workers undecoded, with their crop boxes (``pipeline.data.gpu_decode``)."""
     gpu_share: float = 1.0
     """With ``gpu_decode``: the share of JPEGs sent undecoded (by a hash of shard name and key)."""
+    gpu_scaled: bool = False
+    """With ``gpu_decode``: JPEGs whose crop can be decoded at half their size or less leave the
+    workers taken apart for the DCT-domain decoder (``pipeline.data.dct_decode``)."""
 
     def __post_init__(self) -> None:
         w = self.num_logical_workers

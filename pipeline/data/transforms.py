@@ -20,7 +20,7 @@ import math
 import os
 import random
 import warnings
-from typing import Any, Dict, Iterable, Iterator, Sequence
+from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Tuple
 from urllib.parse import urlparse
 
 import numpy as np
@@ -28,6 +28,7 @@ import torch
 from PIL import Image
 
 from .jpeg_boxes import gpu_decodable, scaled_box
+from .jpeg_scan import Scan, ScanError, parse_scan
 from .spec import SkipCounter, StreamSpec, stable_seed
 
 __all__ = ["MAX_IMAGE_PIXELS", "MIN_DECODED_CROP", "crop_box", "decode_samples", "draft_factor", "eval_pixels",
@@ -102,6 +103,19 @@ def _decode_scale(box: Sequence[int], drawn: int, size: int) -> int:
     return drawn * step
 
 
+def _scan_for_scale(data: bytes, box: Sequence[int], size: int) -> Optional[Tuple[Scan, int]]:
+    """(the JPEG taken apart, its DCT scale) when the crop ``box`` (in the full image's pixels) can be
+    decoded at half the JPEG's size or less (:func:`_decode_scale`) and the DCT-domain decoder takes
+    the file; else None (nvJPEG decodes it)."""
+    scale = _decode_scale(box, 1, size)
+    if scale == 1:
+        return None
+    try:
+        return parse_scan(data), scale
+    except ScanError:
+        return None
+
+
 def _to_tensor(img: Image.Image, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
     """PIL RGB (W, H) -> float32 [3, H, W], (x / 255 - mean) / std."""
     arr = np.asarray(img, dtype=np.uint8)
@@ -148,6 +162,7 @@ def decode_samples(s: StreamSpec, raw: Iterable[Dict[str, Any]], counter: SkipCo
     # image_size wide (smallest train crop side: sqrt(scale_lo / max aspect) of the image)
     need = s.image_size if not s.train else math.ceil(s.image_size * math.sqrt(4 / 3 / s.crop_scale[0]))
     for item in raw:
+        scan = None
         try:
             with _open_image(item["image"]) as img:
                 if img.width * img.height > MAX_IMAGE_PIXELS:  # read from the header: nothing decoded yet
@@ -162,6 +177,7 @@ def decode_samples(s: StreamSpec, raw: Iterable[Dict[str, Any]], counter: SkipCo
                     if s.gpu_decode and gpu_decodable(img, mode) and \
                             stable_seed("decode", shard_name(item["url"]), item["key"]) < s.gpu_share * 2**64:
                         pixels = (*scaled_box(box, drawn, full), *full)  # GPU: box in the full image, size
+                        scan = _scan_for_scale(item["image"], pixels[:4], s.image_size) if s.gpu_scaled else None
                     else:  # uint8: a quarter of the bytes through the workers' queues; normalised later
                         pixels = _cpu_crop(img, box, drawn, full, s.image_size)
                 else:
@@ -183,5 +199,6 @@ def decode_samples(s: StreamSpec, raw: Iterable[Dict[str, Any]], counter: SkipCo
                 label = int(item["cls"].decode("utf-8").strip())
             except (ValueError, UnicodeDecodeError):
                 counter.add("bad_cls", f"{item['url']}:{item['key']}")
+        gpu = isinstance(pixels, tuple)
         yield {"pixels": pixels, "caption": item["caption"], "key": item["key"], "label": label,
-               "jpeg": item["image"] if isinstance(pixels, tuple) else None, "url": item["url"]}
+               "jpeg": item["image"] if gpu else None, "scan": scan if gpu else None, "url": item["url"]}

@@ -74,6 +74,7 @@ def _loader(url, tok, decode, device="cpu", **kw):
                      gpu_decode_host_copy=kw.pop("host_copy", "plane"),
                      gpu_decode_host_share=kw.pop("host_share", 1.0),
                      gpu_decode_engine_share=kw.pop("engine_share", 0.0),
+                     gpu_decode_scaled=kw.pop("scaled", True),
                      reserve_training_core=kw.pop("reserve_training_core", False))
     return build_train_loader(cfg, tok, image_size=16, context_length=16, batch_size=4,
                               device=torch.device(device), **kw)
@@ -221,9 +222,10 @@ def test_workers_send_jpeg_files_and_decode_the_rest(tmp_path, tok):
     from infclip.pipeline.data.transforms import crop_box, shard_name
 
     url = _mixed_shards(tmp_path / "mixed", n=12, per_shard=12)
-    loader = _loader(url, tok, "gpu", workers=0)
+    loader = _loader(url, tok, "gpu", workers=0, scaled=False)
     stream = loader.dataloader.dataset
     record = next(iter(stream))
+    assert "dct" not in record
     n_jpeg, n_cpu = len(record["jpeg_dest"]), len(record["cpu_dest"])
     assert n_jpeg + n_cpu == 4 and record["pixel_values"].dtype == torch.uint8
     assert sorted(record["jpeg_dest"].tolist() + record["cpu_dest"].tolist()) == [0, 1, 2, 3]
@@ -242,6 +244,37 @@ def test_workers_send_jpeg_files_and_decode_the_rest(tmp_path, tok):
         x, y, w, h = record["jpeg_boxes"][k].tolist()
         assert (x, y, w, h) == want
         assert 0 <= x and 0 <= y and w >= 1 and h >= 1 and x + w <= full[0] and y + h <= full[1]
+
+
+def test_workers_take_apart_the_jpegs_whose_crop_fits_a_coarser_scale(tmp_path, tok):
+    """With ``gpu_decode_scaled``, a JPEG whose box keeps 0.9 of the input side at half size or less
+    leaves its worker taken apart for the DCT-domain decoder, its box moved to that scale's
+    pixels; the others go to nvJPEG with their full-size box; every row once."""
+    from infclip.pipeline.data.dct_decode import DctBatch, scaled_size
+    from infclip.pipeline.data.jpeg_boxes import scaled_box
+
+    url = _mixed_shards(tmp_path / "mixed", n=24, per_shard=24)
+    scaled, whole = ((r for r in _loader(url, tok, "gpu", workers=0, scaled=on).dataloader.dataset if "input_ids" in r)
+                     for on in (True, False))
+    seen = 0
+    for a, b in zip(scaled, whole):
+        assert torch.equal(a["input_ids"], b["input_ids"])
+        if "jpeg_dest" not in b:  # every image decoded in the worker
+            assert "jpeg_dest" not in a
+            continue
+        rows = a["jpeg_dest"].tolist() + a["cpu_dest"].tolist() + (a["dct_dest"].tolist() if "dct" in a else [])
+        assert sorted(rows) == [0, 1, 2, 3]
+        if "dct" not in a:
+            continue
+        full = dict(zip(b["jpeg_dest"].tolist(), zip(b["jpeg_boxes"].tolist(), b["jpeg_sizes"].tolist())))
+        dct = DctBatch.from_dict(a["dct"])
+        for row, box, (k, w, h) in zip(a["dct_dest"].tolist(), a["dct_boxes"].tolist(), dct.desc[:, 22:25].tolist()):
+            fbox, (W, H) = full[row]
+            assert k in (1, 2, 4) and (w, h) == scaled_size(W, H, k)
+            assert min(fbox[2:]) >= 0.9 * 16 * 8 // k
+            assert tuple(box) == scaled_box(fbox, k / 8, (w, h))
+            seen += 1
+    assert seen >= 2
 
 
 def test_gpu_path_resumes_exactly(tmp_path, tok):
@@ -292,7 +325,7 @@ def test_jpegs_far_larger_than_the_input_get_one_warning_naming_the_shards_to_ma
     them at."""
     url = _mixed_shards(tmp_path / "mixed", n=60, per_shard=12)
     caplog.set_level(logging.WARNING, logger="infclip.pipeline.data.gpu_decode")
-    assert len(list(_loader(url, tok, "gpu"))) == 15
+    assert len(list(_loader(url, tok, "gpu", scaled=False))) == 15
     (message,) = _size_warnings(caplog)
     assert "times the model's 16 x 16 input" in message and "--resize 18" in message
 
@@ -693,7 +726,7 @@ def test_the_gpu_share_picks_the_same_samples_every_time(tmp_path, tok):
     url = _mixed_shards(tmp_path / "mixed", n=60, per_shard=60)
 
     def sent(share):
-        loader = _loader(url, tok, "gpu", workers=0, share=share)
+        loader = _loader(url, tok, "gpu", workers=0, share=share, scaled=False)
         return [names for r in loader.dataloader.dataset if "jpeg_names" in r for names in r["jpeg_names"]]
 
     half = sent(0.5)
@@ -751,10 +784,10 @@ def test_workers_started_from_a_fork_server_give_the_same_batches(tmp_path, tok,
     import infclip.pipeline.data.loader as loader_module
 
     url = _mixed_shards(tmp_path / "mixed", n=24, per_shard=6)
-    forked = _loader(url, tok, "gpu")
+    forked = _loader(url, tok, "gpu", scaled=False)
     want = list(forked)
     monkeypatch.setattr(loader_module, "worker_start_method", lambda: "forkserver")
-    served = _loader(url, tok, "gpu")
+    served = _loader(url, tok, "gpu", scaled=False)
     got = list(served)
     assert served.dataloader.multiprocessing_context is not None and len(got) == len(want) == 6
     for a, b in zip(want, got):
