@@ -44,7 +44,7 @@ def _median(values):
     return sorted(values)[len(values) // 2]
 
 
-def host_cost(files, k: int, lookup_bits: int) -> tuple:
+def host_cost(files, k: int, lookup_bits: int, full_chroma: bool) -> tuple:
     """(the packed batch, ms per image to parse, ms to pack the batch) on this host's core."""
     from infclip.pipeline.data.dct_decode import pack_scans
     from infclip.pipeline.data.jpeg_scan import parse_scan
@@ -52,7 +52,7 @@ def host_cost(files, k: int, lookup_bits: int) -> tuple:
     t0 = time.perf_counter()
     scans = [parse_scan(f) for f in files]
     t1 = time.perf_counter()
-    batch = pack_scans(scans, [k] * len(scans), lookup_bits)
+    batch = pack_scans(scans, [k] * len(scans), lookup_bits, full_chroma)
     t2 = time.perf_counter()
     return batch, 1e3 * (t1 - t0) / len(files), 1e3 * (t2 - t1)
 
@@ -91,6 +91,19 @@ def pixel_error(batch, decoded, files, k: int, count: int = 16) -> tuple:
     return float(np.mean([d.mean() for d in diffs])), int(max(d.max() for d in diffs))
 
 
+def kernel_times(decode, stream, top: int = 8) -> list:
+    """(kernel name, launches, GPU ms) of one decode, the longest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with torch.cuda.stream(stream):
+            decode()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.count, e.device_time_total / 1e3) for e in prof.key_averages() if e.device_time_total > 0]
+    return sorted(rows, key=lambda r: -r[2])[:top]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=1024)
@@ -105,6 +118,8 @@ def main(argv=None) -> int:
                    help="loads: N^3 bf16 products on another stream (none is always run)")
     p.add_argument("--load_ms", type=float, default=150.0, help="GPU time queued as the load")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--full_chroma", action="store_true", help="the DCT path's chroma at up to 8 pixels a block")
+    p.add_argument("--profile", action="store_true", help="each decoder's kernels on an idle GPU, by GPU time")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "dct_decode.jsonl"))
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -121,7 +136,7 @@ def main(argv=None) -> int:
     stream, other = torch.cuda.Stream(priority=-1), torch.cuda.Stream()
     decoders = {}
     for bits in args.lookup_bits:
-        batch, parse_ms, pack_ms = host_cost(files, k, bits)
+        batch, parse_ms, pack_ms = host_cost(files, k, bits, args.full_chroma)
         print(f"host: parse {parse_ms:.3f} ms an image, pack {pack_ms:.1f} ms a batch of {args.batch}", flush=True)
         for name in ("data", "desc", "lookup", "maxcode", "offset", "symbols", "quant"):
             setattr(batch, name, getattr(batch, name).pin_memory())
@@ -140,7 +155,8 @@ def main(argv=None) -> int:
         decoders["nvjpeg/gpu"] = lambda: nv.decode(data, offsets, sizes, stream)
     base = {"bench": "dct_decode", "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name(), "batch": args.batch, "size": args.size, "scale": args.scale,
-            "load_ms": args.load_ms, "parse_ms_per_image": parse_ms, "pack_ms": pack_ms}
+            "load_ms": args.load_ms, "parse_ms_per_image": parse_ms, "pack_ms": pack_ms,
+            "full_chroma": args.full_chroma}
     # decoder names: dct/LANES/CHUNK/LOOKUP_BITS or nvjpeg/gpu
     rows = []
     with torch.cuda.stream(stream):
@@ -164,6 +180,11 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"{name:>11}, {row['load']:>12}: decoded after {done:7.1f} ms; load {alone:7.1f} ms alone, "
                   f"{row['load_delay_ms']:+6.1f} ms beside", flush=True)
+    if args.profile:
+        for name, decode in decoders.items():
+            print(f"\n{name}: kernels on an idle GPU (count, ms)")
+            for kernel, count, ms in kernel_times(decode, stream):
+                print(f"  {kernel[:90]:<90} {count:5d} {ms:8.2f}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "a") as f:
         for row in rows:

@@ -49,7 +49,7 @@ LANES = 32
 """Images a Huffman program decodes, one to a lane (32: one warp)."""
 CHUNK = 8
 """Symbols each lane decodes between two checks that some lane of the program is still decoding."""
-_TILE = 256
+_TILE = 128
 # descriptor columns
 (_BASE, _NBYTES, _MCUS_X, _N_MCU, _RESTART, _HY, _VY, _NCOMP, _DC, _AC, _COEF, _BW0, _BW1, _QUANT, _K, _W, _H,
  _OUT) = (0, 1, 2, 3, 4, 5, 6, 7, 8, 11, 14, 17, 18, 19, 22, 23, 24, 25)
@@ -104,8 +104,9 @@ class DctBatch:
     lookup_bits: int
     """The Huffman lookup tables' index width."""
     chroma_side: int
-    """Each chroma block keeps ``chroma_side x chroma_side`` (a chroma block spans ``K`` times the luma
-    sampling output pixels: 8 where that exceeds 4)."""
+    """Each chroma block keeps ``chroma_side x chroma_side`` coefficients (:func:`pack_scans`)."""
+    full_chroma: bool
+    """Chroma blocks decoded at up to 8 pixels a side, not ``K`` (:func:`pack_scans`)."""
     coefficients: int
     """int16 coefficients the batch's blocks keep."""
     sizes: torch.Tensor
@@ -126,13 +127,18 @@ class DctBatch:
         return cls(**fields)
 
 
-def pack_scans(scans: Sequence[Scan], ks: Sequence[int], lookup_bits: int = None) -> DctBatch:
+def pack_scans(scans: Sequence[Scan], ks: Sequence[int], lookup_bits: int = None, full_chroma: bool = False
+               ) -> DctBatch:
     """``scans`` to be decoded at ``ks[i]`` / 8 of their size (each 1, 2, 4 or 8), packed: the
     data end to end, the tables shared by all images that use them (lookup tables of
-    ``lookup_bits``, default :data:`LOOKUP_BITS`)."""
+    ``lookup_bits``, default :data:`LOOKUP_BITS`). A chroma block is decoded at ``K`` pixels a side
+    like a luma block and repeated over the luma sampling (the JPEG's own chroma resolution), or with
+    ``full_chroma`` at the ``K`` times the sampling it spans, up to 8 (libjpeg's scaled output: at
+    half scale a 4:2:0 JPEG's chroma then has the output's resolution, for four times the work)."""
     lookup_bits = LOOKUP_BITS if lookup_bits is None else lookup_bits
     luma_side = 8 if max(ks, default=1) > 4 else 4
-    chroma_side = 8 if any(k * max(s.luma_sampling) > 4 for s, k in zip(scans, ks) if s.components == 3) else 4
+    chroma_side = 8 if any((k * max(s.luma_sampling) if full_chroma else k) > 4
+                           for s, k in zip(scans, ks) if s.components == 3) else 4
     tables: Dict[HuffmanTable, int] = {}
     quants: Dict[bytes, int] = {}
     rows = []
@@ -167,7 +173,8 @@ def pack_scans(scans: Sequence[Scan], ks: Sequence[int], lookup_bits: int = None
         return torch.from_numpy(np.stack([a[j] for a in arrays]) if arrays else np.zeros((0, width), np.int32))
 
     return DctBatch(torch.from_numpy(data), torch.from_numpy(desc), stacked(0, 1 << lookup_bits), stacked(1, 17),
-                    stacked(2, 17), torch.from_numpy(symbols), torch.from_numpy(quant), luma_side, lookup_bits, chroma_side, coef,
+                    stacked(2, 17), torch.from_numpy(symbols), torch.from_numpy(quant), luma_side, lookup_bits, chroma_side,
+                    full_chroma, coef,
                     torch.from_numpy(desc[:, [_W, _H]].copy()), torch.from_numpy(desc[:, _OUT].copy()))
 
 
@@ -184,33 +191,35 @@ def _huffman_kernel(data_ptr, desc_ptr, lookup_ptr, maxcode_ptr, offset_ptr, sym
     live = lane < n
     row = desc_ptr + lane.to(tl.int64) * F
     base = tl.load(row + 0, mask=live, other=0)
-    last = tl.load(row + 1, mask=live, other=0)
-    mcus_x = tl.load(row + 2, mask=live, other=1)
-    n_mcu = tl.load(row + 3, mask=live, other=0)
-    restart = tl.load(row + 4, mask=live, other=0)
-    hy = tl.load(row + 5, mask=live, other=1)
-    vy = tl.load(row + 6, mask=live, other=1)
-    ncomp = tl.load(row + 7, mask=live, other=1)
-    dc0, dc1, dc2 = tl.load(row + 8, mask=live, other=0), tl.load(row + 9, mask=live, other=0), tl.load(row + 10, mask=live, other=0)
-    ac0, ac1, ac2 = tl.load(row + 11, mask=live, other=0), tl.load(row + 12, mask=live, other=0), tl.load(row + 13, mask=live, other=0)
-    cb0, cb1, cb2 = tl.load(row + 14, mask=live, other=0), tl.load(row + 15, mask=live, other=0), tl.load(row + 16, mask=live, other=0)
-    bw0 = tl.load(row + 17, mask=live, other=1)
-    bw1 = tl.load(row + 18, mask=live, other=1)
+    last = tl.load(row + 1, mask=live, other=0).to(tl.int32)
+    mcus_x = tl.load(row + 2, mask=live, other=1).to(tl.int32)
+    n_mcu = tl.load(row + 3, mask=live, other=0).to(tl.int32)
+    restart = tl.load(row + 4, mask=live, other=0).to(tl.int32)
+    hy = tl.load(row + 5, mask=live, other=1).to(tl.int32)
+    vy = tl.load(row + 6, mask=live, other=1).to(tl.int32)
+    ncomp = tl.load(row + 7, mask=live, other=1).to(tl.int32)
+    dc0 = tl.load(row + 8, mask=live, other=0).to(tl.int32)
+    dc1 = tl.load(row + 9, mask=live, other=0).to(tl.int32)
+    dc2 = tl.load(row + 10, mask=live, other=0).to(tl.int32)
+    ac0 = tl.load(row + 11, mask=live, other=0).to(tl.int32)
+    ac1 = tl.load(row + 12, mask=live, other=0).to(tl.int32)
+    ac2 = tl.load(row + 13, mask=live, other=0).to(tl.int32)
+    cb0 = tl.load(row + 14, mask=live, other=0)
+    cb1 = tl.load(row + 15, mask=live, other=0)
+    cb2 = tl.load(row + 16, mask=live, other=0)
+    bw0 = tl.load(row + 17, mask=live, other=1).to(tl.int32)
+    bw1 = tl.load(row + 18, mask=live, other=1).to(tl.int32)
     luma = hy * vy
     blocks = luma + tl.where(ncomp == 3, 2, 0)
-    period = tl.where(restart > 0, restart, n_mcu + 1)
-    pos = tl.zeros([LANES], dtype=tl.int64)
-    mcu = tl.zeros([LANES], dtype=tl.int64)
-    k = tl.zeros([LANES], dtype=tl.int64)
-    z = tl.zeros([LANES], dtype=tl.int64)
-    p0 = tl.zeros([LANES], dtype=tl.int64)
-    p1 = tl.zeros([LANES], dtype=tl.int64)
-    p2 = tl.zeros([LANES], dtype=tl.int64)
+    zero = tl.zeros([LANES], dtype=tl.int32)
+    pos, mcu, mx, my, k, z, p0, p1, p2 = zero, zero, zero, zero, zero, zero, zero, zero, zero
+    countdown = restart  # MCUs to the next restart marker (none when restart is 0)
     active = live & (mcu < n_mcu)
     left = tl.sum(active.to(tl.int32), 0)
     while left > 0:
         for _ in range(CHUNK):  # symbols between two checks that some lane is still decoding
             comp = tl.where(k < luma, 0, k - luma + 1)
+            first = comp == 0
             is_dc = z == 0
             tab = tl.where(is_dc, _pick(comp, dc0, dc1, dc2), _pick(comp, ac0, ac1, ac2))
             src = data_ptr + base + tl.minimum(pos >> 3, last)
@@ -219,17 +228,17 @@ def _huffman_kernel(data_ptr, desc_ptr, lookup_ptr, maxcode_ptr, offset_ptr, sym
             w = w | (tl.load(src + 2, mask=active, other=0).to(tl.int64) << 16)
             w = w | (tl.load(src + 3, mask=active, other=0).to(tl.int64) << 8)
             w = w | tl.load(src + 4, mask=active, other=0).to(tl.int64)
-            w = (w << (pos & 7)) & 0xFFFFFFFFFF
-            entry = tl.load(lookup_ptr + tab * (1 << LB) + (w >> (40 - LB)), mask=active, other=0x100).to(tl.int64)
+            w = (w << (pos & 7)) & 0xFFFFFFFFFF  # the next 33+ bits of the stream at the top of 40
+            look = (w >> 24).to(tl.int32)  # the next 16 bits
+            entry = tl.load(lookup_ptr + tab * (1 << LB) + (look >> (16 - LB)), mask=active, other=0x100)
             length = entry >> 8
             sym = entry & 255
             slow = active & (length == 0)
-            if tl.sum(slow.to(tl.int32), 0) > 0:
-                look = w >> 24
+            if tl.sum(slow.to(tl.int32), 0) > 0:  # a code longer than the table: the canonical limits
                 lc = tl.arange(0, 16) + 1
                 code = look[:, None] >> (16 - lc)[None, :]
                 top = tl.load(maxcode_ptr + tab[:, None] * 17 + lc[None, :], mask=slow[:, None], other=-1)
-                found_len = tl.min(tl.where(code <= top, lc[None, :], 99), 1).to(tl.int64)
+                found_len = tl.min(tl.where(code <= top, lc[None, :], 99), 1)
                 found = found_len < 99
                 got = tl.where(found, found_len, 16)
                 off = tl.load(offset_ptr + tab * 17 + got, mask=slow, other=0)
@@ -238,9 +247,9 @@ def _huffman_kernel(data_ptr, desc_ptr, lookup_ptr, maxcode_ptr, offset_ptr, sym
                 length = tl.where(slow, got, length)
             size = tl.where(is_dc, sym, sym & 15)
             run = tl.where(is_dc, 0, sym >> 4)
-            bits = ((w >> 8) << length) & 0xFFFFFFFF
-            v = bits >> (32 - size)
-            v = tl.where(v < (tl.full([LANES], 1, tl.int64) << tl.maximum(size - 1, 0)), v - (tl.full([LANES], 1, tl.int64) << size) + 1, v)
+            bits = (((w >> 8) << length) & 0xFFFFFFFF) >> (32 - size)  # the value's bits (none when size is 0)
+            v = bits.to(tl.int32)
+            v = tl.where(v < (1 << tl.maximum(size - 1, 0)), v - (1 << size) + 1, v)
             pos += length + size
             pred = _pick(comp, p0, p1, p2) + v
             upd = active & is_dc
@@ -250,11 +259,12 @@ def _huffman_kernel(data_ptr, desc_ptr, lookup_ptr, maxcode_ptr, offset_ptr, sym
             eob = (z > 0) & (sym == 0)
             zpos = tl.where(is_dc, 0, z + run)
             value = tl.where(is_dc, pred, v)
-            first = comp == 0
             slot = tl.load(slot_ptr + tl.where(first, 0, 64) + tl.minimum(zpos, 63))
-            bx = (mcu % mcus_x) * tl.where(first, hy, 1) + tl.where(first, k % hy, 0)
-            by = (mcu // mcus_x) * tl.where(first, vy, 1) + tl.where(first, k // hy, 0)
-            addr = _pick(comp, cb0, cb1, cb2) + (by * tl.where(first, bw0, bw1) + bx) * tl.where(first, LSIDE * LSIDE, CSIDE * CSIDE) + slot
+            # the block's place: luma blocks k = dy * h + dx of an MCU (h, v in 1, 2), then Cb, Cr
+            bx = tl.where(first, mx * hy + (k & (hy - 1)), mx)
+            by = tl.where(first, my * vy + (k >> (hy - 1)), my)
+            block = (by * tl.where(first, bw0, bw1) + bx).to(tl.int64)
+            addr = _pick(comp, cb0, cb1, cb2) + block * tl.where(first, LSIDE * LSIDE, CSIDE * CSIDE) + slot
             tl.store(coef_ptr + addr, value.to(tl.int16), mask=active & (~eob) & (zpos < 64) & (slot >= 0) & (value != 0))
             nz = tl.where(eob, 64, zpos + 1)
             done = active & (nz >= 64)
@@ -263,8 +273,14 @@ def _huffman_kernel(data_ptr, desc_ptr, lookup_ptr, maxcode_ptr, offset_ptr, sym
             wrap = k == blocks
             k = tl.where(wrap, 0, k)
             mcu = tl.where(wrap, mcu + 1, mcu)
-            rst = wrap & (mcu % period == 0) & (mcu < n_mcu)
-            pos = tl.where(rst, ((pos + 7) >> 3 << 3) + 16, pos)
+            mx = tl.where(wrap, mx + 1, mx)
+            row_end = mx == mcus_x
+            mx = tl.where(row_end, 0, mx)
+            my = tl.where(row_end, my + 1, my)
+            countdown = tl.where(wrap, countdown - 1, countdown)
+            rst = wrap & (countdown == 0) & (restart > 0) & (mcu < n_mcu)
+            countdown = tl.where(rst, restart, countdown)
+            pos = tl.where(rst, ((pos + 7) >> 3 << 3) + 16, pos)  # byte-aligned, past the marker
             p0 = tl.where(rst, 0, p0)
             p1 = tl.where(rst, 0, p1)
             p2 = tl.where(rst, 0, p2)
@@ -293,7 +309,7 @@ def _store_channel(out_ptr, at, value, mask):
 
 @triton.jit
 def _pixels_kernel(coef_ptr, desc_ptr, quant_ptr, basis_ptr, zz_ptr, out_ptr, F: tl.constexpr,
-                   LSIDE: tl.constexpr, CSIDE: tl.constexpr, TILE: tl.constexpr):
+                   LSIDE: tl.constexpr, CSIDE: tl.constexpr, FULL_CHROMA: tl.constexpr, TILE: tl.constexpr):
     row = desc_ptr + tl.program_id(0).to(tl.int64) * F
     W = tl.load(row + 23)
     H = tl.load(row + 24)
@@ -306,9 +322,11 @@ def _pixels_kernel(coef_ptr, desc_ptr, quant_ptr, basis_ptr, zz_ptr, out_ptr, F:
                         tl.load(row + 19), K, K, x, y, mask, LSIDE)
     plane = W * H
     if tl.load(row + 7) == 3:
-        # a chroma block spans K * h output pixels across: decoded at that many (at most 8), then repeated
+        # a chroma block spans K * h output pixels across: decoded at K (or that many, at most 8), then repeated
         hy, vy = K * tl.load(row + 5), K * tl.load(row + 6)
-        kx, ky = tl.minimum(hy, 8), tl.minimum(vy, 8)
+        kx, ky = K, K
+        if FULL_CHROMA:
+            kx, ky = tl.minimum(hy, 8), tl.minimum(vy, 8)
         cx, cy = x // (hy // kx), y // (vy // ky)
         bw1 = tl.load(row + 18)
         cb = _plane_value(coef_ptr, quant_ptr, basis_ptr, zz_ptr, tl.load(row + 15), bw1, tl.load(row + 20), kx, ky,
@@ -359,7 +377,8 @@ def decode_scans(batch: DctBatch, device: torch.device, out: torch.Tensor = None
                                                CSIDE=batch.chroma_side, CHUNK=chunk, num_warps=max(1, lanes // 32))
     most = int((batch.sizes[:, 0] * batch.sizes[:, 1]).max())
     _pixels_kernel[(n, triton.cdiv(most, _TILE))](coef, desc, quant, basis, zz, out, F=_F,
-                                                  LSIDE=batch.luma_side, CSIDE=batch.chroma_side, TILE=_TILE)
+                                                  LSIDE=batch.luma_side, CSIDE=batch.chroma_side,
+                                                  FULL_CHROMA=batch.full_chroma, TILE=_TILE)
     return out
 
 

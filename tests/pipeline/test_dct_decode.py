@@ -57,9 +57,10 @@ def _codes(counts, symbols) -> dict:
     return table
 
 
-def reference_decode(data: bytes, k: int) -> np.ndarray:
+def reference_decode(data: bytes, k: int, full_chroma: bool = False) -> np.ndarray:
     """float64-reconstructed uint8 [3, H', W'] of a baseline JPEG decoded at ``k`` / 8 of its size, the
-    chroma of each output pixel taken from the chroma block over it, as the kernels do."""
+    chroma of each output pixel taken from the chroma block over it, decoded at ``k`` pixels a side
+    or with ``full_chroma`` at as many as it spans (up to 8), as the kernels do."""
     huff, quant, restart = {}, {}, 0
     for marker, seg, end in _segments(data):
         if marker == 0xC0:
@@ -160,7 +161,7 @@ def reference_decode(data: bytes, k: int) -> np.ndarray:
                 out[:, y, x] = lum
                 continue
             sx, sy = k * hmax, k * vmax
-            kx, ky = min(sx, 8), min(sy, 8)
+            kx, ky = (min(sx, 8), min(sy, 8)) if full_chroma else (k, k)
             cb = value(1, x // (sx // kx), y // (sy // ky), kx, ky)
             cr = value(2, x // (sx // kx), y // (sy // ky), kx, ky)
             out[:, y, x] = (lum + 1.402 * cr, lum - 0.344136 * cb - 0.714136 * cr, lum + 1.772 * cb)
@@ -179,8 +180,8 @@ CASES = [  # (w, h, mode, PIL save options, scale k / 8): odd sizes, every sampl
 ]
 
 
-def _decode(files, ks, device="cpu", lookup_bits=None, **kw):
-    batch = pack_scans([parse_scan(f) for f in files], ks, lookup_bits)
+def _decode(files, ks, device="cpu", lookup_bits=None, full_chroma=False, **kw):
+    batch = pack_scans([parse_scan(f) for f in files], ks, lookup_bits, full_chroma)
     return batch, reference_pixels(batch, decode_scans(batch, torch.device(device), **kw).cpu())
 
 
@@ -189,11 +190,12 @@ def cases():
     return [_jpeg(w, h, i, mode, **dict(opts)) for i, (w, h, mode, opts, _) in enumerate(CASES)]
 
 
-def test_the_kernels_decode_as_the_float64_reference_at_every_scale_and_sampling(cases):
+@pytest.mark.parametrize("full_chroma", [False, True])
+def test_the_kernels_decode_as_the_float64_reference_at_every_scale_and_sampling(cases, full_chroma):
     ks = [k for *_, k in CASES]
-    _, got = _decode(cases, ks)
+    _, got = _decode(cases, ks, full_chroma=full_chroma)
     for f, k, image in zip(cases, ks, got):
-        want = reference_decode(f, k)
+        want = reference_decode(f, k, full_chroma)
         assert image.shape == want.shape
         assert int((image.numpy().astype(int) - want).__abs__().max()) <= 1  # fp32 against fp64 rounding
 
