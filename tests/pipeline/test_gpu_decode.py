@@ -74,7 +74,7 @@ def _loader(url, tok, decode, device="cpu", **kw):
                      gpu_decode_host_copy=kw.pop("host_copy", "plane"),
                      gpu_decode_host_share=kw.pop("host_share", 1.0),
                      gpu_decode_engine_share=kw.pop("engine_share", 0.0),
-                     gpu_decode_scaled=kw.pop("scaled", True),
+                     gpu_decode_scaled=kw.pop("scaled", False),
                      reserve_training_core=kw.pop("reserve_training_core", False))
     return build_train_loader(cfg, tok, image_size=16, context_length=16, batch_size=4,
                               device=torch.device(device), **kw)
@@ -191,15 +191,16 @@ def test_crop_kernel_writes_the_model_dtype():
 
 
 def test_gpu_path_gives_the_cpu_paths_samples_boxes_and_positions(tmp_path, tok):
-    """decode "gpu" (its stage on the CPU, PIL for nvJPEG) against decode "cpu" on JPEG,
+    """decode "gpu" (its stage on the CPU, PIL for nvJPEG, the DCT-domain kernels under the
+    interpreter for the JPEGs whose crop fits half their size) against decode "cpu" on JPEG,
     progressive, grey, CMYK and PNG members: the same samples in the same order (tokens equal),
-    the same crop regions, the same loader positions. Pixels: where the CPU path decodes a JPEG
-    at a reduced DCT scale (PIL's draft, when the crop allows it) the GPU decodes it whole and
-    filters the same region down; the coarse decode puts the box's edges on its nearest pixel, up
+    the same crop regions, the same loader positions. Pixels: where one path decodes a JPEG at a
+    reduced DCT scale and the other whole, or both at reduced scales by different transforms
+    (libjpeg's and the kernels'), the coarse decode puts the box's edges on its nearest pixel, up
     to 2 image pixels off on these gradients of 3-5 levels a pixel (the next sample is about 4
     levels off on average, a box 4 pixels over 12-20); elsewhere within the two resizes' rounding."""
     url = _mixed_shards(tmp_path / "mixed")
-    cpu, gpu = _loader(url, tok, "cpu"), _loader(url, tok, "gpu")
+    cpu, gpu = _loader(url, tok, "cpu"), _loader(url, tok, "gpu", scaled=True)
     got_cpu, got_gpu = list(cpu), list(gpu)
     assert len(got_cpu) == len(got_gpu) == 6
     for a, b in zip(got_cpu, got_gpu):
@@ -222,7 +223,7 @@ def test_workers_send_jpeg_files_and_decode_the_rest(tmp_path, tok):
     from infclip.pipeline.data.transforms import crop_box, shard_name
 
     url = _mixed_shards(tmp_path / "mixed", n=12, per_shard=12)
-    loader = _loader(url, tok, "gpu", workers=0, scaled=False)
+    loader = _loader(url, tok, "gpu", workers=0)
     stream = loader.dataloader.dataset
     record = next(iter(stream))
     assert "dct" not in record
@@ -279,14 +280,14 @@ def test_workers_take_apart_the_jpegs_whose_crop_fits_a_coarser_scale(tmp_path, 
 
 def test_gpu_path_resumes_exactly(tmp_path, tok):
     url = _mixed_shards(tmp_path / "mixed")
-    whole = _loader(url, tok, "gpu", share=0.6)
+    whole = _loader(url, tok, "gpu", share=0.6, scaled=True)
     batches = list(whole)
-    first = _loader(url, tok, "gpu", share=0.6)
+    first = _loader(url, tok, "gpu", share=0.6, scaled=True)
     it = iter(first)
     head = [next(it) for _ in range(2)]
     position = first.position()
     it.close()
-    rest = list(_loader(url, tok, "gpu", share=0.6, start_batch=2, position=position))
+    rest = list(_loader(url, tok, "gpu", share=0.6, scaled=True, start_batch=2, position=position))
     assert len(head) + len(rest) == len(batches)
     for a, b in zip(head + rest, batches):
         assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["pixel_values"], b["pixel_values"])
@@ -325,7 +326,7 @@ def test_jpegs_far_larger_than_the_input_get_one_warning_naming_the_shards_to_ma
     them at."""
     url = _mixed_shards(tmp_path / "mixed", n=60, per_shard=12)
     caplog.set_level(logging.WARNING, logger="infclip.pipeline.data.gpu_decode")
-    assert len(list(_loader(url, tok, "gpu", scaled=False))) == 15
+    assert len(list(_loader(url, tok, "gpu"))) == 15
     (message,) = _size_warnings(caplog)
     assert "times the model's 16 x 16 input" in message and "--resize 18" in message
 
@@ -518,6 +519,21 @@ def test_nvjpeg_path_matches_the_cpu_path_on_the_gpu(tmp_path, tok):
     d = torch.cat(diffs)
     assert d.mean() < 1.5 and torch.quantile(d, 0.999) <= 12, (d.mean(), d.max())
     assert gpu.stage.fallbacks == {"cpu_decode": 0, "bad_image": 0, "batch_retry": 0}
+
+
+@pytest.mark.gpu
+def test_dct_path_matches_the_cpu_path_on_the_gpu(tmp_path, tok):
+    """data.gpu_decode_scaled on CUDA: the JPEGs whose crop fits half their size decoded by the
+    DCT-domain kernels, the rest by nvJPEG, against PIL (its own scaled decode) and the CPU crop on
+    the same boxes."""
+    url = _mixed_shards(tmp_path / "mixed", n=48, per_shard=12)
+    cpu, gpu = _loader(url, tok, "cpu", device="cuda"), _loader(url, tok, "gpu", device="cuda", scaled=True)
+    diffs = []
+    for a, b in zip(cpu, gpu):
+        assert torch.equal(a["input_ids"].cpu(), b["input_ids"].cpu())
+        diffs.append((_levels(a["pixel_values"]) - _levels(b["pixel_values"])).abs().flatten())
+    d = torch.cat(diffs)
+    assert d.mean() < 1.5 and torch.quantile(d, 0.999) <= 12, (d.mean(), d.max())
 
 
 @pytest.mark.gpu
@@ -726,7 +742,7 @@ def test_the_gpu_share_picks_the_same_samples_every_time(tmp_path, tok):
     url = _mixed_shards(tmp_path / "mixed", n=60, per_shard=60)
 
     def sent(share):
-        loader = _loader(url, tok, "gpu", workers=0, share=share, scaled=False)
+        loader = _loader(url, tok, "gpu", workers=0, share=share)
         return [names for r in loader.dataloader.dataset if "jpeg_names" in r for names in r["jpeg_names"]]
 
     half = sent(0.5)
@@ -784,10 +800,10 @@ def test_workers_started_from_a_fork_server_give_the_same_batches(tmp_path, tok,
     import infclip.pipeline.data.loader as loader_module
 
     url = _mixed_shards(tmp_path / "mixed", n=24, per_shard=6)
-    forked = _loader(url, tok, "gpu", scaled=False)
+    forked = _loader(url, tok, "gpu")
     want = list(forked)
     monkeypatch.setattr(loader_module, "worker_start_method", lambda: "forkserver")
-    served = _loader(url, tok, "gpu", scaled=False)
+    served = _loader(url, tok, "gpu")
     got = list(served)
     assert served.dataloader.multiprocessing_context is not None and len(got) == len(want) == 6
     for a, b in zip(want, got):
