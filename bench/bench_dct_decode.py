@@ -79,10 +79,10 @@ def beside_load(decode, stream, other, gemm, load_ms) -> tuple:
 def pixel_error(batch, decoded, files, k: int, count: int = 16) -> tuple:
     """(mean, largest) absolute difference in levels between the DCT path's first ``count`` images
     and PIL's decode of the same files at the same scale."""
-    from infclip.pipeline.data.dct_decode import reference_pixels
+    from infclip.pipeline.data.dct_decode import image_views
 
     diffs = []
-    for got, f in zip(reference_pixels(batch, decoded.cpu()), files[:count]):
+    for got, f in zip(image_views(batch, decoded.cpu()), files[:count]):
         img = Image.open(io.BytesIO(f))
         if k < 8:
             img.draft("RGB", (img.size[0] * k // 8, img.size[1] * k // 8))

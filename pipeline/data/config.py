@@ -87,8 +87,8 @@ class DataConfig:
     JPEG twice the input size or more) are decoded by the project's DCT-domain kernels at the
     coarsest DCT scale that keeps the crop (``pipeline.data.dct_decode``; the loader workers take
     the files apart), the rest by ``gpu_decoder``. The kernels skip the inverse transform of the
-    frequencies the crop cannot use and decode each JPEG's Huffman codes in one lane, taking far
-    less of the GPU from the step than nvJPEG's full-size decode. False: every JPEG to
+    frequencies the crop cannot use and decode each JPEG's Huffman codes in one lane. Off: its cost
+    beside a training step has not been measured (docs/data.md). False: every JPEG to
     ``gpu_decoder``."""
     gpu_decode_lanes: int = 1
     """With the direct nvJPEG decoder, how many batches are decoded at once, each in a lane of its

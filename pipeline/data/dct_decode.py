@@ -6,8 +6,8 @@ A JPEG's 8x8 blocks hold that half in their 4x4 lowest frequencies, so a decoder
 quarters of the inverse transform (libjpeg's scaled decoding, PIL's ``draft``). nvJPEG decodes at
 full size only, and its batched Huffman kernels spread each image over many threads, taking SM time
 from the training step beside it. Here the sequential Huffman decode runs as it does on a CPU, one
-image to a lane, 32 images to a warp: a batch of 1,024 takes 32 warps for a few milliseconds, which
-fit beside the step's kernels.
+image to a lane, 32 images to a warp: a batch of 1,024 is 32 warps, each held as long as its
+slowest image takes (what that costs a step beside it: ``bench/bench_dct_decode.py``).
 
 Two kernels a batch (:func:`decode_scans`):
 - :func:`_huffman_kernel`: each lane walks its image's MCUs symbol by symbol (a ``2 ** LOOKUP_BITS``
@@ -19,8 +19,9 @@ Two kernels a batch (:func:`decode_scans`):
   sampling), converts YCbCr to RGB and writes uint8 [3, H', W'] planes, the layout the crop kernel
   (:func:`pipeline.data.image_ops.resized_crop_normalize_flat`) reads.
 
-The reduced transform is the ``K``-point inverse DCT of the lowest ``K x K`` coefficients, as
-libjpeg's scaled decoding computes it; the chroma is repeated, not interpolated. Input that is not
+The reduced transform is the ``K``-point inverse DCT of the lowest ``K x K`` coefficients (libjpeg's
+scaled decoding computes a variant of its own: the two differ by a level or two on average); the
+chroma is repeated, not interpolated. Input that is not
 what the header promised decodes to wrong pixels, never out of bounds: reads stop at the image's
 last byte plus padding, writes go only to the image's own blocks, and every block ends within 64
 symbols.
@@ -40,7 +41,7 @@ import triton.language as tl
 from .image_ops import upload
 from .jpeg_scan import HuffmanTable, Scan
 
-__all__ = ["CHUNK", "DctBatch", "LANES", "LOOKUP_BITS", "decode_scans", "pack_scans", "scaled_size"]
+__all__ = ["CHUNK", "DctBatch", "LANES", "LOOKUP_BITS", "decode_scans", "image_views", "pack_scans", "scaled_size"]
 
 LOOKUP_BITS = 10
 """Codes of at most this many bits are decoded with one table read; longer ones with the canonical limits."""
@@ -382,7 +383,7 @@ def decode_scans(batch: DctBatch, device: torch.device, out: torch.Tensor = None
     return out
 
 
-def reference_pixels(batch: DctBatch, decoded: torch.Tensor) -> List[torch.Tensor]:
+def image_views(batch: DctBatch, decoded: torch.Tensor) -> List[torch.Tensor]:
     """Image ``i`` of a decoded batch as uint8 [3, H', W'] (views)."""
     out = []
     for (w, h), start in zip(batch.sizes.tolist(), batch.starts.tolist()):

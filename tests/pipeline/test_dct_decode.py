@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from infclip.pipeline.data import dct_decode
-from infclip.pipeline.data.dct_decode import decode_scans, pack_scans, reference_pixels
+from infclip.pipeline.data.dct_decode import decode_scans, pack_scans, image_views
 from infclip.pipeline.data.jpeg_scan import ScanError, parse_scan
 
 ZIGZAG = dct_decode._ZIGZAG
@@ -182,7 +182,7 @@ CASES = [  # (w, h, mode, PIL save options, scale k / 8): odd sizes, every sampl
 
 def _decode(files, ks, device="cpu", lookup_bits=None, full_chroma=False, **kw):
     batch = pack_scans([parse_scan(f) for f in files], ks, lookup_bits, full_chroma)
-    return batch, reference_pixels(batch, decode_scans(batch, torch.device(device), **kw).cpu())
+    return batch, image_views(batch, decode_scans(batch, torch.device(device), **kw).cpu())
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +236,7 @@ def test_corrupt_data_decodes_to_pixels_inside_the_batch(cases):
     out = torch.full((batch.pixels + 64,), 7, dtype=torch.uint8)
     decode_scans(batch, torch.device("cpu"), out=out)
     assert torch.all(out[batch.pixels:] == 7)
-    second = reference_pixels(batch, out)[1]
+    second = image_views(batch, out)[1]
     assert int((second.numpy().astype(int) - reference_decode(cases[1], 4)).__abs__().max()) <= 1
 
 
