@@ -15,6 +15,10 @@ micro-batch 256); the thread holds the interpreter lock only for a few tensor ca
 are not baseline-decodable JPEGs for nvJPEG (PNG, WebP, CMYK) are decoded and cropped in the
 workers as on the CPU path and ride along as uint8 rows.
 
+With ``data.gpu_decode_scaled`` the JPEGs whose crop box fits half their size or less arrive taken
+apart by the workers instead (:mod:`pipeline.data.jpeg_scan`) and are decoded at that scale by the
+DCT-domain kernels (:mod:`pipeline.data.dct_decode`) on the same lane stream, before nvJPEG's share.
+
 A JPEG that nvJPEG rejects (the batch call raises) is retried alone; one that still fails is
 decoded by PIL here; one that PIL cannot decode either is counted as ``bad_image`` (the workers
 only read headers, so a broken body is found here) and its row takes the batch's first good

@@ -7,7 +7,9 @@ rule: the same box on either decode path), decoded at the coarsest DCT scale tha
 box :data:`MIN_DECODED_CROP` of ``image_size`` (PIL's draft mode, one call) and resized by torch's
 antialiased bilinear filter to uint8: a quarter of the bytes of float32 through the workers'
 queues, normalised by the loader (:mod:`pipeline.data.loader`). With GPU decoding, a JPEG nvJPEG
-takes leaves as its box and size instead (:mod:`pipeline.data.jpeg_boxes`). Eval: the centred
+takes leaves as its box and size instead (:mod:`pipeline.data.jpeg_boxes`), and with
+``gpu_decode_scaled`` one whose box fits a coarser DCT scale also taken apart for the DCT-domain
+decoder (:mod:`pipeline.data.jpeg_scan`). Eval: the centred
 square, bicubic, normalised float32. Images over :data:`MAX_IMAGE_PIXELS` are skipped from their
 header, before anything is decoded.
 """
