@@ -17,11 +17,21 @@ import pytest
 import torch
 from PIL import Image
 
-from infclip.pipeline.data import dct_decode
 from infclip.pipeline.data.dct_decode import decode_scans, pack_scans, image_views
 from infclip.pipeline.data.jpeg_scan import ScanError, parse_scan
 
-ZIGZAG = dct_decode._ZIGZAG
+
+
+def _zigzag() -> np.ndarray:
+    """Zigzag index -> natural position, walked along the anti-diagonals (JPEG's Figure A.6)."""
+    order = []
+    for d in range(15):
+        cells = [(r, d - r) for r in range(8) if 0 <= d - r < 8]
+        order += cells if d % 2 else cells[::-1]  # even diagonals run up and to the right
+    return np.array([r * 8 + c for r, c in order])
+
+
+ZIGZAG = _zigzag()
 
 
 def _jpeg(w: int, h: int, seed: int, mode: str = "RGB", **save) -> bytes:
