@@ -51,10 +51,13 @@ LANES = 32
 CHUNK = 8
 """Symbols each lane decodes between two checks that some lane of the program is still decoding."""
 _TILE = 128
-# descriptor columns
-(_BASE, _NBYTES, _MCUS_X, _N_MCU, _RESTART, _HY, _VY, _NCOMP, _DC, _AC, _COEF, _BW0, _BW1, _QUANT, _K, _W, _H,
- _OUT) = (0, 1, 2, 3, 4, 5, 6, 7, 8, 11, 14, 17, 18, 19, 22, 23, 24, 25)
-_F = 26
+# The descriptor's columns, one row an image (:func:`pack_scans`), constexpr so that the kernels read
+# them by name (``int(_K)`` on the host). _DC, _AC, _COEF and _QUANT are three columns each, one a
+# component; _BW0 / _BW1 are the luma / chroma blocks a row of the component's plane.
+_BASE, _NBYTES, _MCUS_X, _N_MCU, _RESTART, _HY, _VY, _NCOMP = (tl.constexpr(i) for i in range(8))
+_DC, _AC, _COEF, _BW0, _BW1, _QUANT = (tl.constexpr(i) for i in (8, 11, 14, 17, 18, 19))
+_K, _W, _H, _OUT = (tl.constexpr(i) for i in range(22, 26))
+_F = tl.constexpr(26)
 
 _ZIGZAG = np.array([0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27,
                     20, 13, 6, 7, 14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51, 58,
@@ -92,7 +95,7 @@ class DctBatch:
     data: torch.Tensor
     """uint8: each image's entropy-coded data followed by zero padding."""
     desc: torch.Tensor
-    """int64 [n, 26]: each image's layout (the ``_`` column constants)."""
+    """int64 [n, 26]: each image's layout (the ``_`` column constants, ``desc[i, int(_K)]``)."""
     lookup: torch.Tensor
     """int32 [tables, 2 ** LOOKUP_BITS]; ``maxcode`` and ``offset`` int32 [tables, 17]; ``symbols`` int32 [tables, 256]."""
     maxcode: torch.Tensor
@@ -100,10 +103,10 @@ class DctBatch:
     symbols: torch.Tensor
     quant: torch.Tensor
     """float32 [tables, 64]: quantisation tables in zigzag order."""
-    luma_side: int
-    """Each luma block keeps its ``luma_side x luma_side`` lowest coefficients (4, or 8 where some ``K`` is 8)."""
     lookup_bits: int
     """The Huffman lookup tables' index width."""
+    luma_side: int
+    """Each luma block keeps its ``luma_side x luma_side`` lowest coefficients (4, or 8 where some ``K`` is 8)."""
     chroma_side: int
     """Each chroma block keeps ``chroma_side x chroma_side`` coefficients (:func:`pack_scans`)."""
     full_chroma: bool
@@ -156,12 +159,12 @@ def pack_scans(scans: Sequence[Scan], ks: Sequence[int], lookup_bits: int = None
             coefs[c] = coef
             coef += mcus_x * mcus_y * (hy * vy * luma_side ** 2 if c == 0 else chroma_side ** 2)
         rows.append([base, len(s.data), mcus_x, mcus_x * mcus_y, s.restart, hy, vy, s.components, *tabs, *coefs,
-                     mcus_x * hy, mcus_x, *qs, k, w, h, out])
+                     mcus_x * hy, mcus_x, *qs, k, w, h, out])  # the _ columns, in order
         base += len(s.data) + _PAD
         out += 3 * w * h
-    desc = np.array(rows, dtype=np.int64).reshape(len(scans), _F)
+    desc = np.array(rows, dtype=np.int64).reshape(len(scans), int(_F))
     data = np.zeros(base, dtype=np.uint8)
-    for s, start in zip(scans, desc[:, _BASE].tolist()):
+    for s, start in zip(scans, desc[:, int(_BASE)].tolist()):
         data[start:start + len(s.data)] = s.data
     arrays = [t.arrays(lookup_bits) for t in tables]
     symbols = np.zeros((len(tables), 256), dtype=np.int32)
@@ -173,10 +176,12 @@ def pack_scans(scans: Sequence[Scan], ks: Sequence[int], lookup_bits: int = None
     def stacked(j: int, width: int) -> torch.Tensor:
         return torch.from_numpy(np.stack([a[j] for a in arrays]) if arrays else np.zeros((0, width), np.int32))
 
-    return DctBatch(torch.from_numpy(data), torch.from_numpy(desc), stacked(0, 1 << lookup_bits), stacked(1, 17),
-                    stacked(2, 17), torch.from_numpy(symbols), torch.from_numpy(quant), luma_side, lookup_bits, chroma_side,
-                    full_chroma, coef,
-                    torch.from_numpy(desc[:, [_W, _H]].copy()), torch.from_numpy(desc[:, _OUT].copy()))
+    return DctBatch(data=torch.from_numpy(data), desc=torch.from_numpy(desc), lookup=stacked(0, 1 << lookup_bits),
+                    maxcode=stacked(1, 17), offset=stacked(2, 17), symbols=torch.from_numpy(symbols),
+                    quant=torch.from_numpy(quant), lookup_bits=lookup_bits, luma_side=luma_side,
+                    chroma_side=chroma_side, full_chroma=full_chroma, coefficients=coef,
+                    sizes=torch.from_numpy(desc[:, [int(_W), int(_H)]].copy()),
+                    starts=torch.from_numpy(desc[:, int(_OUT)].copy()))
 
 
 @triton.jit
@@ -186,30 +191,30 @@ def _pick(c, a, b, d):
 
 @triton.jit
 def _huffman_kernel(data_ptr, desc_ptr, lookup_ptr, maxcode_ptr, offset_ptr, symbols_ptr, slot_ptr, coef_ptr, n,
-                    F: tl.constexpr, LANES: tl.constexpr, LB: tl.constexpr, LSIDE: tl.constexpr,
-                    CSIDE: tl.constexpr, CHUNK: tl.constexpr):
+                    LANES: tl.constexpr, LB: tl.constexpr, LSIDE: tl.constexpr, CSIDE: tl.constexpr,
+                    CHUNK: tl.constexpr):
     lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
     live = lane < n
-    row = desc_ptr + lane.to(tl.int64) * F
-    base = tl.load(row + 0, mask=live, other=0)
-    last = tl.load(row + 1, mask=live, other=0).to(tl.int32)
-    mcus_x = tl.load(row + 2, mask=live, other=1).to(tl.int32)
-    n_mcu = tl.load(row + 3, mask=live, other=0).to(tl.int32)
-    restart = tl.load(row + 4, mask=live, other=0).to(tl.int32)
-    hy = tl.load(row + 5, mask=live, other=1).to(tl.int32)
-    vy = tl.load(row + 6, mask=live, other=1).to(tl.int32)
-    ncomp = tl.load(row + 7, mask=live, other=1).to(tl.int32)
-    dc0 = tl.load(row + 8, mask=live, other=0).to(tl.int32)
-    dc1 = tl.load(row + 9, mask=live, other=0).to(tl.int32)
-    dc2 = tl.load(row + 10, mask=live, other=0).to(tl.int32)
-    ac0 = tl.load(row + 11, mask=live, other=0).to(tl.int32)
-    ac1 = tl.load(row + 12, mask=live, other=0).to(tl.int32)
-    ac2 = tl.load(row + 13, mask=live, other=0).to(tl.int32)
-    cb0 = tl.load(row + 14, mask=live, other=0)
-    cb1 = tl.load(row + 15, mask=live, other=0)
-    cb2 = tl.load(row + 16, mask=live, other=0)
-    bw0 = tl.load(row + 17, mask=live, other=1).to(tl.int32)
-    bw1 = tl.load(row + 18, mask=live, other=1).to(tl.int32)
+    row = desc_ptr + lane.to(tl.int64) * _F
+    base = tl.load(row + _BASE, mask=live, other=0)
+    last = tl.load(row + _NBYTES, mask=live, other=0).to(tl.int32)
+    mcus_x = tl.load(row + _MCUS_X, mask=live, other=1).to(tl.int32)
+    n_mcu = tl.load(row + _N_MCU, mask=live, other=0).to(tl.int32)
+    restart = tl.load(row + _RESTART, mask=live, other=0).to(tl.int32)
+    hy = tl.load(row + _HY, mask=live, other=1).to(tl.int32)
+    vy = tl.load(row + _VY, mask=live, other=1).to(tl.int32)
+    ncomp = tl.load(row + _NCOMP, mask=live, other=1).to(tl.int32)
+    dc0 = tl.load(row + _DC, mask=live, other=0).to(tl.int32)
+    dc1 = tl.load(row + _DC + 1, mask=live, other=0).to(tl.int32)
+    dc2 = tl.load(row + _DC + 2, mask=live, other=0).to(tl.int32)
+    ac0 = tl.load(row + _AC, mask=live, other=0).to(tl.int32)
+    ac1 = tl.load(row + _AC + 1, mask=live, other=0).to(tl.int32)
+    ac2 = tl.load(row + _AC + 2, mask=live, other=0).to(tl.int32)
+    cb0 = tl.load(row + _COEF, mask=live, other=0)
+    cb1 = tl.load(row + _COEF + 1, mask=live, other=0)
+    cb2 = tl.load(row + _COEF + 2, mask=live, other=0)
+    bw0 = tl.load(row + _BW0, mask=live, other=1).to(tl.int32)
+    bw1 = tl.load(row + _BW1, mask=live, other=1).to(tl.int32)
     luma = hy * vy
     blocks = luma + tl.where(ncomp == 3, 2, 0)
     zero = tl.zeros([LANES], dtype=tl.int32)
@@ -260,7 +265,8 @@ def _huffman_kernel(data_ptr, desc_ptr, lookup_ptr, maxcode_ptr, offset_ptr, sym
             eob = (z > 0) & (sym == 0)
             zpos = tl.where(is_dc, 0, z + run)
             value = tl.where(is_dc, pred, v)
-            slot = tl.load(slot_ptr + tl.where(first, 0, 64) + tl.minimum(zpos, 63))
+            # slot tables: a 4-side corner's, then an 8-side corner's
+            slot = tl.load(slot_ptr + tl.where(first, LSIDE // 8, CSIDE // 8) * 64 + tl.minimum(zpos, 63))
             # the block's place: luma blocks k = dy * h + dx of an MCU (h, v in 1, 2), then Cb, Cr
             bx = tl.where(first, mx * hy + (k & (hy - 1)), mx)
             by = tl.where(first, my * vy + (k >> (hy - 1)), my)
@@ -309,31 +315,31 @@ def _store_channel(out_ptr, at, value, mask):
 
 
 @triton.jit
-def _pixels_kernel(coef_ptr, desc_ptr, quant_ptr, basis_ptr, zz_ptr, out_ptr, F: tl.constexpr,
-                   LSIDE: tl.constexpr, CSIDE: tl.constexpr, FULL_CHROMA: tl.constexpr, TILE: tl.constexpr):
-    row = desc_ptr + tl.program_id(0).to(tl.int64) * F
-    W = tl.load(row + 23)
-    H = tl.load(row + 24)
+def _pixels_kernel(coef_ptr, desc_ptr, quant_ptr, basis_ptr, zz_ptr, out_ptr, LSIDE: tl.constexpr,
+                   CSIDE: tl.constexpr, FULL_CHROMA: tl.constexpr, TILE: tl.constexpr):
+    row = desc_ptr + tl.program_id(0).to(tl.int64) * _F
+    W = tl.load(row + _W)
+    H = tl.load(row + _H)
     p = tl.program_id(1) * TILE + tl.arange(0, TILE)
     mask = p < W * H
     x, y = p % W, p // W
-    K = tl.load(row + 22)
-    start = tl.load(row + 25)
-    luma = _plane_value(coef_ptr, quant_ptr, basis_ptr, zz_ptr, tl.load(row + 14), tl.load(row + 17),
-                        tl.load(row + 19), K, K, x, y, mask, LSIDE)
+    K = tl.load(row + _K)
+    start = tl.load(row + _OUT)
+    luma = _plane_value(coef_ptr, quant_ptr, basis_ptr, zz_ptr, tl.load(row + _COEF), tl.load(row + _BW0),
+                        tl.load(row + _QUANT), K, K, x, y, mask, LSIDE)
     plane = W * H
-    if tl.load(row + 7) == 3:
+    if tl.load(row + _NCOMP) == 3:
         # a chroma block spans K * h output pixels across: decoded at K (or that many, at most 8), then repeated
-        hy, vy = K * tl.load(row + 5), K * tl.load(row + 6)
+        span_x, span_y = K * tl.load(row + _HY), K * tl.load(row + _VY)
         kx, ky = K, K
         if FULL_CHROMA:
-            kx, ky = tl.minimum(hy, 8), tl.minimum(vy, 8)
-        cx, cy = x // (hy // kx), y // (vy // ky)
-        bw1 = tl.load(row + 18)
-        cb = _plane_value(coef_ptr, quant_ptr, basis_ptr, zz_ptr, tl.load(row + 15), bw1, tl.load(row + 20), kx, ky,
-                          cx, cy, mask, CSIDE)
-        cr = _plane_value(coef_ptr, quant_ptr, basis_ptr, zz_ptr, tl.load(row + 16), bw1, tl.load(row + 21), kx, ky,
-                          cx, cy, mask, CSIDE)
+            kx, ky = tl.minimum(span_x, 8), tl.minimum(span_y, 8)
+        cx, cy = x // (span_x // kx), y // (span_y // ky)
+        bw1 = tl.load(row + _BW1)
+        cb = _plane_value(coef_ptr, quant_ptr, basis_ptr, zz_ptr, tl.load(row + _COEF + 1), bw1,
+                          tl.load(row + _QUANT + 1), kx, ky, cx, cy, mask, CSIDE)
+        cr = _plane_value(coef_ptr, quant_ptr, basis_ptr, zz_ptr, tl.load(row + _COEF + 2), bw1,
+                          tl.load(row + _QUANT + 2), kx, ky, cx, cy, mask, CSIDE)
         _store_channel(out_ptr, start + p, luma + 1.402 * cr, mask)
         _store_channel(out_ptr, start + plane + p, luma - 0.344136 * cb - 0.714136 * cr, mask)
         _store_channel(out_ptr, start + 2 * plane + p, luma + 1.772 * cb, mask)
@@ -362,7 +368,6 @@ def decode_scans(batch: DctBatch, device: torch.device, out: torch.Tensor = None
     """The batch's images decoded on ``device`` (the current stream): uint8, image ``i``'s [3, H', W']
     RGB planes at ``batch.starts[i]`` (``out`` if given, at least ``batch.pixels`` long)."""
     slots, basis, zz = _constants(device)
-    lslots, cslots = slots[batch.luma_side // 8], slots[batch.chroma_side // 8]
     n = batch.desc.shape[0]
     moved = [upload(t, device) for t in (batch.data, batch.desc, batch.lookup, batch.maxcode, batch.offset,
                                          batch.symbols, batch.quant)]
@@ -372,12 +377,11 @@ def decode_scans(batch: DctBatch, device: torch.device, out: torch.Tensor = None
         out = torch.empty(max(batch.pixels, 1), dtype=torch.uint8, device=device)
     if n == 0:
         return out
-    _huffman_kernel[(triton.cdiv(n, lanes),)](data, desc, lookup, maxcode, offset, symbols,
-                                               torch.cat([lslots, cslots]), coef, n, F=_F, LANES=lanes,
-                                               LB=batch.lookup_bits, LSIDE=batch.luma_side,
+    _huffman_kernel[(triton.cdiv(n, lanes),)](data, desc, lookup, maxcode, offset, symbols, slots, coef, n,
+                                               LANES=lanes, LB=batch.lookup_bits, LSIDE=batch.luma_side,
                                                CSIDE=batch.chroma_side, CHUNK=chunk, num_warps=max(1, lanes // 32))
     most = int((batch.sizes[:, 0] * batch.sizes[:, 1]).max())
-    _pixels_kernel[(n, triton.cdiv(most, _TILE))](coef, desc, quant, basis, zz, out, F=_F,
+    _pixels_kernel[(n, triton.cdiv(most, _TILE))](coef, desc, quant, basis, zz, out,
                                                   LSIDE=batch.luma_side, CSIDE=batch.chroma_side,
                                                   FULL_CHROMA=batch.full_chroma, TILE=_TILE)
     return out

@@ -82,19 +82,22 @@ def _u16(b: bytes, i: int) -> int:
     return (b[i] << 8) | b[i + 1]
 
 
-def _tables(seg: bytes, huffman: Dict[Tuple[int, int], HuffmanTable], quant: Dict[int, np.ndarray],
-            marker: int) -> None:
+def _huffman_tables(seg: bytes, huffman: Dict[Tuple[int, int], HuffmanTable]) -> None:
+    """The tables of a DHT segment into ``huffman``, by (class, identifier)."""
     i = 0
-    if marker == 0xC4:
-        while i < len(seg):
-            cls, ident = seg[i] >> 4, seg[i] & 15
-            counts = bytes(seg[i + 1:i + 17])
-            n = sum(counts)
-            if len(counts) < 16 or i + 17 + n > len(seg) or cls > 1:
-                raise ScanError("a malformed Huffman table")
-            huffman[cls, ident] = HuffmanTable(counts, bytes(seg[i + 17:i + 17 + n]))
-            i += 17 + n
-        return
+    while i < len(seg):
+        cls, ident = seg[i] >> 4, seg[i] & 15
+        counts = bytes(seg[i + 1:i + 17])
+        n = sum(counts)
+        if len(counts) < 16 or i + 17 + n > len(seg) or cls > 1:
+            raise ScanError("a malformed Huffman table")
+        huffman[cls, ident] = HuffmanTable(counts, bytes(seg[i + 17:i + 17 + n]))
+        i += 17 + n
+
+
+def _quant_tables(seg: bytes, quant: Dict[int, np.ndarray]) -> None:
+    """The tables of a DQT segment into ``quant``, by identifier (8- or 16-bit entries, zigzag order)."""
+    i = 0
     while i < len(seg):
         precision, ident = seg[i] >> 4, seg[i] & 15
         width = 2 if precision else 1
@@ -148,8 +151,10 @@ def parse_scan(data: bytes) -> Scan:
             frame = (width, height, comps)
         elif 0xC2 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
             raise ScanError("progressive" if marker in (0xC2, 0xC6) else "not a Huffman-coded sequential JPEG")
-        elif marker in (0xC4, 0xDB):
-            _tables(seg, huffman, quant, marker)
+        elif marker == 0xC4:
+            _huffman_tables(seg, huffman)
+        elif marker == 0xDB:
+            _quant_tables(seg, quant)
         elif marker == 0xDD:
             restart = _u16(seg, 0)
         elif marker == 0xEE and seg[:5] == b"Adobe" and len(seg) >= 12 and seg[11] == 0:

@@ -19,6 +19,7 @@ from PIL import Image
 
 from infclip.pipeline.data.dct_decode import decode_scans, pack_scans, image_views
 from infclip.pipeline.data.jpeg_scan import ScanError, parse_scan
+from tests.pipeline._sm90 import sm90_usage
 
 
 
@@ -253,52 +254,24 @@ def test_corrupt_data_decodes_to_pixels_inside_the_batch(cases):
     assert int((second.numpy().astype(int) - reference_decode(cases[1], 4)).__abs__().max()) <= 1
 
 
-_COMPILE_FOR_HOPPER = """
-import json, os, re, subprocess, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+_DCT_KERNELS = """
 from infclip.pipeline.data import dct_decode as d
-tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-usage = {}
 huffman = {"data_ptr": "*u8", "desc_ptr": "*i64", "lookup_ptr": "*i32", "maxcode_ptr": "*i32", "offset_ptr": "*i32",
            "symbols_ptr": "*i32", "slot_ptr": "*i32", "coef_ptr": "*i16", "n": "i32"}
 pixels = {"coef_ptr": "*i16", "desc_ptr": "*i64", "quant_ptr": "*fp32", "basis_ptr": "*fp32", "zz_ptr": "*i32",
           "out_ptr": "*u8"}
 # the launches' own settings: what decode_scans runs for 512-px JPEGs at half scale
-for name, fn, sig, consts, warps in (
-        ("huffman", d._huffman_kernel, huffman, {"F": d._F, "LANES": d.LANES, "LB": d.LOOKUP_BITS, "LSIDE": 4,
-                                                 "CSIDE": 4, "CHUNK": d.CHUNK}, 1),
-        ("pixels", d._pixels_kernel, pixels, {"F": d._F, "LSIDE": 4, "CSIDE": 4, "FULL_CHROMA": False,
-                                              "TILE": d._TILE}, 4),
-        ("pixels_full_chroma", d._pixels_kernel, pixels, {"F": d._F, "LSIDE": 4, "CSIDE": 8, "FULL_CHROMA": True,
-                                                          "TILE": d._TILE}, 4)):
-    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}},
-                    constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-    cubin = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["cubin"]
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
-    usage[name] = {k: int(v) for k, v in re.findall(r"(REG|LOCAL):(\\d+)", out)}
-print(json.dumps(usage))
+found["huffman"] = usage(d._huffman_kernel, huffman, {"LANES": d.LANES, "LB": d.LOOKUP_BITS, "LSIDE": 4, "CSIDE": 4,
+                                                      "CHUNK": d.CHUNK}, 1)
+for name, side, full in (("pixels", 4, False), ("pixels_full_chroma", 8, True)):
+    found[name] = usage(d._pixels_kernel, pixels, {"LSIDE": 4, "CSIDE": side, "FULL_CHROMA": full, "TILE": d._TILE}, 4)
 """
 
 
 def test_the_kernels_compile_for_hopper_without_spilling():
     """What Triton's interpreter cannot show: the kernels compile for sm_90 (constructs only the
-    interpreter accepts fail here) and keep their lanes' state in registers. Compiled ahead of time,
-    without a GPU, in a process without the interpreter."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    usage = json.loads(done.stdout.strip().splitlines()[-1])
+    interpreter accepts fail here) and keep their lanes' state in registers (:mod:`tests.pipeline._sm90`)."""
+    usage = sm90_usage(_DCT_KERNELS)
     assert set(usage) == {"huffman", "pixels", "pixels_full_chroma"}
     for name, use in usage.items():
         assert use["LOCAL"] == 0 and 0 < use["REG"] <= 255, (name, use)

@@ -25,6 +25,7 @@ from infclip.pipeline.data import image_ops
 from infclip.pipeline.data.image_ops import resized_crop_normalize, resized_crop_normalize_reference
 from infclip.pipeline.data.shards import brace_url, write_shards
 from infclip.pipeline.data.tokenizer import load_tokenizer
+from tests.pipeline._sm90 import sm90_usage
 
 LEVEL = 1 / 255 / min(CLIP_STD)  # one uint8 level, normalised, at its largest
 
@@ -134,48 +135,23 @@ def test_crop_kernel_reads_interleaved_images_as_it_reads_planes(kernel, monkeyp
     assert (out[dest] - ref).abs().max() <= LEVEL * 1.001
 
 
-_COMPILE_FOR_HOPPER = """
-import json, os, re, subprocess, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+_CROP_KERNELS = """
 from infclip.pipeline.data import image_ops
-tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 pointers = {"src_ptr": "*u8", "meta_ptr": "*i64", "out_ptr": "*bf16", "mean_ptr": "*fp32", "std_ptr": "*fp32"}
-usage = {}
 # the launches' own settings: what resized_crop_normalize_flat runs at a 224-px output
 for name, fn, extra, warps in (("point", image_ops._resized_crop_kernel, {"BLOCK": image_ops._BLOCK}, 4),
                                ("band", image_ops._resized_crop_band_kernel,
                                 {"ROWS": image_ops._ROWS, "COLS": triton.next_power_of_2(224)}, image_ops._BAND_WARPS)):
     for taps in (4, 6):
-        consts = {"S": 224, "TAPS": taps, **extra}
-        src = ASTSource(fn=fn, signature={**pointers, **{k: "constexpr" for k in consts}},
-                        constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-        cubin = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["cubin"]
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(cubin)
-            f.flush()
-            out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
-        usage[f"{name}{taps}"] = {k: int(v) for k, v in re.findall(r"(REG|LOCAL):(\\d+)", out)}
-print(json.dumps(usage))
+        found[f"{name}{taps}"] = usage(fn, pointers, {"S": 224, "TAPS": taps, **extra}, warps)
 """
 
 
 def test_crop_kernels_compile_for_hopper_without_spilling():
     """What Triton's interpreter cannot show: both crop kernels compile for sm_90 (a construct only
     the interpreter accepts fails here), and neither spills registers to local memory at the taps of
-    256- and 512-px JPEGs cropped to 224. Compiled ahead of time, without a GPU, in a process
-    without the interpreter (this one runs the kernels under it)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    usage = json.loads(done.stdout.strip().splitlines()[-1])
+    256- and 512-px JPEGs cropped to 224 (:mod:`tests.pipeline._sm90`)."""
+    usage = sm90_usage(_CROP_KERNELS)
     assert set(usage) == {"point4", "point6", "band4", "band6"}
     for name, use in usage.items():
         assert use["LOCAL"] == 0 and 0 < use["REG"] <= 255, (name, use)
@@ -251,7 +227,7 @@ def test_workers_take_apart_the_jpegs_whose_crop_fits_a_coarser_scale(tmp_path, 
     """With ``gpu_decode_scaled``, a JPEG whose box keeps 0.9 of the input side at half size or less
     leaves its worker taken apart for the DCT-domain decoder, its box moved to that scale's
     pixels; the others go to nvJPEG with their full-size box; every row once."""
-    from infclip.pipeline.data.dct_decode import DctBatch, scaled_size
+    from infclip.pipeline.data.dct_decode import _H, _K, _W, DctBatch, scaled_size
     from infclip.pipeline.data.jpeg_boxes import scaled_box
 
     url = _mixed_shards(tmp_path / "mixed", n=24, per_shard=24)
@@ -269,7 +245,7 @@ def test_workers_take_apart_the_jpegs_whose_crop_fits_a_coarser_scale(tmp_path, 
             continue
         full = dict(zip(b["jpeg_dest"].tolist(), zip(b["jpeg_boxes"].tolist(), b["jpeg_sizes"].tolist())))
         dct = DctBatch.from_dict(a["dct"])
-        for row, box, (k, w, h) in zip(a["dct_dest"].tolist(), a["dct_boxes"].tolist(), dct.desc[:, 22:25].tolist()):
+        for row, box, (k, w, h) in zip(a["dct_dest"].tolist(), a["dct_boxes"].tolist(), dct.desc[:, [int(c) for c in (_K, _W, _H)]].tolist()):
             fbox, (W, H) = full[row]
             assert k in (1, 2, 4) and (w, h) == scaled_size(W, H, k)
             assert min(fbox[2:]) >= 0.9 * 16 * 8 // k
